@@ -1,0 +1,581 @@
+"""The Docker engine: connect, build (BuildKit, through the docker CLI), probe, clean up.
+
+Everything envbuild creates on the engine (images, containers, networks) carries the label
+``envbuild=1`` (:data:`LABEL`) and, per invocation, ``envbuild.run=<id>`` (:data:`RUN_LABEL`,
+see :func:`run_labels`), so that :func:`remove_by_label` can find and remove it.
+
+Engine calls go through the docker SDK (``docker`` package) except image builds: the SDK
+only speaks the classic builder, and the rendered Dockerfiles need BuildKit
+(``RUN --mount=type=secret|bind``, ``--secret``), so :func:`build_image` runs a docker CLI
+found by :func:`buildkit_cli`.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+import docker
+import docker.errors
+import requests
+
+from builder.errors import EnvbuildError, ExitCode, Unreachable
+
+#: Label on everything envbuild creates (value ``"1"``).
+LABEL = "envbuild"
+#: Label naming the envbuild invocation that created an object (value: :func:`new_run_id`).
+RUN_LABEL = "envbuild.run"
+
+#: Where :func:`run_probe` mounts the probe script (read-only) inside the container.
+PROBE_MOUNT = "/opt/envbuild/probe.py"
+
+#: Default ``DOCKER_HOST`` of the docker SDK and CLI when the variable is unset.
+DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
+
+#: Docker CLI releases from 23.0 on need the buildx plugin for BuildKit builds; older
+#: ones have BuildKit built in, enabled by ``DOCKER_BUILDKIT=1``
+#: (https://docs.docker.com/engine/release-notes/23.0/: "docker build" uses buildx).
+LEGACY_BUILDKIT_MAX_MAJOR = 22
+
+OnLine = Callable[[str], None]
+
+
+# --------------------------------------------------------------------------- labels
+
+
+def new_run_id() -> str:
+    """A fresh id for one envbuild invocation: 12 lowercase hex digits (random)."""
+    return uuid.uuid4().hex[:12]
+
+
+def run_labels(run_id: str) -> dict[str, str]:
+    """Labels for an object created by run ``run_id``: ``{"envbuild": "1", "envbuild.run": run_id}``."""
+    return {LABEL: "1", RUN_LABEL: run_id}
+
+
+# --------------------------------------------------------------------------- connect
+
+
+def _docker_host() -> str:
+    return os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def connect(timeout_s: int = 60) -> docker.DockerClient:
+    """Connect to the Docker engine named by the environment (``DOCKER_HOST`` etc.).
+
+    Args:
+        timeout_s: seconds allowed per API request of the returned client.
+
+    Returns:
+        A ``docker.DockerClient`` whose engine answered a ping.
+
+    Raises:
+        Unreachable: (exit 3) one line: no Docker engine answers at ``<url>``, with the
+            reason and how to start one (``dockerd &``, ``systemctl start docker`` or
+            ``scripts/setup.sh``).
+    """
+    url = _docker_host()
+    try:
+        client = docker.from_env(timeout=timeout_s)
+        client.ping()
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as e:
+        raise Unreachable(
+            f"no Docker engine answers at {url} ({_one_line(e, 120)}); start one with "
+            "`dockerd &` or `systemctl start docker`, or run scripts/setup.sh"
+        ) from None
+    return client
+
+
+# --------------------------------------------------------------------------- BuildKit CLI
+
+
+@dataclass(frozen=True)
+class BuildkitCLI:
+    """A docker client able to run BuildKit builds.
+
+    Attributes:
+        path: the client executable, e.g. ``"/usr/bin/docker"``.
+        version: its version, e.g. ``"20.10.24+dfsg1"``.
+        argv: the build command prefix: ``(path, "buildx", "build", "--load")`` when the
+            buildx plugin works, else ``(path, "build")``.
+        env: extra environment for the command: ``{"DOCKER_BUILDKIT": "1"}`` for a
+            pre-23 client without buildx, else ``{}``.
+    """
+
+    path: str
+    version: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def _candidates(search_path: str | None, extra: Iterable[str]) -> list[str]:
+    if search_path is None:
+        search_path = os.environ.get("PATH", "")
+    found: list[str] = []
+    seen: set[str] = set()
+    entries = [os.path.join(d, "docker") for d in search_path.split(os.pathsep) if d]
+    for cand in [*entries, *extra]:
+        if not (os.path.isfile(cand) and os.access(cand, os.X_OK)):
+            continue
+        real = os.path.realpath(cand)
+        if real in seen:
+            continue
+        seen.add(real)
+        found.append(cand)
+    return found
+
+
+def _client_version(path: str) -> str | None:
+    try:
+        out = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"version\s+v?(\d+\.\d+[^\s,]*)", out.stdout, re.IGNORECASE)
+    return m.group(1) if out.returncode == 0 and m else None
+
+
+def _has_buildx(path: str) -> bool:
+    try:
+        out = subprocess.run(
+            [path, "buildx", "version"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0
+
+
+def buildkit_cli(
+    search_path: str | None = None, extra: Iterable[str] = ("/usr/bin/docker",)
+) -> BuildkitCLI:
+    """Find a docker client that can build with BuildKit.
+
+    Candidates are ``docker`` in each ``search_path`` entry (default ``$PATH``) in order,
+    then ``extra``; duplicates (same real path) are tried once. First choice: a client
+    whose ``docker buildx version`` works (``docker buildx build --load``); else a client
+    older than 23.0 (``docker --version``), used as ``DOCKER_BUILDKIT=1 docker build``.
+
+    Raises:
+        EnvbuildError: (exit 2) no candidate qualifies; the message lists those tried.
+    """
+    cands = _candidates(search_path, extra)
+    for path in cands:
+        if _has_buildx(path):
+            return BuildkitCLI(
+                path=path,
+                version=_client_version(path) or "unknown",
+                argv=(path, "buildx", "build", "--load"),
+                env={},
+            )
+    tried = []
+    for path in cands:
+        version = _client_version(path)
+        tried.append(f"{path} ({version or 'no version'})")
+        if version is None:
+            continue
+        major = int(version.split(".")[0])
+        if major <= LEGACY_BUILDKIT_MAX_MAJOR:
+            return BuildkitCLI(
+                path=path, version=version, argv=(path, "build"), env={"DOCKER_BUILDKIT": "1"}
+            )
+    raise EnvbuildError(
+        "no docker client can build with BuildKit: tried "
+        + (", ".join(tried) or "no docker executable found")
+        + "; install the buildx plugin (apt-get install docker-buildx) or a docker client"
+        " older than 23 (Debian's docker.io 20.10)",
+        field="docker",
+    )
+
+
+# --------------------------------------------------------------------------- build
+
+
+class BuildFailed(EnvbuildError):
+    """``docker build`` failed (exit 2).
+
+    Attributes:
+        tag: the tag asked for (it does not exist afterwards).
+        step: the failing step as BuildKit names it, e.g. ``"[2/3] RUN make"``, or None.
+        lines: the failing step's last output lines (at most ``keep_lines``), raw
+            ``--progress=plain`` lines, followed by BuildKit's closing error lines.
+    """
+
+    def __init__(self, message: str, *, tag: str, step: str | None, lines: list[str], **kw):
+        self.tag = tag
+        self.step = step
+        self.lines = lines
+        super().__init__(message, **kw)
+
+
+_STEP_RE = re.compile(r"^#(\d+) (.*)$")
+
+
+class _ProgressLog:
+    """Splits BuildKit ``--progress=plain`` output into steps (``#N ...`` lines)."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.names: dict[str, str] = {}
+        self.lines: dict[str, collections.deque[str]] = {}
+        self.tail: collections.deque[str] = collections.deque(maxlen=keep)
+        self.errors: list[tuple[str, str]] = []  # (step, "ERROR: ..." text)
+        self.after_error: list[str] = []
+
+    def add(self, line: str) -> None:
+        self.tail.append(line)
+        m = _STEP_RE.match(line)
+        if not m:
+            if self.errors and line.strip() and not line.startswith("------"):
+                self.after_error.append(line)
+                del self.after_error[: -self.keep]
+            return
+        step, rest = m.groups()
+        if step not in self.names and rest.startswith("["):
+            self.names[step] = rest
+        if rest.startswith("sha256:"):
+            return
+        self.lines.setdefault(step, collections.deque(maxlen=self.keep)).append(line)
+        if rest.startswith("ERROR"):
+            self.errors.append((step, rest))
+
+    def failure(self) -> tuple[str | None, str, list[str]]:
+        """(step name, reason, lines) describing the failure."""
+        if not self.errors:
+            lines = list(self.tail)
+            reason = lines[-1].strip() if lines else "no output"
+            return None, reason, lines
+        step, text = self.errors[-1]
+        reason = text.partition(":")[2].strip() or text
+        lines = [l for l in self.lines.get(step, []) if not _STEP_RE.match(l).group(2).startswith("ERROR")]
+        closing = [l for l in self.after_error if not l.startswith(" > ")]
+        return self.names.get(step), reason, (lines + closing)[-self.keep :]
+
+
+def _split_tag(tag: str) -> tuple[str, str]:
+    repo, sep, name = tag.rpartition(":")
+    if not sep or "/" in name:
+        return tag, "latest"
+    return repo, name
+
+
+def build_image(
+    context_dir: str | os.PathLike,
+    tag: str,
+    build_args: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    secrets: Mapping[str, str | os.PathLike] | None = None,
+    on_line: OnLine | None = None,
+    *,
+    dockerfile: str | os.PathLike | None = None,
+    client: docker.DockerClient | None = None,
+    cli: BuildkitCLI | None = None,
+    origin: str | None = None,
+    timeout_s: float | None = None,
+    keep_lines: int = 30,
+) -> str:
+    """Build ``context_dir`` with BuildKit and tag the result ``tag``.
+
+    Runs the client from :func:`buildkit_cli` with ``--progress=plain``; each output line
+    (without its newline) goes to ``on_line`` as it arrives. The build is tagged with a
+    temporary tag first and retagged ``tag`` only once it succeeded, so a failed or
+    interrupted build leaves no ``tag`` behind (a ``tag`` that existed before is kept).
+
+    Args:
+        context_dir: the build context folder.
+        tag: ``repo[:tag]``, e.g. ``"envbuild/x:0123456789ab"``.
+        build_args: ``--build-arg NAME=VALUE`` pairs.
+        labels: ``--label KEY=VALUE`` pairs.
+        secrets: ``{id: path}``, passed as ``--secret id=ID,src=PATH``; the file must exist.
+        on_line: called with every output line.
+        dockerfile: the Dockerfile (default ``context_dir/Dockerfile``).
+        client: SDK client used for tagging (default :func:`connect`).
+        cli: the BuildKit client (default :func:`buildkit_cli`).
+        origin: file name shown in error messages (default the Dockerfile's path).
+        timeout_s: seconds before the build is killed (default: no limit).
+        keep_lines: how many lines of the failing step the error keeps.
+
+    Returns:
+        The image ID, ``"sha256:<64 hex>"``.
+
+    Raises:
+        BuildFailed: (exit 2) the build failed; the message names the failing step and
+            ends with its last lines.
+        EnvbuildError: (exit 2) a secret file does not exist; no BuildKit client.
+        Unreachable: (exit 3) the build ran past ``timeout_s``; no engine.
+    """
+    context = Path(context_dir)
+    dockerfile = Path(dockerfile) if dockerfile else context / "Dockerfile"
+    origin = origin or str(dockerfile)
+    for sid, src in (secrets or {}).items():
+        if not Path(src).is_file():
+            raise EnvbuildError("no such file", field=f"secret {sid}", value=str(src))
+    cli = cli or buildkit_cli()
+    client = client or connect()
+    repo, name = _split_tag(tag)
+    tmp_tag = f"{repo}:{name[:90]}-building-{uuid.uuid4().hex[:8]}"
+
+    with tempfile.TemporaryDirectory(prefix="envbuild-iid-") as tmp:
+        iidfile = Path(tmp) / "iid"
+        argv = [*cli.argv, "--progress=plain", "-f", str(dockerfile), "-t", tmp_tag]
+        argv += ["--iidfile", str(iidfile)]
+        for k, v in (build_args or {}).items():
+            argv += ["--build-arg", f"{k}={v}"]
+        for k, v in (labels or {}).items():
+            argv += ["--label", f"{k}={v}"]
+        for sid, src in (secrets or {}).items():
+            argv += ["--secret", f"id={sid},src={Path(src).resolve()}"]
+        argv.append(str(context))
+        env = {**os.environ, **cli.env}
+
+        log = _ProgressLog(keep_lines)
+        timed_out = threading.Event()
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            text=True,
+            errors="replace",
+            bufsize=1,
+        )
+
+        def _kill() -> None:
+            timed_out.set()
+            proc.kill()
+
+        timer = threading.Timer(timeout_s, _kill) if timeout_s else None
+        ok = False
+        try:
+            if timer:
+                timer.start()
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                line = raw.rstrip("\n")
+                log.add(line)
+                if on_line:
+                    on_line(line)
+            rc = proc.wait()
+            if timed_out.is_set():
+                raise Unreachable(
+                    f"docker build of {tag} did not finish within {timeout_s:g} s", file=origin
+                )
+            if rc != 0:
+                step, reason, lines = log.failure()
+                where = f" at step {step}" if step else ""
+                body = "\n".join("  | " + l for l in lines)
+                raise BuildFailed(
+                    f"docker build of {tag} failed{where}: {reason}" + (f"\n{body}" if body else ""),
+                    tag=tag,
+                    step=step,
+                    lines=lines,
+                    file=origin,
+                )
+            image_id = iidfile.read_text().strip() if iidfile.exists() else ""
+            if not image_id:
+                image_id = client.images.get(tmp_tag).id
+            client.api.tag(image_id, repo, name, force=True)
+            ok = True
+            return image_id
+        finally:
+            if timer:
+                timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc.stdout:
+                proc.stdout.close()
+            try:
+                # untag only: the image stays under `tag` on success
+                client.api.remove_image(tmp_tag, noprune=ok)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError:
+                if not ok:
+                    raise
+
+
+# --------------------------------------------------------------------------- cleanup
+
+
+def remove_by_label(
+    client: docker.DockerClient, label_filter: str | list[str]
+) -> dict[str, int]:
+    """Remove every container (forced), network and image matching a label filter.
+
+    Args:
+        label_filter: ``"key"`` or ``"key=value"``, or a list of them (all must match),
+            as in ``docker ps --filter label=...``.
+
+    Returns:
+        Counts removed: ``{"containers": int, "networks": int, "images": int}``.
+
+    Raises:
+        EnvbuildError: (exit 2) an image could not be removed (e.g. used by a container
+            without the label); the message names it.
+    """
+    filters = {"label": label_filter}
+    counts = {"containers": 0, "networks": 0, "images": 0}
+    for c in client.containers.list(all=True, filters=filters):
+        try:
+            c.remove(force=True)
+            counts["containers"] += 1
+        except docker.errors.NotFound:
+            pass
+    for n in client.networks.list(filters=filters):
+        try:
+            n.remove()
+            counts["networks"] += 1
+        except docker.errors.NotFound:
+            pass
+    # Images built FROM others (classic builder) must go before their parents: retry
+    # what failed while each pass still removes something.
+    pending = {img.id for img in client.images.list(filters=filters)}
+    last_error: Exception | None = None
+    while pending:
+        progress = False
+        for image_id in sorted(pending):
+            try:
+                client.images.remove(image_id, force=True)
+                counts["images"] += 1
+                pending.discard(image_id)
+                progress = True
+            except docker.errors.NotFound:
+                pending.discard(image_id)
+                progress = True
+            except docker.errors.APIError as e:
+                last_error = e
+        if not progress:
+            raise EnvbuildError(
+                f"could not remove images {sorted(pending)}: {_one_line(last_error)}",
+                field="label",
+                value=label_filter,
+            )
+    return counts
+
+
+def image_labels(client: docker.DockerClient, ref: str) -> dict[str, str]:
+    """The labels of image ``ref`` (name, tag or ID): ``{key: value}``, ``{}`` when none.
+
+    Raises:
+        EnvbuildError: (exit 2) no such image.
+    """
+    try:
+        return dict(client.images.get(ref).labels or {})
+    except docker.errors.ImageNotFound:
+        raise EnvbuildError("no such image", field="image", value=ref) from None
+
+
+# --------------------------------------------------------------------------- probe
+
+
+def run_probe(
+    client: docker.DockerClient,
+    image: str,
+    probe_path: str | os.PathLike,
+    *,
+    labels: Mapping[str, str] | None = None,
+    timeout_s: float = 300,
+    gpus: bool = False,
+) -> dict:
+    """Run the probe in a throwaway container of ``image`` and return its JSON.
+
+    Runs ``python3 /opt/envbuild/probe.py`` with ``probe_path`` bind-mounted read-only at
+    that path (the image is not changed), no network, and the container labelled
+    ``envbuild=1`` plus ``labels``. The container is removed afterwards, also on failure.
+
+    Args:
+        image: image name, tag or ID.
+        probe_path: the probe script on the engine's host (e.g. ``builder/probe.py``).
+        labels: extra labels for the container.
+        timeout_s: seconds the probe may run.
+        gpus: request all GPUs (``--gpus all``).
+
+    Returns:
+        The JSON document the probe printed on stdout (a dict, e.g. schema
+        ``envbuild.probe/1``).
+
+    Raises:
+        EnvbuildError: (exit 2) no such image or probe file.
+        EnvbuildError: (exit 3) the probe exited non-zero (message ends with its last
+            stderr line) or printed something other than a JSON object.
+        Unreachable: (exit 3) the probe ran past ``timeout_s``.
+    """
+    probe = Path(probe_path).resolve()
+    if not probe.is_file():
+        raise EnvbuildError("no such file", field="probe", value=str(probe_path))
+    kwargs: dict = {}
+    if gpus:
+        kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    try:
+        container = client.containers.create(
+            image,
+            ["python3", PROBE_MOUNT],
+            volumes={str(probe): {"bind": PROBE_MOUNT, "mode": "ro"}},
+            labels={LABEL: "1", **(labels or {})},
+            network_mode="none",
+            **kwargs,
+        )
+    except docker.errors.ImageNotFound:
+        raise EnvbuildError("no such image", field="image", value=image) from None
+    try:
+        container.start()
+        try:
+            status = container.wait(timeout=timeout_s)
+        except (requests.exceptions.RequestException, OSError):
+            raise Unreachable(
+                f"probe did not finish within {timeout_s:g} s", field="image", value=image
+            ) from None
+        code = status.get("StatusCode", -1)
+        out = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+        if code != 0:
+            err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+            last = (err.strip().splitlines() or out.strip().splitlines() or ["no output"])[-1]
+            raise EnvbuildError(
+                f"probe exited with code {code}: {_one_line(last, 300)}",
+                field="image",
+                value=image,
+                exit_code=ExitCode.UNREACHABLE,
+            )
+        try:
+            doc = json.loads(out)
+        except json.JSONDecodeError:
+            lines = out.strip().splitlines()
+            try:
+                doc = json.loads(lines[-1]) if lines else None
+            except json.JSONDecodeError:
+                doc = None
+        if not isinstance(doc, dict):
+            raise EnvbuildError(
+                f"probe printed no JSON object: {_one_line(out, 200)!r}",
+                field="image",
+                value=image,
+                exit_code=ExitCode.UNREACHABLE,
+            )
+        return doc
+    finally:
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+
+
+def docker_cli_available() -> bool:
+    """True when some ``docker`` executable is on ``PATH`` (used by diagnostics)."""
+    return shutil.which("docker") is not None
