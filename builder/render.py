@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,7 +123,7 @@ def context(spec: Spec) -> dict[str, Any]:
         "wheels_dir": WHEELS_DIR,
         "ca_path": SINGULARITY_CA,
         "pip_options": pip_options(spec),
-        "pip_requirements": spec.pip_requirements(),
+        "pip_requirements": [shlex.quote(req) for req in spec.pip_requirements()],
         "torch_local": spec.torch_local,
         "labels": labels(spec),
     }

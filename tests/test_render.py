@@ -1,0 +1,166 @@
+"""Rendering (builder/render.py): golden files, drift of the committed files, both formats
+describing the same environment, hadolint and spython, byte-determinism across processes."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dockerfile_parse import DockerfileParser
+from spython.main.parse.parsers import SingularityParser
+
+from builder import compat, recipe, render
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
+
+
+def rendered(recipes_dir, name):
+    return render.render(compat.require_ok(compat.check(recipe.load(Path(recipes_dir) / f"{name}.yaml"))))
+
+
+def test_golden_files():
+    """Regenerate with `make golden` and review the diff."""
+    out = rendered(ROOT / "tests/recipes", "golden-extras")
+    for name, data in out.files.items():
+        assert data.decode() == (ROOT / "tests/golden/golden-extras" / name).read_text(), name
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_committed_files_are_not_stale(name):
+    out = rendered(ROOT / "recipes", name)
+    assert render.stale(out, ROOT / "images") == [], f"run `envbuild render {name}`"
+
+
+def test_stale_file_is_detected(tmp_path):
+    shutil.copytree(ROOT / "images/cpu-torch2", tmp_path / "cpu-torch2")
+    path = tmp_path / "cpu-torch2/Dockerfile"
+    path.write_text(path.read_text().replace("torch==2.13.0+cpu", "torch==2.12.0+cpu"))
+    assert render.stale(rendered(ROOT / "recipes", "cpu-torch2"), tmp_path) == ["Dockerfile"]
+
+
+def test_render_check_cli_exit_codes(tmp_path):
+    shutil.copytree(ROOT / "images", tmp_path / "images")
+    cmd = [sys.executable, "-m", "builder.cli", "--images-dir", str(tmp_path / "images"), "render", "--check", "cpu-torch2"]
+    assert subprocess.run(cmd, cwd=ROOT, capture_output=True).returncode == 0
+    (tmp_path / "images/cpu-torch2/Singularity.def").write_text("x")
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 2
+    assert f"{tmp_path}/images/cpu-torch2/Singularity.def: stale; run `envbuild render cpu-torch2`" in res.stderr.replace("\n", "")
+
+
+def _docker_final_stage(path):
+    parser = DockerfileParser(str(path))
+    stages = [i for i, s in enumerate(parser.structure) if s["instruction"] == "FROM"]
+    final = parser.structure[stages[-1]:]
+    env = [s["value"] for s in final if s["instruction"] == "ENV"]
+    runs = " ".join(s["value"] for s in parser.structure if s["instruction"] == "RUN")
+    return parser, env, runs
+
+
+def _pip_reqs(text):
+    after = text.split("pip install", 1)[1]
+    return re.findall(r"(?:^|\s)('?[A-Za-z0-9_.\-\[\]]+(?:==|>=|<)[^\s\\]+)", after)
+
+
+@pytest.mark.parametrize("recipes_dir, name", [("recipes", "cpu-torch2"), ("recipes", "cuda12-torch2"), ("tests/golden", "golden-extras")])
+def test_both_formats_describe_the_same_environment(recipes_dir, name):
+    base = ROOT / ("tests/golden" if recipes_dir == "tests/golden" else "images") / name
+    parser, docker_env, docker_runs = _docker_final_stage(base / "Dockerfile")
+    sing = list(SingularityParser(str(base / "Singularity.def")).recipe.values())[0]
+    # the same base image
+    assert parser.structure[[s["instruction"] for s in parser.structure].index("ARG")]["value"] == f"BASE_IMAGE={sing.fromHeader}"
+    # the same environment variables, exported in %environment and in %post
+    sing_env = [e.replace('"', "") for e in sing.environ]
+    assert docker_env == sing_env
+    post_exports = [line[len("export "):].replace('"', "") for line in sing.install if line.startswith("export ") and "DEBIAN" not in line and "PIP_CERT" not in line]
+    assert post_exports == sing_env
+    # the same labels
+    sing_labels = dict(item.split(" ", 1) for item in sing.labels)
+    assert parser.labels == sing_labels
+    # the same pip requirements, in the same order
+    assert _pip_reqs(docker_runs) == _pip_reqs("\n".join(sing.install))
+    # a runscript that passes arguments through
+    assert sing.cmd == 'exec "$@"'
+
+
+def test_literal_pins_in_cuda_outputs():
+    docker = (ROOT / "images/cuda12-torch2/Dockerfile").read_text()
+    sing = (ROOT / "images/cuda12-torch2/Singularity.def").read_text()
+    for text in (docker, sing):
+        assert "torch==2.8.0+cu128" in text
+        assert "nvidia-nccl-cu12==2.27.3" in text
+        assert "--extra-index-url https://download.pytorch.org/whl/cu128" in text
+    assert "ARG BASE_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04\n" in docker
+    assert "From: nvidia/cuda:12.8.1-base-ubuntu24.04\n" in sing
+    assert '      envbuild.nccl="2.27.3" \\\n' in docker
+    assert "    envbuild.nccl 2.27.3\n" in sing
+    assert "    export PATH=\"/opt/venv/bin:$PATH\"\n" in sing
+
+
+def test_lock_contents():
+    lock = json.loads((ROOT / "images/cuda12-torch2/envbuild.lock.json").read_text())
+    assert lock["torch"] == {"local": "2.8.0+cu128", "variant": "cu128", "version": "2.8.0"}
+    assert (lock["nccl"], lock["nccl_package"], lock["cuda"], lock["python"]) == ("2.27.3", "nvidia-nccl-cu12", "12.8", "3.12")
+    assert lock["driver"] == {"min": "570.26", "minor_compat_min": "525.60.13"}
+
+
+def test_requirements_are_shell_quoted():
+    docker = (ROOT / "tests/golden/golden-extras/Dockerfile").read_text()
+    assert "      'requests[socks]<3,>=2.31'\n" in docker
+    assert "      numpy==2.2.6 \\\n" in docker
+
+
+def test_final_image_keeps_no_build_leftovers():
+    text = (ROOT / "images/cpu-torch2/Dockerfile").read_text()
+    stages = text.split("\nFROM ")
+    assert len(stages) == 3  # header, build, final
+    final = stages[2]
+    assert "pip install" not in final and "--mount" not in final and "COPY --from=build /opt/venv /opt/venv" in final
+    assert "rm -rf /var/lib/apt/lists/*" in final
+    assert "--no-cache-dir" in stages[1]
+
+
+@pytest.mark.parametrize("path", [*(f"images/{n}/Dockerfile" for n in RECIPES), "tests/golden/golden-extras/Dockerfile"])
+def test_hadolint_clean(path):
+    hadolint = shutil.which("hadolint", path=os.path.dirname(sys.executable)) or shutil.which("hadolint")
+    res = subprocess.run([hadolint, "--config", str(ROOT / ".hadolint.yaml"), "--no-color", str(ROOT / path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_hadolint_catches_a_fault(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text((ROOT / "images/cpu-torch2/Dockerfile").read_text().replace("CMD [\"python3\"]", "CMD python3"))
+    hadolint = shutil.which("hadolint", path=os.path.dirname(sys.executable)) or shutil.which("hadolint")
+    res = subprocess.run([hadolint, "--config", str(ROOT / ".hadolint.yaml"), "--no-color", str(bad)], capture_output=True, text=True)
+    assert res.returncode != 0 and "DL3025" in res.stdout
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_singularity_definition_parses(name):
+    sing = list(SingularityParser(str(ROOT / f"images/{name}/Singularity.def")).recipe.values())[0]
+    assert sing.fromHeader and sing.install and sing.environ and sing.labels
+
+
+def test_rendering_is_byte_deterministic_across_processes(tmp_path):
+    outputs = []
+    settings = [
+        {"PYTHONHASHSEED": "1", "TZ": "UTC", "LANG": "C", "umask": 0o022},
+        {"PYTHONHASHSEED": "987654", "TZ": "Asia/Shanghai", "LANG": "zh_CN.UTF-8", "umask": 0o077},
+    ]
+    for i, s in enumerate(settings):
+        out = tmp_path / f"out{i}"
+        cwd = tmp_path / f"cwd{i}"
+        cwd.mkdir()
+        env = {**os.environ, "PYTHONHASHSEED": s["PYTHONHASHSEED"], "TZ": s["TZ"], "LANG": s["LANG"], "LC_ALL": s["LANG"]}
+        code = f"import os,sys; os.umask({s['umask']}); from builder.cli import main; sys.exit(main(sys.argv[1:]))"
+        res = subprocess.run([sys.executable, "-c", code, "--recipes-dir", str(ROOT / "recipes"), "--images-dir", str(out), "render", "--all"],
+                             cwd=cwd, env=env, capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        outputs.append({p.relative_to(out).as_posix(): (p.read_bytes(), p.stat().st_mode & 0o777) for p in sorted(out.rglob("*")) if p.is_file()})
+    assert outputs[0] == outputs[1]
+    assert outputs[0]["cpu-torch2/Dockerfile"][0] == (ROOT / "images/cpu-torch2/Dockerfile").read_bytes()
