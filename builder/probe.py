@@ -38,7 +38,9 @@ Output schema ``envbuild.probe/1`` (every key always present)::
                    "error": str|null}, ...],
                                             # every libnccl.so* on disk in the searched
                                             # dirs (see _nccl_search_dirs), deduplicated
-                                            # by realpath, sorted by path; each version
+                                            # by realpath (path: the real file when met
+                                            # by name, else its first symlink), sorted by
+                                            # path; each version
                                             # asked via ncclGetVersion in a subprocess
         "pip_packages": {"nvidia-nccl-cu12": "2.27.3", ...}
                                             # installed distributions named nvidia-nccl*
@@ -352,10 +354,12 @@ def _found_nccl(errors):
             if not os.path.isfile(path):
                 continue
             real = os.path.realpath(path)
-            if real not in by_real or path < by_real[real]:
-                by_real[real] = path
+            by_real.setdefault(real, []).append(path)
     found = []
-    for real, path in by_real.items():
+    for real, paths in by_real.items():
+        # One entry per file: named by the file itself when it was met under its own
+        # name, else by the first of its symlinks in sorted order.
+        path = real if real in paths else min(paths)
         code, err = _nccl_version_in_subprocess(path)
         version = None
         if code is not None:

@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
         log("# envbuild bench: world %d, backend %s, device %s, dtype %s, iters %d, warmup %d"
             % (world, backend, device, args.dtype, args.iters, args.warmup))
         if fault is not None:
-            log("# TEST-ONLY fault injected: %s" % fault)
+            log("# TEST-ONLY fault injected: %s" % (fault,))
 
     _fire_early_fault(fault, rank)
 

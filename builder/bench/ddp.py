@@ -65,6 +65,19 @@ def param_checksum(named_parameters) -> str:
     return h.hexdigest()
 
 
+def _all_gather_digest(dist, torch, hexdigest: str, device: str, world: int) -> List[str]:
+    """Every rank's sha256 hex digest, index = rank.
+
+    Sent as 32 uint8 values with ``all_gather`` rather than ``all_gather_object``, which
+    needs numpy in recent torch (2.13: "Numpy is not available").
+    """
+    raw = bytes.fromhex(hexdigest)
+    mine = torch.tensor(list(raw), dtype=torch.uint8, device=device)
+    out = [torch.zeros(len(raw), dtype=torch.uint8, device=device) for _ in range(world)]
+    dist.all_gather(out, mine)
+    return [bytes(t.cpu().tolist()).hex() for t in out]
+
+
 def build_resnet18() -> Tuple[object, str]:
     """(model, source): torchvision's ResNet-18 when importable, else the built-in one.
 
@@ -100,7 +113,7 @@ def run_ddp(steps: int, batch: int, image_size: int, seed: int, device: str,
 
     SGD lr 0.01 momentum 0.9, cross-entropy loss. ``images_per_s`` = steps * batch /
     wall seconds of the steps on this rank (data is generated before the clock starts).
-    Checksums of every rank are gathered with ``all_gather_object``.
+    Checksums of every rank are gathered with ``all_gather`` (see :func:`_all_gather_digest`).
     """
     import torch
     import torch.distributed as dist
@@ -143,8 +156,7 @@ def run_ddp(steps: int, batch: int, image_size: int, seed: int, device: str,
             next(model.parameters()).view(-1)[0] += 1e-3
 
     mine = param_checksum(model.named_parameters())
-    checksums: List[Optional[str]] = [None] * world
-    dist.all_gather_object(checksums, mine)
+    checksums = _all_gather_digest(dist, torch, mine, device, world)
     return {
         "model": "resnet18",
         "source": source,

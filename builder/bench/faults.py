@@ -21,7 +21,8 @@ Stdlib only (the host imports this in its unit tests).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 ENV_VAR = "ENVBUILD_BENCH_FAULT"
 KINDS = ("allreduce-corrupt", "ddp-perturb", "sleep", "exit")
@@ -29,7 +30,8 @@ SLEEP_S = 3600
 EXIT_CODE = 3
 
 
-class Fault(NamedTuple):
+@dataclass(frozen=True)
+class Fault:
     """A parsed fault: ``kind`` (one of ``KINDS``) on global rank ``rank``."""
 
     kind: str

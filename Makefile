@@ -1,0 +1,15 @@
+# envbuild quick start. Both targets install what they need first (scripts/setup.sh:
+# Debian's Docker engine when none answers, debootstrap, a .venv with envbuild).
+.PHONY: run test golden render clean-test
+
+run:            ## install, then check, render, build and certify the default recipe
+	bash scripts/setup.sh
+	.venv/bin/envbuild make cpu-torch2
+
+test:           ## install the test tools, then run the default test suite
+	bash scripts/setup.sh --test
+	.venv/bin/python -m pytest
+
+golden:         ## regenerate golden files and the committed rendered files; review the diff
+	.venv/bin/envbuild --recipes-dir tests/recipes --images-dir tests/golden render --all
+	.venv/bin/envbuild render --all
