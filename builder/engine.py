@@ -16,7 +16,6 @@ import collections
 import json
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -224,6 +223,7 @@ class BuildFailed(EnvbuildError):
 
 
 _STEP_RE = re.compile(r"^#(\d+) (.*)$")
+_TIMED_RE = re.compile(r"^\d+\.\d+ ")
 
 
 class _ProgressLog:
@@ -260,10 +260,13 @@ class _ProgressLog:
             lines = list(self.tail)
             reason = lines[-1].strip() if lines else "no output"
             return None, reason, lines
-        step, text = self.errors[-1]
+        # parallel stages that BuildKit cancelled after the real failure also say ERROR
+        real = [e for e in self.errors if "canceled" not in e[1] and "cancelled" not in e[1]]
+        step, text = (real or self.errors)[0]
         reason = text.partition(":")[2].strip() or text
         lines = [l for l in self.lines.get(step, []) if not _STEP_RE.match(l).group(2).startswith("ERROR")]
-        closing = [l for l in self.after_error if not l.startswith(" > ")]
+        # the closing block repeats the step's output as "<seconds> <text>": keep the rest
+        closing = [l for l in self.after_error if not l.startswith(" > ") and not _TIMED_RE.match(l)]
         return self.names.get(step), reason, (lines + closing)[-self.keep :]
 
 
@@ -404,11 +407,8 @@ def build_image(
             try:
                 # untag only: the image stays under `tag` on success
                 client.api.remove_image(tmp_tag, noprune=ok)
-            except docker.errors.NotFound:
-                pass
             except docker.errors.APIError:
-                if not ok:
-                    raise
+                pass  # NotFound: the build never tagged it; anything else must not mask the outcome
 
 
 # --------------------------------------------------------------------------- cleanup
@@ -447,7 +447,7 @@ def remove_by_label(
     # Images built FROM others (classic builder) must go before their parents: retry
     # what failed while each pass still removes something.
     pending = {img.id for img in client.images.list(filters=filters)}
-    last_error: Exception | None = None
+    errors: dict[str, str] = {}
     while pending:
         progress = False
         for image_id in sorted(pending):
@@ -460,10 +460,11 @@ def remove_by_label(
                 pending.discard(image_id)
                 progress = True
             except docker.errors.APIError as e:
-                last_error = e
+                errors[image_id] = e.explanation or str(e)
         if not progress:
+            detail = "; ".join(f"{i[7:19]}: {_one_line(errors[i], 200)}" for i in sorted(pending))
             raise EnvbuildError(
-                f"could not remove images {sorted(pending)}: {_one_line(last_error)}",
+                f"could not remove {len(pending)} image(s) ({detail}); the rest was removed",
                 field="label",
                 value=label_filter,
             )
@@ -575,7 +576,3 @@ def run_probe(
         except docker.errors.NotFound:
             pass
 
-
-def docker_cli_available() -> bool:
-    """True when some ``docker`` executable is on ``PATH`` (used by diagnostics)."""
-    return shutil.which("docker") is not None
