@@ -1,0 +1,254 @@
+"""End-to-end certification on the real Docker engine (gloo, CPU, 2 container nodes).
+
+Needs two fixtures from ``tests/conftest.py``: ``torch_image`` (the ref of an image built
+by envbuild from ``cpu-torch2``) and ``test_labels`` (labels to put on everything a test
+creates, e.g. ``{"envbuild.test-session": "<uuid>"}``). For development without that
+conftest, set ``ENVBUILD_TEST_IMAGE=<ref>`` (any image carrying envbuild's labels, e.g.
+``envbuild-dev/cpu-torch2:dev``): it takes precedence over ``torch_image``, and a fresh
+session label is made up when ``test_labels`` is missing.
+
+Every run is kept short (small sizes, 1 DDP step) and every test checks that nothing
+labelled with its run (containers, networks, the results folder, processes) is left.
+The fault injection uses the TEST-ONLY ``extra_env={"ENVBUILD_BENCH_FAULT": ...}``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from builder import certify, engine
+from builder.errors import EnvbuildError, ExitCode
+from builder.launchers import local
+
+SHORT = dict(sizes=[8, 1024, 65536], iters=3, warmup=1, ddp_steps=1, nodes=2, backend="gloo")
+REPO = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def image(request) -> str:
+    ref = os.environ.get("ENVBUILD_TEST_IMAGE")
+    if ref:
+        return ref
+    try:
+        return request.getfixturevalue("torch_image")
+    except pytest.FixtureLookupError:
+        pytest.skip("no torch_image fixture and ENVBUILD_TEST_IMAGE is unset")
+
+
+@pytest.fixture(scope="module")
+def client():
+    try:
+        return engine.connect(timeout_s=120)
+    except EnvbuildError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture
+def labels(request) -> dict[str, str]:
+    """The session's test labels plus one naming this test case."""
+    try:
+        base = dict(request.getfixturevalue("test_labels"))
+    except pytest.FixtureLookupError:
+        base = {"envbuild.test-session": uuid.uuid4().hex}
+    return {**base, "envbuild.test-case": uuid.uuid4().hex[:16]}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _leftovers(client, label: str) -> list[str]:
+    found = [f"container {c.name}" for c in client.containers.list(all=True, filters={"label": label})]
+    found += [f"network {n.name}" for n in client.networks.list(filters={"label": label})]
+    return found
+
+
+def _processes_of_run(run_id: str) -> list[int]:
+    """Host PIDs whose environment holds ENVBUILD_RUN_ID=<run_id> (the nodes' processes)."""
+    needle = f"ENVBUILD_RUN_ID={run_id}".encode()
+    pids = []
+    for env_file in glob.glob("/proc/[0-9]*/environ"):
+        try:
+            with open(env_file, "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    pids.append(int(env_file.split("/")[2]))
+        except OSError:
+            continue
+    return pids
+
+
+def assert_nothing_left(client, run_id: str, labels: dict[str, str]) -> None:
+    assert _leftovers(client, f"{engine.RUN_LABEL}={run_id}") == []
+    assert _leftovers(client, f"envbuild.test-case={labels['envbuild.test-case']}") == []
+    assert glob.glob(os.path.join(tempfile.gettempdir(), f"envbuild-{run_id}-results-*")) == []
+    assert _processes_of_run(run_id) == []
+
+
+def run_certify(client, image, tmp_path, labels, **kw):
+    args = {**SHORT, "timeout_s": 120, **kw}
+    t0 = time.monotonic()
+    cert, path = certify.certify(client, image, images_dir=tmp_path, labels=labels, **args)
+    elapsed = time.monotonic() - t0
+    assert path.is_file() and json.loads(path.read_text()) == cert
+    assert path.parent == tmp_path / cert["recipe"] / "certificates"
+    h = cert["lock_hash"].split(":")[-1][:12]
+    assert re.fullmatch(rf"{re.escape(cert['recipe'])}-{h}-\d{{8}}T\d{{6}}Z(-\d+)?\.json", path.name)
+    assert_nothing_left(client, cert["run_id"], labels)
+    return cert, elapsed
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_two_nodes_pass(client, image, tmp_path, labels):
+    cert, elapsed = run_certify(client, image, tmp_path, labels)
+    v = cert["verdict"]
+    assert v["passed"] and v["exit_code"] == 0 and v["failures"] == [], v
+    assert cert["schema"] == "envbuild.certificate/1"
+    assert cert["world_size"] == 2 and cert["nodes"] == 2 and cert["gpus_per_node"] == 0
+    assert cert["backend"]["used"] == "gloo"
+    assert [r["size_bytes"] for r in cert["allreduce"]] == SHORT["sizes"]
+    for row in cert["allreduce"]:
+        assert row["wrong"] == 0 and row["wrong_by_rank"] == [0, 0]
+        assert row["busbw_gbps"] >= 0 and row["time_us"] > 0
+    ddp = cert["ddp"]
+    assert ddp["params_identical"] and ddp["mismatched_ranks"] == []
+    assert set(ddp["ranks"]) == {"0", "1"}
+    assert len({r["param_checksum"] for r in ddp["ranks"].values()}) == 1
+    assert set(cert["probe"]) == {"0", "1"}
+    for r, probe in cert["probe"].items():
+        assert probe["hostname"] == f"node-{r}"
+        assert certify.compare_probe_to_lock(probe, cert["lock"]) == []
+    assert cert["transports"] is None and cert["nccl"] is None
+    assert cert["image"]["labels"]["envbuild.lock-hash"] == cert["lock_hash"]
+    assert cert["node_status"] == {"0": {"name": "node-0", "exit_code": 0},
+                                   "1": {"name": "node-1", "exit_code": 0}}
+    print(f"pass: {elapsed:.1f} s")
+
+
+def test_corrupt_allreduce_names_rank_1(client, image, tmp_path, labels):
+    cert, elapsed = run_certify(client, image, tmp_path, labels,
+                                extra_env={"ENVBUILD_BENCH_FAULT": "allreduce-corrupt@1"})
+    v = cert["verdict"]
+    assert not v["passed"] and v["exit_code"] == ExitCode.CHECK_FAILED
+    assert len(v["failures"]) == 1 and v["failures"][0].startswith("rank 1: all-reduce sum wrong at 8 B")
+    assert all(row["wrong_by_rank"] == [0, 1] for row in cert["allreduce"])
+    print(f"allreduce-corrupt: {elapsed:.1f} s")
+
+
+def test_perturbed_ddp_names_rank_1(client, image, tmp_path, labels):
+    cert, elapsed = run_certify(client, image, tmp_path, labels,
+                                extra_env={"ENVBUILD_BENCH_FAULT": "ddp-perturb@1"})
+    v = cert["verdict"]
+    assert v["exit_code"] == ExitCode.CHECK_FAILED
+    assert v["failures"] == ["DDP parameters differ after 1 step(s): rank 1 differs from the others"]
+    assert cert["ddp"]["mismatched_ranks"] == [1] and not cert["ddp"]["params_identical"]
+    print(f"ddp-perturb: {elapsed:.1f} s")
+
+
+def test_rank_exits_early(client, image, tmp_path, labels):
+    cert, elapsed = run_certify(client, image, tmp_path, labels, extra_env={"ENVBUILD_BENCH_FAULT": "exit@1"})
+    v = cert["verdict"]
+    assert v["exit_code"] == ExitCode.CHECK_FAILED
+    assert "rank 1 exited with 3" in v["failures"]
+    assert cert["ranks"]["1"]["reported"] is False
+    assert elapsed < 60  # no waiting for the 120 s timeout
+    print(f"exit: {elapsed:.1f} s")
+
+
+def test_hung_rank_times_out(client, image, tmp_path, labels):
+    timeout = 30
+    cert, elapsed = run_certify(client, image, tmp_path, labels, timeout_s=timeout,
+                                extra_env={"ENVBUILD_BENCH_FAULT": "sleep@1"})
+    v = cert["verdict"]
+    assert v["exit_code"] == ExitCode.UNREACHABLE and cert["timed_out"]
+    assert f"rank 1 did not finish within {timeout} s (timeout)" in v["failures"]
+    assert timeout <= elapsed < timeout + 45
+    print(f"sleep: {elapsed:.1f} s")
+
+
+def test_unreachable_busbw_floor_names_slowest_rank(client, image, tmp_path, labels):
+    cert, elapsed = run_certify(client, image, tmp_path, labels, min_busbw_gbps=1e9)
+    v = cert["verdict"]
+    assert v["exit_code"] == ExitCode.CHECK_FAILED
+    gate = cert["thresholds"]
+    assert gate["min_busbw_gbps"] == 1e9 and gate["busbw_size"] == 65536 and gate["source"] == "argument"
+    row = next(r for r in cert["allreduce"] if r["size_bytes"] == 65536)
+    slowest = max(range(2), key=lambda i: row["rank_time_us"][i])
+    (f,) = v["failures"]
+    assert "below the floor of 1e+09 GB/s" in f and f"slowest rank {slowest} (" in f
+    print(f"busbw floor: {elapsed:.1f} s")
+
+
+def test_nccl_refused_without_gpus(client, image, tmp_path, labels):
+    with pytest.raises(EnvbuildError) as e:
+        certify.certify(client, image, images_dir=tmp_path, labels=labels, backend="nccl")
+    assert e.value.exit_code == ExitCode.CHECK_FAILED
+    assert "needs GPUs; none visible" in str(e.value) and "--backend gloo" in str(e.value)
+    assert _leftovers(client, f"envbuild.test-case={labels['envbuild.test-case']}") == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def _node0_log(client, case_label: str) -> str:
+    for c in client.containers.list(all=True, filters={"label": [case_label, "envbuild.node=0"]}):
+        try:
+            return c.logs().decode("utf-8", "replace")
+        except Exception:  # noqa: BLE001 - removed meanwhile
+            return ""
+    return ""
+
+
+@pytest.mark.parametrize("sig,when", [(signal.SIGINT, "sweep"), (signal.SIGTERM, "created")],
+                         ids=["SIGINT-mid-sweep", "SIGTERM-at-creation"])
+def test_cli_interrupted_leaves_nothing(client, image, tmp_path, labels, sig, when):
+    """SIGINT once the ranks joined and the sweep began; SIGTERM as soon as the first node
+    container exists (the launcher may still be creating the others)."""
+    case = f"envbuild.test-case={labels['envbuild.test-case']}"
+    env = {**os.environ, local.EXTRA_LABELS_ENV: ",".join(f"{k}={v}" for k, v in labels.items())}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "builder.cli", "--images-dir", str(tmp_path), "certify", image,
+         "--backend", "gloo", "--nodes", "2", "--timeout", "300"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    run_id = None
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            seen = client.containers.list(all=True, filters={"label": case})
+            if seen and run_id is None:
+                run_id = seen[0].labels.get(engine.RUN_LABEL)
+            if run_id and when == "created":
+                break
+            if run_id and "# envbuild bench:" in _node0_log(client, case):
+                break  # the ranks joined and the sweep has begun
+            time.sleep(0.05 if when == "created" else 0.2)
+        assert proc.poll() is None, f"certify ended before the signal: {proc.communicate()}"
+        assert run_id, "no node container seen"
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 130, (out, err)
+    assert "interrupted" in err and "Traceback" not in err, err
+    assert _leftovers(client, case) == []
+    assert_nothing_left(client, run_id, labels)
+    assert not (tmp_path / "cpu-torch2").exists() or not any((tmp_path / "cpu-torch2").rglob("*.json"))
+    print(f"cli {sig.name}: {elapsed:.1f} s")
