@@ -576,6 +576,8 @@ def build_certificate(
             entry.update(hostname=doc.get("hostname"), device=doc.get("device"),
                          elapsed_s=doc.get("elapsed_s"), errors=doc.get("errors") or [],
                          fault=doc.get("fault"))
+            probe = doc.get("probe")
+            entry["lock_mismatches"] = compare_probe_to_lock(probe, lock) if probe else None
         else:
             entry["exit_code"] = launch.rank_exit_codes.get(r)
             if r in launch.rank_problems:

@@ -1,7 +1,7 @@
 """The ``envbuild`` command: the only module that knows every stage.
 
 Commands: ``check``, ``render``, ``build``, ``certify``, ``make`` (check -> render -> build
--> certify), ``probe``, ``base``. Errors from any stage are :class:`EnvbuildError` values
+-> certify), ``probe``, ``verify``, ``doctor``, ``base``, ``lock``, ``push``, ``pull``. Errors from any stage are :class:`EnvbuildError` values
 printed as one line each (no traceback) with the exit code of the shared table
 (``builder/errors.py``); usage errors exit 64; SIGINT/SIGTERM exit 130 after cleanup.
 """
@@ -57,7 +57,7 @@ def cmd_check(args) -> int:
 
 
 def _render(args, spec: compat.Spec) -> int:
-    rendered = render.render(compat.require_ok(spec))
+    rendered = render.render_for(compat.require_ok(spec), args.images_dir)
     if getattr(args, "check_only", False):
         stale = render.stale(rendered, args.images_dir)
         if stale:
@@ -66,9 +66,9 @@ def _render(args, spec: compat.Spec) -> int:
             return ExitCode.CHECK_FAILED
         out.print(f"{args.images_dir}/{spec.recipe.name}: up to date")
         return ExitCode.OK
-    where = render.write(rendered, args.images_dir)
+    where, written = render.write(rendered, args.images_dir)
     for name in rendered.files:
-        out.print(f"wrote {where / name}", markup=False)
+        out.print(f"{'wrote' if name in written else 'up to date'} {where / name}", markup=False)
     return ExitCode.OK
 
 
@@ -103,7 +103,7 @@ def _build(args, spec: compat.Spec):
 def cmd_build(args) -> int:
     """``envbuild build RECIPE``: build the rendered Dockerfile, then check the probe against the lock."""
     spec = compat.require_ok(_load_spec(args.recipe, args.recipes_dir))
-    rendered = render.render(spec)
+    rendered = render.render_for(spec, args.images_dir)
     stale = render.stale(rendered, args.images_dir)
     if stale:
         raise EnvbuildError(f"rendered files are stale ({', '.join(stale)}); run `envbuild render {spec.recipe.name}`",
@@ -156,6 +156,54 @@ def cmd_probe(args) -> int:
     return ExitCode.OK
 
 
+def _node_sources(args, allow_empty: bool = False):
+    from .gather import Sources
+
+    src = Sources(files=args.reports, images=args.image, containers=args.container, labels=args.label,
+                  nodes=args.nodes, hosts=[h for item in args.hosts for h in item.split(",") if h.strip()],
+                  ssh_config=args.ssh_config, ssh_options=args.ssh_option,
+                  connect_timeout_s=args.connect_timeout, slurm=args.slurm, partition=args.partition,
+                  srun_args=args.srun_arg, timeout_s=args.node_timeout, python=args.python)
+    if src.empty and not allow_empty:
+        raise UsageError(f"envbuild {args.command}: give report files, --image/--container/--label, --hosts or --slurm")
+    if args.nodes is not None and not (src.uses_containers or src.slurm):
+        raise UsageError(f"envbuild {args.command}: --nodes goes with --image/--container/--label or --slurm")
+    return src
+
+
+def cmd_verify(args) -> int:
+    """``envbuild verify``: gather node reports and compare them; 0 match, 1 warnings, 2 differ, 3 not checked."""
+    from . import gather, verify
+
+    result = verify.verify(gather.gather(_node_sources(args)))
+    if args.json:
+        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+    else:
+        verify.render(result, out)
+    return result.exit_code
+
+
+def cmd_doctor(args) -> int:
+    """``envbuild doctor``: preflight checks on the nodes; worst of pass/skip 0, warn 1, fail 2, unknown 3."""
+    from . import doctor, gather
+
+    checks = tuple(c.strip() for c in args.checks.split(",") if c.strip()) if args.checks else doctor.ALL_CHECKS
+    opts = doctor.Options(checks=checks, port=args.port, master=args.master, connect_timeout_s=args.connect_timeout,
+                          min_shm_bytes=doctor.parse_size(args.min_shm), straggler_ratio=args.straggler_ratio,
+                          backend=args.backend, fix=args.fix, stale_after_s=args.stale_after,
+                          labels=tuple(args.stale_label))
+    unknown = [c for c in checks if c not in doctor.ALL_CHECKS]
+    if unknown:
+        raise UsageError(f"envbuild doctor: --checks: unknown {', '.join(unknown)}; choose from {', '.join(doctor.ALL_CHECKS)}")
+    src = _node_sources(args, allow_empty=True)
+    result = doctor.doctor([] if src.empty else gather.gather(src), opts)
+    if args.json:
+        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+    else:
+        doctor.render(result, out)
+    return result.exit_code
+
+
 def cmd_base(args) -> int:
     """``envbuild base bootstrap``: make a local Debian base image with debootstrap (air-gapped sites)."""
     from . import bootstrap, engine
@@ -164,6 +212,104 @@ def cmd_base(args) -> int:
     ref = bootstrap.bootstrap_debian(client, suite=args.suite, stands_for=args.stands_for)
     out.print(f"base image {ref} (stands in for {args.stands_for})")
     return ExitCode.OK
+
+
+def _registry_opts(args) -> dict:
+    return {"plain_http": True if args.plain_http else None, "ca_cert": args.registry_ca}
+
+
+def cmd_push(args) -> int:
+    """``envbuild push RECIPE --registry HOST[:PORT]``: publish the certified image and its
+    certificate (an in-toto attestation referring to the image); 2 refused, 3 unreachable."""
+    import os
+
+    from . import attest, engine, registry
+
+    key_path = args.sign_key or os.environ.get(attest.ENV_SIGN_KEY)
+    key = attest.load_private_key(key_path) if key_path else None
+    client = engine.connect()
+    result = registry.push(client, args.recipe, args.registry, images_dir=args.images_dir, image=args.image,
+                           namespace=args.namespace, sign_key=key, fs_hash=not args.no_fs_hash,
+                           on_progress=lambda m: console.print(m, markup=False, soft_wrap=True),
+                           **_registry_opts(args))
+    for w in result.warnings:
+        console.print(f"warning: {w}", style="yellow", markup=False, soft_wrap=True)
+    out.print(f"pushed {result.repository}@{result.digest}", markup=False, soft_wrap=True)
+    out.print(f"  tags: {', '.join(result.tags)}; image {result.image_id}", markup=False, soft_wrap=True)
+    out.print(f"  certificate {result.certificate_path} -> attestation {result.attestation} "
+              f"({'signed by ' + result.signed_by if result.signed_by else 'unsigned'}; found by {result.referrers})",
+              markup=False, soft_wrap=True)
+    if result.filesystem:
+        out.print(f"  filesystem content {result.filesystem['method']} sha256:{result.filesystem['sha256']}",
+                  markup=False, soft_wrap=True)
+    return ExitCode.WARNINGS if result.warnings else ExitCode.OK
+
+
+def cmd_pull(args) -> int:
+    """``envbuild pull RECIPE|REF --registry HOST``: pull the certified image by digest after
+    checking its certificate and this node; 2 refused, 3 unreachable."""
+    import os
+
+    from . import attest, engine, registry
+
+    key_path = args.verify_key or os.environ.get(attest.ENV_VERIFY_KEY)
+    key = attest.load_public_key(key_path) if key_path else None
+    client = engine.connect() if args.format == "docker" else None
+    result = registry.pull(client, args.target, args.registry, namespace=args.namespace, public_key=key,
+                           key_name=str(key_path) if key_path else "the key",
+                           allow_uncertified_hw=args.allow_uncertified_hw, fmt=args.format,
+                           sif_output=args.output, run_apptainer=not args.print_only,
+                           on_progress=lambda m: console.print(m, markup=False, soft_wrap=True),
+                           **_registry_opts(args))
+    att = result.attestation
+    cert = att.certificate
+    for w in result.warnings:
+        console.print(f"warning: uncertified hardware: {w}", style="yellow", markup=False, soft_wrap=True)
+    sig = (f"signature verified ({att.signer})" if att.signer else
+           "signed, signature not checked (no public key configured)" if att.signed else "unsigned")
+    out.print(f"certified {result.reference}: recipe {cert.get('recipe')}, lock {cert.get('lock_hash')}, "
+              f"verdict passed at {cert.get('finished_at')}; {sig}; certificate {att.manifest} ({att.found_by})",
+              markup=False, soft_wrap=True)
+    if result.sif_command is not None:
+        command = " ".join(result.sif_command)
+        out.print(f"ran: {command}" if result.sif_ran else command, markup=False, soft_wrap=True)
+    else:
+        out.print(f"pulled {result.reference} as {', '.join(result.local_tags)} (image {result.image_id})",
+                  markup=False, soft_wrap=True)
+    return ExitCode.WARNINGS if result.warnings else ExitCode.OK
+
+
+def cmd_lock(args) -> int:
+    """``envbuild lock RECIPE``: resolve the base digest, pip hashes and apt versions into
+    ``images/RECIPE/envbuild.resolved.json`` and render again; 1 when something stayed open."""
+    from . import engine, lock
+
+    spec = compat.require_ok(_load_spec(args.recipe, args.recipes_dir))
+    client = None
+    if not (args.no_base and args.no_apt):
+        try:
+            client = engine.connect()
+        except EnvbuildError as e:
+            console.print(f"warning: {e}", style="yellow", markup=False, soft_wrap=True)
+    result = lock.lock(spec, args.images_dir, _site(args), client, base=not args.no_base, pip=not args.no_pip,
+                       apt=not args.no_apt, base_mode=args.base_mode,
+                       say=lambda m: console.print(m, markup=False, soft_wrap=True))
+    doc = result.resolved
+    out.print(f"wrote {result.path}", markup=False)
+    for path in result.written:
+        out.print(f"wrote {path}", markup=False)
+    out.print(f"  base {doc['base']['ref']} -> {doc['base'].get('digest') or 'unresolved'}; "
+              f"pip {len(doc['pip'])} package(s) with hashes; apt {len(doc['apt'])} pin(s)", markup=False, soft_wrap=True)
+    for note in result.unresolved:
+        console.print(f"warning: {note}", style="yellow", markup=False, soft_wrap=True)
+    return ExitCode.WARNINGS if result.unresolved else ExitCode.OK
+
+
+def _add_registry(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("registry (credentials come from your Docker config: docker login HOST)")
+    g.add_argument("--namespace", default="envbuild", help="repository prefix: HOST/NAMESPACE/RECIPE (default: envbuild)")
+    g.add_argument("--plain-http", action="store_true", help="plain HTTP (default: HTTPS; loopback registries fall back to HTTP)")
+    g.add_argument("--registry-ca", metavar="FILE", help="CA bundle of the registry's TLS certificate")
 
 
 def _add_site(p: argparse.ArgumentParser) -> None:
@@ -184,6 +330,26 @@ def _add_certify(p: argparse.ArgumentParser) -> None:
     g.add_argument("--port", type=int, help="rendezvous port on the first node (default 29500)")
     g.add_argument("--timeout", type=int, help="seconds before hung ranks are killed")
     g.add_argument("--min-busbw", type=float, metavar="GBPS", help="busbw floor in GB/s at the gate size; gates also on gloo")
+
+
+def _add_node_sources(p: argparse.ArgumentParser) -> None:
+    p.add_argument("reports", nargs="*", metavar="REPORT", help="node report files (envbuild probe --host > node.json)")
+    g = p.add_argument_group("nodes (any mix of sources)")
+    g.add_argument("--image", action="append", default=[], metavar="IMAGE", help="running containers of IMAGE on this engine (repeatable)")
+    g.add_argument("--container", action="append", default=[], metavar="NAME", help="this running container (repeatable)")
+    g.add_argument("--label", action="append", default=[], metavar="KEY[=VALUE]",
+                   help="running containers with this label (repeatable; with --image: all must match)")
+    g.add_argument("--nodes", type=int, metavar="N", help="containers: exactly N must run; --slurm: srun --nodes=N")
+    g.add_argument("--hosts", action="append", default=[], metavar="A,B,C", help="hosts over ssh, [user@]host[:port]")
+    g.add_argument("--ssh-config", metavar="FILE", help="ssh -F FILE")
+    g.add_argument("--ssh-option", action="append", default=[], metavar="OPT", help="ssh -o OPT (repeatable)")
+    g.add_argument("--connect-timeout", type=int, default=5, metavar="S", help="ssh ConnectTimeout; doctor: TCP connect limit (default 5)")
+    g.add_argument("--slurm", action="store_true", help="one srun --ntasks-per-node=1 step gathers every node")
+    g.add_argument("--partition", metavar="P", help="srun --partition")
+    g.add_argument("--srun-arg", action="append", default=[], metavar="ARG", help="extra srun argument (repeatable)")
+    g.add_argument("--timeout", dest="node_timeout", type=float, default=120, metavar="S", help="seconds per node (default 120)")
+    g.add_argument("--python", default="python3", help="interpreter on the nodes (default python3)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (for machines)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -222,6 +388,59 @@ def parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("probe", help="print this host's node report as JSON")
     pr.add_argument("--host", action="store_true", help="probe the host (outside containers); the default")
     pr.set_defaults(func=cmd_probe)
+
+    ve = sub.add_parser("verify", help="compare node reports: which node differs in what (exit 0/1/2/3)")
+    _add_node_sources(ve)
+    ve.set_defaults(func=cmd_verify)
+
+    do = sub.add_parser("doctor", help="preflight checks: ports, interfaces, shm, GPUs, stale containers, stragglers")
+    _add_node_sources(do)
+    do.add_argument("--checks", metavar="A,B", help="run only these checks: nodes, port, interface, shm, gpu-uuid, "
+                    "gpu-processes, stale-containers, straggler (default all)")
+    do.add_argument("--port", type=int, default=29500, help="rendezvous port checked on the master (default 29500)")
+    do.add_argument("--master", metavar="NODE", help="the master node (default: the first node)")
+    do.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl when every node has GPUs, else gloo")
+    do.add_argument("--min-shm", default="256m", metavar="SIZE", help="smallest /dev/shm accepted (default 256m)")
+    do.add_argument("--straggler-ratio", type=float, default=1.5, metavar="R",
+                    help="a node slower than R x the median is a straggler (default 1.5)")
+    do.add_argument("--fix", action="store_true", help="remove stale envbuild containers (nothing else)")
+    do.add_argument("--stale-after", type=float, default=3600, metavar="S",
+                    help="a running envbuild container older than S seconds is stale (default 3600)")
+    do.add_argument("--stale-label", action="append", default=[], metavar="KEY[=VALUE]",
+                    help="look for stale containers only among those with this label too (repeatable)")
+    do.set_defaults(func=cmd_doctor)
+
+    pu = sub.add_parser("push", help="publish a certified image and its certificate to a registry, by digest")
+    pu.add_argument("recipe")
+    pu.add_argument("--registry", required=True, metavar="HOST[:PORT]", help="the registry")
+    pu.add_argument("--image", metavar="REF", help="the local image (default: the newest certified one of RECIPE)")
+    pu.add_argument("--sign-key", metavar="FILE", help="sign the certificate (DSSE) with this PEM private key "
+                    "(Ed25519 or ECDSA; default: $ENVBUILD_SIGN_KEY)")
+    pu.add_argument("--no-fs-hash", action="store_true", help="do not record the filesystem content hash")
+    _add_registry(pu)
+    pu.set_defaults(func=cmd_push)
+
+    pl = sub.add_parser("pull", help="pull a certified image by digest after checking its certificate and this node")
+    pl.add_argument("target", metavar="RECIPE|REF", help="recipe name (HOST/NAMESPACE/RECIPE:certified) or image reference")
+    pl.add_argument("--registry", metavar="HOST[:PORT]", help="the registry (unless REF names one)")
+    pl.add_argument("--verify-key", metavar="FILE", help="require a certificate signed by this PEM public key "
+                    "(default: $ENVBUILD_VERIFY_KEY)")
+    pl.add_argument("--allow-uncertified-hw", action="store_true",
+                    help="driver or GPUs the certificate does not cover: warn (exit 1) instead of refusing")
+    pl.add_argument("--format", choices=("docker", "sif"), default="docker",
+                    help="docker: pull into the engine (default); sif: apptainer pull by digest")
+    pl.add_argument("--output", metavar="FILE", help="SIF file for --format sif (default RECIPE_LOCK.sif)")
+    pl.add_argument("--print-only", action="store_true", help="--format sif: print the command, do not run it")
+    _add_registry(pl)
+    pl.set_defaults(func=cmd_pull)
+
+    lk = sub.add_parser("lock", help="resolve base digest, pip hashes and apt versions into images/RECIPE/")
+    lk.add_argument("recipe")
+    lk.add_argument("--no-base", action="store_true", help="do not resolve the base image digest")
+    lk.add_argument("--no-pip", action="store_true", help="do not resolve pip requirements")
+    lk.add_argument("--no-apt", action="store_true", help="do not resolve apt versions")
+    _add_site(lk)
+    lk.set_defaults(func=cmd_lock)
 
     ba = sub.add_parser("base", help="base images")
     bsub = ba.add_subparsers(dest="base_command", required=True, parser_class=_Parser)

@@ -216,7 +216,6 @@ def test_run_probe_unknown_image(docker_client, tmp_path):
 
 def test_image_labels(docker_client, bootstrap_image):
     assert engine.image_labels(docker_client, bootstrap_image) == {
-        "envbuild": "1",
         "envbuild.bootstrap.mirror": "http://deb.debian.org/debian",
         "envbuild.bootstrap.stands-for": "debian:bookworm-slim",
         "envbuild.bootstrap.suite": "bookworm",

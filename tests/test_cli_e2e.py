@@ -1,0 +1,117 @@
+"""The command line as a user meets it: `envbuild make cpu-torch2` end to end on the real
+engine, and bad input giving one clear line, exit 2, and no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def envbuild(*args, cwd=ROOT, env=None, timeout=900):
+    return subprocess.run([sys.executable, "-m", "builder.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def leftovers(client, label):
+    return ([c.name for c in client.containers.list(all=True, filters={"label": label})],
+            [n.name for n in client.networks.list(filters={"label": label})])
+
+
+def test_make_cpu_torch2_end_to_end(tmp_path, docker_client, torch_image, test_labels):
+    """check -> render -> build -> certify with 2 containers. The session's torch image
+    (same rendered files, same base) makes the build a cache hit; the build check (probe
+    against lock) still runs on it."""
+    images = tmp_path / "images"
+    (images / "cpu-torch2").mkdir(parents=True)
+    for name in ("Dockerfile", "Singularity.def", "envbuild.lock.json"):
+        shutil.copy(ROOT / "images/cpu-torch2" / name, images / "cpu-torch2" / name)
+    case = uuid.uuid4().hex[:12]
+    labels = ",".join(f"{k}={v}" for k, v in {**test_labels, "envbuild.test-case": case}.items())
+    res = envbuild("--images-dir", str(images), "make", "cpu-torch2", env={"ENVBUILD_EXTRA_LABELS": labels})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    assert f"built {torch_image}" in res.stdout.replace("\n", "")
+    assert "verdict: PASSED" in res.stdout
+    certs = list((images / "cpu-torch2" / "certificates").glob("*.json"))
+    assert len(certs) == 1
+    cert = json.loads(certs[0].read_text())
+    assert cert["schema"] == "envbuild.certificate/1"
+    assert cert["world_size"] == 2 and cert["nodes"] == 2
+    assert cert["backend"]["used"] == "gloo"
+    assert cert["verdict"] == {"passed": True, "exit_code": 0, "failures": [], "warnings": []}
+    sizes = [row["size_bytes"] for row in cert["allreduce"]]
+    assert sizes == [8, 1024, 65536, 1048576, 4194304]
+    for row in cert["allreduce"]:
+        assert row["wrong_by_rank"] == [0, 0]
+        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 2 * (2 - 1) / 2)
+    ddp = cert["ddp"]
+    assert (ddp["model"], ddp["params_identical"], ddp["mismatched_ranks"]) == ("resnet18", True, [])
+    checksums = {r: d["param_checksum"] for r, d in ddp["ranks"].items()}
+    assert sorted(checksums) == ["0", "1"] and len(set(checksums.values())) == 1
+    assert sorted(cert["probe"]) == ["0", "1"]
+    assert [cert["ranks"][r]["lock_mismatches"] for r in ("0", "1")] == [[], []]  # probe matches the lock
+    for p in cert["probe"].values():
+        assert p["torch"]["version"] == "2.13.0+cpu"
+        assert p["python"]["version"].startswith("3.11.")
+        assert (p["os"]["id"], p["os"]["version_id"]) == ("debian", "12")
+    assert cert["base_used"] == "envbuild/bootstrap-debian:bookworm"
+    assert leftovers(docker_client, f"envbuild.test-case={case}") == ([], [])
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("base: {image: debian:bookworm-slim}\nos: {id: debian, version: '12'}\npython: '3.11'\ntorch: {version: 2.13.0, varient: cpu}\n",
+     "bad.yaml: torch.varient: unknown key; did you mean 'variant'?"),
+    ("base: {image: debian:bookworm-slim}\nos: {id: debian, version: '12'}\npython: '3.11'\ntorch: {version: '2.8;rm -rf /'}\n",
+     "bad.yaml: torch.version: '2.8;rm -rf /' is not a version"),
+    ("base: {image: 'nvidia/cuda:12.6.3-base-ubuntu24.04'}\nos: {id: ubuntu, version: '24.04'}\npython: '3.12'\ncuda: {version: '12.6'}\ntorch: {version: 2.5.1}\n",
+     "bad.yaml: torch.version, cuda.version: torch 2.5.1 has no cu126 build; builds exist for cu118, cu121, cu124 [S2 (V)]"),
+    ("base: [\n", "bad.yaml: malformed YAML: line 2, column 1: expected the node content, but found '<stream end>'"),
+])
+@pytest.mark.parametrize("command", ["check", "make"])
+def test_bad_input_one_line_exit_2(tmp_path, command, text, expected):
+    (tmp_path / "bad.yaml").write_text(text)
+    res = envbuild(command, "bad.yaml", cwd=tmp_path)
+    assert res.returncode == 2
+    assert expected in res.stderr.replace("\n", " ").replace("  ", " ") or expected in res.stderr
+    assert "Traceback" not in res.stderr
+    assert list(tmp_path.iterdir()) == [tmp_path / "bad.yaml"]  # nothing half-written
+
+
+def test_missing_recipe_file(tmp_path):
+    res = envbuild("--recipes-dir", str(tmp_path), "check", "nope", cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"error: {tmp_path}/nope.yaml: no such recipe"
+
+
+def test_good_recipe_check_passes():
+    res = envbuild("check", "cpu-torch2")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "recipes/cpu-torch2.yaml: ok: torch 2.13.0+cpu, python 3.11, cuda none, nccl none"
+
+
+def test_usage_error_exits_64():
+    res = envbuild("frobnicate")
+    assert res.returncode == 64 and "invalid choice: 'frobnicate'" in res.stderr
+
+
+def test_render_cuda_recipe_into_fresh_dir(tmp_path):
+    res = envbuild("--images-dir", str(tmp_path), "render", "cuda12-torch2")
+    assert res.returncode == 0, res.stderr
+    for name in ("Dockerfile", "Singularity.def", "envbuild.lock.json"):
+        assert (tmp_path / "cuda12-torch2" / name).read_bytes() == (ROOT / "images/cuda12-torch2" / name).read_bytes()
+
+
+def test_engine_unreachable_is_one_line_exit_3(tmp_path):
+    res = envbuild("certify", "envbuild/cpu-torch2:none", env={"DOCKER_HOST": f"unix://{tmp_path}/no.sock"})
+    assert res.returncode == 3
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.stderr
