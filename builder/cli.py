@@ -1,7 +1,7 @@
 """The ``envbuild`` command: the only module that knows every stage.
 
 Commands: ``check``, ``render``, ``build``, ``certify``, ``make`` (check -> render -> build
--> certify), ``probe``, ``verify``, ``doctor``, ``base``, ``lock``, ``push``, ``pull``. Errors from any stage are :class:`EnvbuildError` values
+-> certify), ``probe``, ``verify``, ``doctor``, ``base``, ``lock``, ``push``, ``pull``, ``k8s render``. Errors from any stage are :class:`EnvbuildError` values
 printed as one line each (no traceback) with the exit code of the shared table
 (``builder/errors.py``); usage errors exit 64; SIGINT/SIGTERM exit 130 after cleanup.
 """
@@ -305,6 +305,115 @@ def cmd_lock(args) -> int:
     return ExitCode.WARNINGS if result.unresolved else ExitCode.OK
 
 
+def _k8s_source(args):
+    """``(image ref, lock, labels, image id)`` of ``envbuild k8s render``: a recipe name
+    (its ``images/<recipe>/envbuild.lock.json``, the image from ``--image``) or an image on
+    this engine (its labels)."""
+    import re
+
+    from .launchers import k8s
+
+    name = args.source
+    if re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name) and (Path(args.images_dir) / name / "envbuild.lock.json").is_file():
+        if not args.image:
+            raise UsageError(f"envbuild k8s render: recipe {name} needs --image REPO@sha256:DIGEST (the image the pods run)")
+        lock, labels = k8s.lock_from_file(args.images_dir, name)
+        return k8s.require_digest(args.image, args.allow_tag), lock, labels, None
+    if args.image:
+        raise UsageError(f"envbuild k8s render: --image goes with a recipe name; {name!r} is read as an image")
+    from . import certify, engine
+
+    k8s.parse_image_ref(name)
+    client = engine.connect()
+    labels, lock = certify.read_image(client, name)
+    img = client.images.get(name)
+    ref = k8s.require_digest(name, args.allow_tag, candidates=list(img.attrs.get("RepoDigests") or []))
+    return ref, lock, labels, img.id
+
+
+def cmd_k8s_render(args) -> int:
+    """``envbuild k8s render IMAGE_OR_RECIPE --out DIR [--apply]``: write the Kubernetes
+    manifests of a certification run; with ``--apply`` run them and write the certificate."""
+    import socket
+
+    from . import certify, engine
+    from .launchers import k8s
+    from .launchers.base import LaunchSpec
+
+    if args.apply and args.kubeflow:
+        raise UsageError("envbuild k8s render: --apply runs the Indexed Job; apply a TrainJob with kubectl apply -f DIR")
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"envbuild k8s render: --env wants NAME=VALUE, got {item!r}")
+        env[key] = value
+    ref, lock, labels, image_id = _k8s_source(args)
+    s = certify.resolve_settings(
+        lock, gpu_visible=True, nodes=args.nodes, gpus_per_node=args.gpus_per_node, backend=args.backend,
+        port=args.port, timeout_s=args.timeout, min_busbw_gbps=args.min_busbw,
+        recipe_backend=labels.get("envbuild.backend"))
+    for w in s.warnings:
+        console.print(f"warning: {w}", soft_wrap=True, markup=False)
+    run_id = k8s.check_run_id(args.run_id) if args.run_id else engine.new_run_id()
+    recipe_name = labels.get("envbuild.recipe") or lock.get("recipe")
+    spec = LaunchSpec(image=ref, nodes=s.nodes, gpus_per_node=s.gpus_per_node, backend=s.backend, port=s.port,
+                      shm_size=s.shm_size, timeout_s=s.timeout_s, bench_args=s.bench_args(), env=env, run_id=run_id,
+                      labels={"envbuild.recipe": recipe_name} if recipe_name else {})
+    annotations = {k: labels[k] for k in ("envbuild.lock-hash",) if labels.get(k)}
+    opts = k8s.K8sOptions(kubeflow=args.kubeflow, runtime=args.runtime, allow_tag=args.allow_tag, ttl_s=args.ttl,
+                          spread=args.spread, socket_ifname=args.ifname, annotations=annotations)
+    for path in k8s.write_manifests(k8s.render_manifests(spec, opts), args.out):
+        out.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
+    if not args.apply:
+        out.print(f"run {run_id}: apply with `kubectl apply -f {args.out}`", markup=False, highlight=False, soft_wrap=True)
+        return ExitCode.OK
+    launcher = k8s.K8sLauncher(opts, kubeconfig=args.kubeconfig or k8s.find_kubeconfig(manifests=str(args.out)),
+                               context=args.context, namespace=args.namespace)
+    head = f"k8s run {run_id}: {s.nodes} pod(s) x {s.nproc_per_node} rank(s), backend {s.backend}, image {ref}"
+    console.print(head, markup=False, highlight=False, soft_wrap=True)
+    with console.status(head) as status:
+        launch = launcher.run(spec, on_progress=lambda msg: status.update(msg))
+    verdict = certify.judge(s, launch, lock)
+    cert = certify.build_certificate(
+        image_ref=ref, image_id=image_id, repo_digests=[ref] if "@" in ref else [], labels=labels, lock=lock,
+        settings=s, launch=launch, verdict=verdict, run_id=run_id,
+        host={"hostname": socket.gethostname(), "launcher": "k8s", "namespace": launcher.api.namespace})
+    path = certify.write_certificate(cert, Path(args.images_dir))
+    certify.print_table(cert, out)
+    out.print(f"certificate: {path}", markup=False, highlight=False, soft_wrap=True)
+    return ExitCode.OK if verdict["passed"] else ExitCode(verdict["exit_code"])
+
+
+def _add_k8s(sub) -> None:
+    k = sub.add_parser("k8s", help="Kubernetes: render (and --apply) the manifests that certify an image on a cluster")
+    ksub = k.add_subparsers(dest="k8s_command", required=True, parser_class=_Parser)
+    r = ksub.add_parser("render", help="write an Indexed Job + headless Service (or a Kubeflow TrainJob) to --out")
+    r.add_argument("source", metavar="IMAGE_OR_RECIPE",
+                   help="an image on this engine (REPO@sha256:...; settings from its labels) or a recipe name "
+                        "(settings from images/RECIPE/envbuild.lock.json; needs --image)")
+    r.add_argument("--out", required=True, metavar="DIR", help="folder for the manifests (created)")
+    r.add_argument("--image", metavar="REPO@sha256:DIGEST", help="with a recipe name: the image the pods run, by digest")
+    r.add_argument("--allow-tag", action="store_true", help="accept an image reference without digest (development clusters)")
+    r.add_argument("--kubeflow", action="store_true",
+                   help="render a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) instead of Job + Service")
+    r.add_argument("--runtime", default="torch-distributed", help="the TrainJob's ClusterTrainingRuntime (default torch-distributed)")
+    r.add_argument("--run-id", metavar="ID", help="names the objects envbuild-ID (default: random); fixes the output")
+    r.add_argument("--ttl", type=int, default=3600, metavar="S", help="ttlSecondsAfterFinished of the Job (default 3600)")
+    r.add_argument("--spread", choices=("preferred", "required", "none"), default="preferred",
+                   help="pod anti-affinity on kubernetes.io/hostname (default preferred; required: one node per host)")
+    r.add_argument("--ifname", default="eth0", help="GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME in the pods (default eth0)")
+    r.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra environment of every pod (repeatable)")
+    r.add_argument("--apply", action="store_true",
+                   help="create the objects with the kubernetes client, wait, collect the results from the pod logs, "
+                        "delete everything and write the certificate")
+    r.add_argument("--kubeconfig", metavar="FILE", help="default: $KUBECONFIG, ~/.kube/config, or in-cluster")
+    r.add_argument("--context", help="kubeconfig context (default: the current one)")
+    r.add_argument("--namespace", help="default: the context's namespace, else default")
+    _add_certify(r)
+    r.set_defaults(func=cmd_k8s_render)
+
+
 def _add_registry(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("registry (credentials come from your Docker config: docker login HOST)")
     g.add_argument("--namespace", default="envbuild", help="repository prefix: HOST/NAMESPACE/RECIPE (default: envbuild)")
@@ -441,6 +550,8 @@ def parser() -> argparse.ArgumentParser:
     lk.add_argument("--no-apt", action="store_true", help="do not resolve apt versions")
     _add_site(lk)
     lk.set_defaults(func=cmd_lock)
+
+    _add_k8s(sub)
 
     ba = sub.add_parser("base", help="base images")
     bsub = ba.add_subparsers(dest="base_command", required=True, parser_class=_Parser)

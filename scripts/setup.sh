@@ -84,7 +84,25 @@ else
     apt_install debootstrap
 fi
 
-# 3. virtual environment -------------------------------------------------------------
+# 3. programs the test suite runs for real (only with --test) ---------------------------
+#    docker-registry + apache2-utils: a real OCI registry with htpasswd auth (push/pull);
+#    openssh-server, iptables, iproute2: ssh gathering and firewall/netns faults (verify,
+#    doctor); slurm-wlm + munge are installed and started by scripts/setup-slurm.sh, which
+#    the Slurm test fixtures call themselves.
+TEST_APT=()
+case ",$EXTRAS," in
+    *,test,*)
+        for pkg in docker-registry apache2-utils openssh-server iptables iproute2 openssl; do
+            dpkg -s "$pkg" >/dev/null 2>&1 || TEST_APT+=("$pkg")
+        done ;;
+esac
+if [ ${#TEST_APT[@]} -gt 0 ]; then
+    apt_install "${TEST_APT[@]}"
+    # Debian starts the registry and sshd as services where systemd runs; the tests start
+    # their own instances on their own ports.
+fi
+
+# 4. virtual environment -------------------------------------------------------------
 cd "$ROOT"
 if [ -x .venv/bin/python ]; then
     say ".venv present"

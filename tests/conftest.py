@@ -15,6 +15,7 @@ from fixtures_engine import (  # noqa: F401 - pytest fixtures
     session_labels,
     test_session_id,
 )
+from fixtures_registry import namespace, registry, registry_server  # noqa: F401 - pytest fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
 
