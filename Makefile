@@ -13,3 +13,4 @@ test:           ## install the test tools, then run the default test suite
 golden:         ## regenerate golden files and the committed rendered files; review the diff
 	.venv/bin/envbuild --recipes-dir tests/recipes --images-dir tests/golden render --all
 	.venv/bin/envbuild render --all
+	.venv/bin/python tests/test_k8s.py --regen   # tests/golden/k8s/: Kubernetes manifests

@@ -96,7 +96,8 @@ def _build(args, spec: compat.Spec):
 
     client = engine.connect()
     result = build.build(spec.recipe.name, Path(args.images_dir), _site(args), client, base_mode=args.base_mode, console=console)
-    out.print(f"built {result.tag} ({result.image_id[:19]}); base {result.base_used}; probe matches the lock")
+    verb = "reused" if result.reused else "built"
+    out.print(f"{verb} {result.tag} ({result.image_id[:19]}); base {result.base_used}; probe matches the lock", soft_wrap=True)
     return result
 
 
@@ -112,10 +113,49 @@ def cmd_build(args) -> int:
     return ExitCode.OK
 
 
+#: Slurm options of certify/make: (attribute, flag); each needs ``--launcher slurm``.
+_SLURM_FLAGS = (("partition", "--partition"), ("time_limit", "--time-limit"),
+                ("container_runtime", "--container-runtime"), ("container_image", "--container-image"),
+                ("slurm_dir", "--slurm-dir"), ("slurm_nodes", "--slurm-nodes"), ("sbatch_arg", "--sbatch-arg"),
+                ("socket_ifname", "--socket-ifname"), ("pending_timeout", "--pending-timeout"))
+
+
+def _launcher(args, client, image: str):
+    """``(launcher, run id)`` for ``--launcher``: ``(None, None)`` for local (certify's
+    default); a :class:`~builder.launchers.slurm.SlurmLauncher` whose run folder goes under
+    ``--slurm-dir`` (default ``images/<recipe>/certificates/``); the Kubernetes launcher
+    with its default options (``envbuild k8s render --apply`` has all of them)."""
+    kind = getattr(args, "launcher", None) or "local"
+    given = [flag for attr, flag in _SLURM_FLAGS if getattr(args, attr, None) not in (None, [])]
+    if kind != "slurm" and given:
+        raise UsageError(f"envbuild {args.command}: {', '.join(given)} go(es) with --launcher slurm")
+    if kind == "local":
+        return None, None
+    from . import certify, engine
+
+    run_id = engine.new_run_id()
+    if kind == "k8s":
+        from .launchers import k8s
+
+        return k8s.K8sLauncher(k8s.K8sOptions()), run_id
+    from .launchers import slurm
+
+    labels, lock = certify.read_image(client, image)
+    recipe_name = labels.get("envbuild.recipe") or lock.get("recipe") or "unknown"
+    base = Path(args.slurm_dir) if args.slurm_dir else slurm.default_slurm_dir(args.images_dir, recipe_name)
+    opts = slurm.SlurmOptions(
+        runtime=args.container_runtime or slurm.DEFAULT_RUNTIME, partition=args.partition,
+        time_limit=args.time_limit, slurm_nodes=args.slurm_nodes, container_image=args.container_image,
+        sbatch_args=tuple(args.sbatch_arg or ()), socket_ifname=args.socket_ifname,
+        pending_timeout_s=slurm.DEFAULT_PENDING_TIMEOUT_S if args.pending_timeout is None else args.pending_timeout)
+    return slurm.SlurmLauncher(base, opts, client=client), run_id
+
+
 def _certify(args, image: str) -> int:
     from . import certify, engine
 
     client = engine.connect()
+    launcher, run_id = _launcher(args, client, image)
     cert, path = certify.certify(
         client,
         image,
@@ -127,8 +167,13 @@ def _certify(args, image: str) -> int:
         min_busbw_gbps=args.min_busbw,
         images_dir=Path(args.images_dir),
         console=console,
+        launcher=launcher,
+        run_id=run_id,
     )
     certify.print_table(cert, out)
+    if getattr(launcher, "job_id", None):
+        out.print(f"slurm: job {launcher.job_id}; script, logs and results in {launcher.folder}",
+                  markup=False, soft_wrap=True)
     out.print(f"certificate: {path}")
     return ExitCode.OK if cert["verdict"]["passed"] else ExitCode(cert["verdict"]["exit_code"])
 
@@ -441,6 +486,28 @@ def _add_certify(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-busbw", type=float, metavar="GBPS", help="busbw floor in GB/s at the gate size; gates also on gloo")
 
 
+def _add_launcher(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--launcher", choices=("local", "slurm", "k8s"), default="local",
+                   help="where the ranks run: local (containers on this Docker engine; default), slurm "
+                        "(one sbatch job), k8s (an Indexed Job; more options: envbuild k8s render --apply)")
+    g = p.add_argument_group("Slurm (--launcher slurm; README: Running on a cluster)")
+    g.add_argument("--partition", metavar="P", help="sbatch --partition (default: the cluster's default)")
+    g.add_argument("--time-limit", metavar="TIME", help="sbatch --time, e.g. 10 (minutes) or 1:00:00 "
+                   "(default: --timeout rounded up to minutes)")
+    g.add_argument("--container-runtime", choices=("docker", "pyxis", "apptainer"),
+                   help="how each node runs the image: docker run (default: the image is in each node's engine), "
+                        "pyxis (srun --container-image), apptainer (apptainer exec)")
+    g.add_argument("--container-image", metavar="REF", help="what the nodes run (default: IMAGE; apptainer: "
+                   "docker-daemon:IMAGE); pyxis: an enroot URI or a .sqsh path, apptainer: a .sif path")
+    g.add_argument("--slurm-dir", metavar="DIR", help="run folders go to DIR/slurm-<run>/ (script, logs, results; "
+                   "on a filesystem every node sees); default images/RECIPE/certificates")
+    g.add_argument("--slurm-nodes", type=int, metavar="M", help="Slurm nodes the --nodes envbuild nodes share "
+                   "(default: one each; 1 runs them all on one machine)")
+    g.add_argument("--sbatch-arg", action="append", metavar="ARG", help="extra #SBATCH option, e.g. --account=X (repeatable)")
+    g.add_argument("--socket-ifname", metavar="IF", help="GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME on the nodes")
+    g.add_argument("--pending-timeout", type=float, metavar="S", help="seconds the job may wait in the queue (default 600)")
+
+
 def _add_node_sources(p: argparse.ArgumentParser) -> None:
     p.add_argument("reports", nargs="*", metavar="REPORT", help="node report files (envbuild probe --host > node.json)")
     g = p.add_argument_group("nodes (any mix of sources)")
@@ -486,12 +553,14 @@ def parser() -> argparse.ArgumentParser:
     ce = sub.add_parser("certify", help="certify an image on N container nodes")
     ce.add_argument("image")
     _add_certify(ce)
+    _add_launcher(ce)
     ce.set_defaults(func=cmd_certify)
 
     m = sub.add_parser("make", help="check, render, build and certify (default recipe: cpu-torch2)")
     m.add_argument("recipe", nargs="?", default="cpu-torch2")
     _add_site(m)
     _add_certify(m)
+    _add_launcher(m)
     m.set_defaults(func=cmd_make)
 
     pr = sub.add_parser("probe", help="print this host's node report as JSON")
