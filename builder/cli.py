@@ -4,6 +4,8 @@ Commands: ``check``, ``render``, ``build``, ``certify``, ``make`` (check -> rend
 -> certify), ``probe``, ``verify``, ``doctor``, ``base``, ``lock``, ``push``, ``pull``, ``k8s render``. Errors from any stage are :class:`EnvbuildError` values
 printed as one line each (no traceback) with the exit code of the shared table
 (``builder/errors.py``); usage errors exit 64; SIGINT/SIGTERM exit 130 after cleanup.
+``certify`` and ``make`` run the ranks where ``--launcher`` says: local Docker containers
+(default), one Slurm batch job (:mod:`builder.launchers.slurm`) or a Kubernetes Indexed Job.
 """
 
 from __future__ import annotations
@@ -169,6 +171,8 @@ def _certify(args, image: str) -> int:
         console=console,
         launcher=launcher,
         run_id=run_id,
+        # on a cluster the nodes have the GPUs, not this host's engine: the scheduler decides
+        gpu_visible=True if launcher is not None else None,
     )
     certify.print_table(cert, out)
     if getattr(launcher, "job_id", None):

@@ -46,14 +46,61 @@ Output schema ``envbuild.probe/1`` (every key always present)::
                                             # installed distributions named nvidia-nccl*
       },
       "gpus": [{"index": 0, "name": str, "uuid": str, "pci_bus_id": str,
-                "memory_total_bytes": int}, ...],
+                "memory_total_bytes": int,
+                "pci_id": "10de:2330"|null}, ...],
                                             # NVML (pynvml if importable, else ctypes on
-                                            # libnvidia-ml.so.1); [] without a driver
+                                            # libnvidia-ml.so.1); [] without a driver;
+                                            # pci_id: vendor:device (as `lspci -n`) from
+                                            # nvmlPciInfo_t.pciDeviceId
       "driver": "570.124.06"|null,          # NVML, else /proc/driver/nvidia/version
       "env": {name: value},                 # NCCL_*, GLOO_*, TORCH_*, CUDA_VISIBLE_DEVICES,
                                             # NVIDIA_VISIBLE_DEVICES, sorted by name
+      "container": {                        # the container this probe runs in, if any
+        "runtime": "docker"|"podman"|"apptainer"|"kubernetes"|"lxc"|str|null,
+                                            # /.dockerenv, /run/.containerenv, $container,
+                                            # $APPTAINER_CONTAINER/$SINGULARITY_CONTAINER,
+                                            # $KUBERNETES_SERVICE_HOST; null on a bare host
+        "version": str|null,                # $ENVBUILD_RUNTIME_VERSION (set by whoever
+                                            # starts the probe in a container)
+        "installed": {"docker": "20.10.24+dfsg1", ...}
+                                            # runtimes on PATH here (`NAME --version`):
+                                            # docker, podman, apptainer, singularity, enroot
+      },
+      "image": {"ref": str|null, "digest": "sha256:..."|null, "id": "sha256:..."|null},
+                                            # $ENVBUILD_IMAGE, $ENVBUILD_IMAGE_DIGEST (the
+                                            # registry digest), $ENVBUILD_IMAGE_ID (the
+                                            # engine's image ID); ref falls back to
+                                            # $APPTAINER_CONTAINER / $SINGULARITY_CONTAINER
+      "network": {
+        "interfaces": [{"name": "eth0", "index": int|null, "up": bool|null,
+                        "loopback": bool, "mtu": int|null,
+                        "addresses": [{"family": "inet"|"inet6", "address": str,
+                                       "prefixlen": int|null}, ...]}, ...],
+                                            # names: socket.if_nameindex() (else
+                                            # /proc/net/dev); flags and mtu:
+                                            # /sys/class/net/NAME; IPv4: `ip -j addr` if
+                                            # present, else ioctl SIOCGIFADDR/NETMASK;
+                                            # IPv6: /proc/net/if_inet6; sorted by name
+        "default_route_interface": str|null,  # /proc/net/route, destination 0.0.0.0
+        "hostname_addresses": [str, ...],   # getaddrinfo(hostname): what gloo binds to
+                                            # when GLOO_SOCKET_IFNAME is unset
+        "ip_local_port_range": [int, int]|null
+                                            # /proc/sys/net/ipv4/ip_local_port_range: the
+                                            # ephemeral ports NCCL/gloo listen on
+      },
+      "shm": {"path": "/dev/shm", "size_bytes": int|null, "free_bytes": int|null},
+                                            # os.statvfs("/dev/shm"); null when absent
+      "gpu_processes": [{"gpu_index": int, "gpu_uuid": str, "pid": int,
+                         "used_memory_bytes": int|null, "name": str|null}, ...],
+                                            # NVML compute processes (PIDs as NVML sees
+                                            # them: the host's PID namespace); name from
+                                            # /proc/PID/comm when visible here
       "errors": [str, ...]                  # non-fatal problems met while probing
     }
+
+The keys ``container``, ``image``, ``network``, ``shm``, ``gpu_processes`` and the GPU
+``pci_id`` were added to schema 1 without changing any earlier field: reports written
+before them stay valid (``builder/nodereport.py`` treats them as unknown when absent).
 
 NCCL version codes follow ``NCCL_VERSION(X,Y,Z)`` in ``nccl.h``: ``X*1000 + Y*100 + Z``
 up to 2.8, ``X*10000 + Y*100 + Z`` from 2.9 (see :func:`nccl_version_from_code`).
@@ -418,13 +465,15 @@ def _gpus_pynvml(errors):
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            pci = pynvml.nvmlDeviceGetPciInfo(h)
             gpus.append(
                 {
                     "index": i,
                     "name": _text(pynvml.nvmlDeviceGetName(h)),
                     "uuid": _text(pynvml.nvmlDeviceGetUUID(h)),
-                    "pci_bus_id": _text(pynvml.nvmlDeviceGetPciInfo(h).busId),
+                    "pci_bus_id": _text(pci.busId),
                     "memory_total_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                    "pci_id": pci_id_from_device_id(getattr(pci, "pciDeviceId", None)),
                 }
             )
     except Exception as e:
@@ -510,6 +559,7 @@ def _gpus_ctypes(errors):
                     "uuid": _text(uuid.value),
                     "pci_bus_id": _text(pci.busId),
                     "memory_total_bytes": int(mem.total),
+                    "pci_id": pci_id_from_device_id(pci.pciDeviceId),
                 }
             )
     except Exception as e:
@@ -548,6 +598,409 @@ def _gpus_and_driver(errors):
         except OSError:
             pass
     return gpus, driver
+
+
+def pci_id_from_device_id(device_id):
+    """``nvmlPciInfo_t.pciDeviceId`` as ``"vendor:device"`` in lowercase hex, or None.
+
+    NVML packs the 16-bit device id in the upper half and the vendor id in the lower half
+    (``nvml.h``), so 0x233010DE gives ``"10de:2330"`` (as ``lspci -n`` prints it).
+    """
+    if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id <= 0:
+        return None
+    return "%04x:%04x" % (device_id & 0xFFFF, (device_id >> 16) & 0xFFFF)
+
+
+# NVML constants (nvml.h).
+_NVML_ERROR_INSUFFICIENT_SIZE = 7
+_NVML_VALUE_NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
+
+
+class _NvmlProcessInfoV1(ctypes.Structure):
+    # nvmlProcessInfo_v1_t in nvml.h
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+class _NvmlProcessInfoV2(ctypes.Structure):
+    # nvmlProcessInfo_v2_t in nvml.h (used by nvmlDeviceGetComputeRunningProcesses_v2)
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
+def _process_name(pid):
+    try:
+        with open("/proc/%d/comm" % pid, "r", encoding="utf-8", errors="replace") as f:
+            return f.read().strip() or None
+    except (OSError, ValueError):
+        return None  # another PID namespace (a container): NVML reports host PIDs
+
+
+def _process_entry(gpu_index, uuid, pid, used):
+    used = None if used is None or int(used) == _NVML_VALUE_NOT_AVAILABLE else int(used)
+    return {"gpu_index": gpu_index, "gpu_uuid": uuid, "pid": int(pid),
+            "used_memory_bytes": used, "name": _process_name(int(pid))}
+
+
+def _gpu_processes_pynvml(errors):
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    except Exception:
+        return None  # import problems were reported by _gpus_pynvml
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return []  # no driver: reported by _gpus_pynvml
+    out = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = _text(pynvml.nvmlDeviceGetUUID(h))
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                out.append(_process_entry(i, uuid, proc.pid, getattr(proc, "usedGpuMemory", None)))
+    except Exception as e:
+        errors.append("nvml: pynvml compute processes: %s" % (e,))
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return out
+
+
+def _gpu_processes_ctypes(errors):
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return []
+    init = getattr(nvml, "nvmlInit_v2", None) or getattr(nvml, "nvmlInit", None)
+    if init is None or init() != 0:
+        return []  # reported by _gpus_ctypes
+    out = []
+    try:
+        if hasattr(nvml, "nvmlDeviceGetComputeRunningProcesses_v2"):
+            fn, struct = nvml.nvmlDeviceGetComputeRunningProcesses_v2, _NvmlProcessInfoV2
+        else:
+            fn, struct = nvml.nvmlDeviceGetComputeRunningProcesses, _NvmlProcessInfoV1
+        count = ctypes.c_uint(0)
+        get_count = getattr(nvml, "nvmlDeviceGetCount_v2", None) or nvml.nvmlDeviceGetCount
+        if get_count(ctypes.byref(count)) != 0:
+            raise OSError("nvmlDeviceGetCount failed")
+        get_handle = (getattr(nvml, "nvmlDeviceGetHandleByIndex_v2", None)
+                      or nvml.nvmlDeviceGetHandleByIndex)
+        for i in range(count.value):
+            h = ctypes.c_void_p()
+            if get_handle(ctypes.c_uint(i), ctypes.byref(h)) != 0:
+                raise OSError("nvmlDeviceGetHandleByIndex(%d) failed" % i)
+            buf = ctypes.create_string_buffer(96)
+            if nvml.nvmlDeviceGetUUID(h, buf, 96) != 0:
+                raise OSError("nvmlDeviceGetUUID(%d) failed" % i)
+            uuid = _text(buf.value)
+            n = ctypes.c_uint(0)
+            rc = fn(h, ctypes.byref(n), None)
+            size = n.value
+            while rc == _NVML_ERROR_INSUFFICIENT_SIZE:
+                size = max(size, n.value) + 8  # processes may start between the calls
+                infos = (struct * size)()
+                n = ctypes.c_uint(size)
+                rc = fn(h, ctypes.byref(n), infos)
+                if rc == 0:
+                    for k in range(n.value):
+                        out.append(_process_entry(i, uuid, infos[k].pid, infos[k].usedGpuMemory))
+            if rc != 0:
+                raise OSError("nvmlDeviceGetComputeRunningProcesses returned nvmlReturn_t %d" % rc)
+    except Exception as e:
+        errors.append("nvml: compute processes: %s" % (e,))
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+    return out
+
+
+def _gpu_processes(errors):
+    res = _gpu_processes_pynvml(errors)
+    return _gpu_processes_ctypes(errors) if res is None else res
+
+
+# Container runtimes asked for their version when on PATH (the host side of a node).
+RUNTIME_COMMANDS = (
+    ("docker", ("docker", "--version")),
+    ("podman", ("podman", "--version")),
+    ("apptainer", ("apptainer", "--version")),
+    ("singularity", ("singularity", "--version")),
+    ("enroot", ("enroot", "version")),
+)
+# Seconds allowed for one `NAME --version` or `ip -j addr`.
+COMMAND_TIMEOUT_S = 10
+
+
+def _which(name):
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(d or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _run_text(argv):
+    """stdout of argv, or None when it cannot run, fails or times out."""
+    try:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              stdin=subprocess.DEVNULL, timeout=COMMAND_TIMEOUT_S,
+                              universal_newlines=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def parse_version_output(text):
+    """The first dotted version token in ``NAME --version`` output, or None.
+
+    ``"Docker version 20.10.24+dfsg1, build 297e128"`` gives ``"20.10.24+dfsg1"``;
+    ``"apptainer version 1.3.4"`` gives ``"1.3.4"``.
+    """
+    for tok in (text or "").replace(",", " ").split():
+        tok = tok[1:] if tok[:1] in "vV" and tok[1:2].isdigit() else tok
+        if tok[:1].isdigit() and "." in tok:
+            return tok
+    return None
+
+
+def _container(errors):
+    env = os.environ
+    runtime = None
+    if os.path.exists("/.dockerenv"):
+        runtime = "docker"
+    elif os.path.exists("/run/.containerenv"):
+        runtime = "podman"
+    elif env.get("APPTAINER_CONTAINER") or env.get("APPTAINER_NAME"):
+        runtime = "apptainer"
+    elif env.get("SINGULARITY_CONTAINER") or env.get("SINGULARITY_NAME"):
+        runtime = "singularity"
+    elif env.get("container"):
+        runtime = env["container"]  # systemd's convention: lxc, podman, oci, ...
+    elif env.get("KUBERNETES_SERVICE_HOST"):
+        runtime = "kubernetes"
+    installed = {}
+    for name, argv in RUNTIME_COMMANDS:
+        if _which(argv[0]) is None:
+            continue
+        version = parse_version_output(_run_text(list(argv)))
+        if version is None:
+            errors.append("container: `%s` printed no version" % " ".join(argv))
+        else:
+            installed[name] = version
+    return {"runtime": runtime, "version": env.get("ENVBUILD_RUNTIME_VERSION") or None,
+            "installed": installed}
+
+
+def _image():
+    env = os.environ
+    ref = (env.get("ENVBUILD_IMAGE") or env.get("APPTAINER_CONTAINER")
+           or env.get("SINGULARITY_CONTAINER") or None)
+    return {"ref": ref, "digest": env.get("ENVBUILD_IMAGE_DIGEST") or None,
+            "id": env.get("ENVBUILD_IMAGE_ID") or None}
+
+
+# ioctl request numbers of <linux/sockios.h>.
+_SIOCGIFADDR = 0x8915
+_SIOCGIFNETMASK = 0x891B
+# Interface flags of <linux/if.h>.
+_IFF_UP = 0x1
+_IFF_LOOPBACK = 0x8
+
+
+def prefixlen_from_netmask(mask):
+    """``"255.255.240.0"`` gives 20; None for a non-contiguous or unparsable mask."""
+    try:
+        value = int.from_bytes(socket.inet_aton(mask), "big")
+    except (OSError, TypeError):
+        return None
+    bits = bin(value)[2:].rstrip("0")
+    if "0" in bits:
+        return None
+    return len(bits)
+
+
+def parse_if_inet6(text):
+    """``/proc/net/if_inet6`` text as ``{ifname: [(address, prefixlen), ...]}``.
+
+    Each line: 32 hex digits of address, ifindex, prefix length, scope, flags (hex), name
+    (proc(5), ``net/ipv6/addrconf.c``). The address is returned in compressed form.
+    """
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 6 or len(parts[0]) != 32:
+            continue
+        try:
+            packed = bytes.fromhex(parts[0])
+            addr = socket.inet_ntop(socket.AF_INET6, packed)
+            plen = int(parts[2], 16)
+        except (ValueError, OSError):
+            continue
+        out.setdefault(parts[5], []).append((addr, plen))
+    return out
+
+
+def parse_proc_net_dev(text):
+    """Interface names from ``/proc/net/dev`` text (lines ``  eth0: 123 ...``), in order."""
+    names = []
+    for line in text.splitlines()[2:]:
+        name, sep, _ = line.partition(":")
+        if sep and name.strip():
+            names.append(name.strip())
+    return names
+
+
+def parse_proc_net_route(text):
+    """The interface of the IPv4 default route (destination ``00000000``) in
+    ``/proc/net/route`` text, or None. With several, the lowest metric wins."""
+    best = None
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 7 or parts[1] != "00000000":
+            continue
+        try:
+            metric = int(parts[6])
+        except ValueError:
+            continue
+        if best is None or metric < best[0]:
+            best = (metric, parts[0])
+    return best[1] if best else None
+
+
+def parse_ip_json(text):
+    """``ip -j addr`` output as a list of interfaces in the probe's shape (unsorted)."""
+    out = []
+    for item in json.loads(text):
+        flags = item.get("flags") or []
+        addrs = []
+        for a in item.get("addr_info") or []:
+            if a.get("family") in ("inet", "inet6") and a.get("local"):
+                addrs.append({"family": a["family"], "address": a["local"],
+                              "prefixlen": a.get("prefixlen")})
+        out.append({
+            "name": item.get("ifname"),
+            "index": item.get("ifindex"),
+            "up": "UP" in flags,
+            "loopback": "LOOPBACK" in flags or item.get("link_type") == "loopback",
+            "mtu": item.get("mtu"),
+            "addresses": addrs,
+        })
+    return out
+
+
+def _read(path):
+    with open(path, "r", encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def _interfaces_stdlib(errors):
+    try:
+        pairs = [(idx, name) for idx, name in socket.if_nameindex()]
+    except (OSError, AttributeError):
+        try:
+            pairs = [(None, n) for n in parse_proc_net_dev(_read("/proc/net/dev"))]
+        except OSError as e:
+            errors.append("network: no interface list: %s" % (e,))
+            return []
+    try:
+        inet6 = parse_if_inet6(_read("/proc/net/if_inet6"))
+    except OSError:
+        inet6 = {}  # no IPv6 in this kernel or namespace
+    import fcntl
+    import struct
+
+    out = []
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for idx, name in pairs:
+            entry = {"name": name, "index": idx, "up": None, "loopback": False, "mtu": None,
+                     "addresses": []}
+            try:
+                flags = int(_read("/sys/class/net/%s/flags" % name).strip(), 16)
+                entry["up"] = bool(flags & _IFF_UP)
+                entry["loopback"] = bool(flags & _IFF_LOOPBACK)
+            except (OSError, ValueError):
+                entry["loopback"] = name == "lo"
+            try:
+                entry["mtu"] = int(_read("/sys/class/net/%s/mtu" % name).strip())
+            except (OSError, ValueError):
+                pass
+            ifreq = struct.pack("256s", name.encode("utf-8")[:15])
+            try:
+                addr = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, ifreq)[20:24])
+                try:
+                    mask = socket.inet_ntoa(
+                        fcntl.ioctl(sock.fileno(), _SIOCGIFNETMASK, ifreq)[20:24])
+                    plen = prefixlen_from_netmask(mask)
+                except OSError:
+                    plen = None
+                entry["addresses"].append({"family": "inet", "address": addr, "prefixlen": plen})
+            except OSError:
+                pass  # EADDRNOTAVAIL: no IPv4 address on this interface
+            for addr, plen in inet6.get(name, []):
+                entry["addresses"].append({"family": "inet6", "address": addr, "prefixlen": plen})
+            out.append(entry)
+    finally:
+        sock.close()
+    return out
+
+
+# Set to False to skip `ip -j addr` (tests compare both ways of listing interfaces).
+USE_IP_COMMAND = True
+
+
+def _network(errors):
+    interfaces = None
+    if USE_IP_COMMAND and _which("ip"):
+        text = _run_text(["ip", "-j", "addr"])
+        if text:
+            try:
+                interfaces = parse_ip_json(text)
+            except (ValueError, TypeError, AttributeError) as e:
+                errors.append("network: unexpected `ip -j addr` output: %s" % (e,))
+    if interfaces is None:
+        interfaces = _interfaces_stdlib(errors)
+    interfaces.sort(key=lambda i: i["name"] or "")
+    try:
+        default_if = parse_proc_net_route(_read("/proc/net/route"))
+    except OSError:
+        default_if = None
+    host_addrs = []
+    try:
+        for info in socket.getaddrinfo(socket.gethostname(), None, 0, socket.SOCK_STREAM):
+            addr = info[4][0]
+            if addr not in host_addrs:
+                host_addrs.append(addr)
+    except (OSError, UnicodeError) as e:
+        errors.append("network: hostname does not resolve: %s" % (e,))
+    port_range = None
+    try:
+        lo, hi = (int(x) for x in _read("/proc/sys/net/ipv4/ip_local_port_range").split())
+        port_range = [lo, hi]
+    except (OSError, ValueError):
+        pass
+    return {"interfaces": interfaces, "default_route_interface": default_if,
+            "hostname_addresses": host_addrs, "ip_local_port_range": port_range}
+
+
+def _shm():
+    path = "/dev/shm"
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return {"path": path, "size_bytes": None, "free_bytes": None}
+    return {"path": path, "size_bytes": st.f_frsize * st.f_blocks,
+            "free_bytes": st.f_frsize * st.f_bavail}
 
 
 def _env():
@@ -592,6 +1045,14 @@ def collect():
         out["gpus"], out["driver"] = [], None
         errors.append("nvml: %s: %s" % (type(e).__name__, e))
     out["env"] = _env()
+    for key, fn in (("container", _container), ("image", lambda errs: _image()),
+                    ("network", _network), ("shm", lambda errs: _shm()),
+                    ("gpu_processes", _gpu_processes)):
+        try:
+            out[key] = fn(errors)
+        except Exception as e:  # the probe never crashes
+            out[key] = None
+            errors.append("%s: %s: %s" % (key, type(e).__name__, e))
     out["errors"] = errors
     return out
 

@@ -111,7 +111,8 @@ def test_stdin_run_on_host_without_torch():
                    NCCLX="no", MY_NCCL_DEBUG="no", HOME="/tmp")
     doc = run_probe_stdin(env)
     assert list(doc) == ["schema", "hostname", "kernel", "os", "glibc", "python", "torch",
-                         "nccl", "gpus", "driver", "env", "errors"]
+                         "nccl", "gpus", "driver", "env", "container", "image", "network",
+                         "shm", "gpu_processes", "errors"]
     assert doc["schema"] == "envbuild.probe/1"
     assert doc["python"] == {"version": platform.python_version(), "executable": sys.executable}
     assert doc["kernel"] == platform.release()

@@ -1,0 +1,59 @@
+"""Speed and size targets of `envbuild make cpu-torch2` (not part of the test suite).
+
+Run:  .venv/bin/python benchmarks/make_cpu_torch2.py [--no-cache]
+
+Measures, on the real engine: the build (wall seconds; ``--no-cache`` rebuilds every
+layer), certification with 2 container nodes (wall seconds), the final image size (bytes),
+and busbw at the largest all-reduce size (GB/s = 1e9 B/s). Prints one JSON line and exits 1
+when a target is missed. Targets are for this project's reference machine (2 cores,
+Debian bookworm, PyPI through a proxy): gloo busbw is reported, not targeted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from builder import build, certify, engine, site
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = {"build_s": 600.0, "certify_s": 60.0, "image_bytes": 1.5e9}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--no-cache", action="store_true", help="rebuild every layer (BuildKit --no-cache)")
+    args = ap.parse_args()
+    client = engine.connect()
+    t0 = time.monotonic()
+    cli = engine.buildkit_cli()
+    if args.no_cache:
+        cli = dataclasses.replace(cli, argv=(*cli.argv, "--no-cache"))
+    result = build.build("cpu-torch2", ROOT / "images", site.SiteOptions.detect(), client,
+                         rebuild=args.no_cache, cli=cli)
+    build_s = time.monotonic() - t0
+    t1 = time.monotonic()
+    cert, path = certify.certify(client, result.tag, nodes=None, gpus_per_node=None, backend=None, port=None,
+                                 timeout_s=None, min_busbw_gbps=None, images_dir=ROOT / "images", console=None)
+    certify_s = time.monotonic() - t1
+    size = client.images.get(result.tag).attrs["Size"]
+    largest = cert["allreduce"][-1]
+    figures = {
+        "build_s": round(build_s, 1), "reused": result.reused, "certify_s": round(certify_s, 1),
+        "image_bytes": size, "busbw_gbps_largest": largest["busbw_gbps"], "largest_size_bytes": largest["size_bytes"],
+        "verdict": cert["verdict"]["passed"], "certificate": str(path),
+    }
+    print(json.dumps(figures))
+    missed = [k for k, limit in TARGETS.items() if figures[k] > limit]
+    if missed:
+        print(f"missed targets: {', '.join(missed)} (targets {TARGETS})", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
