@@ -24,7 +24,10 @@ The verdict (``{"passed", "exit_code", "failures", "warnings"}``) checks:
 
 Exit code: 0 passed; 2 a check failed (including a rank that crashed); 3 could not check
 (ranks missing because of the timeout, unreadable result files) when no check failed
-outright. Warnings do not fail the verdict.
+outright. Warnings do not fail the verdict. The launcher's notes on the run as a whole
+(``LaunchResult.notes``, e.g. a Slurm job's final state and the tail of its log) come first
+among the failures of a failing verdict, else among the warnings; they never change the
+exit code.
 
 Everything the launch creates carries ``envbuild=1`` and ``envbuild.run=<run id>`` plus the
 ``labels`` argument and, for tests and CI, the labels in ``$ENVBUILD_EXTRA_LABELS``
@@ -346,7 +349,8 @@ def _missing_reason(rank: int, s: Settings, launch: LaunchResult, node: int) -> 
             return f"rank {rank} was killed by signal {-code}", False
         return f"rank {rank} exited with {code}", False
     if launch.timed_out:
-        return f"rank {rank} did not finish within {s.timeout_s:g} s (timeout)", True
+        limit = launch.deadline_s if launch.deadline_s is not None else s.timeout_s
+        return f"rank {rank} did not finish within {limit:g} s (timeout)", True
     ncode = launch.node_exit_codes.get(node)
     if ncode is None and launch.killed_after_s is not None:
         return (f"rank {rank} did not finish: killed {launch.killed_after_s:g} s after another "
@@ -475,6 +479,11 @@ def judge(s: Settings, launch: LaunchResult, lock: Mapping[str, Any]) -> dict:
             warnings.append(f"no NCCL transport lines (NCCL_DEBUG=INFO) for {_ranks_text(lacking)}")
     for err in launch.cleanup_errors:
         warnings.append(f"cleanup: {err}")
+    # the launcher's view of the whole run (e.g. the Slurm job's state): explains failures
+    if failures:
+        failures[:0] = launch.notes
+    else:
+        warnings.extend(launch.notes)
 
     if not failures:
         code = ExitCode.OK

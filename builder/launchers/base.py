@@ -6,8 +6,8 @@ documents of the in-image bench, schema ``envbuild.rank-result/1``, plus what ha
 each node). Judging the results is :mod:`builder.certify`'s job, not the launcher's.
 
 Launchers: :class:`builder.launchers.local.LocalDockerLauncher` (one Docker container per
-simulated node on this engine). Slurm and Kubernetes launchers implement the same
-:class:`Launcher` protocol.
+simulated node on this engine), :class:`builder.launchers.slurm.SlurmLauncher` (one Slurm
+batch job) and the Kubernetes launcher implement the same :class:`Launcher` protocol.
 """
 
 from __future__ import annotations
@@ -89,12 +89,19 @@ class LaunchResult:
         rank_exit_codes: ``{rank: exit status}`` of worker processes that failed, as
             torchrun reported them (e.g. ``{1: 3}``); ranks torchrun did not report are
             absent.
-        rank_problems: ``{rank: reason}`` for result files that exist but could not be
-            read or are not ``envbuild.rank-result/1`` documents.
+        rank_problems: ``{rank: reason}`` for ranks that could not be checked: result
+            files that exist but could not be read or are not ``envbuild.rank-result/1``
+            documents, or ranks stopped from outside before they reported (a Slurm job
+            cancelled or never started).
         killed_after_s: for a launch cut short because a node failed: seconds of grace
             the other nodes got before being killed; None otherwise.
         cleanup_errors: what could not be removed afterwards (one line each); filled in
             by the launcher's cleanup, which runs after the result is built.
+        notes: what the launcher saw of the run as a whole, one line each (e.g. a batch
+            job's final state and the tail of its log); the verdict lists them with its
+            failures when it fails, else with its warnings; they never change its exit code.
+        deadline_s: the deadline actually enforced, in seconds, when it is not
+            ``spec.timeout_s`` (e.g. a Slurm time limit); None otherwise.
     """
 
     rank_results: dict[int, dict]
@@ -108,6 +115,8 @@ class LaunchResult:
     rank_problems: dict[int, str] = field(default_factory=dict)
     killed_after_s: Optional[float] = None
     cleanup_errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    deadline_s: Optional[float] = None
 
 
 @runtime_checkable

@@ -1,0 +1,965 @@
+"""Slurm launcher: run a certification as one batch job through the cluster's own scheduler.
+
+For a :class:`~builder.launchers.base.LaunchSpec` of N nodes with G GPUs each (P = max(G, 1)
+processes per node), :meth:`SlurmLauncher.run`:
+
+1. makes a run folder ``<slurm dir>/slurm-<run>/`` (by default next to the certificate,
+   ``images/<recipe>/certificates/slurm-<run>/``; it must be on a filesystem every node
+   sees) holding
+
+   - ``certify.sbatch``: the batch script (:func:`render_script`, template
+     ``builder/templates/slurm/certify.sbatch.j2``, deterministic), kept so that a user
+     can read it and run it again by hand (``sbatch certify.sbatch``);
+   - ``code/``: a copy of envbuild's in-image code (``bench/``, ``probe.py``), mounted
+     read-only at ``/opt/envbuild`` (``PYTHONPATH``): the image is never changed;
+   - ``results/`` (mode 0777: the nodes write as another UID): ``rank-<r>.json`` of each
+     rank and ``node-<i>.exit`` (torchrun's exit status, or ``SIGTERM``/``SIGINT``);
+   - ``logs/node-<i>.log`` (each task's output) and ``job.log`` (the batch script's);
+
+2. submits it with ``sbatch --parsable`` and polls ``scontrol show job -o`` every
+   ``poll_s`` seconds; a job purged from the controller's memory (``MinJobAge``) is looked
+   up with ``sacct``, which needs accounting storage (without it the state is ``UNKNOWN``);
+3. gives up (``scancel``) when the job is still pending after ``pending_timeout_s``, or
+   still running :data:`END_MARGIN_S` seconds after its time limit (Slurm's ``KillWait``,
+   30 s by default, plus slack);
+4. reads the rank results, node logs and exit statuses from the run folder and returns
+   them as a :class:`LaunchResult` with the job's final state in ``notes``: a job that
+   ended other than ``COMPLETED`` gives ``"Slurm job 42 FAILED (NonZeroExitCode), exit
+   code 1:0; job.log: ...last lines..."``;
+5. ALWAYS (``finally``, also on Ctrl-C, with SIGINT/SIGTERM deferred meanwhile) cancels a
+   job that is still queued or running (``scancel``), waits up to :data:`CANCEL_WAIT_S`
+   for it to end, and removes every container labelled ``envbuild.run=<run>`` on the
+   local Docker engine; with the docker runtime and nodes other than this host it also
+   runs a one-task-per-node ``srun`` step doing the same there.
+
+The job (see the template; sources: Slurm's ``sbatch``, ``srun`` and ``scontrol`` man pages,
+https://slurm.schedmd.com/sbatch.html, https://slurm.schedmd.com/srun.html):
+
+- **one Slurm task per envbuild node**, each running torchrun with ``--nproc-per-node P``
+  and ``--node-rank $SLURM_PROCID`` (static rendezvous, as the local and Kubernetes
+  launchers), rather than one process per task with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``
+  from ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID``: the bench, the result files and
+  torchrun's per-rank failure summary stay the same everywhere, and the G ranks of a node
+  share one container (NCCL's intra-node transports need a shared ``/dev/shm`` and IPC);
+- ``#SBATCH --nodes=M --ntasks=N``: by default M = N with ``--ntasks-per-node=1`` (one
+  envbuild node per machine); with ``slurm_nodes`` M < N the N tasks share M machines and
+  the job asks ``--overcommit`` (one CPU per machine is allocated; the containers are not
+  bound by the allocation anyway): this is how a one-node test cluster runs 2 nodes;
+- GPUs: ``#SBATCH --gres=gpu:<G x tasks per machine>`` and ``srun --gpus-per-task=G``;
+- master address: ``scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1``, port the
+  recipe's (``--port``); ``#SBATCH --time`` the time limit (default: the timeout rounded up
+  to whole minutes, at least 1: Slurm's granularity), ``--no-requeue``;
+- ``srun --kill-on-bad-exit=1``: a node that fails ends the step at once (so
+  ``killed_after_s`` is 0 for the others).
+
+Container runtimes (``runtime``; default ``docker``, because the image envbuild certifies is
+one in the local Docker engine and docker needs no further option):
+
+``docker``
+    each task runs ``docker run --rm --network host`` (host networking, the norm for
+    multi-node NCCL; each run needs its own port on a shared machine) as user
+    ``12345:12345`` with a read-only root filesystem, tmpfs ``/tmp`` and ``HOME``, all
+    capabilities dropped and ``no-new-privileges``, as the local launcher. The container is
+    a child of dockerd, not of the job step, so a cancelled or timed-out job would leave it
+    running: it is named ``envbuild-slurm-<jobid>-<node>`` and labelled ``envbuild=1``,
+    ``envbuild.run=<run>``, ``envbuild.node``, ``envbuild.slurm-job`` (plus ``spec.labels``
+    and ``$ENVBUILD_EXTRA_LABELS``), removed by the task's ``trap ... EXIT TERM INT``
+    (Slurm sends SIGTERM, then SIGKILL after ``KillWait``), by a cleanup step at the end
+    of the batch script, and by envbuild after the job ended. GPUs: ``--gpus
+    device=$CUDA_VISIBLE_DEVICES`` (correct where Slurm does not renumber devices, i.e.
+    without ``ConstrainDevices=yes``; use pyxis or apptainer there).
+``pyxis``
+    ``srun --container-image=IMAGE --container-mounts=...:ro,... --no-container-mount-home``
+    (NVIDIA pyxis, https://github.com/NVIDIA/pyxis/wiki/Usage): the task runs inside an
+    enroot container as the submitting user; the root filesystem is the job's private copy,
+    so the image is not changed. ``IMAGE`` is an enroot URI (``registry#repo:tag``) or a
+    squashfs file on a shared filesystem (``enroot import -o x.sqsh dockerd://REF``).
+``apptainer``
+    ``apptainer exec [--nv] --contain --cleanenv --bind ...`` (https://apptainer.org/docs/
+    user/latest/): the submitting user, the read-only image, private ``/tmp`` and
+    ``HOME``, a minimal ``/dev``; the environment is passed as ``APPTAINERENV_*``. ``IMAGE``
+    is a SIF file (default ``docker-daemon:<image>``, converted from the node's engine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import jinja2
+
+from builder import engine
+from builder.errors import EnvbuildError, ExitCode, Unreachable
+
+from .base import LaunchResult, LaunchSpec, OnProgress
+from . import local
+
+#: Container runtimes of the batch script; the first is the default.
+RUNTIMES = ("docker", "pyxis", "apptainer")
+DEFAULT_RUNTIME = "docker"
+#: File names inside the run folder.
+SCRIPT_NAME = "certify.sbatch"
+JOB_LOG = "job.log"
+RESULTS_DIR = "results"
+LOGS_DIR = "logs"
+CODE_DIR = "code"
+#: Where the in-image code is mounted (read-only); also ``PYTHONPATH``.
+CODE_MOUNT = local.PYTHONPATH
+#: Where each rank writes its result inside the container.
+RESULTS_MOUNT = local.RESULTS_MOUNT
+#: Prefix of the docker containers: ``envbuild-slurm-<jobid>-<node>``.
+CONTAINER_PREFIX = "envbuild-slurm"
+#: Label naming the Slurm job of a docker container.
+SLURM_JOB_LABEL = "envbuild.slurm-job"
+#: Seconds between two looks at the job.
+POLL_S = 2.0
+#: Seconds a job may stay pending before envbuild cancels it.
+DEFAULT_PENDING_TIMEOUT_S = 600.0
+#: Seconds past its time limit before envbuild cancels a job Slurm did not end (Slurm's
+#: default ``KillWait`` is 30 s; ``scontrol show config``).
+END_MARGIN_S = 120.0
+#: Seconds to wait for a cancelled job to end.
+CANCEL_WAIT_S = 60.0
+#: Seconds of ``scontrol`` failures (controller unreachable) before giving up.
+UNREACHABLE_AFTER_S = 60.0
+#: Seconds for one Slurm command.
+COMMAND_TIMEOUT_S = 30.0
+#: Lines of ``job.log`` quoted in the job's note.
+LOG_TAIL_LINES = 6
+
+#: Job states that do not change any more (``squeue`` man page, "JOB STATE CODES").
+TERMINAL_STATES = frozenset({
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+    "PREEMPTED", "SPECIAL_EXIT", "TIMEOUT", "REVOKED", "UNKNOWN",
+})
+#: States of a job that has not started yet.
+PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
+#: Terminal states that stop the ranks from outside (the ranks could not be checked).
+INTERRUPTED_STATES = frozenset({"BOOT_FAIL", "CANCELLED", "NODE_FAIL", "PREEMPTED", "REVOKED", "UNKNOWN"})
+
+_TIME_RE = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
+_PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$")
+_SBATCH_ARG_RE = re.compile(r"^--?[A-Za-z][A-Za-z0-9-]*(=[A-Za-z0-9_.,:/@%+=-]+)?$")
+_PATH_RE = re.compile(r"^/[A-Za-z0-9._/+@-]*$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+_JOBID_RE = re.compile(r"^(\d+)(?:;\S+)?$")
+
+
+def _usage(message: str, field_: str, value: object) -> EnvbuildError:
+    return EnvbuildError(message, field=field_, value=value, exit_code=ExitCode.USAGE)
+
+
+def _one_line(text: Any, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """How to run the job.
+
+    Attributes:
+        runtime: ``"docker"`` (default), ``"pyxis"`` or ``"apptainer"`` (module doc).
+        partition: ``#SBATCH --partition`` (None: the cluster's default partition).
+        time_limit: ``#SBATCH --time`` in a Slurm time format (``"10"`` minutes,
+            ``"1:30:00"``, ``"1-00"``...); None: the timeout rounded up to whole minutes.
+        slurm_nodes: Slurm nodes M the N envbuild nodes run on (None: N, one each).
+        container_image: what the nodes run (None: the spec's image for docker and pyxis,
+            ``docker-daemon:<image>`` for apptainer).
+        sbatch_args: extra ``#SBATCH`` lines (``--account=x``, ``--qos=y``, ``--exclusive``).
+        socket_ifname: ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` (None: unset, the
+            libraries choose; ``spec.env`` wins).
+        pending_timeout_s: seconds the job may stay pending before it is cancelled.
+        user: ``uid:gid`` of the docker containers.
+    """
+
+    runtime: str = DEFAULT_RUNTIME
+    partition: Optional[str] = None
+    time_limit: Optional[str] = None
+    slurm_nodes: Optional[int] = None
+    container_image: Optional[str] = None
+    sbatch_args: tuple[str, ...] = ()
+    socket_ifname: Optional[str] = None
+    pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S
+    user: str = local.RUN_USER
+
+    def __post_init__(self) -> None:
+        """Check the values that need no spec (the rest: :func:`render_context`).
+
+        Raises:
+            EnvbuildError: (exit 64) a bad runtime, partition, time limit, sbatch option,
+                interface name, user, ``slurm_nodes`` < 1 or pending timeout <= 0.
+        """
+        if self.runtime not in RUNTIMES:
+            raise _usage(f"is not a container runtime ({', '.join(RUNTIMES)})", "container_runtime", self.runtime)
+        if self.partition is not None and not _PARTITION_RE.match(self.partition):
+            raise _usage("is not a partition name", "partition", self.partition)
+        if self.time_limit is not None:
+            parse_time_limit(self.time_limit)
+        if self.slurm_nodes is not None and self.slurm_nodes < 1:
+            raise _usage("must be >= 1", "slurm_nodes", self.slurm_nodes)
+        for a in self.sbatch_args:
+            if not _SBATCH_ARG_RE.match(a):
+                raise _usage("is not one sbatch option (--name or --name=value without blanks or quotes)",
+                             "sbatch_arg", a)
+        if self.socket_ifname is not None and not _IFNAME_RE.match(self.socket_ifname):
+            raise _usage("is not a network interface name", "socket_ifname", self.socket_ifname)
+        if not re.match(r"^\d+:\d+$", self.user):
+            raise _usage("is not uid:gid", "user", self.user)
+        if not self.pending_timeout_s > 0:
+            raise _usage("must be > 0", "pending_timeout", self.pending_timeout_s)
+
+
+def parse_time_limit(text: str) -> int:
+    """Seconds of a Slurm time limit: ``"M"``, ``"M:S"``, ``"H:M:S"``, ``"D-H"``,
+    ``"D-H:M"``, ``"D-H:M:S"`` (``sbatch --time``).
+
+    Raises:
+        EnvbuildError: (exit 64) another format, or zero (``0`` would mean no limit).
+    """
+    m = _TIME_RE.match(str(text).strip())
+    if not m:
+        raise _usage("is not a Slurm time limit (M, M:S, H:M:S, D-H, D-H:M or D-H:M:S)", "time_limit", text)
+    if m.group(1) is not None:
+        d, h, mi, s = (int(g or 0) for g in m.group(1, 2, 3, 4))
+        seconds = ((d * 24 + h) * 60 + mi) * 60 + s
+    else:
+        parts = [int(g) for g in m.group(5, 6, 7) if g is not None]
+        if len(parts) == 1:
+            seconds = parts[0] * 60
+        elif len(parts) == 2:
+            seconds = parts[0] * 60 + parts[1]
+        else:
+            seconds = (parts[0] * 60 + parts[1]) * 60 + parts[2]
+    if seconds <= 0:
+        raise _usage("must be more than 0 (0 means no limit)", "time_limit", text)
+    return seconds
+
+
+def time_limit_for(spec: LaunchSpec, options: SlurmOptions) -> str:
+    """The job's ``--time``: ``options.time_limit`` (checked) or ``ceil(timeout_s / 60)``
+    minutes, at least 1."""
+    if options.time_limit is not None:
+        parse_time_limit(options.time_limit)
+        return str(options.time_limit).strip()
+    return str(max(1, math.ceil(spec.timeout_s / 60)))
+
+
+def container_name(job_id: str | int, node: int) -> str:
+    """Name of node ``node``'s docker container in job ``job_id``: ``envbuild-slurm-<job>-<node>``."""
+    return f"{CONTAINER_PREFIX}-{job_id}-{node}"
+
+
+def default_slurm_dir(images_dir: str | os.PathLike, recipe: str) -> Path:
+    """Where run folders go by default: ``<images_dir>/<recipe>/certificates`` (next to the
+    certificates; each run gets ``slurm-<run>/`` inside)."""
+    return Path(images_dir) / recipe / "certificates"
+
+
+def run_dir(slurm_dir: str | os.PathLike, run_id: str) -> Path:
+    """The run folder of ``run_id``: ``<slurm_dir>/slurm-<run_id>``, absolute."""
+    return Path(os.path.abspath(Path(slurm_dir) / f"slurm-{run_id}"))
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+class Raw(str):
+    """A shell word written as is (a variable expansion such as ``"$node"``), not quoted."""
+
+
+def sh(value: Any) -> str:
+    """One shell word: :class:`Raw` as is, anything else ``shlex.quote``-d."""
+    return str(value) if isinstance(value, Raw) else shlex.quote(str(value))
+
+
+def _words(items: Sequence[Any], indent: int = 8, width: int = 96) -> str:
+    """Shell words joined with spaces, wrapped with `` \\`` continuations before ``width``
+    columns. An item that is a tuple or list is a group of words (an option and its
+    value) that stays on one line."""
+    lines: list[str] = []
+    cur = ""
+    for item in items:
+        group = " ".join(sh(w) for w in item) if isinstance(item, (tuple, list)) else sh(item)
+        if cur and len(cur) + 1 + len(group) > width - indent:
+            lines.append(cur)
+            cur = group
+        else:
+            cur = f"{cur} {group}" if cur else group
+    if cur:
+        lines.append(cur)
+    return (" \\\n" + " " * indent).join(lines)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("builder", "templates"),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["sh"] = sh
+    env.filters["words"] = _words
+    return env
+
+
+def task_env(spec: LaunchSpec, options: SlurmOptions) -> dict[str, str]:
+    """Environment of every node: :func:`builder.launchers.local.node_env` without the
+    per-node ``ENVBUILD_NODE`` (set from ``SLURM_PROCID``) and without the local network's
+    ``eth0`` interface names (host networking: set from ``options.socket_ifname`` when
+    given), then ``spec.env`` again (which wins).
+
+    Raises:
+        EnvbuildError: (exit 64) a name that is not an environment variable name.
+    """
+    env = local.node_env(spec, 0)
+    env.pop("ENVBUILD_NODE", None)
+    for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        env.pop(k, None)
+        if options.socket_ifname:
+            env[k] = options.socket_ifname
+    env.update(spec.env)
+    for name in env:
+        if not _ENV_NAME_RE.match(name):
+            raise _usage("is not an environment variable name", "env", name)
+    return env
+
+
+def torchrun_words(spec: LaunchSpec) -> list[Any]:
+    """The node command, in groups of words (see :func:`_words`): torchrun (node rank
+    ``$node``, master ``$MASTER_ADDR:$MASTER_PORT``) running the bench;
+    :func:`builder.launchers.local.torchrun_argv` with the Slurm values."""
+    argv: list[Any] = list(local.torchrun_argv(spec, 0))
+    for opt, value in (("--node-rank", Raw('"$node"')), ("--master-addr", Raw('"$MASTER_ADDR"')),
+                       ("--master-port", Raw('"$MASTER_PORT"'))):
+        argv[argv.index(opt) + 1] = value
+    groups: list[Any] = []
+    i = 0
+    while i < len(argv):
+        w = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if isinstance(w, str) and w.startswith("-") and nxt is not None and not str(nxt).startswith("-"):
+            groups.append((w, nxt))
+            i += 2
+        else:
+            groups.append(w)
+            i += 1
+    return groups
+
+
+def render_context(spec: LaunchSpec, options: SlurmOptions, folder: str | os.PathLike,
+                   environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+    """The plain-data context of the template (see :func:`render_script`).
+
+    Raises:
+        EnvbuildError: (exit 64) a value the script cannot carry (module doc of
+            :func:`render_script`).
+    """
+    folder = str(folder)
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", spec.run_id):
+        raise _usage("is not a run id (letters, digits, ._-)", "run_id", spec.run_id)
+    if not _PATH_RE.match(folder):
+        raise _usage("must be an absolute path of letters, digits and ._/+@- (Slurm reads it "
+                     "unquoted in #SBATCH lines; pyxis splits mounts at , and :)", "slurm_dir", folder)
+    if spec.nodes < 1:
+        raise _usage("must be >= 1", "nodes", spec.nodes)
+    if spec.gpus_per_node < 0:
+        raise _usage("must be >= 0", "gpus_per_node", spec.gpus_per_node)
+    if not 1 <= spec.port <= 65535:
+        raise _usage("is not a TCP port", "port", spec.port)
+    if not spec.timeout_s > 0:
+        raise _usage("must be > 0", "timeout_s", spec.timeout_s)
+    slurm_nodes = spec.nodes if options.slurm_nodes is None else int(options.slurm_nodes)
+    if not 1 <= slurm_nodes <= spec.nodes:
+        raise _usage(f"must be between 1 and the number of nodes ({spec.nodes})", "slurm_nodes", slurm_nodes)
+    if spec.nodes % slurm_nodes:
+        raise _usage(f"must divide the number of nodes ({spec.nodes}) evenly", "slurm_nodes", slurm_nodes)
+    image = options.container_image or (f"docker-daemon:{spec.image}" if options.runtime == "apptainer"
+                                        else spec.image)
+    if not image or any(c.isspace() for c in image) or (options.runtime == "pyxis" and "," in image):
+        raise _usage("is not an image reference", "container_image", image)
+    if spec.shm_size is not None and not re.match(r"^\d+[bkmgBKMG]?$", str(spec.shm_size)):
+        raise _usage("is not a size (256m, 8g)", "shm_size", spec.shm_size)
+
+    per_node = spec.nodes // slurm_nodes
+    labels = local.labels_for(spec, environ)
+    for k, v in labels.items():
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$", k) or "\n" in v:
+            raise _usage("is not a label", "label", f"{k}={v}")
+    code_dir = f"{folder}/{CODE_DIR}"
+    results_dir = f"{folder}/{RESULTS_DIR}"
+    sbatch = [f"--job-name=envbuild-{spec.run_id}", f"--nodes={slurm_nodes}", f"--ntasks={spec.nodes}"]
+    sbatch.append("--ntasks-per-node=1" if per_node == 1 else "--overcommit")
+    sbatch += [f"--time={time_limit_for(spec, options)}", f"--output={folder}/{JOB_LOG}",
+               f"--chdir={folder}", "--no-requeue"]
+    if options.partition:
+        sbatch.append(f"--partition={options.partition}")
+    if spec.gpus_per_node > 0:
+        sbatch.append(f"--gres=gpu:{spec.gpus_per_node * per_node}")
+    sbatch += list(options.sbatch_args)
+
+    srun = [f"--nodes={slurm_nodes}", f"--ntasks={spec.nodes}",
+            "--ntasks-per-node=1" if per_node == 1 else "--overcommit",
+            "--kill-on-bad-exit=1", "--export=ALL", Raw('--output="$ENVBUILD_LOGS/node-%t.log"')]
+    if spec.gpus_per_node > 0:
+        srun.append(f"--gpus-per-task={spec.gpus_per_node}")
+    if options.runtime == "pyxis":
+        srun += [f"--container-image={image}",
+                 f"--container-mounts={code_dir}:{CODE_MOUNT}:ro,{results_dir}:{RESULTS_MOUNT}",
+                 "--no-container-mount-home", "--container-workdir=/tmp"]
+
+    env = task_env(spec, options)
+    if options.runtime == "apptainer":
+        # apptainer gives each container a private, writable HOME (--contain) and sets USER
+        env = {k: v for k, v in env.items() if k not in ("HOME", "USER")}
+    if options.runtime == "docker":
+        run: list[Any] = [("docker", "run", "--rm"), ("--name", Raw('"$name"'))]
+        run += [("--label", f"{k}={v}") for k, v in labels.items()]
+        run += [("--label", Raw('"envbuild.node=$node"')), ("--label", Raw(f'"{SLURM_JOB_LABEL}=$SLURM_JOB_ID"')),
+                ("--network", "host"), ("--user", options.user), "--read-only",
+                ("--tmpfs", "/tmp:rw,exec,mode=1777"), ("--tmpfs", f"{local.HOME}:rw,mode=1777"),
+                ("--cap-drop", "ALL"), ("--security-opt", "no-new-privileges")]
+        if spec.shm_size:
+            run.append(("--shm-size", spec.shm_size))
+        if spec.gpus_per_node > 0:
+            run.append(("--gpus", Raw('"\\"device=${CUDA_VISIBLE_DEVICES:?no GPUs given to this task}\\""')))
+        run += [("--volume", f"{code_dir}:{CODE_MOUNT}:ro"), ("--volume", f"{results_dir}:{RESULTS_MOUNT}")]
+        run += [("--env", f"{k}={v}") for k, v in env.items()]
+        run += [("--env", Raw('"ENVBUILD_NODE=$node"')), ("--env", Raw('"ENVBUILD_SLURM_JOB=$SLURM_JOB_ID"')),
+                image, *torchrun_words(spec)]
+    elif options.runtime == "apptainer":
+        run = [("apptainer", "exec")] + (["--nv"] if spec.gpus_per_node > 0 else [])
+        run += ["--contain", "--cleanenv", ("--bind", f"{code_dir}:{CODE_MOUNT}:ro"),
+                ("--bind", f"{results_dir}:{RESULTS_MOUNT}"), image, *torchrun_words(spec)]
+    else:
+        run = torchrun_words(spec)
+
+    return {
+        "run_id": spec.run_id,
+        "runtime": options.runtime,
+        "image": image,
+        "nodes": spec.nodes,
+        "nproc": spec.nproc_per_node,
+        "backend": spec.backend,
+        "slurm_nodes": slurm_nodes,
+        "folder": folder,
+        "script": f"{folder}/{SCRIPT_NAME}",
+        "results_dir": results_dir,
+        "logs_dir": f"{folder}/{LOGS_DIR}",
+        "code_dir": code_dir,
+        "port": spec.port,
+        "sbatch": sbatch,
+        "srun": srun,
+        "env": env,
+        "run": run,
+        "status_dir": RESULTS_MOUNT if options.runtime == "pyxis" else Raw('"$ENVBUILD_RESULTS"'),
+        "run_label": f"{engine.RUN_LABEL}={spec.run_id}",
+        "container_prefix": CONTAINER_PREFIX,
+    }
+
+
+def render_script(spec: LaunchSpec, options: SlurmOptions, folder: str | os.PathLike,
+                  environ: Optional[Mapping[str, str]] = None) -> str:
+    """The batch script of ``spec`` for the run folder ``folder`` (see the module doc).
+
+    The same spec, options, folder and labels give the same bytes (the run id is part of
+    the spec). ``environ`` is where ``ENVBUILD_EXTRA_LABELS`` is read (default
+    ``os.environ``; docker labels).
+
+    Raises:
+        EnvbuildError: (exit 64) ``folder`` not absolute or with characters an ``#SBATCH``
+            line or a pyxis mount list cannot carry (blanks, ``%``, ``,``, ``:``, quotes); a
+            bad runtime, partition, time limit, sbatch option, ``slurm_nodes`` (must be 1..N
+            and divide N), interface name, image reference or environment name.
+    """
+    ctx = render_context(spec, options, folder, environ)
+    return _environment().get_template("slurm/certify.sbatch.j2").render(ctx)
+
+
+def write_run_dir(folder: str | os.PathLike, script: str) -> Path:
+    """Create the run folder: ``certify.sbatch`` (mode 0755), ``code/`` (a copy of
+    ``builder/bench`` and ``builder/probe.py``, read-only), ``results/`` (mode 0777) and
+    ``logs/``. Returns the script's path.
+
+    Raises:
+        EnvbuildError: (exit 3) the folder exists already or cannot be written.
+    """
+    folder = Path(folder)
+    bench_dir, probe_path = local.in_image_sources()
+    try:
+        folder.mkdir(parents=True, exist_ok=False)
+        code = folder / CODE_DIR
+        shutil.copytree(bench_dir, code / "bench", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copy2(probe_path, code / "probe.py")
+        for p in sorted(code.rglob("*"), reverse=True):
+            os.chmod(p, 0o555 if p.is_dir() else 0o444)
+        os.chmod(code, 0o555)
+        results = folder / RESULTS_DIR
+        results.mkdir()
+        os.chmod(results, 0o777)  # the nodes write as another UID
+        (folder / LOGS_DIR).mkdir()
+        path = folder / SCRIPT_NAME
+        path.write_text(script)
+        os.chmod(path, 0o755)
+    except FileExistsError:
+        raise EnvbuildError("exists already; every run needs its own folder", field="slurm_dir",
+                            value=str(folder), exit_code=ExitCode.UNREACHABLE) from None
+    except OSError as e:
+        raise EnvbuildError(f"cannot write: {e.strerror or e}", field="slurm_dir", value=str(folder),
+                            exit_code=ExitCode.UNREACHABLE) from None
+    return path
+
+
+# --------------------------------------------------------------------------- Slurm commands
+
+
+def _run(argv: Sequence[str], timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run a Slurm command; text output.
+
+    Raises:
+        Unreachable: (exit 3) not on PATH, or no answer within ``timeout_s``.
+    """
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise Unreachable(f"Slurm: {argv[0]} not found on PATH (run envbuild on a Slurm submit host)") from None
+    except subprocess.TimeoutExpired:
+        raise Unreachable(f"Slurm: {argv[0]} gave no answer within {timeout_s:g} s") from None
+
+
+def submit(script: str | os.PathLike) -> str:
+    """Submit ``script`` with ``sbatch --parsable``; returns the job id (``"42"``).
+
+    Raises:
+        Unreachable: (exit 3) no sbatch, the controller does not answer.
+        EnvbuildError: (exit 3) sbatch refused the job (its message: an unknown partition,
+            a time limit above the partition's...).
+    """
+    proc = _run(["sbatch", "--parsable", str(script)])
+    out = proc.stdout.strip().splitlines()
+    m = _JOBID_RE.match(out[-1].strip()) if proc.returncode == 0 and out else None
+    if not m:
+        msg = _one_line(proc.stderr or proc.stdout or f"exit status {proc.returncode}")
+        if re.search(r"Unable to contact|Socket timed out|Connection refused|Zero Bytes", msg, re.I):
+            raise Unreachable(f"Slurm: sbatch: {msg}")
+        raise EnvbuildError(f"sbatch refused the job: {msg}", file=str(script), exit_code=ExitCode.UNREACHABLE)
+    return m.group(1)
+
+
+@dataclass
+class JobInfo:
+    """A job as Slurm reports it.
+
+    Attributes:
+        state: ``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``, ``CANCELLED``,
+            ``TIMEOUT``... (``squeue`` "JOB STATE CODES"); ``UNKNOWN`` when Slurm forgot it.
+        reason: why it waits or ended (``Resources``, ``NonZeroExitCode``, ``TimeLimit``);
+            None for ``None``.
+        exit_code: ``"<status>:<signal>"`` of the batch script (``"1:0"``), or None.
+        nodes: the node list (``"vm"``, ``"gpu[01-04]"``), or None.
+        time_limit: the limit as Slurm shows it (``"00:01:00"``), or None.
+        source: ``"scontrol"``, ``"sacct"`` or None (unknown).
+    """
+
+    state: str
+    reason: Optional[str] = None
+    exit_code: Optional[str] = None
+    nodes: Optional[str] = None
+    time_limit: Optional[str] = None
+    source: Optional[str] = None
+
+    @property
+    def terminal(self) -> bool:
+        """True when the state does not change any more."""
+        return self.state in TERMINAL_STATES
+
+
+def _field(text: str, key: str) -> Optional[str]:
+    m = re.search(rf"(?:^|\s){key}=(\S*)", text)
+    if not m or m.group(1) in ("", "(null)", "None"):
+        return None
+    return m.group(1)
+
+
+def parse_scontrol_job(text: str) -> Optional[JobInfo]:
+    """A :class:`JobInfo` from ``scontrol show job -o ID`` output (``Key=Value`` fields);
+    None when it holds no ``JobState``."""
+    state = _field(text, "JobState")
+    if not state:
+        return None
+    return JobInfo(state=state.split("+")[0], reason=_field(text, "Reason"), exit_code=_field(text, "ExitCode"),
+                   nodes=_field(text, "NodeList"), time_limit=_field(text, "TimeLimit"), source="scontrol")
+
+
+def parse_sacct(text: str, job_id: str) -> Optional[JobInfo]:
+    """A :class:`JobInfo` from ``sacct -X -n -P -o JobID,State,ExitCode,NodeList,Timelimit,Reason``;
+    None when the job is not listed. ``CANCELLED by 0`` is read as ``CANCELLED``."""
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) >= 3 and parts[0] == str(job_id):
+            get = lambda i: (parts[i] or None) if len(parts) > i and parts[i] not in ("None", "") else None  # noqa: E731
+            return JobInfo(state=parts[1].split()[0] if parts[1] else "UNKNOWN", exit_code=get(2), nodes=get(3),
+                           time_limit=get(4), reason=get(5), source="sacct")
+    return None
+
+
+class ControllerError(Exception):
+    """``scontrol`` could not reach the controller (transient, retried)."""
+
+
+def job_info(job_id: str) -> JobInfo:
+    """The job's state: ``scontrol show job -o`` (the controller keeps finished jobs for
+    ``MinJobAge``, 300 s by default), then ``sacct`` (needs accounting storage: "Slurm
+    accounting storage is disabled" otherwise), else ``UNKNOWN``.
+
+    Raises:
+        ControllerError: scontrol did not reach the controller.
+        Unreachable: (exit 3) scontrol is missing or hangs.
+    """
+    proc = _run(["scontrol", "show", "job", "-o", str(job_id)])
+    info = parse_scontrol_job(proc.stdout) if proc.returncode == 0 else None
+    if info is not None:
+        return info
+    err = proc.stderr or proc.stdout
+    if "invalid job id" not in err.lower():
+        raise ControllerError(_one_line(err or f"scontrol exit status {proc.returncode}"))
+    with contextlib.suppress(Unreachable):
+        acct = _run(["sacct", "-j", str(job_id), "-X", "-n", "-P", "-o",
+                     "JobID,State,ExitCode,NodeList,Timelimit,Reason"])
+        if acct.returncode == 0:
+            found = parse_sacct(acct.stdout, job_id)
+            if found is not None:
+                return found
+    return JobInfo(state="UNKNOWN")
+
+
+def scancel(job_id: str) -> Optional[str]:
+    """``scancel ID`` (SIGTERM to every step, SIGKILL after ``KillWait``); returns an error
+    line, or None when it worked or the job was gone already."""
+    try:
+        proc = _run(["scancel", str(job_id)])
+    except Unreachable as e:
+        return str(e)
+    if proc.returncode != 0 and "invalid job id" not in (proc.stderr or "").lower() \
+            and "already completing" not in (proc.stderr or "").lower():
+        return f"scancel {job_id}: {_one_line(proc.stderr or proc.returncode)}"
+    return None
+
+
+def scancel_by_name(job_name: str) -> Optional[str]:
+    """``scancel --name=NAME --user=ME``: for a job whose id never came back (sbatch cut
+    short by Ctrl-C); returns an error line or None."""
+    import getpass
+
+    try:
+        proc = _run(["scancel", f"--name={job_name}", f"--user={getpass.getuser()}"])
+    except (Unreachable, KeyError, OSError) as e:
+        return f"scancel --name={job_name}: {e}"
+    return None if proc.returncode == 0 else f"scancel --name={job_name}: {_one_line(proc.stderr or proc.returncode)}"
+
+
+def hostnames(nodelist: Optional[str]) -> list[str]:
+    """Host names of a Slurm node list (``scontrol show hostnames``); [] on failure."""
+    if not nodelist:
+        return []
+    with contextlib.suppress(Unreachable):
+        proc = _run(["scontrol", "show", "hostnames", nodelist])
+        if proc.returncode == 0:
+            return [h.strip() for h in proc.stdout.splitlines() if h.strip()]
+    return []
+
+
+def log_tail(path: str | os.PathLike, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` non-blank lines of a file joined with `` | `` ("" if unreadable)."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    kept = [l.strip() for l in text.splitlines() if l.strip()][-lines:]
+    return " | ".join(kept)
+
+
+def read_exit_status(path: str | os.PathLike) -> Optional[int]:
+    """A node's ``node-<i>.exit``: the integer status, or None (missing, or a signal name:
+    the node was stopped)."""
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if re.fullmatch(r"-?\d+", text) else None
+
+
+# --------------------------------------------------------------------------- launcher
+
+
+@dataclass
+class _Outcome:
+    info: JobInfo
+    started_at: str
+    gave_up: Optional[str] = None  # "pending" or "running": envbuild cancelled the job
+    waited_s: float = 0.0
+    last_state: Optional[str] = None  # the state seen when envbuild gave up
+
+
+class SlurmLauncher:
+    """Runs the ranks of a :class:`LaunchSpec` as one Slurm batch job (see the module doc).
+
+    Args:
+        slurm_dir: the folder run folders go into (``slurm-<run>/`` each); it must be on a
+            filesystem every node sees.
+        options: :class:`SlurmOptions`.
+        client: a docker client for the final cleanup by label (docker runtime); None:
+            connect when needed (an unreachable engine is a cleanup warning).
+        poll_s: seconds between two looks at the job.
+
+    After :meth:`run`, ``job_id`` and ``folder`` name the last job and its run folder.
+    """
+
+    def __init__(self, slurm_dir: str | os.PathLike, options: SlurmOptions = SlurmOptions(), *,
+                 client: Any = None, poll_s: float = POLL_S) -> None:
+        self.slurm_dir = Path(slurm_dir)
+        self.options = options
+        self.client = client
+        self.poll_s = poll_s
+        self.job_id: Optional[str] = None
+        self.folder: Optional[Path] = None
+
+    def run(self, spec: LaunchSpec, on_progress: Optional[OnProgress] = None) -> LaunchResult:
+        """Write the run folder, submit the job, wait for it, collect the results.
+
+        Raises:
+            EnvbuildError: (exit 64) a value the script cannot carry; (exit 3) sbatch
+                missing or refusing, the controller unreachable, the folder not writable.
+            KeyboardInterrupt: passed on, after the job was cancelled and its containers
+                removed.
+        """
+        say = on_progress or (lambda msg: None)
+        folder = run_dir(self.slurm_dir, spec.run_id)
+        script = render_script(spec, self.options, folder)
+        limit_s = parse_time_limit(time_limit_for(spec, self.options))
+        self.folder, self.job_id = folder, None
+        if shutil.which("sbatch") is None:
+            raise Unreachable("Slurm: sbatch not found on PATH (run envbuild on a Slurm submit host)")
+        cleanup_errors: list[str] = []
+        outcome: Optional[_Outcome] = None
+        self._submitting = False
+        try:
+            path = write_run_dir(folder, script)
+            submitted_at = local.utc_now_iso()
+            self._submitting = True
+            try:
+                self.job_id = submit(path)
+            except EnvbuildError:  # sbatch answered: no job (only Ctrl-C leaves one unknown)
+                self._submitting = False
+                raise
+            self._submitting = False
+            say(f"run {spec.run_id}: Slurm job {self.job_id} submitted ({path}), "
+                f"{spec.nodes} node(s) x {spec.nproc_per_node} rank(s) through {self.options.runtime}")
+            outcome = self._wait(spec, self.job_id, limit_s, submitted_at, say)
+            return self._collect(spec, folder, outcome, limit_s, cleanup_errors)
+        finally:
+            try:
+                with local.deferred_signals():
+                    self._cleanup(spec, outcome, cleanup_errors, say)
+            except KeyboardInterrupt:
+                with local.deferred_signals():
+                    self._cleanup(spec, outcome, cleanup_errors, say)
+                raise
+
+    # -- waiting
+
+    def _info(self, job_id: str, failing_since: list[float]) -> Optional[JobInfo]:
+        try:
+            info = job_info(job_id)
+        except ControllerError as e:
+            now = time.monotonic()
+            if not failing_since:
+                failing_since.append(now)
+            elif now - failing_since[0] > UNREACHABLE_AFTER_S:
+                raise Unreachable(f"Slurm controller: {e}") from None
+            return None
+        failing_since.clear()
+        return info
+
+    def _wait(self, spec: LaunchSpec, job_id: str, limit_s: int, submitted_at: str,
+              say: OnProgress) -> _Outcome:
+        t0 = time.monotonic()
+        started: Optional[float] = None
+        started_at = submitted_at
+        failing: list[float] = []
+        last = ""
+        results = run_dir(self.slurm_dir, spec.run_id) / RESULTS_DIR
+        while True:
+            info = self._info(job_id, failing)
+            now = time.monotonic()
+            if info is not None:
+                if info.terminal:
+                    return _Outcome(info, started_at, waited_s=now - t0)
+                if info.state in PENDING_STATES:
+                    if now - t0 > self.options.pending_timeout_s:
+                        return self._give_up(job_id, info, started_at, "pending", t0)
+                else:
+                    if started is None:
+                        started, started_at = now, local.utc_now_iso()
+                    if now - started > limit_s + END_MARGIN_S:
+                        return self._give_up(job_id, info, started_at, "running", t0)
+                n = sum(1 for p in results.glob("rank-*.json"))
+                msg = (f"run {spec.run_id}: Slurm job {job_id} {info.state}"
+                       + (f" ({info.reason})" if info.reason and info.state in PENDING_STATES else "")
+                       + f", {n}/{spec.world_size} rank result(s), {now - t0:.0f} s")
+                if msg != last:
+                    say(msg)
+                    last = msg
+            time.sleep(self.poll_s)
+
+    def _give_up(self, job_id: str, info: JobInfo, started_at: str, why: str, t0: float) -> _Outcome:
+        err = scancel(job_id)
+        end = self._await_end(job_id, CANCEL_WAIT_S)
+        out = _Outcome(end or info, started_at, gave_up=why, waited_s=time.monotonic() - t0,
+                       last_state=info.state)
+        out.info.reason = out.info.reason or info.reason
+        if err:
+            out.info.reason = f"{out.info.reason or ''}; {err}".strip("; ")
+        return out
+
+    def _await_end(self, job_id: str, timeout_s: float) -> Optional[JobInfo]:
+        deadline = time.monotonic() + timeout_s
+        info = None
+        while time.monotonic() < deadline:
+            try:
+                info = job_info(job_id)
+            except (ControllerError, Unreachable):
+                info = None
+            if info is not None and info.terminal:
+                return info
+            time.sleep(min(self.poll_s, 1.0))
+        return info
+
+    # -- collecting
+
+    def _collect(self, spec: LaunchSpec, folder: Path, outcome: _Outcome, limit_s: int,
+                 cleanup_errors: list[str]) -> LaunchResult:
+        info = outcome.info
+        results, problems = local.read_results(folder / RESULTS_DIR, spec.world_size)
+        node_logs: dict[int, str] = {}
+        node_exit: dict[int, Optional[int]] = {}
+        rank_exit: dict[int, int] = {}
+        for node in range(spec.nodes):
+            log = folder / LOGS_DIR / f"node-{node}.log"
+            if log.exists():
+                node_logs[node] = log.read_text(errors="replace")
+                for rank, code in local.parse_torchrun_failures(node_logs[node]).items():
+                    rank_exit.setdefault(rank, code)
+            node_exit[node] = read_exit_status(folder / RESULTS_DIR / f"node-{node}.exit")
+        missing = [r for r in range(spec.world_size) if r not in results]
+
+        timed_out = False
+        deadline_s: Optional[float] = None
+        state = info.state
+        if outcome.gave_up == "pending":
+            what = (f"did not start within {self.options.pending_timeout_s:g} s (still "
+                    f"{outcome.last_state or 'PENDING'}"
+                    + (f", reason {info.reason}" if info.reason else "") + "); envbuild cancelled it")
+        elif outcome.gave_up == "running":
+            timed_out, deadline_s = True, float(limit_s + END_MARGIN_S)
+            what = (f"was still running {END_MARGIN_S:g} s after its time limit of {limit_s:g} s; "
+                    "envbuild cancelled it")
+        else:
+            what = f"ended {state}" + (f" ({info.reason})" if info.reason else "")
+            if state in ("TIMEOUT", "DEADLINE"):
+                timed_out, deadline_s = True, float(limit_s)
+                what += f": cancelled by Slurm at its time limit (--time={time_limit_for(spec, self.options)})"
+        if outcome.gave_up == "pending" or (not outcome.gave_up and state in INTERRUPTED_STATES):
+            for r in missing:
+                if r not in rank_exit:
+                    problems.setdefault(r, f"Slurm job {self.job_id} {what.split(':')[0]} before this rank reported")
+        failed_nodes = [n for n, c in node_exit.items() if c not in (None, 0)]
+        killed = [n for n, c in node_exit.items() if c is None]
+        notes: list[str] = []
+        if state != "COMPLETED" or outcome.gave_up:
+            note = f"Slurm job {self.job_id} {what}"
+            if info.exit_code:
+                note += f", exit code {info.exit_code}"
+            tail = log_tail(folder / JOB_LOG)
+            note += f"; {folder / JOB_LOG}: {tail}" if tail else f"; {folder / JOB_LOG} is empty"
+            notes.append(_one_line(note, 600))
+        return LaunchResult(
+            rank_results=results,
+            node_logs=node_logs,
+            node_exit_codes=node_exit,
+            timed_out=timed_out,
+            missing_ranks=missing,
+            started_at=outcome.started_at,
+            finished_at=local.utc_now_iso(),
+            rank_exit_codes=rank_exit,
+            rank_problems=problems,
+            killed_after_s=0.0 if (failed_nodes and killed and not timed_out) else None,
+            cleanup_errors=cleanup_errors,
+            notes=notes,
+            deadline_s=deadline_s,
+        )
+
+    # -- cleanup
+
+    def _cleanup(self, spec: LaunchSpec, outcome: Optional[_Outcome], errors: list[str],
+                 say: OnProgress) -> None:
+        """Cancel the job if it may still run; remove the run's docker containers."""
+        info = outcome.info if outcome else None
+        if self.job_id is None and getattr(self, "_submitting", False):
+            err = scancel_by_name(f"envbuild-{spec.run_id}")  # sbatch was cut short: maybe submitted
+            if err:
+                errors.append(err)
+        if self.job_id and (info is None or not info.terminal):
+            say(f"run {spec.run_id}: cancelling Slurm job {self.job_id}")
+            err = scancel(self.job_id)
+            if err:
+                errors.append(err)
+            end = self._await_end(self.job_id, CANCEL_WAIT_S)
+            if end is None or not end.terminal:
+                errors.append(f"Slurm job {self.job_id} did not end within {CANCEL_WAIT_S:g} s of scancel")
+            info = end or info
+        if self.options.runtime != "docker" or not self.job_id:
+            return
+        label = f"{engine.RUN_LABEL}={spec.run_id}"
+        try:
+            client = self.client or engine.connect(timeout_s=30)
+            engine.remove_by_label(client, label)
+        except Exception as e:  # noqa: BLE001 - cleanup goes on
+            errors.append(f"remove containers labelled {label}: {_one_line(e, 200)}")
+        me = {socket.gethostname(), socket.gethostname().split(".")[0], socket.getfqdn()}
+        others = [h for h in hostnames(info.nodes if info else None) if h not in me and h.split(".")[0] not in me]
+        if others:
+            self._remote_cleanup(others, label, errors)
+
+    def _remote_cleanup(self, hosts: list[str], label: str, errors: list[str]) -> None:
+        """``docker rm -f`` the run's containers on the job's other nodes (one-task-per-node
+        ``srun`` step, bounded)."""
+        argv = ["srun", f"--job-name=envbuild-cleanup-{label.split('=')[-1]}", f"--nodelist={','.join(hosts)}",
+                f"--nodes={len(hosts)}", "--ntasks-per-node=1", "--time=2", "--immediate=60"]
+        if self.options.partition:
+            argv.append(f"--partition={self.options.partition}")
+        argv += ["bash", "-c", f"docker ps -aq --filter label={label} | xargs -r docker rm -f >/dev/null"]
+        try:
+            proc = _run(argv, timeout_s=180)
+            if proc.returncode != 0:
+                errors.append(f"remove containers labelled {label} on {', '.join(hosts)}: "
+                              f"{_one_line(proc.stderr or proc.returncode, 200)}")
+        except Unreachable as e:
+            errors.append(f"remove containers labelled {label} on {', '.join(hosts)}: {e}")

@@ -1,0 +1,436 @@
+"""Slurm launcher (builder/launchers/slurm.py) and `envbuild certify --launcher slurm`.
+
+Golden files for the rendered batch scripts (docker on a one-node test cluster, docker with
+GPUs, pyxis and apptainer on a GPU partition), each also checked with ``bash -n``; the values
+a script cannot carry refused with exit 64; the parsers of scontrol/sacct output.
+
+Then a real one-node Slurm (Debian slurm-wlm + munge, started by scripts/setup-slurm.sh
+through the session fixture ``slurm_node``) running the CPU image through docker, 2 tasks
+on the one node (``--slurm-nodes 1``, host networking, a free port per run):
+
+- ``envbuild certify --launcher slurm`` passes, and its certificate has the shape of the
+  local launcher's (same keys everywhere);
+- a rank that exits non-zero (TEST-ONLY ``ENVBUILD_BENCH_FAULT=exit@1``) gives a failing
+  verdict (exit 2) naming the job's state FAILED and the tail of its log;
+- a job over its 1-minute time limit (``sleep@1``) is cancelled by Slurm and reported
+  (TIMEOUT, exit 3), in about 70 s;
+- Ctrl-C cancels the job; an sbatch that refuses the job is one line, exit 3;
+
+and after each, no container of the run (by label) is left. Runs are small (sizes 8, 1024,
+65536; 1 DDP step) except the CLI one, which uses the recipe's settings.
+
+Regenerate the goldens with ``.venv/bin/python tests/test_slurm.py --regen`` (part of
+``make golden``) and review the diff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from builder import certify, engine
+from builder.errors import EnvbuildError, ExitCode
+from builder.launchers import local, slurm
+from builder.launchers.base import LaunchResult, LaunchSpec
+from fixtures_nodes import free_port, slurm_node  # noqa: F401 - pytest fixture (scripts/setup-slurm.sh)
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "golden" / "slurm"
+RUN_ID = "0123456789ab"
+FOLDER = f"/shared/envbuild/images/cuda12-torch2/certificates/slurm-{RUN_ID}"
+BENCH_ARGS = ["--backend", "nccl", "--sizes", "8,1024,65536,1048576", "--iters", "10", "--warmup", "2",
+              "--ddp-steps", "3", "--ddp-batch", "8", "--ddp-image-size", "64", "--pg-timeout-s", "600"]
+GPU_SPEC = LaunchSpec(image="envbuild/cuda12-torch2:3f2a9c1d0e4b", nodes=2, gpus_per_node=4, backend="nccl",
+                      port=29500, shm_size="8g", timeout_s=600, bench_args=BENCH_ARGS, env={}, run_id=RUN_ID,
+                      labels={"envbuild.recipe": "cuda12-torch2"})
+CPU_SPEC = dataclasses.replace(
+    GPU_SPEC, image="envbuild/cpu-torch2:fbe68042d4fa", gpus_per_node=0, backend="gloo", shm_size="256m",
+    timeout_s=300, labels={"envbuild.recipe": "cpu-torch2"},
+    bench_args=["--backend", "gloo", *BENCH_ARGS[2:-1], "300"])
+#: golden file -> (spec, options, folder)
+CASES = {
+    "docker.sbatch": (CPU_SPEC, slurm.SlurmOptions(slurm_nodes=1), FOLDER.replace("cuda12", "cpu")),
+    "docker-gpu.sbatch": (GPU_SPEC, slurm.SlurmOptions(partition="gpu", socket_ifname="ib0"), FOLDER),
+    "pyxis.sbatch": (GPU_SPEC, slurm.SlurmOptions(
+        runtime="pyxis", partition="gpu", time_limit="30", container_image="/shared/images/cuda12-torch2.sqsh",
+        sbatch_args=("--account=ml", "--exclusive")), FOLDER),
+    "apptainer.sbatch": (GPU_SPEC, slurm.SlurmOptions(
+        runtime="apptainer", partition="gpu", container_image="/shared/images/cuda12-torch2.sif",
+        socket_ifname="ib0", sbatch_args=("--account=ml",)), FOLDER),
+}
+SHORT = dict(sizes=[8, 1024, 65536], iters=3, warmup=1, ddp_steps=1, nodes=2, backend="gloo")
+
+
+def render_case(name: str) -> str:
+    spec, options, folder = CASES[name]
+    return slurm.render_script(spec, options, folder, environ={})
+
+
+# --------------------------------------------------------------------------- goldens
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_scripts(name):
+    """Regenerate with `make golden` (or `.venv/bin/python tests/test_slurm.py --regen`)."""
+    assert render_case(name) == (GOLDEN / name).read_text(), f"{name}: run `make golden` and review the diff"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_scripts_are_valid_bash(name, tmp_path):
+    path = tmp_path / name
+    path.write_text(render_case(name))
+    proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    # the node function, as srun hands it to bash -c, parses on its own too
+    text = path.read_text()
+    body = text[text.index("envbuild_node() {"):text.index("\n}\n") + 3]
+    proc = subprocess.run(["bash", "-n", "-c", body], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_rendering_is_deterministic_across_processes():
+    code = ("import sys; sys.path.insert(0, 'tests'); import test_slurm as t; "
+            "sys.stdout.write(''.join(t.render_case(n) for n in sorted(t.CASES)))")
+    runs = {subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2)}
+    assert len(runs) == 1 and runs.pop() == "".join(render_case(n) for n in sorted(CASES))
+
+
+def test_script_details():
+    docker = render_case("docker.sbatch")
+    assert "#SBATCH --nodes=1\n#SBATCH --ntasks=2\n#SBATCH --overcommit\n#SBATCH --time=5\n" in docker
+    assert 'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"' in docker
+    assert "--network host --user 12345:12345 --read-only" in docker
+    assert 'name="envbuild-slurm-$SLURM_JOB_ID-$node"' in docker
+    assert "trap envbuild_rm EXIT" in docker and "trap 'envbuild_stop TERM 143' TERM" in docker
+    assert "--label envbuild=1" in docker and f"--label envbuild.run={RUN_ID}" in docker
+    assert "--kill-on-bad-exit=1" in docker
+    assert "GLOO_SOCKET_IFNAME" not in docker  # host networking: the library picks the interface
+    pyxis = render_case("pyxis.sbatch")
+    assert "#SBATCH --ntasks-per-node=1\n" in pyxis and "#SBATCH --gres=gpu:4\n" in pyxis
+    assert "--container-image=/shared/images/cuda12-torch2.sqsh" in pyxis and "--gpus-per-task=4" in pyxis
+    assert "docker" not in pyxis.replace("docker-", "")
+    app = render_case("apptainer.sbatch")
+    assert "apptainer exec --nv --contain --cleanenv" in app and "APPTAINERENV_NCCL_SOCKET_IFNAME=ib0" in app
+
+
+def test_extra_labels_from_the_environment_reach_the_containers():
+    text = slurm.render_script(CPU_SPEC, slurm.SlurmOptions(), FOLDER,
+                               environ={local.EXTRA_LABELS_ENV: "envbuild.test-session=abc"})
+    assert "--label envbuild.test-session=abc" in text
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(folder="relative/dir"), "slurm_dir"),
+    (dict(folder="/has space/x"), "slurm_dir"),
+    (dict(folder="/per%cent"), "slurm_dir"),
+    (dict(runtime="podman"), "container_runtime"),
+    (dict(partition="a b"), "partition"),
+    (dict(time_limit="0"), "time_limit"),
+    (dict(time_limit="ten"), "time_limit"),
+    (dict(slurm_nodes=3), "slurm_nodes"),
+    (dict(sbatch_args=("--comment=a b",)), "sbatch_arg"),
+    (dict(sbatch_args=("account=x",)), "sbatch_arg"),
+    (dict(socket_ifname="eth0;rm"), "socket_ifname"),
+    (dict(container_image="a,b", runtime="pyxis"), "container_image"),
+    (dict(env={"BAD-NAME": "1"}), "env"),
+])
+def test_values_a_script_cannot_carry_are_usage_errors(change, field):
+    folder = change.pop("folder", FOLDER)
+    env = change.pop("env", None)
+    spec = dataclasses.replace(CPU_SPEC, env=env) if env else CPU_SPEC
+    with pytest.raises(EnvbuildError) as e:  # the options alone, or with the spec
+        slurm.render_script(spec, slurm.SlurmOptions(**change), folder, environ={})
+    assert e.value.exit_code == ExitCode.USAGE and e.value.field == field
+
+
+@pytest.mark.parametrize("text, seconds", [("1", 60), ("90", 5400), ("1:30", 90), ("1:00:00", 3600),
+                                           ("2-0", 172800), ("1-2:3", 93780), ("0-0:0:5", 5)])
+def test_time_limits(text, seconds):
+    assert slurm.parse_time_limit(text) == seconds
+
+
+def test_default_time_limit_is_the_timeout_in_whole_minutes():
+    assert slurm.time_limit_for(dataclasses.replace(CPU_SPEC, timeout_s=61), slurm.SlurmOptions()) == "2"
+    assert slurm.time_limit_for(dataclasses.replace(CPU_SPEC, timeout_s=5), slurm.SlurmOptions()) == "1"
+
+
+def test_parse_scontrol_and_sacct():
+    line = ("JobId=21 JobName=envbuild-4f09cd13d9e8 UserId=root(0) JobState=TIMEOUT Reason=TimeLimit "
+            "Dependency=(null) ExitCode=0:15 RunTime=00:01:02 TimeLimit=00:01:00 NodeList=vm BatchHost=vm")
+    info = slurm.parse_scontrol_job(line)
+    assert (info.state, info.reason, info.exit_code, info.nodes, info.time_limit) == \
+        ("TIMEOUT", "TimeLimit", "0:15", "vm", "00:01:00")
+    assert info.terminal
+    assert slurm.parse_scontrol_job("JobState=RUNNING Reason=None").reason is None
+    assert slurm.parse_scontrol_job("slurm_load_jobs error: Invalid job id specified") is None
+    acct = "20|FAILED|1:0|vm|00:05:00|None\n21|CANCELLED by 0|0:15|vm|00:01:00|None\n"
+    assert slurm.parse_sacct(acct, "21").state == "CANCELLED"
+    assert slurm.parse_sacct(acct, "20").exit_code == "1:0"
+    assert slurm.parse_sacct(acct, "22") is None
+
+
+def test_judge_lists_the_job_state_first_and_keeps_the_exit_code():
+    s = certify.resolve_settings({"certify": {"nodes": 2}}, gpu_visible=False, sizes=[8])
+    launch = LaunchResult(rank_results={}, node_logs={}, node_exit_codes={0: None, 1: None}, timed_out=True,
+                          missing_ranks=[0, 1], started_at="", finished_at="",
+                          notes=["Slurm job 7 ended TIMEOUT (TimeLimit)"], deadline_s=60.0)
+    v = certify.judge(s, launch, {})
+    assert v["exit_code"] == ExitCode.UNREACHABLE
+    assert v["failures"] == ["Slurm job 7 ended TIMEOUT (TimeLimit)", "rank 0 did not finish within 60 s (timeout)",
+                             "rank 1 did not finish within 60 s (timeout)"]
+
+
+# --------------------------------------------------------------------------- real Slurm
+
+
+@pytest.fixture
+def case_labels(test_labels) -> dict[str, str]:
+    return {**test_labels, "envbuild.test-case": uuid.uuid4().hex[:16]}
+
+
+def containers(client, label: str) -> list[str]:
+    return [c.name for c in client.containers.list(all=True, filters={"label": label})]
+
+
+def job_line(run_id: str) -> str:
+    """``scontrol show job -o`` line of the job of ``run_id`` (JobName envbuild-<run>)."""
+    out = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True, timeout=30).stdout
+    lines = [l for l in out.splitlines() if f"JobName=envbuild-{run_id} " in l]
+    assert len(lines) == 1, out[-2000:]
+    return lines[0]
+
+
+def make_launcher(client, tmp_path, options=None) -> slurm.SlurmLauncher:
+    return slurm.SlurmLauncher(tmp_path / "slurm", options or slurm.SlurmOptions(slurm_nodes=1, pending_timeout_s=180),
+                               client=client, poll_s=1.0)
+
+
+def run_slurm(client, image, tmp_path, labels, options=None, launcher=None, **kw):
+    run_id = engine.new_run_id()
+    launcher = launcher or make_launcher(client, tmp_path, options)
+    args = {**SHORT, "timeout_s": 120, "port": free_port(), **kw}
+    t0 = time.monotonic()
+    cert, path = certify.certify(client, image, images_dir=tmp_path, labels=labels, launcher=launcher,
+                                 run_id=run_id, **args)
+    elapsed = time.monotonic() - t0
+    assert json.loads(path.read_text()) == cert
+    assert containers(client, f"{engine.RUN_LABEL}={run_id}") == []
+    assert containers(client, f"envbuild.test-case={labels['envbuild.test-case']}") == []
+    assert launcher.folder == tmp_path.resolve() / "slurm" / f"slurm-{run_id}"
+    assert (launcher.folder / "certify.sbatch").is_file()
+    return cert, launcher, elapsed
+
+
+def shape(x):
+    """The structure of a JSON document: keys of objects, element shapes of arrays (all
+    elements alike), and for scalars only null vs. not."""
+    if isinstance(x, dict):
+        return {k: shape(v) for k, v in x.items()}
+    if isinstance(x, list):
+        shapes = [shape(v) for v in x]
+        assert all(s == shapes[0] for s in shapes), x
+        return [shapes[0]] if shapes else []
+    return None if x is None else "value"
+
+
+def outline(cert: dict) -> dict:
+    """The certificate with each rank's probe document (a node report: its interfaces and
+    environment differ between a container on a private network and one on the host
+    network) cut down to its top-level keys."""
+    return {**cert, "probe": {r: sorted(p) for r, p in cert["probe"].items()}}
+
+
+def test_cli_certify_through_slurm_passes_with_the_local_shape(slurm_node, docker_client, torch_image, tmp_path,
+                                                                case_labels):
+    port = free_port()
+    extra = ",".join(f"{k}={v}" for k, v in case_labels.items())
+    exe = Path(sys.executable).parent / "envbuild"
+    t0 = time.monotonic()
+    proc = subprocess.run([str(exe), "--images-dir", str(tmp_path / "images"), "certify", torch_image,
+                           "--launcher", "slurm", "--slurm-nodes", "1", "--nodes", "2", "--port", str(port),
+                           "--timeout", "180", "--pending-timeout", "180"],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, local.EXTRA_LABELS_ENV: extra})
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "verdict: PASSED" in proc.stdout and "Traceback" not in proc.stderr
+    [path] = (tmp_path / "images" / "cpu-torch2" / "certificates").glob("*.json")
+    [folder] = (tmp_path / "images" / "cpu-torch2" / "certificates").glob("slurm-*")
+    cert = json.loads(path.read_text())
+    assert folder.name == f"slurm-{cert['run_id']}"
+    assert f"slurm: job " in proc.stdout and str(folder) in proc.stdout.replace("\n", "")
+    assert (folder / "certify.sbatch").is_file() and sorted(p.name for p in (folder / "results").glob("rank-*")) == \
+        ["rank-0.json", "rank-1.json"]
+    assert cert["verdict"] == {"passed": True, "exit_code": 0, "failures": [], "warnings": []}
+    assert cert["world_size"] == 2 and cert["node_status"] == {"0": {"name": "node-0", "exit_code": 0},
+                                                               "1": {"name": "node-1", "exit_code": 0}}
+    assert containers(docker_client, f"envbuild.test-case={case_labels['envbuild.test-case']}") == []
+    job = job_line(cert["run_id"])
+    assert "JobState=COMPLETED" in job and "NumTasks=2" in job
+
+    # the same image through the local launcher: the same shape, key for key
+    local_cert, _ = certify.certify(docker_client, torch_image, images_dir=tmp_path / "local", labels=case_labels,
+                                    timeout_s=180, **SHORT)
+    assert local_cert["verdict"]["passed"], local_cert["verdict"]
+    assert shape(outline(cert)) == shape(outline(local_cert))
+    print(f"slurm CLI certify: {elapsed:.1f} s")
+
+
+def test_rank_exit_gives_failing_verdict_with_job_state(slurm_node, docker_client, torch_image, tmp_path, case_labels):
+    cert, launcher, elapsed = run_slurm(docker_client, torch_image, tmp_path, case_labels,
+                                        extra_env={"ENVBUILD_BENCH_FAULT": "exit@1"})
+    v = cert["verdict"]
+    assert not v["passed"] and v["exit_code"] == ExitCode.CHECK_FAILED
+    assert v["failures"][0].startswith(f"Slurm job {launcher.job_id} ended FAILED (NonZeroExitCode)"), v
+    assert "task 1: Exited with exit code 1" in v["failures"][0]  # the tail of job.log
+    # rank 0 is stopped by srun --kill-on-bad-exit, or fails first when its peer vanishes
+    assert v["failures"][1] in ("rank 0 did not finish: killed 0 s after another node failed",
+                                "rank 0 exited with 1"), v
+    assert v["failures"][2:] == ["rank 1 exited with 3"]
+    assert cert["node_status"]["1"]["exit_code"] == 1 and cert["node_status"]["0"]["exit_code"] in (None, 1)
+    assert elapsed < 90, elapsed  # no waiting for the timeout or the time limit
+    assert any("TEST fault exit@1" in line for line in cert["node_status"]["1"]["log_tail"])
+    assert "JobState=FAILED" in job_line(cert["run_id"])
+    print(f"exit fault: {elapsed:.1f} s")
+
+
+def test_job_over_its_time_limit_is_cancelled_and_reported(slurm_node, docker_client, torch_image, tmp_path,
+                                                            case_labels):
+    """sleep@1: rank 1 sleeps, rank 0 waits in the first all-reduce (process-group timeout
+    300 s); Slurm ends the job at its 1-minute limit (SIGTERM; the tasks' traps remove
+    the containers)."""
+    cert, launcher, elapsed = run_slurm(
+        docker_client, torch_image, tmp_path, case_labels, timeout_s=300,
+        options=slurm.SlurmOptions(slurm_nodes=1, time_limit="1", pending_timeout_s=120),
+        extra_env={"ENVBUILD_BENCH_FAULT": "sleep@1"})
+    v = cert["verdict"]
+    assert not v["passed"] and v["exit_code"] == ExitCode.UNREACHABLE and cert["timed_out"]
+    assert v["failures"][0].startswith(f"Slurm job {launcher.job_id} ended TIMEOUT (TimeLimit): cancelled by "
+                                       "Slurm at its time limit (--time=1)"), v
+    assert "DUE TO TIME LIMIT" in v["failures"][0]
+    assert v["failures"][1:] == ["rank 0 did not finish within 60 s (timeout)",
+                                 "rank 1 did not finish within 60 s (timeout)"]
+    assert {n["exit_code"] for n in cert["node_status"].values()} == {None}
+    assert any("SIGTERM: removing container" in line for line in cert["node_status"]["1"]["log_tail"])
+    assert "JobState=TIMEOUT" in job_line(cert["run_id"])
+    assert elapsed < 200, elapsed
+    print(f"time limit: {elapsed:.1f} s")
+
+
+def test_job_cancelled_from_outside_cannot_check(slurm_node, docker_client, torch_image, tmp_path, case_labels):
+    """Someone runs scancel on the job while rank 1 sleeps: the verdict names the state
+    CANCELLED and the ranks could not be checked (exit 3); the traps removed the containers."""
+    case = f"envbuild.test-case={case_labels['envbuild.test-case']}"
+    launcher = make_launcher(docker_client, tmp_path, slurm.SlurmOptions(slurm_nodes=1, pending_timeout_s=120))
+    cancelled: list = []
+
+    def cancel_when_running():
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if launcher.job_id and len(docker_client.containers.list(filters={"label": case})) == 2:
+                time.sleep(2)
+                cancelled.append(subprocess.run(["scancel", launcher.job_id], capture_output=True, text=True,
+                                                timeout=30))
+                return
+            time.sleep(0.5)
+
+    t = threading.Thread(target=cancel_when_running, daemon=True)
+    t.start()
+    try:
+        cert, _, elapsed = run_slurm(docker_client, torch_image, tmp_path, case_labels, launcher=launcher,
+                                     timeout_s=300, extra_env={"ENVBUILD_BENCH_FAULT": "sleep@1"})
+    finally:
+        t.join(5)
+    assert cancelled and cancelled[0].returncode == 0, cancelled
+    v = cert["verdict"]
+    assert not v["passed"] and v["exit_code"] == ExitCode.UNREACHABLE and not cert["timed_out"]
+    assert v["failures"][0].startswith(f"Slurm job {launcher.job_id} ended CANCELLED"), v
+    assert v["failures"][1:] == [f"rank {r}: Slurm job {launcher.job_id} ended CANCELLED before this rank reported"
+                                 for r in (0, 1)]
+    assert "JobState=CANCELLED" in job_line(cert["run_id"])
+    print(f"cancelled: {elapsed:.1f} s")
+
+
+def test_ctrl_c_cancels_the_job_and_removes_the_containers(slurm_node, docker_client, torch_image, tmp_path,
+                                                           case_labels):
+    extra = ",".join(f"{k}={v}" for k, v in case_labels.items())
+    exe = Path(sys.executable).parent / "envbuild"
+    case = f"envbuild.test-case={case_labels['envbuild.test-case']}"
+    proc = subprocess.Popen([str(exe), "--images-dir", str(tmp_path), "certify", torch_image, "--launcher", "slurm",
+                             "--slurm-nodes", "1", "--port", str(free_port()), "--slurm-dir", str(tmp_path / "s")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, local.EXTRA_LABELS_ENV: extra})
+    try:
+        deadline = time.monotonic() + 180
+        while not [c for c in docker_client.containers.list(filters={"label": case})]:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no container started within 180 s"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert "interrupted" in err and "Traceback" not in err
+    [folder] = (tmp_path / "s").glob("slurm-*")
+    assert "JobState=CANCELLED" in job_line(folder.name.split("-", 1)[1])
+    assert containers(docker_client, case) == []
+    assert not list(tmp_path.glob("*/certificates/*.json"))
+
+
+def test_refused_submission_is_one_line_exit_3(slurm_node, torch_image, tmp_path):
+    exe = Path(sys.executable).parent / "envbuild"
+    proc = subprocess.run([str(exe), "--images-dir", str(tmp_path), "certify", torch_image, "--launcher", "slurm",
+                           "--partition", "no-such-partition", "--slurm-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
+    assert len(errors) == 1 and errors[0] == proc.stderr.strip().splitlines()[-1], proc.stderr
+    assert "sbatch refused the job" in errors[0] and "Invalid partition name specified" in errors[0], errors
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--partition", "debug"], "--partition, --slurm-dir go(es) with --launcher slurm"),
+    (["--launcher", "slurm", "--time-limit", "0"], "time_limit: '0' must be more than 0"),
+    (["--launcher", "slurm", "--slurm-nodes", "3"], "slurm_nodes: 3 must be between 1 and the number of nodes"),
+    (["--launcher", "slurm", "--container-runtime", "podman"], "invalid choice: 'podman'"),
+])
+def test_usage_errors_exit_64(args, message, torch_image, tmp_path):
+    exe = Path(sys.executable).parent / "envbuild"
+    proc = subprocess.run([str(exe), "--images-dir", str(tmp_path), "certify", torch_image, *args,
+                           "--slurm-dir", str(tmp_path / "s")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 64, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert message in lines[-1] and sum(l.startswith("error: ") for l in lines) <= 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "s").exists()
+
+
+# --------------------------------------------------------------------------- regeneration
+
+
+def regenerate() -> None:
+    """Write the golden files (`make golden`)."""
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    for name in sorted(CASES):
+        (GOLDEN / name).write_text(render_case(name))
+        print(f"wrote {(GOLDEN / name).relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--regen"]:
+        sys.exit("usage: python tests/test_slurm.py --regen")
+    regenerate()
