@@ -40,19 +40,18 @@ is overridden to gloo; the certificate records the backend used and the recipe's
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import os
 import shutil
 import socket
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from builder import __version__, engine, lockcheck, nccl_log
 from builder.errors import EnvbuildError, ExitCode
+from builder.files import write_atomic
 from builder.launchers.base import LaunchResult, LaunchSpec, Launcher
 
 CERT_SCHEMA = "envbuild.certificate/1"
@@ -676,20 +675,7 @@ def write_certificate(cert: Mapping[str, Any], images_dir: str | os.PathLike) ->
     while path.exists():
         n += 1
         path = path.with_name(f"{stem}-{n}.json")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(cert, f, indent=2, sort_keys=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
+    return write_atomic(path, (json.dumps(cert, indent=2, sort_keys=False) + "\n").encode())
 
 
 def _utc_iso() -> str:

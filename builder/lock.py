@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping
 from builder import render
 from builder.compat import Spec, lock_hash
 from builder.errors import EnvbuildError, ExitCode
+from builder.files import write_atomic
 from builder.site import SiteOptions
 
 #: Seconds for one pip resolution and for the apt query container.
@@ -299,17 +300,7 @@ def write_resolved(doc: Mapping[str, Any], images_dir: str | os.PathLike) -> Pat
     folder = Path(images_dir) / str(doc["recipe"])
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / render.RESOLVED_FILE
-    data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{render.RESOLVED_FILE}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
 
 
 def lock(spec: Spec, images_dir: str | os.PathLike, site: SiteOptions, client=None, *,

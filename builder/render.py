@@ -22,10 +22,8 @@ user or site paths); site options enter at build time (see ``builder/build.py``)
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ import jinja2
 
 from .compat import Spec, lock_bytes, lock_hash
 from .errors import EnvbuildError
+from .files import template_environment, write_atomic
 
 VENV = "/opt/venv"
 WHEELS_DIR = "/run/envbuild/wheels"
@@ -67,16 +66,7 @@ def dockerquote(value: str) -> str:
 
 
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("builder", "templates"),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    env.filters["dockerquote"] = dockerquote
-    return env
+    return template_environment({"dockerquote": dockerquote})
 
 
 def image_env(spec: Spec) -> list[tuple[str, str]]:
@@ -305,15 +295,7 @@ def write(rendered: Rendered, images_dir: str | Path = "images") -> tuple[Path, 
         if target.exists() and target.read_bytes() == data:
             continue
         written.append(name)
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(target, data)
     return out, written
 
 

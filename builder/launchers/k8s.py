@@ -87,6 +87,7 @@ import jinja2
 import yaml
 
 from builder.errors import EnvbuildError, ExitCode, Unreachable
+from builder.files import template_environment
 
 from .base import LaunchResult, LaunchSpec, OnProgress
 
@@ -417,19 +418,7 @@ def _nest(text: str, indent: int) -> str:
 
 
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("builder", "templates"),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    env.filters["s"] = yaml_scalar
-    env.filters["q"] = yaml_quote
-    env.filters["scalar"] = yaml_block
-    env.filters["nest"] = _nest
-    return env
+    return template_environment({"s": yaml_scalar, "q": yaml_quote, "scalar": yaml_block, "nest": _nest})
 
 
 # --------------------------------------------------------------------------- rendering

@@ -100,6 +100,7 @@ import jinja2
 
 from builder import engine
 from builder.errors import EnvbuildError, ExitCode, Unreachable
+from builder.files import template_environment
 
 from .base import LaunchResult, LaunchSpec, OnProgress
 from . import local
@@ -306,17 +307,7 @@ def _words(items: Sequence[Any], indent: int = 8, width: int = 96) -> str:
 
 
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("builder", "templates"),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    env.filters["sh"] = sh
-    env.filters["words"] = _words
-    return env
+    return template_environment({"sh": sh, "words": _words})
 
 
 def task_env(spec: LaunchSpec, options: SlurmOptions) -> dict[str, str]:
