@@ -910,10 +910,13 @@ def test_apply_on_docker_stand_in_failing_rank(docker_client, torch_image, test_
     _, _, res, verdict = run_on_docker(docker_client, torch_image, test_labels,
                                        extra_env={"ENVBUILD_BENCH_FAULT": "exit@1"})
     assert verdict["passed"] is False and verdict["exit_code"] == 2
-    # rank 0 waits for rank 1 in the first collective; the Job controller stops it
-    assert verdict["failures"] == ["rank 0 did not finish: killed 0 s after another node failed",
-                                   "rank 1 exited with 3"]
-    assert res.node_exit_codes == {0: None, 1: 1} and res.rank_exit_codes == {1: 3}
+    # rank 0 waits for rank 1 in the first collective: either the Job controller stops it,
+    # or gloo notices the closed connection first and it exits 1 (a race on 2 busy cores)
+    assert verdict["failures"][1:] == ["rank 1 exited with 3"]
+    assert verdict["failures"][0] in ("rank 0 did not finish: killed 0 s after another node failed",
+                                      "rank 0 exited with 1")
+    assert res.node_exit_codes[1] == 1 and res.node_exit_codes[0] in (None, 1)
+    assert res.rank_exit_codes[1] == 3
 
 
 # --------------------------------------------------------------------------- regeneration
