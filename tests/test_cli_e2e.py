@@ -63,6 +63,7 @@ def test_make_cpu_torch2_end_to_end(tmp_path, docker_client, torch_image, test_l
         assert p["torch"]["version"] == "2.13.0+cpu"
         assert p["python"]["version"].startswith("3.11.")
         assert (p["os"]["id"], p["os"]["version_id"]) == ("debian", "12")
+        assert p["image"]["ref"] == torch_image
     assert cert["base_used"] == "envbuild/bootstrap-debian:bookworm"
     assert leftovers(docker_client, f"envbuild.test-case={case}") == ([], [])
 

@@ -193,6 +193,7 @@ def node_env(spec: LaunchSpec, node: int) -> dict[str, str]:
         "NCCL_SOCKET_IFNAME": "eth0",
         "ENVBUILD_RUN_ID": spec.run_id,
         "ENVBUILD_NODE": str(node),
+        "ENVBUILD_IMAGE": spec.image,  # the probe records the image in use (node report)
     }
     if spec.backend == "nccl":
         env["NCCL_DEBUG"] = "INFO"
