@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 from pathlib import Path
@@ -23,12 +24,67 @@ from . import compat, recipe, render
 from .errors import EnvbuildError, ExitCode
 
 INTERRUPTED = 130
-console = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+console = Console(stderr=True, highlight=False, emoji=False)
+out = Console(highlight=False, emoji=False)
 
 
 class UsageError(Exception):
     """A command-line usage error (exit 64)."""
+
+
+def _int_in(lo: int, hi: int):
+    """argparse type: an integer in ``lo..hi`` (else a usage error, exit 64)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer in {lo}..{hi}")
+        return value
+    return parse
+
+
+def _float_in(lo: float, hi: float, *, lo_open: bool = False):
+    """argparse type: a finite number in ``lo..hi`` (``(lo..hi]`` with ``lo_open``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        ok = value == value and (value > lo if lo_open else value >= lo) and value <= hi
+        if not ok:
+            bounds = f"{'(' if lo_open else '['}{lo:.10g}..{hi:.10g}]"
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number in {bounds}")
+        return value
+    return parse
+
+
+_IMAGE_ID = re.compile(r"^(sha256:)?[0-9a-f]{12,64}$")
+_REGISTRY = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
+_SUITE = re.compile(r"^[a-z][a-z0-9-]*$")
+
+
+def _image_ref(text: str) -> str:
+    """argparse type: an image reference (``name[:tag][@sha256:digest]``) or image ID."""
+    if not (recipe.IMAGE_REF.match(text) or _IMAGE_ID.match(text)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an image reference (lower-case name[:tag][@sha256:digest]) or image ID")
+    return text
+
+
+def _pattern(regex: re.Pattern, what: str):
+    def parse(text: str) -> str:
+        if not regex.match(text):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return text
+    return parse
+
+
+_registry_arg = _pattern(_REGISTRY, "a registry HOST[:PORT]")
+_suite_arg = _pattern(_SUITE, "a Debian suite name such as bookworm")
+_size_arg = _pattern(recipe.SHM_SIZE, "a size such as 256m or 1g")
+MAX_NODES = 1024
+MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,14 +132,16 @@ def _render(args, spec: compat.Spec) -> int:
 
 def cmd_render(args) -> int:
     """``envbuild render RECIPE [--check]``: write (or check for drift) the rendered files."""
+    if args.all == (args.recipe is not None):
+        raise UsageError("envbuild render: give either a RECIPE or --all")
     names = [p.stem for p in sorted(Path(args.recipes_dir).glob("*.yaml"))] if args.all else [args.recipe]
-    if not names or names == [None]:
-        raise UsageError("envbuild render: give a RECIPE or --all")
+    if not names:
+        raise EnvbuildError("no recipes (*.yaml) here", file=str(args.recipes_dir))
     worst = ExitCode.OK
     for name in names:
         spec = _load_spec(name, args.recipes_dir)
-        _print_findings(spec) if spec.errors else None
-        worst = max(worst, _render(args, spec))
+        _print_findings(spec)
+        worst = max(worst, _render(args, spec), ExitCode.WARNINGS if spec.warnings else ExitCode.OK)
     return worst
 
 
@@ -191,7 +249,8 @@ def cmd_make(args) -> int:
     """``envbuild make [RECIPE]``: check -> render -> build -> certify, stopping at the first failure."""
     spec = _load_spec(args.recipe, args.recipes_dir)
     _print_findings(spec)
-    compat.require_ok(spec)
+    if spec.errors:
+        return ExitCode.CHECK_FAILED  # every error is printed above
     _render(argparse.Namespace(images_dir=args.images_dir, check_only=False), spec)
     result = _build(args, spec)
     return _certify(args, result.tag)
@@ -474,7 +533,7 @@ def _add_site(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("site options (enter at build time; the rendered files do not change)")
     g.add_argument("--ca-cert", metavar="FILE", help="CA bundle handed to pip in the build (default: from pip's configuration)")
     g.add_argument("--wheels", metavar="DIR", help="local wheel folder for pip --find-links (default: from pip's configuration)")
-    g.add_argument("--base", metavar="IMAGE", help="base image override (e.g. a site mirror)")
+    g.add_argument("--base", metavar="IMAGE", type=_image_ref, help="base image override (e.g. a site mirror)")
     g.add_argument("--base-mode", choices=("auto", "pull", "bootstrap", "local"), default="auto",
                    help="auto: use the base if present or pullable, else bootstrap a Debian base locally (default)")
     g.add_argument("--no-site-detect", action="store_true", help="do not read pip's configuration")
@@ -482,12 +541,12 @@ def _add_site(p: argparse.ArgumentParser) -> None:
 
 def _add_certify(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("certification (defaults from the image's envbuild.* labels)")
-    g.add_argument("--nodes", type=int, help="simulated nodes (containers); default from the recipe (2)")
-    g.add_argument("--gpus-per-node", type=int, help="GPUs per node container (0 on CPU)")
+    g.add_argument("--nodes", type=_int_in(1, MAX_NODES), help="simulated nodes (containers); default from the recipe (2)")
+    g.add_argument("--gpus-per-node", type=_int_in(0, 64), help="GPUs per node container (0 on CPU)")
     g.add_argument("--backend", choices=("gloo", "nccl"), help="override the recipe's backend (recorded in the certificate)")
-    g.add_argument("--port", type=int, help="rendezvous port on the first node (default 29500)")
-    g.add_argument("--timeout", type=int, help="seconds before hung ranks are killed")
-    g.add_argument("--min-busbw", type=float, metavar="GBPS", help="busbw floor in GB/s at the gate size; gates also on gloo")
+    g.add_argument("--port", type=_int_in(1, 65535), help="rendezvous port on the first node (default 29500)")
+    g.add_argument("--timeout", type=_int_in(1, MAX_TIMEOUT_S), help="seconds before hung ranks are killed")
+    g.add_argument("--min-busbw", type=_float_in(0, 1e6, lo_open=True), metavar="GBPS", help="busbw floor in GB/s at the gate size; gates also on gloo")
 
 
 def _add_launcher(p: argparse.ArgumentParser) -> None:
@@ -515,19 +574,19 @@ def _add_launcher(p: argparse.ArgumentParser) -> None:
 def _add_node_sources(p: argparse.ArgumentParser) -> None:
     p.add_argument("reports", nargs="*", metavar="REPORT", help="node report files (envbuild probe --host > node.json)")
     g = p.add_argument_group("nodes (any mix of sources)")
-    g.add_argument("--image", action="append", default=[], metavar="IMAGE", help="running containers of IMAGE on this engine (repeatable)")
+    g.add_argument("--image", action="append", default=[], metavar="IMAGE", type=_image_ref, help="running containers of IMAGE on this engine (repeatable)")
     g.add_argument("--container", action="append", default=[], metavar="NAME", help="this running container (repeatable)")
     g.add_argument("--label", action="append", default=[], metavar="KEY[=VALUE]",
                    help="running containers with this label (repeatable; with --image: all must match)")
-    g.add_argument("--nodes", type=int, metavar="N", help="containers: exactly N must run; --slurm: srun --nodes=N")
+    g.add_argument("--nodes", type=_int_in(1, MAX_NODES), metavar="N", help="containers: exactly N must run; --slurm: srun --nodes=N")
     g.add_argument("--hosts", action="append", default=[], metavar="A,B,C", help="hosts over ssh, [user@]host[:port]")
     g.add_argument("--ssh-config", metavar="FILE", help="ssh -F FILE")
     g.add_argument("--ssh-option", action="append", default=[], metavar="OPT", help="ssh -o OPT (repeatable)")
-    g.add_argument("--connect-timeout", type=int, default=5, metavar="S", help="ssh ConnectTimeout; doctor: TCP connect limit (default 5)")
+    g.add_argument("--connect-timeout", type=_int_in(1, 3600), default=5, metavar="S", help="ssh ConnectTimeout; doctor: TCP connect limit (default 5)")
     g.add_argument("--slurm", action="store_true", help="one srun --ntasks-per-node=1 step gathers every node")
     g.add_argument("--partition", metavar="P", help="srun --partition")
     g.add_argument("--srun-arg", action="append", default=[], metavar="ARG", help="extra srun argument (repeatable)")
-    g.add_argument("--timeout", dest="node_timeout", type=float, default=120, metavar="S", help="seconds per node (default 120)")
+    g.add_argument("--timeout", dest="node_timeout", type=_float_in(0, 86400, lo_open=True), default=120, metavar="S", help="seconds per node (default 120)")
     g.add_argument("--python", default="python3", help="interpreter on the nodes (default python3)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (for machines)")
 
@@ -540,7 +599,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     c = sub.add_parser("check", help="validate a recipe and its version compatibility (offline)")
-    c.add_argument("recipe")
+    c.add_argument("recipe", help="a name under --recipes-dir or a path to a YAML file")
     c.set_defaults(func=cmd_check)
 
     r = sub.add_parser("render", help="render Dockerfile, Singularity.def and lock under images/RECIPE/")
@@ -555,7 +614,7 @@ def parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_build)
 
     ce = sub.add_parser("certify", help="certify an image on N container nodes")
-    ce.add_argument("image")
+    ce.add_argument("image", type=_image_ref, help="image reference or ID (built by envbuild: it carries the envbuild.* labels)")
     _add_certify(ce)
     _add_launcher(ce)
     ce.set_defaults(func=cmd_certify)
@@ -579,23 +638,23 @@ def parser() -> argparse.ArgumentParser:
     _add_node_sources(do)
     do.add_argument("--checks", metavar="A,B", help="run only these checks: nodes, port, interface, shm, gpu-uuid, "
                     "gpu-processes, stale-containers, straggler (default all)")
-    do.add_argument("--port", type=int, default=29500, help="rendezvous port checked on the master (default 29500)")
+    do.add_argument("--port", type=_int_in(1, 65535), default=29500, help="rendezvous port checked on the master (default 29500)")
     do.add_argument("--master", metavar="NODE", help="the master node (default: the first node)")
     do.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl when every node has GPUs, else gloo")
-    do.add_argument("--min-shm", default="256m", metavar="SIZE", help="smallest /dev/shm accepted (default 256m)")
-    do.add_argument("--straggler-ratio", type=float, default=1.5, metavar="R",
+    do.add_argument("--min-shm", default="256m", metavar="SIZE", type=_size_arg, help="smallest /dev/shm accepted (default 256m)")
+    do.add_argument("--straggler-ratio", type=_float_in(1, 100, lo_open=True), default=1.5, metavar="R",
                     help="a node slower than R x the median is a straggler (default 1.5)")
     do.add_argument("--fix", action="store_true", help="remove stale envbuild containers (nothing else)")
-    do.add_argument("--stale-after", type=float, default=3600, metavar="S",
-                    help="a running envbuild container older than S seconds is stale (default 3600)")
+    do.add_argument("--stale-after", type=_float_in(60, 365 * 86400), default=3600, metavar="S",
+                    help="a running envbuild container older than S seconds is stale (default 3600, at least 60)")
     do.add_argument("--stale-label", action="append", default=[], metavar="KEY[=VALUE]",
                     help="look for stale containers only among those with this label too (repeatable)")
     do.set_defaults(func=cmd_doctor)
 
     pu = sub.add_parser("push", help="publish a certified image and its certificate to a registry, by digest")
     pu.add_argument("recipe")
-    pu.add_argument("--registry", required=True, metavar="HOST[:PORT]", help="the registry")
-    pu.add_argument("--image", metavar="REF", help="the local image (default: the newest certified one of RECIPE)")
+    pu.add_argument("--registry", required=True, metavar="HOST[:PORT]", type=_registry_arg, help="the registry")
+    pu.add_argument("--image", metavar="REF", type=_image_ref, help="the local image (default: the newest certified one of RECIPE)")
     pu.add_argument("--sign-key", metavar="FILE", help="sign the certificate (DSSE) with this PEM private key "
                     "(Ed25519 or ECDSA; default: $ENVBUILD_SIGN_KEY)")
     pu.add_argument("--no-fs-hash", action="store_true", help="do not record the filesystem content hash")
@@ -604,7 +663,7 @@ def parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("pull", help="pull a certified image by digest after checking its certificate and this node")
     pl.add_argument("target", metavar="RECIPE|REF", help="recipe name (HOST/NAMESPACE/RECIPE:certified) or image reference")
-    pl.add_argument("--registry", metavar="HOST[:PORT]", help="the registry (unless REF names one)")
+    pl.add_argument("--registry", metavar="HOST[:PORT]", type=_registry_arg, help="the registry (unless REF names one)")
     pl.add_argument("--verify-key", metavar="FILE", help="require a certificate signed by this PEM public key "
                     "(default: $ENVBUILD_VERIFY_KEY)")
     pl.add_argument("--allow-uncertified-hw", action="store_true",
@@ -629,10 +688,24 @@ def parser() -> argparse.ArgumentParser:
     ba = sub.add_parser("base", help="base images")
     bsub = ba.add_subparsers(dest="base_command", required=True, parser_class=_Parser)
     bb = bsub.add_parser("bootstrap", help="debootstrap a Debian base image under its own name")
-    bb.add_argument("--suite", default="bookworm")
-    bb.add_argument("--stands-for", default="debian:bookworm-slim")
+    bb.add_argument("--suite", default="bookworm", type=_suite_arg, help="Debian suite to debootstrap (default bookworm)")
+    bb.add_argument("--stands-for", default="debian:bookworm-slim", type=_image_ref,
+                    help="the official image this base stands in for (recorded in a label)")
     bb.set_defaults(func=cmd_base)
     return p
+
+
+def _is_service_error(exc: Exception) -> bool:
+    """Errors from the Docker engine (docker SDK) or an HTTP service (requests)."""
+    import docker.errors
+    import requests
+
+    return isinstance(exc, (docker.errors.DockerException, requests.RequestException))
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _raise_interrupt(signum, frame):
@@ -653,8 +726,17 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"error: {line}", soft_wrap=True, markup=False)
         code = exc.exit_code
     except KeyboardInterrupt as exc:
-        console.print(f"interrupted ({exc or 'SIGINT'}); everything envbuild started was removed", markup=False)
+        console.print(f"interrupted ({str(exc) or 'SIGINT'}); everything envbuild started was removed", markup=False)
         code = INTERRUPTED
+    except OSError as exc:  # a path the user gave cannot be read or written
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+        console.print(f"error: {where}{exc.strerror or exc}", soft_wrap=True, markup=False)
+        code = ExitCode.UNREACHABLE
+    except Exception as exc:  # the engine or a registry answered unexpectedly: one line, exit 3
+        if not _is_service_error(exc):
+            raise
+        console.print(f"error: {exc.__class__.__name__}: {_one_line(str(exc))}", soft_wrap=True, markup=False)
+        code = ExitCode.UNREACHABLE
     if argv is None:
         sys.exit(int(code))
     return int(code)

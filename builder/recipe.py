@@ -29,8 +29,9 @@ from .errors import EnvbuildError, ManyErrors
 #: Release-style versions only (no local labels, no epochs): "2.8.0", "12.8", "570.124.06".
 _RELEASE = re.compile(r"^[0-9]+(\.[0-9]+){0,3}$")
 #: Docker image reference: [registry[:port]/]path[:tag][@sha256:64hex] (distribution/reference grammar, lower-case path).
-_IMAGE_REF = re.compile(
-    r"^(?:(?P<registry>[a-zA-Z0-9.-]+(?::[0-9]+)?)/)?"
+IMAGE_REF = re.compile(
+    # a first component is a registry only with a '.' or ':' or as 'localhost' (as docker reads it)
+    r"^(?:(?P<registry>(?:[a-zA-Z0-9-]+\.)+[a-zA-Z0-9-]+(?::[0-9]+)?|[a-zA-Z0-9-]+:[0-9]+|localhost)/)?"
     r"(?P<path>[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)"
     r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
     r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
@@ -40,11 +41,16 @@ _APT = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?$")
 _URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/%-]*)?$")
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _ENV_VALUE = re.compile(r"^[A-Za-z0-9_.,:/@%+=-]*$")
-_SHM = re.compile(r"^[0-9]+[kmgKMG]?$")
+SHM_SIZE = re.compile(r"^[0-9]+[kmgKMG]?$")
 _VARIANT = re.compile(r"^(cpu|cu[0-9]{3})$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 BACKENDS = ("gloo", "nccl")
+#: Largest all-reduce message accepted (64 GiB), in bytes.
+MAX_SIZE = 2**36
+#: Environment variables a recipe cannot set: the image's venv and loader depend on them.
+RESERVED_ENV = frozenset({"PATH", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONDONTWRITEBYTECODE",
+                          "PYTHONUNBUFFERED", "LD_PRELOAD", "LD_LIBRARY_PATH", "HOME", "DEBIAN_FRONTEND"})
 
 
 @dataclass(frozen=True)
@@ -140,14 +146,14 @@ _SCHEMA: dict[str, Any] = {
     "env": "env",
     "certify": {
         "backend": "backend",
-        "nodes": "posint",
-        "gpus_per_node": "nonnegint",
-        "port": "port",
+        "nodes": "int:1:1024",
+        "gpus_per_node": "int:0:64",
+        "port": "int:1:65535",
         "shm_size": "shm",
-        "timeout_s": "posint",
-        "allreduce": {"sizes": "sizes", "iters": "posint", "warmup": "nonnegint"},
-        "ddp": {"steps": "posint", "batch_size": "posint", "image_size": "posint"},
-        "thresholds": {"min_busbw_gbps": "posfloat", "busbw_size": "posint"},
+        "timeout_s": "int:1:604800",
+        "allreduce": {"sizes": "sizes", "iters": "int:1:100000", "warmup": "int:0:10000"},
+        "ddp": {"steps": "int:1:100000", "batch_size": "int:2:65536", "image_size": "int:32:4096"},
+        "thresholds": {"min_busbw_gbps": "posfloat", "busbw_size": f"int:4:{MAX_SIZE}"},
     },
 }
 _REQUIRED_TOP = ("base", "os", "python", "torch")
@@ -205,8 +211,9 @@ class _Loader:
                 self.err_novalue(path, "is required")
             return None
         if kind == "str":
-            if not isinstance(value, str) or "\n" in value.strip():
-                self.err(path, value, "must be a one-line string")
+            if not isinstance(value, str) or not value.isprintable() or len(value) > 200:
+                self.err(path, value if not isinstance(value, str) or len(value) <= 200 else value[:40] + "...",
+                         "must be one line of at most 200 printable characters")
                 return None
             return value.strip()
         if kind in ("release", "pyver"):
@@ -224,7 +231,7 @@ class _Loader:
                 return None
             return text
         if kind == "image":
-            if not isinstance(value, str) or not _IMAGE_REF.match(value):
+            if not isinstance(value, str) or not IMAGE_REF.match(value):
                 self.err(path, value, "is not an image reference (name[:tag][@sha256:digest])")
                 return None
             return value
@@ -243,12 +250,10 @@ class _Loader:
                 self.err(path, value, f"is not a backend; use {' or '.join(BACKENDS)}")
                 return None
             return value
-        if kind in ("posint", "nonnegint", "port"):
-            low = {"posint": 1, "nonnegint": 0, "port": 1}[kind]
-            high = 65535 if kind == "port" else None
-            if not isinstance(value, int) or isinstance(value, bool) or value < low or (high and value > high):
-                bound = f"an integer in {low}..{high}" if high else f"an integer >= {low}"
-                self.err(path, value, f"must be {bound}")
+        if kind.startswith("int:"):
+            low, high = (int(x) for x in kind.split(":")[1:])
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                self.err(path, value, f"must be an integer in {low}..{high}")
                 return None
             return value
         if kind == "posfloat":
@@ -257,7 +262,7 @@ class _Loader:
                 return None
             return float(value)
         if kind == "shm":
-            if not isinstance(value, str) or not _SHM.match(value):
+            if not isinstance(value, str) or not SHM_SIZE.match(value):
                 self.err(path, value, "is not a size such as 1g or 512m")
                 return None
             return value.lower()
@@ -272,8 +277,8 @@ class _Loader:
                 return None
             good = []
             for i, v in enumerate(value):
-                if not isinstance(v, int) or isinstance(v, bool) or v < 4 or v % 4:
-                    self.err(f"{path}[{i}]", v, "must be a size in bytes, a multiple of 4 (float32)")
+                if not isinstance(v, int) or isinstance(v, bool) or v < 4 or v % 4 or v > MAX_SIZE:
+                    self.err(f"{path}[{i}]", v, f"must be a size in bytes, a multiple of 4 (float32), at most {MAX_SIZE}")
                 else:
                     good.append(v)
             return tuple(sorted(set(good)))
@@ -290,6 +295,8 @@ class _Loader:
                 sv = str(v) if isinstance(v, (str, int, float)) and not isinstance(v, bool) else None
                 if not isinstance(k, str) or not _ENV_NAME.match(k):
                     self.err(f"{path}.{k}", k, "is not an environment variable name")
+                elif k in RESERVED_ENV:
+                    self.err(f"{path}.{k}", k, "is set by envbuild or the runtime; it cannot be overridden")
                 elif sv is None or not _ENV_VALUE.match(sv):
                     self.err(f"{path}.{k}", v, "must match [A-Za-z0-9_.,:/@%+=-]* (no spaces or quotes)")
                 else:
@@ -335,6 +342,20 @@ def _pip_item(item: Any) -> tuple[bool, str]:
     return True, str(req)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """pyyaml's SafeLoader that refuses duplicate keys (YAML 1.2 says keys are unique;
+    pyyaml would silently keep the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load(path: str | Path) -> Recipe:
     """Load and validate the recipe at ``path``.
 
@@ -348,10 +369,14 @@ def load(path: str | Path) -> Recipe:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise EnvbuildError("no such recipe file", file=file) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise EnvbuildError(f"cannot read recipe: {exc.__class__.__name__}", file=file) from None
+    except IsADirectoryError:
+        raise EnvbuildError("is a directory, not a recipe file", file=file) from None
+    except PermissionError:
+        raise EnvbuildError("cannot read recipe: permission denied", file=file) from None
+    except UnicodeDecodeError:
+        raise EnvbuildError("is not UTF-8 text", file=file) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -116,3 +116,43 @@ def test_engine_unreachable_is_one_line_exit_3(tmp_path):
     assert res.returncode == 3
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["certify", "bad ref;rm"], "envbuild certify: argument image: 'bad ref;rm' is not an image reference (lower-case name[:tag][@sha256:digest]) or image ID"),
+    (["certify", "UPPER/x"], "envbuild certify: argument image: 'UPPER/x' is not an image reference (lower-case name[:tag][@sha256:digest]) or image ID"),
+    (["certify", "envbuild/x:1", "--nodes", "100000"], "envbuild certify: argument --nodes: '100000' is not an integer in 1..1024"),
+    (["certify", "envbuild/x:1", "--timeout", "100000000000000"], "envbuild certify: argument --timeout: '100000000000000' is not an integer in 1..604800"),
+    (["certify", "envbuild/x:1", "--port", "99999"], "envbuild certify: argument --port: '99999' is not an integer in 1..65535"),
+    (["build", "cpu-torch2", "--base", "evil;rm -rf /"], "envbuild build: argument --base: 'evil;rm -rf /' is not an image reference (lower-case name[:tag][@sha256:digest]) or image ID"),
+    (["base", "bootstrap", "--suite", "evil;rm"], "envbuild base bootstrap: argument --suite: 'evil;rm' is not a Debian suite name such as bookworm"),
+    (["push", "cpu-torch2", "--registry", "bad host;x"], "envbuild push: argument --registry: 'bad host;x' is not a registry HOST[:PORT]"),
+    (["doctor", "--port", "0"], "envbuild doctor: argument --port: '0' is not an integer in 1..65535"),
+    (["doctor", "--straggler-ratio", "-1"], "envbuild doctor: argument --straggler-ratio: '-1' is not a number in (1..100]"),
+    (["doctor", "--stale-after", "-5", "--fix"], "envbuild doctor: argument --stale-after: '-5' is not a number in [60..31536000]"),
+    (["doctor", "--min-shm", "lots"], "envbuild doctor: argument --min-shm: 'lots' is not a size such as 256m or 1g"),
+    (["verify", "--timeout", "0", "x.json"], "envbuild verify: argument --timeout: '0' is not a number in (0..86400]"),
+    (["render", "--all", "cpu-torch2"], "envbuild render: give either a RECIPE or --all"),
+])
+def test_bad_arguments_are_usage_errors(args, expected):
+    res = envbuild(*args)
+    assert (res.returncode, res.stderr.strip()) == (64, expected)
+
+
+def test_bad_arguments_valid_twins(tmp_path):
+    res = envbuild("--images-dir", str(tmp_path), "render", "cpu-torch2")
+    assert res.returncode == 0, res.stderr
+    res = envbuild("doctor", "--checks", "stale-containers", "--stale-after", "60", "--stale-label", f"envbuild.test-case={uuid.uuid4().hex}")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_unwritable_images_dir_is_one_line_exit_3(tmp_path):
+    (tmp_path / "file").write_text("x")
+    res = envbuild("--images-dir", str(tmp_path / "file"), "render", "cpu-torch2")
+    assert res.returncode == 3
+    assert res.stderr.strip() == f"error: {tmp_path}/file/cpu-torch2: Not a directory"
+
+
+def test_render_all_with_no_recipes(tmp_path):
+    res = envbuild("--recipes-dir", str(tmp_path), "render", "--all")
+    assert (res.returncode, res.stderr.strip()) == (2, f"error: {tmp_path}: no recipes (*.yaml) here")

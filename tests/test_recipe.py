@@ -84,11 +84,40 @@ def test_pip_items_valid_twin(tmp_path):
     ("index", {"url": "ftp://x"}, "index.url: 'ftp://x' is not an http(s) URL"),
     ("certify", {"backend": "mpi"}, "certify.backend: 'mpi' is not a backend; use gloo or nccl"),
     ("certify", {"port": 70000}, "certify.port: 70000 must be an integer in 1..65535"),
-    ("certify", {"nodes": 0}, "certify.nodes: 0 must be an integer >= 1"),
-    ("certify", {"allreduce": {"sizes": [8, 6]}}, "certify.allreduce.sizes[1]: 6 must be a size in bytes, a multiple of 4 (float32)"),
+    ("certify", {"nodes": 0}, "certify.nodes: 0 must be an integer in 1..1024"),
+    ("certify", {"nodes": 100000}, "certify.nodes: 100000 must be an integer in 1..1024"),
+    ("certify", {"timeout_s": 10**21}, "certify.timeout_s: 1000000000000000000000 must be an integer in 1..604800"),
+    ("certify", {"allreduce": {"sizes": [8, 6]}}, "certify.allreduce.sizes[1]: 6 must be a size in bytes, a multiple of 4 (float32), at most 68719476736"),
+    ("certify", {"allreduce": {"sizes": [100000000000000]}}, "certify.allreduce.sizes[0]: 100000000000000 must be a size in bytes, a multiple of 4 (float32), at most 68719476736"),
+    ("env", {"PATH": "/evil"}, "env.PATH: 'PATH' is set by envbuild or the runtime; it cannot be overridden"),
+    ("env", {"LD_PRELOAD": "x.so"}, "env.LD_PRELOAD: 'LD_PRELOAD' is set by envbuild or the runtime; it cannot be overridden"),
+    ("description", "two\nlines", "description: 'two\\nlines' must be one line of at most 200 printable characters"),
 ])
 def test_field_values(tmp_path, field, value, expected):
     assert messages(tmp_path, merge(CPU, {field: value})) == f"t.yaml: {expected}"
+
+
+def test_bounded_values_valid_twin(tmp_path):
+    r = load(tmp_path, merge(CPU, {"description": "ünïcode ok", "env": {"OMP_NUM_THREADS": "2"},
+                                   "certify": {"nodes": 1024, "timeout_s": 604800, "allreduce": {"sizes": [68719476736]}}}))
+    assert (r.description, r.env, r.certify.nodes, r.certify.timeout_s, r.certify.allreduce.sizes) == (
+        "ünïcode ok", (("OMP_NUM_THREADS", "2"),), 1024, 604800, (68719476736,))
+
+
+def test_duplicate_key_is_an_error(tmp_path):
+    text = "base: {image: debian:bookworm-slim}\nos: {id: debian, version: '12'}\npython: '3.11'\npython: '3.12'\ntorch: {version: 2.13.0}\n"
+    assert messages(tmp_path, text) == "t.yaml: malformed YAML: line 4, column 1: duplicate key 'python'"
+
+
+def test_binary_file_and_directory(tmp_path):
+    (tmp_path / "t.yaml").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(EnvbuildError) as info:
+        recipe.load(tmp_path / "t.yaml")
+    assert str(info.value) == f"{tmp_path}/t.yaml: is not UTF-8 text"
+    (tmp_path / "d.yaml").mkdir()
+    with pytest.raises(EnvbuildError) as info:
+        recipe.load(tmp_path / "d.yaml")
+    assert str(info.value) == f"{tmp_path}/d.yaml: is a directory, not a recipe file"
 
 
 def test_image_with_digest_is_valid(tmp_path):
