@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from . import nodereport
-from .errors import EnvbuildError, Unreachable
+from .errors import EnvbuildError, ExitCode, Unreachable
 from .nodereport import InvalidReport, Node
 
 #: Seconds one node may take to produce its report (the probe imports torch and loads
@@ -500,10 +500,10 @@ def split_host(spec: str) -> tuple[str, int | None]:
     if not sep or "]" in port or ":" in host:
         host, port = spec, ""
     if not host:
-        raise EnvbuildError("is not a host ([user@]host[:port])", field="--hosts", value=spec)
+        raise EnvbuildError("is not a host ([user@]host[:port])", field="--hosts", value=spec, exit_code=ExitCode.USAGE)
     if port:
         if not port.isdigit() or not 0 < int(port) < 65536:
-            raise EnvbuildError("has a bad port", field="--hosts", value=spec)
+            raise EnvbuildError("has a bad port", field="--hosts", value=spec, exit_code=ExitCode.USAGE)
         return host, int(port)
     return host, None
 

@@ -133,6 +133,7 @@ def test_engine_unreachable_is_one_line_exit_3(tmp_path):
     (["doctor", "--min-shm", "lots"], "envbuild doctor: argument --min-shm: 'lots' is not a size such as 256m or 1g"),
     (["verify", "--timeout", "0", "x.json"], "envbuild verify: argument --timeout: '0' is not a number in (0..86400]"),
     (["render", "--all", "cpu-torch2"], "envbuild render: give either a RECIPE or --all"),
+    (["verify", "--hosts", "127.0.0.1:99999"], "error: --hosts: '127.0.0.1:99999' has a bad port"),
 ])
 def test_bad_arguments_are_usage_errors(args, expected):
     res = envbuild(*args)
