@@ -1,8 +1,9 @@
 """Certify an image: run probe + bench on N simulated nodes, judge, write a certificate.
 
 :func:`certify` reads the image's labels (``envbuild.lock`` holds the whole lock, including
-the ``certify`` settings), resolves the settings (:func:`resolve_settings`: the lock's,
-overridden by the arguments), runs the ranks through a launcher (default
+the ``certify`` settings; it must hash to ``envbuild.lock-hash``), resolves the settings
+(:func:`resolve_settings`: the lock's, overridden by the arguments), runs the ranks through
+a launcher (default
 :class:`builder.launchers.local.LocalDockerLauncher`), judges the rank results
 (:func:`judge`), builds the certificate (:func:`build_certificate`, schema
 ``envbuild.certificate/1``) and writes it atomically to
@@ -43,13 +44,14 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shutil
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from builder import __version__, engine, lockcheck, nccl_log
+from builder import __version__, compat, engine, lockcheck, nccl_log
 from builder.errors import EnvbuildError, ExitCode
 from builder.files import write_atomic
 from builder.launchers.base import LaunchResult, LaunchSpec, Launcher
@@ -74,6 +76,13 @@ ELEMENT_BYTES = 4
 
 #: Lines of each node's log kept in the certificate when the verdict fails.
 LOG_TAIL_LINES = 40
+
+#: Lines of a failing node's log shown under a failing verdict when none looks like an error.
+LOG_SHOW_LINES = 5
+
+#: A Python exception line (``OverflowError: ...``), also prefixed by torch (``[rank0]: ...``);
+#: torchrun's own ``ChildFailedError`` wraps the real cause and is skipped.
+_ERROR_LINE_RE = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception)(?::.*)?$")
 
 #: Labels copied into the certificate (``envbuild.lock`` is stored parsed, as ``lock``).
 LABEL_PREFIXES = ("envbuild.", "org.opencontainers.image.")
@@ -284,13 +293,25 @@ def gpu_runtime_visible(client) -> bool:
 
 
 def read_image(client, image: str) -> tuple[dict[str, str], dict]:
-    """``(labels, lock)`` of ``image``.
+    """``(labels, lock)`` of ``image`` (the lock checked by :func:`lock_from_labels`).
 
     Raises:
-        EnvbuildError: (exit 2) no such image; not built by envbuild (no ``envbuild.lock``
-            / ``envbuild.lock-hash`` label); the lock label is not a JSON object.
+        EnvbuildError: (exit 2) no such image; see :func:`lock_from_labels`.
     """
     labels = engine.image_labels(client, image)
+    return labels, lock_from_labels(labels, image)
+
+
+def lock_from_labels(labels: Mapping[str, str], image: str) -> dict:
+    """The lock in the labels of ``image``: ``envbuild.lock`` parsed, checked against
+    ``envbuild.lock-hash`` (:func:`builder.compat.lock_hash` of the parsed lock, as the
+    renderer wrote it), so that an image rebuilt with an edited lock label is refused.
+
+    Raises:
+        EnvbuildError: (exit 2) not built by envbuild (no ``envbuild.lock`` /
+            ``envbuild.lock-hash`` label); the lock label is not a JSON object; its hash
+            differs from ``envbuild.lock-hash``.
+    """
     missing = [k for k in ("envbuild.lock", "envbuild.lock-hash") if not labels.get(k)]
     if missing:
         raise EnvbuildError(
@@ -308,7 +329,13 @@ def read_image(client, image: str) -> tuple[dict[str, str], dict]:
     if not isinstance(lock, dict):
         raise EnvbuildError(f"label envbuild.lock is not a JSON object ({err or type(lock).__name__})",
                             field="image", value=image)
-    return labels, lock
+    actual, said = compat.lock_hash(lock), labels["envbuild.lock-hash"]
+    if actual != said:
+        raise EnvbuildError(
+            f"label envbuild.lock was changed after the build: it hashes to {actual}, label "
+            f"envbuild.lock-hash says {said}; rebuild the image with `envbuild build RECIPE`",
+            field="image", value=image)
+    return lock
 
 
 # --------------------------------------------------------------------------- probe vs lock
@@ -804,9 +831,31 @@ def _fmt(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def print_table(cert: Mapping[str, Any], console) -> None:
+def log_excerpt(tail: Sequence[str]) -> list[str]:
+    """The lines of a node's log tail worth showing: the last Python exception line
+    (``OverflowError: ...``; not torchrun's ``ChildFailedError`` wrapper), else the last
+    :data:`LOG_SHOW_LINES` non-blank lines."""
+    lines = [line.rstrip() for line in tail if line.strip()]
+    for line in reversed(lines):
+        if _ERROR_LINE_RE.match(line.strip()) and "ChildFailedError" not in line:
+            return [line.strip()]
+    return lines[-LOG_SHOW_LINES:]
+
+
+def failing_nodes(cert: Mapping[str, Any]) -> list[int]:
+    """Nodes that exited non-zero or host a rank that did not report, in order."""
+    status = cert.get("node_status") or {}
+    bad = {int(n) for n, v in status.items() if v.get("exit_code") not in (None, 0)}
+    bad |= {int(r.get("node")) for r in (cert.get("ranks") or {}).values()
+            if not r.get("reported") and r.get("node") is not None}
+    return sorted(bad)
+
+
+def print_table(cert: Mapping[str, Any], console, path: Optional[str | os.PathLike] = None) -> None:
     """Print the certificate: the all-reduce table (nccl-tests columns), DDP images/s per
-    rank, NCCL transports, and the verdict with its reasons (rich tables)."""
+    rank, NCCL transports, and the verdict with its reasons (rich tables). A failing
+    verdict is followed by each failing node's log excerpt (:func:`log_excerpt`) and where
+    its full tail is (``node_status.<n>.log_tail`` of the certificate at ``path``)."""
     from rich.table import Table
     from rich.text import Text
 
@@ -864,3 +913,17 @@ def print_table(cert: Mapping[str, Any], console) -> None:
         console.print(Text("  fail: ", style="red") + Text(f), soft_wrap=True)
     for w in v.get("warnings") or []:
         console.print(Text("  warning: ", style="yellow") + Text(w), soft_wrap=True)
+    if v.get("passed"):
+        return
+    where = f"the certificate {path}" if path is not None else "the certificate"
+    for n in failing_nodes(cert):
+        excerpt = log_excerpt(((cert.get("node_status") or {}).get(str(n)) or {}).get("log_tail") or [])
+        if not excerpt:
+            continue
+        if len(excerpt) == 1:
+            console.print(Text(f"  node {n} log: ", style="red") + Text(excerpt[0]), soft_wrap=True)
+        else:
+            console.print(Text(f"  node {n} log (last {len(excerpt)} lines):", style="red"), soft_wrap=True)
+            for line in excerpt:
+                console.print(Text(f"    {line}"), soft_wrap=True)
+        console.print(Text(f"  (full tail: node_status.{n}.log_tail in {where})"), soft_wrap=True)

@@ -232,11 +232,11 @@ def _certify(args, image: str) -> int:
         # on a cluster the nodes have the GPUs, not this host's engine: the scheduler decides
         gpu_visible=True if launcher is not None else None,
     )
-    certify.print_table(cert, out)
+    certify.print_table(cert, out, path=path)
     if getattr(launcher, "job_id", None):
         out.print(f"slurm: job {launcher.job_id}; script, logs and results in {launcher.folder}",
                   markup=False, soft_wrap=True)
-    out.print(f"certificate: {path}")
+    out.print(f"certificate: {path}", markup=False, soft_wrap=True)
     return ExitCode.OK if cert["verdict"]["passed"] else ExitCode(cert["verdict"]["exit_code"])
 
 
@@ -488,7 +488,7 @@ def cmd_k8s_render(args) -> int:
         settings=s, launch=launch, verdict=verdict, run_id=run_id,
         host={"hostname": socket.gethostname(), "launcher": "k8s", "namespace": launcher.api.namespace})
     path = certify.write_certificate(cert, Path(args.images_dir))
-    certify.print_table(cert, out)
+    certify.print_table(cert, out, path=path)
     out.print(f"certificate: {path}", markup=False, highlight=False, soft_wrap=True)
     return ExitCode.OK if verdict["passed"] else ExitCode(verdict["exit_code"])
 

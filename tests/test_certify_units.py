@@ -12,7 +12,7 @@ import docker.errors
 import pytest
 from rich.console import Console
 
-from builder import certify, nccl_log
+from builder import certify, compat, nccl_log
 from builder.errors import EnvbuildError, ExitCode
 from builder.launchers.base import LaunchResult, LaunchSpec
 from builder.launchers import local
@@ -363,7 +363,7 @@ def test_nccl_plugin_line_is_fallback_for_network():
 
 def _cert(verdict=None, results=None, s=None, **launch_kw):
     s = s or settings()
-    res = launch(results or [rank_doc(0), rank_doc(1)], **launch_kw)
+    res = launch([rank_doc(0), rank_doc(1)] if results is None else results, **launch_kw)
     v = verdict or certify.judge(s, res, CPU_LOCK)
     labels = {
         "envbuild.recipe": "cpu-torch2",
@@ -452,6 +452,89 @@ def test_print_table():
         assert col in text, col
 
 
+NODE0_LOG = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/opt/envbuild/bench/allreduce.py", line 88, in busbw
+[rank0]:     return int(size / t)
+[rank0]: OverflowError: cannot convert float infinity to integer
+E1129 15:51:48.123000 8 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1) local_rank: 0
+Traceback (most recent call last):
+  File "/opt/venv/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+bench FAILED
+============================================================
+"""
+NODE1_LOG = "".join(f"gloo: step {i}\n" for i in range(1, 8)) + "\n"
+
+
+def _verdict_lines(cert, path=None):
+    con = Console(record=True, width=120, file=io.StringIO())
+    certify.print_table(cert, con, path)
+    lines = con.export_text().splitlines()
+    return lines[next(i for i, l in enumerate(lines) if l.startswith("verdict:")):]
+
+
+def test_failing_verdict_shows_each_failing_node_log():
+    cert = _cert(results=[], rank_exit_codes={0: 1}, node_exit_codes={0: 1, 1: None}, killed_after_s=0.0,
+                 node_logs={0: NODE0_LOG, 1: NODE1_LOG})
+    assert _verdict_lines(cert, "images/c.json") == [
+        "verdict: FAILED (exit 2)",
+        "  fail: rank 0 exited with 1",
+        "  fail: rank 1 did not finish: killed 0 s after another node failed",
+        "  node 0 log: [rank0]: OverflowError: cannot convert float infinity to integer",
+        "  (full tail: node_status.0.log_tail in the certificate images/c.json)",
+        "  node 1 log (last 5 lines):",
+        "    gloo: step 3",
+        "    gloo: step 4",
+        "    gloo: step 5",
+        "    gloo: step 6",
+        "    gloo: step 7",
+        "  (full tail: node_status.1.log_tail in the certificate images/c.json)",
+    ]
+
+
+def test_failing_verdict_without_failing_nodes_shows_no_log():
+    # both nodes exited 0 and reported: the failure line is the whole story
+    cert = _cert(results=[rank_doc(0), rank_doc(1, wrong=1)], node_logs={0: NODE0_LOG, 1: NODE1_LOG})
+    assert _verdict_lines(cert) == [
+        "verdict: FAILED (exit 2)",
+        "  fail: rank 1: all-reduce sum wrong at 8 B (1 wrong element), 1024 B (1 wrong element), 65536 B (1 "
+        "wrong element)",
+    ]
+
+
+# --------------------------------------------------------------------------- lock label vs its hash
+
+
+def test_lock_label_matching_its_hash_is_read():
+    assert certify.lock_from_labels(_labels(CPU_LOCK), "img:1") == CPU_LOCK
+
+
+def test_edited_lock_label_is_refused():
+    edited = copy.deepcopy(CPU_LOCK)
+    edited["certify"]["nodes"] = "lots"
+    labels = {**_labels(CPU_LOCK), "envbuild.lock": json.dumps(edited)}  # rebuilt FROM it, lock label edited
+    with pytest.raises(EnvbuildError) as e:
+        certify.lock_from_labels(labels, "img:1")
+    assert e.value.exit_code == ExitCode.CHECK_FAILED
+    assert str(e.value) == (
+        "image: 'img:1' label envbuild.lock was changed after the build: it hashes to "
+        "sha256:2d9230c75d480dd79ed286ae6cfb9f44f53f68e4260f315e4dc9e121fa1fae4e, label envbuild.lock-hash says "
+        "sha256:c78a01f5276ede5fef4d2d4272cd704c331ab97e1f0545e652a266a2c81e670e; rebuild the image with "
+        "`envbuild build RECIPE`")
+
+
+def test_lock_label_that_is_not_json_is_one_line():
+    labels = {**_labels(CPU_LOCK), "envbuild.lock": "{not json"}
+    with pytest.raises(EnvbuildError) as e:
+        certify.lock_from_labels(labels, "img:1")
+    assert e.value.exit_code == ExitCode.CHECK_FAILED
+    assert str(e.value) == ("image: 'img:1' label envbuild.lock is not a JSON object (Expecting property name "
+                            "enclosed in double quotes: line 1 column 2 (char 1))")
+
+
 # --------------------------------------------------------------------------- certify() with fakes
 
 
@@ -495,7 +578,7 @@ class FakeLauncher:
 
 
 def _labels(lock):
-    return {"envbuild.lock": json.dumps(lock), "envbuild.lock-hash": "sha256:" + "f" * 64,
+    return {"envbuild.lock": json.dumps(lock), "envbuild.lock-hash": compat.lock_hash(lock),
             "envbuild.recipe": lock["recipe"], "envbuild.backend": lock["certify"]["backend"]}
 
 

@@ -180,6 +180,38 @@ def test_parse_scontrol_and_sacct():
     assert slurm.parse_sacct(acct, "22") is None
 
 
+PENDING_LINE = ("JobId=97 JobName=envbuild-4f09cd13d9e8 UserId=root(0) GroupId=root(0) Account=(null) QOS=(null) "
+                "JobState=PENDING Reason={reason} Dependency=(null) ExitCode=0:0 RunTime=00:00:00 "
+                "TimeLimit=00:02:00 Partition=debug NodeList= NumNodes=2-2 NumCPUs=2 NumTasks=2")
+
+
+@pytest.mark.parametrize("reason, message", [
+    ("PartitionNodeLimit", "cannot start (pending, reason PartitionNodeLimit): the job asks for 2 nodes; the "
+     "partition allows fewer (or has fewer up): pass --slurm-nodes with fewer (the envbuild nodes then share "
+     "machines) or --partition"),
+    ("PartitionTimeLimit", "cannot start (pending, reason PartitionTimeLimit): its time limit 00:02:00 is above "
+     "the partition's: pass --time-limit or --partition"),
+    ("QOSMaxNodePerJobLimit", "cannot start (pending, reason QOSMaxNodePerJobLimit): it is above a per-job limit "
+     "of its QOS or association: ask for less (--slurm-nodes, --time-limit, --gpus-per-node) or pass "
+     "--sbatch-arg=--qos=Q"),
+    # waiting helps: other jobs end, nodes come back
+    ("Resources", None),
+    ("Priority", None),
+    ("QOSGrpNodeLimit", None),
+    ("QOSMaxJobsPerUserLimit", None),
+    ("ReqNodeNotAvail,_UnavailableNodes:vm", None),
+    ("None", None),
+])
+def test_pending_reasons_that_never_resolve(reason, message):
+    info = slurm.parse_scontrol_job(PENDING_LINE.format(reason=reason))
+    assert slurm.never_starts(info, 2) == message
+
+
+def test_only_pending_jobs_never_start():
+    running = PENDING_LINE.format(reason="PartitionNodeLimit").replace("JobState=PENDING", "JobState=RUNNING")
+    assert slurm.never_starts(slurm.parse_scontrol_job(running), 2) is None
+
+
 def test_judge_lists_the_job_state_first_and_keeps_the_exit_code():
     s = certify.resolve_settings({"certify": {"nodes": 2}}, gpu_visible=False, sizes=[8])
     launch = LaunchResult(rank_results={}, node_logs={}, node_exit_codes={0: None, 1: None}, timed_out=True,
@@ -360,6 +392,40 @@ def test_job_cancelled_from_outside_cannot_check(slurm_node, docker_client, torc
                                  for r in (0, 1)]
     assert "JobState=CANCELLED" in job_line(cert["run_id"])
     print(f"cancelled: {elapsed:.1f} s")
+
+
+def test_job_that_can_never_start_fails_fast(slurm_node, docker_client, torch_image, tmp_path, case_labels):
+    """2 envbuild nodes on 2 Slurm nodes (no --slurm-nodes) on the one-node cluster: Slurm keeps the
+    job pending (PartitionNodeLimit) for ever; envbuild cancels it within seconds, not after the
+    600 s --pending-timeout, exit 3."""
+    extra = ",".join(f"{k}={v}" for k, v in case_labels.items())
+    exe = Path(sys.executable).parent / "envbuild"
+    t0 = time.monotonic()
+    proc = subprocess.run([str(exe), "--images-dir", str(tmp_path), "certify", torch_image, "--launcher", "slurm",
+                           "--nodes", "2", "--port", str(free_port()), "--timeout", "120"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, local.EXTRA_LABELS_ENV: extra})
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [path] = (tmp_path / "cpu-torch2" / "certificates").glob("*.json")
+    cert = json.loads(path.read_text())
+    folder = tmp_path / "cpu-torch2" / "certificates" / f"slurm-{cert['run_id']}"
+    job = job_line(cert["run_id"])
+    job_id = job.split()[0].split("=")[1]
+    assert "JobState=CANCELLED" in job and "NumNodes=2" in job
+    why = "cannot start (pending, reason PartitionNodeLimit)"
+    note = (f"Slurm job {job_id} {why}: the job asks for 2 nodes; the partition allows fewer (or has fewer up): pass "
+            f"--slurm-nodes with fewer (the envbuild nodes then share machines) or --partition; envbuild cancelled "
+            f"it; {folder}/job.log is empty")
+    assert cert["verdict"]["failures"] == [note] + [
+        f"rank {r}: Slurm job {job_id} {why} before this rank reported" for r in (0, 1)]
+    assert f"  fail: {note}" in proc.stdout.splitlines(), proc.stdout
+    squeue = subprocess.run(["squeue", "-h", "-n", f"envbuild-{cert['run_id']}"], capture_output=True, text=True,
+                            timeout=30)
+    assert squeue.returncode == 0 and squeue.stdout.strip() == ""
+    assert containers(docker_client, f"envbuild.test-case={case_labels['envbuild.test-case']}") == []
+    assert elapsed < 30, elapsed
+    print(f"never starts: {elapsed:.1f} s")
 
 
 def test_ctrl_c_cancels_the_job_and_removes_the_containers(slurm_node, docker_client, torch_image, tmp_path,

@@ -20,8 +20,10 @@ processes per node), :meth:`SlurmLauncher.run`:
    ``poll_s`` seconds; a job purged from the controller's memory (``MinJobAge``) is looked
    up with ``sacct``, which needs accounting storage (without it the state is ``UNKNOWN``);
 3. gives up (``scancel``) when the job is still pending after ``pending_timeout_s``, or
-   still running :data:`END_MARGIN_S` seconds after its time limit (Slurm's ``KillWait``,
-   30 s by default, plus slack);
+   after :data:`NEVER_STARTS_AFTER_S` when it is pending for a reason waiting cannot resolve
+   (:func:`never_starts`: ``PartitionNodeLimit``, ``InvalidAccount``...), or still running :data:`END_MARGIN_S`
+   seconds after its time limit (Slurm's ``KillWait``, 30 s by default, plus slack);
+   meanwhile it reports progress at most every :data:`PROGRESS_S` seconds;
 4. reads the rank results, node logs and exit statuses from the run folder and returns
    them as a :class:`LaunchResult` with the job's final state in ``notes``: a job that
    ended other than ``COMPLETED`` gives ``"Slurm job 42 FAILED (NonZeroExitCode), exit
@@ -137,6 +139,33 @@ UNREACHABLE_AFTER_S = 60.0
 COMMAND_TIMEOUT_S = 30.0
 #: Lines of ``job.log`` quoted in the job's note.
 LOG_TAIL_LINES = 6
+#: Seconds between two progress messages when nothing changed.
+PROGRESS_S = 15.0
+#: Seconds a job must stay pending for reasons of :data:`NEVER_STARTS` before envbuild
+#: cancels it (right after submission Slurm may show ``PartitionConfig`` for a moment).
+NEVER_STARTS_AFTER_S = 10.0
+
+#: Reasons of a pending job that waiting cannot resolve: the job as submitted breaks a limit
+#: or asks for what is not there (``squeue`` man page, "JOB REASON CODES";
+#: https://slurm.schedmd.com/job_reason_codes.html), with a hint. Left out on purpose:
+#: aggregate limits (``QOSGrp*``, ``AssocGrp*``, ``*PerUser*``: other jobs end),
+#: ``ReqNodeNotAvail``, ``NodeDown``, ``PartitionDown`` (nodes come back), holds.
+#: ``PartitionNodeLimit`` also shows when the partition's nodes are down or drained.
+NEVER_STARTS = {
+    "PartitionNodeLimit": "the job asks for {nodes}; the partition allows fewer (or has fewer up): pass "
+                          "--slurm-nodes with fewer (the envbuild nodes then share machines) or --partition",
+    "PartitionTimeLimit": "its time limit {time_limit} is above the partition's: pass --time-limit or --partition",
+    "PartitionConfig": "the partition cannot give what the job asks for (nodes, CPUs, GPUs, memory): "
+                       "pass --partition, --slurm-nodes or --gpus-per-node",
+    "AccountNotAllowed": "its account may not use the partition: pass --sbatch-arg=--account=A or --partition",
+    "InvalidAccount": "its account is invalid: pass --sbatch-arg=--account=A (sacctmgr show assoc user=$USER)",
+    "QOSNotAllowed": "its QOS may not be used here: pass --sbatch-arg=--qos=Q or --partition",
+    "InvalidQOS": "its QOS is invalid: pass --sbatch-arg=--qos=Q (sacctmgr show assoc user=$USER)",
+    "BadConstraints": "no node can satisfy its constraints: check --sbatch-arg, --gpus-per-node and --slurm-nodes",
+    "DependencyNeverSatisfied": "its dependency can never be satisfied: drop --sbatch-arg=--dependency",
+}
+#: Per-job QOS or association limits (``QOSMaxNodePerJobLimit``, ``AssocMaxWallDurationPerJobLimit``...).
+_PER_JOB_LIMIT_RE = re.compile(r"^(QOS|Assoc)(Max|Min)\w*PerJob\w*$")
 
 #: Job states that do not change any more (``squeue`` man page, "JOB STATE CODES").
 TERMINAL_STATES = frozenset({
@@ -611,6 +640,28 @@ def parse_sacct(text: str, job_id: str) -> Optional[JobInfo]:
     return None
 
 
+def never_starts(info: JobInfo, slurm_nodes: int) -> Optional[str]:
+    """Why the pending job ``info`` can never start as submitted, with a hint (``"cannot
+    start (pending, reason PartitionNodeLimit): the job asks for 2 node(s); ..."``), or None
+    when it is not pending or waiting may help (:data:`NEVER_STARTS`).
+
+    Args:
+        slurm_nodes: the Slurm nodes the job asks for (``#SBATCH --nodes``).
+    """
+    reason = info.reason or ""
+    if info.state != "PENDING":
+        return None
+    if reason in NEVER_STARTS:
+        hint = NEVER_STARTS[reason].format(nodes=f"{slurm_nodes} node{'s' if slurm_nodes != 1 else ''}",
+                                           time_limit=info.time_limit or "?")
+    elif _PER_JOB_LIMIT_RE.match(reason):
+        hint = ("it is above a per-job limit of its QOS or association: ask for less (--slurm-nodes, "
+                "--time-limit, --gpus-per-node) or pass --sbatch-arg=--qos=Q")
+    else:
+        return None
+    return f"cannot start (pending, reason {reason}): {hint}"
+
+
 class ControllerError(Exception):
     """``scontrol`` could not reach the controller (transient, retried)."""
 
@@ -707,6 +758,7 @@ class _Outcome:
     gave_up: Optional[str] = None  # "pending" or "running": envbuild cancelled the job
     waited_s: float = 0.0
     last_state: Optional[str] = None  # the state seen when envbuild gave up
+    never_starts: Optional[str] = None  # why the pending job could never start (never_starts)
 
 
 class SlurmLauncher:
@@ -795,7 +847,10 @@ class SlurmLauncher:
         started: Optional[float] = None
         started_at = submitted_at
         failing: list[float] = []
-        last = ""
+        last: tuple = ()
+        said_at = 0.0
+        never_since: Optional[float] = None
+        slurm_nodes = self.options.slurm_nodes or spec.nodes
         results = run_dir(self.slurm_dir, spec.run_id) / RESULTS_DIR
         while True:
             info = self._info(job_id, failing)
@@ -804,20 +859,27 @@ class SlurmLauncher:
                 if info.terminal:
                     return _Outcome(info, started_at, waited_s=now - t0)
                 if info.state in PENDING_STATES:
-                    if now - t0 > self.options.pending_timeout_s:
-                        return self._give_up(job_id, info, started_at, "pending", t0)
+                    never = never_starts(info, slurm_nodes)
+                    if not never:
+                        never_since = None
+                    elif never_since is None:
+                        never_since = now
+                    if (never and now - never_since >= NEVER_STARTS_AFTER_S) \
+                            or now - t0 > self.options.pending_timeout_s:
+                        out = self._give_up(job_id, info, started_at, "pending", t0)
+                        out.never_starts = never
+                        return out
                 else:
                     if started is None:
                         started, started_at = now, local.utc_now_iso()
                     if now - started > limit_s + END_MARGIN_S:
                         return self._give_up(job_id, info, started_at, "running", t0)
                 n = sum(1 for p in results.glob("rank-*.json"))
-                msg = (f"run {spec.run_id}: Slurm job {job_id} {info.state}"
-                       + (f" ({info.reason})" if info.reason and info.state in PENDING_STATES else "")
-                       + f", {n}/{spec.world_size} rank result(s), {now - t0:.0f} s")
-                if msg != last:
-                    say(msg)
-                    last = msg
+                reason = info.reason if info.state in PENDING_STATES else None
+                if (info.state, reason, n) != last or now - said_at >= PROGRESS_S:
+                    say(f"run {spec.run_id}: Slurm job {job_id} {info.state}" + (f" ({reason})" if reason else "")
+                        + f", {n}/{spec.world_size} rank result(s), {now - t0:.0f} s")
+                    last, said_at = (info.state, reason, n), now
             time.sleep(self.poll_s)
 
     def _give_up(self, job_id: str, info: JobInfo, started_at: str, why: str, t0: float) -> _Outcome:
@@ -864,7 +926,9 @@ class SlurmLauncher:
         timed_out = False
         deadline_s: Optional[float] = None
         state = info.state
-        if outcome.gave_up == "pending":
+        if outcome.never_starts:
+            what = f"{outcome.never_starts}; envbuild cancelled it"
+        elif outcome.gave_up == "pending":
             what = (f"did not start within {self.options.pending_timeout_s:g} s (still "
                     f"{outcome.last_state or 'PENDING'}"
                     + (f", reason {info.reason}" if info.reason else "") + "); envbuild cancelled it")
@@ -886,7 +950,7 @@ class SlurmLauncher:
         notes: list[str] = []
         if state != "COMPLETED" or outcome.gave_up:
             note = f"Slurm job {self.job_id} {what}"
-            if info.exit_code:
+            if info.exit_code and outcome.gave_up != "pending":  # a job that never ran has none
                 note += f", exit code {info.exit_code}"
             tail = log_tail(folder / JOB_LOG)
             note += f"; {folder / JOB_LOG}: {tail}" if tail else f"; {folder / JOB_LOG} is empty"
