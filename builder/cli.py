@@ -645,8 +645,9 @@ def parser() -> argparse.ArgumentParser:
     do.add_argument("--straggler-ratio", type=_float_in(1, 100, lo_open=True), default=1.5, metavar="R",
                     help="a node slower than R x the median is a straggler (default 1.5)")
     do.add_argument("--fix", action="store_true", help="remove stale envbuild containers (nothing else)")
-    do.add_argument("--stale-after", type=_float_in(60, 365 * 86400), default=3600, metavar="S",
-                    help="a running envbuild container older than S seconds is stale (default 3600, at least 60)")
+    do.add_argument("--stale-after", type=_float_in(0, 365 * 86400), default=3600, metavar="S",
+                    help="a running envbuild container older than S seconds is stale (default 3600; 0: every "
+                         "running one, including a certification in progress)")
     do.add_argument("--stale-label", action="append", default=[], metavar="KEY[=VALUE]",
                     help="look for stale containers only among those with this label too (repeatable)")
     do.set_defaults(func=cmd_doctor)
