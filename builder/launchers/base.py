@@ -131,3 +131,19 @@ class Launcher(Protocol):
 
     def run(self, spec: LaunchSpec, on_progress: Optional[OnProgress] = None) -> LaunchResult:
         ...
+
+
+#: Schema of the per-rank result the in-image bench writes (``builder/bench/__init__.py``).
+RESULT_SCHEMA = "envbuild.rank-result/1"
+
+
+def result_problem(doc: object, rank: int, what: str = "result file") -> Optional[str]:
+    """Why ``doc`` is not a usable result of ``rank`` (None when it is): not a
+    ``envbuild.rank-result/1`` mapping, or written by another rank. ``what`` names where it
+    came from in the message (``"result file"``, ``"result"``)."""
+    if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        return f"{what} is not {RESULT_SCHEMA} (got {got!r})"
+    if doc.get("rank") != rank:
+        return f"{what} rank-{rank}.json says rank {doc.get('rank')!r}"
+    return None

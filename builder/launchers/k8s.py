@@ -89,7 +89,7 @@ import yaml
 from builder.errors import EnvbuildError, ExitCode, Unreachable
 from builder.files import template_environment
 
-from .base import LaunchResult, LaunchSpec, OnProgress
+from .base import LaunchResult, LaunchSpec, OnProgress, result_problem
 
 #: Where the in-image code is mounted (read-only); also ``PYTHONPATH``.
 CODE_MOUNT = "/opt/envbuild"
@@ -115,7 +115,6 @@ DEFAULT_RUNTIME = "torch-distributed"
 RESULT_BEGIN = "@@envbuild-result-begin"
 RESULT_END = "@@envbuild-result-end"
 #: Result schema the bench writes (``builder/bench/__init__.py``).
-RESULT_SCHEMA = "envbuild.rank-result/1"
 #: Pod annotation holding an Indexed Job pod's completion index (Kubernetes Job docs).
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 #: Label the Job controller puts on its pods (Kubernetes >= 1.27).
@@ -720,12 +719,9 @@ def parse_result_blocks(log: str) -> tuple[dict[int, dict], dict[int, str]]:
         except json.JSONDecodeError as e:
             problems[rank] = f"result in the pod log is not JSON: {e}"
             continue
-        if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA:
-            got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-            problems[rank] = f"result is not {RESULT_SCHEMA} (got {got!r})"
-            continue
-        if doc.get("rank") != rank:
-            problems[rank] = f"result rank-{rank}.json says rank {doc.get('rank')!r}"
+        problem = result_problem(doc, rank, "result")
+        if problem:
+            problems[rank] = problem
             continue
         results[rank] = doc
         problems.pop(rank, None)

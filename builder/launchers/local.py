@@ -61,7 +61,7 @@ import requests
 from builder import engine
 from builder.errors import EnvbuildError, ExitCode, Unreachable
 
-from .base import LaunchResult, LaunchSpec, OnProgress
+from .base import LaunchResult, LaunchSpec, OnProgress, result_problem
 
 #: Where the rank results go inside each node.
 RESULTS_MOUNT = "/results"
@@ -84,7 +84,6 @@ SECOND_SWEEP_DELAY_S = 1.0
 #: Environment variable with extra labels ``key=value,...`` (for tests and CI).
 EXTRA_LABELS_ENV = "ENVBUILD_EXTRA_LABELS"
 #: Result schema the bench writes (``builder/bench/__init__.py``).
-RESULT_SCHEMA = "envbuild.rank-result/1"
 
 _LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
 
@@ -302,12 +301,9 @@ def read_results(results_dir: str | os.PathLike, world_size: int) -> tuple[dict[
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             problems[rank] = f"unreadable result file: {type(e).__name__}: {e}"
             continue
-        if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA:
-            got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-            problems[rank] = f"result file is not {RESULT_SCHEMA} (got {got!r})"
-            continue
-        if doc.get("rank") != rank:
-            problems[rank] = f"result file rank-{rank}.json says rank {doc.get('rank')!r}"
+        problem = result_problem(doc, rank, "result file")
+        if problem:
+            problems[rank] = problem
             continue
         results[rank] = doc
     return results, problems
