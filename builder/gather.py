@@ -141,7 +141,8 @@ class _ProcessRunning(Running):
         except OSError as e:
             raise Unreachable(f"cannot run {argv[0]}: {e.strerror or e}", field=where) from None
         threading.Thread(target=self._feed, args=(stdin_text,), daemon=True).start()
-        threading.Thread(target=self._read_err, daemon=True).start()
+        self._err_reader = threading.Thread(target=self._read_err, daemon=True)
+        self._err_reader.start()
         threading.Thread(target=self._read_out, daemon=True).start()
 
     def _feed(self, text: str) -> None:
@@ -161,7 +162,11 @@ class _ProcessRunning(Running):
         assert self.proc.stdout is not None
         for raw in self.proc.stdout:
             self._line(raw.rstrip("\n"))
-        self._finish(self.proc.wait())
+        status = self.proc.wait()
+        # stderr is read by another thread: finish only once all of it is in, or the
+        # reason a host could not be reached may be missing from the message
+        self._err_reader.join(10)
+        self._finish(status)
 
     def kill(self) -> None:
         """SIGTERM the process group (srun then cancels its step), SIGKILL after 5 s."""
