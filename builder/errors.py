@@ -40,10 +40,12 @@ class EnvbuildError(Exception):
         message: what is wrong, e.g. ``"is not a version"``.
         file: the file concerned (shown first), e.g. ``"recipes/x.yaml"``.
         field: dotted field path, e.g. ``"torch.version"``.
-        value: the offending value; shown with ``repr`` after the field.
+        value: the offending value; shown escaped and cut to ~200 characters
+            (:func:`builder.inputs.show`) after the field.
         exit_code: one of :class:`ExitCode`; defaults to ``CHECK_FAILED`` (2).
 
-    ``str(err)`` gives ``"recipes/x.yaml: torch.version: '2.8;rm' is not a version"``.
+    ``str(err)`` gives ``"recipes/x.yaml: torch.version: '2.8;rm' is not a version"``: always
+    one line (control characters escaped), at most ~600 characters.
     """
 
     def __init__(
@@ -63,14 +65,16 @@ class EnvbuildError(Exception):
         super().__init__(str(self))
 
     def __str__(self) -> str:
+        from .inputs import escape, one_line, show  # lazy: inputs imports this module
+
         parts = []
         if self.file:
-            parts.append(f"{self.file}: ")
+            parts.append(f"{escape(self.file, 200)}: ")
         if self.field:
-            parts.append(f"{self.field}: ")
+            parts.append(f"{escape(self.field, 200)}: ")
         if self.value is not _UNSET:
-            parts.append(f"{self.value!r} ")
-        parts.append(self.message)
+            parts.append(f"{show(self.value)} ")
+        parts.append(one_line(self.message, limit=400))
         return "".join(parts)
 
 
@@ -92,7 +96,13 @@ class ManyErrors(EnvbuildError):
     def __init__(self, errors: list[EnvbuildError]) -> None:
         self.errors = list(errors)
         code = max((e.exit_code for e in self.errors), default=ExitCode.CHECK_FAILED)
-        super().__init__("\n".join(str(e) for e in self.errors), exit_code=code)
+        super().__init__("several errors", exit_code=code)
+
+    #: Errors shown at most; the rest are counted in one last line.
+    SHOWN = 50
 
     def __str__(self) -> str:
-        return "\n".join(str(e) for e in self.errors)
+        lines = [str(e) for e in self.errors[: self.SHOWN]]
+        if len(self.errors) > self.SHOWN:
+            lines.append(f"... and {len(self.errors) - self.SHOWN} more errors")
+        return "\n".join(lines)
