@@ -17,6 +17,13 @@ Four sources, each giving a list of :class:`builder.nodereport.Node` in a stable
 A node that cannot be checked (unreachable, timed out, no python3, a report that does
 not validate) is returned with ``error`` set (exit 3 material) and never stops the others.
 Nodes that can run scripts carry a :class:`Target` (``node.target``) used by ``doctor``.
+
+Bounds: what a node prints is read in binary chunks, at most ``MAX_REPORT_BYTES`` (16 MiB)
+of stdout per node (:data:`MAX_SRUN_OUTPUT_BYTES` for the one srun step) and the last
+:data:`STDERR_TAIL_BYTES` of stderr; a node printing more is stopped. Every value that
+reaches an ssh or srun command line or the engine (hosts, ``--ssh-option``,
+``--partition``, ``--srun-arg``, ``--python``, container names, labels) is matched whole
+first (:meth:`Sources.check`; usage error, exit 64), and ssh gets ``--`` before the host.
 """
 
 from __future__ import annotations
