@@ -870,7 +870,8 @@ def _nothing_checked(nodes: list[Node], checks: list[Check]) -> str:
     if nodes and len(bad) == len(nodes):
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         return f"no node answered ({len(nodes)} given): {bad[0].error}{more}"
-    return "; ".join(f"{c.name}: {c.message}" for c in checks) or "no check chosen"
+    reasons = [f"{c.name}: {c.message}" for c in checks if nodes or c.message != "no nodes given"]
+    return "; ".join((["no nodes given"] if not nodes else []) + reasons)
 
 
 #: Characters of one detail line in the human output (the JSON output has it whole).

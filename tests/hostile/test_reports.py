@@ -229,6 +229,10 @@ def _argument_cases(g: _Gen) -> None:
                               ["doctor", "--checks", "shm"]]):
         g.cases.append(Case(f"doctor-nothing-{i}", argv, (3,) if i < 2 else (64,),
                             files={"good.json": GOOD, "b.json": json.dumps(gpu_report(2))}))
+    for argv in (["doctor"], ["doctor", "--fix"], ["doctor", "--json", "--checks", "stale-containers"]):
+        case_id = "doctor-no-engine-" + "-".join(a.strip("-") for a in argv[1:])  # the worker's engine is away
+        g.cases.append(Case(case_id, argv, (3,)))
+        g.fault[case_id] = "error: doctor checked nothing: no nodes given; stale-containers: no Docker engine here"
 
 
 def generate(big_file: Path) -> tuple[list[Case], dict[str, str]]:
