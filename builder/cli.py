@@ -265,10 +265,12 @@ def cmd_probe(args) -> int:
 
 
 def _node_sources(args, allow_empty: bool = False):
+    """The node sources of ``verify``/``doctor``, every value checked (exit 64) before
+    anything is contacted (:meth:`builder.gather.Sources.check`)."""
     from .gather import Sources
 
     src = Sources(files=args.reports, images=args.image, containers=args.container, labels=args.label,
-                  nodes=args.nodes, hosts=[h for item in args.hosts for h in item.split(",") if h.strip()],
+                  nodes=args.nodes, hosts=[h for item in args.hosts for h in item],
                   ssh_config=args.ssh_config, ssh_options=args.ssh_option,
                   connect_timeout_s=args.connect_timeout, slurm=args.slurm, partition=args.partition,
                   srun_args=args.srun_arg, timeout_s=args.node_timeout, python=args.python)
@@ -276,7 +278,10 @@ def _node_sources(args, allow_empty: bool = False):
         raise UsageError(f"envbuild {args.command}: give report files, --image/--container/--label, --hosts or --slurm")
     if args.nodes is not None and not (src.uses_containers or src.slurm):
         raise UsageError(f"envbuild {args.command}: --nodes goes with --image/--container/--label or --slurm")
-    return src
+    try:
+        return src.check()
+    except EnvbuildError as e:
+        raise UsageError(f"envbuild {args.command}: {e}") from None
 
 
 def cmd_verify(args) -> int:
@@ -292,18 +297,26 @@ def cmd_verify(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    """``envbuild doctor``: preflight checks on the nodes; worst of pass/skip 0, warn 1, fail 2, unknown 3."""
+    """``envbuild doctor``: preflight checks on the nodes; worst of pass/skip 0, warn 1, fail 2, unknown 3
+    (also 3 when nothing could be checked). Usage errors (64) come before anything is contacted."""
     from . import doctor, gather
+    from .inputs import escape
 
     checks = tuple(c.strip() for c in args.checks.split(",") if c.strip()) if args.checks else doctor.ALL_CHECKS
-    opts = doctor.Options(checks=checks, port=args.port, master=args.master, connect_timeout_s=args.connect_timeout,
-                          min_shm_bytes=doctor.parse_size(args.min_shm), straggler_ratio=args.straggler_ratio,
-                          backend=args.backend, fix=args.fix, stale_after_s=args.stale_after,
-                          labels=tuple(args.stale_label))
     unknown = [c for c in checks if c not in doctor.ALL_CHECKS]
     if unknown:
-        raise UsageError(f"envbuild doctor: --checks: unknown {', '.join(unknown)}; choose from {', '.join(doctor.ALL_CHECKS)}")
-    src = _node_sources(args, allow_empty=True)
+        raise UsageError(f"envbuild doctor: --checks: unknown {', '.join(escape(c, 60) for c in unknown[:5])}; "
+                         f"choose from {', '.join(doctor.ALL_CHECKS)}")
+    try:
+        min_shm = doctor.parse_size(args.min_shm)
+        labels = tuple(gather.check_label(label) for label in args.stale_label)
+    except EnvbuildError as e:
+        raise UsageError(f"envbuild doctor: {e}") from None
+    opts = doctor.Options(checks=checks, port=args.port, master=args.master, connect_timeout_s=args.connect_timeout,
+                          min_shm_bytes=min_shm, straggler_ratio=args.straggler_ratio,
+                          backend=args.backend, fix=args.fix, stale_after_s=args.stale_after, labels=labels)
+    # without nodes only stale-containers can check anything: asking for nothing else is a usage error
+    src = _node_sources(args, allow_empty="stale-containers" in checks)
     result = doctor.doctor([] if src.empty else gather.gather(src), opts)
     if args.json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
@@ -572,22 +585,41 @@ def _add_launcher(p: argparse.ArgumentParser) -> None:
 
 
 def _add_node_sources(p: argparse.ArgumentParser) -> None:
+    from . import gather
+    from .inputs import show
+
+    def checked(check, split: bool = False):
+        """argparse type: ``check`` (a :mod:`builder.gather` validator) on the value, or on
+        each item of a comma list (``split``); a refused value is a usage error (exit 64)."""
+        def parse(text: str):
+            try:
+                return [check(h) for h in text.split(",") if h] if split else check(text)
+            except EnvbuildError as e:
+                raise argparse.ArgumentTypeError(f"{show(e.value)} {e.message}") from None
+        return parse
+
     p.add_argument("reports", nargs="*", metavar="REPORT", help="node report files (envbuild probe --host > node.json)")
     g = p.add_argument_group("nodes (any mix of sources)")
     g.add_argument("--image", action="append", default=[], metavar="IMAGE", type=_image_ref, help="running containers of IMAGE on this engine (repeatable)")
-    g.add_argument("--container", action="append", default=[], metavar="NAME", help="this running container (repeatable)")
-    g.add_argument("--label", action="append", default=[], metavar="KEY[=VALUE]",
+    g.add_argument("--container", action="append", default=[], metavar="NAME", type=checked(gather.check_container),
+                   help="this running container (repeatable)")
+    g.add_argument("--label", action="append", default=[], metavar="KEY[=VALUE]", type=checked(gather.check_label),
                    help="running containers with this label (repeatable; with --image: all must match)")
     g.add_argument("--nodes", type=_int_in(1, MAX_NODES), metavar="N", help="containers: exactly N must run; --slurm: srun --nodes=N")
-    g.add_argument("--hosts", action="append", default=[], metavar="A,B,C", help="hosts over ssh, [user@]host[:port]")
-    g.add_argument("--ssh-config", metavar="FILE", help="ssh -F FILE")
-    g.add_argument("--ssh-option", action="append", default=[], metavar="OPT", help="ssh -o OPT (repeatable)")
+    g.add_argument("--hosts", action="append", default=[], metavar="A,B,C", type=checked(gather.check_host, split=True),
+                   help="hosts over ssh, [user@]host[:port]")
+    g.add_argument("--ssh-config", metavar="FILE", type=checked(lambda t: gather.check_path(t, "--ssh-config")),
+                   help="ssh -F FILE")
+    g.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE", type=checked(gather.check_ssh_option),
+                   help="ssh -o KEY=VALUE (repeatable; connection, authentication and host-key keys only)")
     g.add_argument("--connect-timeout", type=_int_in(1, 3600), default=5, metavar="S", help="ssh ConnectTimeout; doctor: TCP connect limit (default 5)")
     g.add_argument("--slurm", action="store_true", help="one srun --ntasks-per-node=1 step gathers every node")
-    g.add_argument("--partition", metavar="P", help="srun --partition")
-    g.add_argument("--srun-arg", action="append", default=[], metavar="ARG", help="extra srun argument (repeatable)")
+    g.add_argument("--partition", metavar="P", type=checked(gather.check_partition), help="srun --partition")
+    g.add_argument("--srun-arg", action="append", default=[], metavar="--NAME[=VALUE]", type=checked(gather.check_srun_arg),
+                   help="extra srun option (repeatable; resources, placement and accounting options only)")
     g.add_argument("--timeout", dest="node_timeout", type=_float_in(0, 86400, lo_open=True), default=120, metavar="S", help="seconds per node (default 120)")
-    g.add_argument("--python", default="python3", help="interpreter on the nodes (default python3)")
+    g.add_argument("--python", default="python3", type=checked(gather.check_python),
+                   help="interpreter on the nodes, a name or path (default python3)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (for machines)")
 
 

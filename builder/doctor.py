@@ -37,14 +37,16 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from . import verify
-from .errors import EnvbuildError, ExitCode
+from . import inputs, verify
+from .errors import EnvbuildError, ExitCode, Unreachable
 from .gather import Running, agent_source
-from .nodereport import Node, get
+from .inputs import one_line
+from .nodereport import Int, ListOf, MapOf, Node, Num, Obj, OneOf, Opt, Pattern, Spec, Str, check_shape, get
 
 PASS, WARN, FAIL, SKIP, UNKNOWN = "pass", "warn", "fail", "skip", "unknown"
 _STATUS_CODE = {PASS: ExitCode.OK, SKIP: ExitCode.OK, WARN: ExitCode.WARNINGS,
@@ -80,20 +82,22 @@ def human_bytes(n: int | None) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+_SIZE = re.compile(r"([0-9]{1,15})(\.[0-9]{1,6})?([kmgt]?)(i?b)?", re.IGNORECASE)
+
+
 def parse_size(text: str) -> int:
-    """Docker-style sizes: ``"256m"`` -> 268435456, ``"1g"``, ``"512k"``, ``"1048576"``.
+    """Docker-style sizes: ``"256m"`` -> 268435456, ``"1g"``, ``"512k"``, ``"1048576"``,
+    ``"1.5GiB"``; the whole value must match (no blank, sign or trailing newline).
 
     Raises:
         EnvbuildError: (exit 2) not a size.
     """
-    t = str(text).strip().lower().rstrip("b").rstrip("i")
-    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    try:
-        if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(t)
-    except ValueError:
-        raise EnvbuildError("is not a size like 256m or 1g", field="--min-shm", value=text) from None
+    m = _SIZE.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        raise EnvbuildError("is not a size like 256m or 1g", field="--min-shm", value=text)
+    mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(3).lower()]
+    whole, frac = int(m.group(1)), m.group(2)
+    return whole * mult + (int(float(frac) * mult) if frac else 0)
 
 
 @dataclass
@@ -107,6 +111,9 @@ class Check:
         fix: a one-line hint, or None.
         details: further lines (one per node, pair or container).
         data: machine-readable specifics (timings, ports, removed containers).
+        checked: False when the check could not look at anything: no node (or no live
+            node) answered, or no report carried its data. A run in which no check
+            checked anything exits 3 (:func:`doctor`).
     """
 
     name: str
@@ -115,6 +122,7 @@ class Check:
     fix: str | None = None
     details: list[str] = field(default_factory=list)
     data: dict = field(default_factory=dict)
+    checked: bool = True
 
     def to_json(self) -> dict:
         """JSON-ready form."""
@@ -193,14 +201,22 @@ def _live(nodes: list[Node]) -> list[Node]:
     return [n for n in nodes if n.ok and n.target is not None and n.address]
 
 
-def _json_line(line: str | None) -> dict | None:
-    if not line:
+def _json_line(line: str | None, spec: Spec | None = None, where: str = "agent") -> dict | None:
+    """``line`` as a JSON object (bounded: :func:`builder.inputs.load_json`), or None
+    when it is not one; checked against ``spec`` when given.
+
+    Raises:
+        InvalidReport: (exit 3) a JSON object that does not follow ``spec``.
+    """
+    if not line or not line.lstrip().startswith("{"):
         return None
     try:
-        doc = json.loads(line)
-    except json.JSONDecodeError:
+        doc = inputs.load_json(line, where, exit_code=ExitCode.UNREACHABLE)
+    except EnvbuildError:
         return None
-    return doc if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        return None
+    return check_shape(doc, spec, f"{where}: agent output") if spec is not None else doc
 
 
 def _stderr_tail(r: Running) -> str:
@@ -214,29 +230,60 @@ def _stderr_tail(r: Running) -> str:
     return f"agent exited with status {done.rc}: {lines[-1] if lines else 'no output'}"
 
 
-def _last_json(text: str) -> dict | None:
+def _last_json(text: str, spec: Spec | None = None, where: str = "agent") -> dict | None:
+    """The last line of ``text`` that is a JSON object, checked against ``spec`` (see
+    :func:`_json_line`); None when there is none."""
     for line in reversed(text.strip().splitlines()):
-        doc = _json_line(line)
+        doc = _json_line(line, spec, where)
         if doc is not None:
             return doc
     return None
+
+
+# What the agent prints (builder/doctor_agent.py), checked before it is used: the agent
+# runs on the node, so its output is as untrusted as a node report.
+_SECONDS = Opt(Num(0, 1e9))
+_TIMING = Opt(Num(1e-9, 1e9))  # a ratio to the median divides by it: never 0
+_PORT_KEY = Pattern(r"[0-9]{1,5}", "a port number")
+AGENT_LISTEN = Obj({"ports": MapOf(Str(512), 1024, key=_PORT_KEY),
+                    "sample": ListOf(Int(0, 65535, "a port (0..65535)"), 1024)})
+AGENT_CONNECT = Obj({"results": MapOf(
+    Obj({"status": OneOf("ok", "open", "refused", "timeout", "unreachable", "error"),
+         "detail": Str(4096), "seconds": _SECONDS}), 1 << 20,
+    key=Pattern(r"[^\x00-\x1f\x7f]{1,2048}", "a probe id"))})
+AGENT_COMPUTE = Obj({"compute": Obj({"backend": Str(64), "iters": Int(0, 2**31 - 1),
+                                     "seconds": ListOf(Num(0, 1e9), 10000), "best_s": _TIMING})})
+AGENT_PAIRS = Obj({"pairs": ListOf(Obj({"peer": Int(0, 65535), "round": Int(0, 65535), "seconds": _TIMING,
+                                        "error": Opt(Str(4096))}), 65536),
+                   "error?": Str(4096)})
 
 
 # --------------------------------------------------------------------------- report checks
 
 
 def check_nodes(nodes: list[Node]) -> Check:
-    """``unknown`` naming every node that could not be checked, else ``pass``."""
+    """``unknown`` naming every node that could not be checked (the first in the
+    message), else ``pass``. ``checked`` is False when no node answered."""
     bad = [n for n in nodes if not n.ok]
     if bad:
-        return Check("nodes", UNKNOWN, f"{len(bad)} of {len(nodes)} nodes could not be checked",
+        return Check("nodes", UNKNOWN, f"{len(bad)} of {len(nodes)} nodes could not be checked: {bad[0].error}",
                      "make the nodes reachable (ssh keys, running containers) and their reports valid",
-                     [str(n.error) for n in bad])
+                     [str(n.error) for n in bad], checked=len(bad) < len(nodes))
     return Check("nodes", PASS, f"{len(nodes)} nodes answered with valid reports")
+
+
+def _no_answer(name: str, nodes: list[Node]) -> Check | None:
+    """``unknown`` (nothing checked) when no node has a valid report, else None."""
+    if any(n.ok for n in nodes):
+        return None
+    return Check(name, UNKNOWN, f"no node answered ({len(nodes)} given): nothing checked", checked=False)
 
 
 def check_shm(nodes: list[Node], min_bytes: int) -> Check:
     """``fail`` for every node whose /dev/shm is smaller than ``min_bytes``."""
+    none = _no_answer("shm", nodes)
+    if none:
+        return none
     small, unknown = [], []
     for n in (n for n in nodes if n.ok):
         size = get(n.report, "shm.size_bytes")
@@ -249,12 +296,16 @@ def check_shm(nodes: list[Node], min_bytes: int) -> Check:
     if small:
         return Check("shm", FAIL, "; ".join(small), fix, small)
     if unknown:
-        return Check("shm", SKIP, f"/dev/shm size not reported by {', '.join(unknown)}")
+        return Check("shm", SKIP, f"/dev/shm size not reported by {', '.join(unknown)}",
+                     checked=len(unknown) < sum(1 for n in nodes if n.ok))
     return Check("shm", PASS, f"/dev/shm >= {human_bytes(min_bytes)} on every node")
 
 
 def check_gpu_uuid(nodes: list[Node]) -> Check:
     """``fail`` when one GPU UUID is seen by two ranks (two nodes, or twice on one node)."""
+    none = _no_answer("gpu-uuid", nodes)
+    if none:
+        return none
     seen: dict[str, list[str]] = {}
     for n in (n for n in nodes if n.ok):
         for g in n.report.get("gpus") or []:
@@ -271,6 +322,9 @@ def check_gpu_uuid(nodes: list[Node]) -> Check:
 
 def check_gpu_processes(nodes: list[Node]) -> Check:
     """``fail`` naming every NVML compute process (node, GPU, PID, memory)."""
+    none = _no_answer("gpu-processes", nodes)
+    if none:
+        return none
     lines, gpus = [], 0
     for n in (n for n in nodes if n.ok):
         gpus += len(n.report.get("gpus") or [])
@@ -355,7 +409,8 @@ def check_stale_containers(nodes: list[Node], opts: Options) -> Check:
         try:
             client = connect(timeout_s=30)
         except EnvbuildError as e:
-            return Check("stale-containers", SKIP, f"no Docker engine here ({e.message.split(';')[0]})")
+            return Check("stale-containers", SKIP, f"no Docker engine here ({e.message.split(';')[0]})",
+                         checked=False)
     exclude = tuple(n.target.container_id for n in nodes if getattr(n.target, "container_id", None))
     stale = stale_containers(client, tuple(opts.labels), opts.stale_after_s, exclude)
     scope = f"label {LABEL}" + "".join(f", {l}" for l in opts.labels)
@@ -425,30 +480,42 @@ def _start_all(nodes: list[Node], args_for) -> dict[str, Running | Exception]:
         return dict(zip([n.name for n in nodes], pool.map(start, nodes)))
 
 
+def _report_interface_problems(ok_nodes: list[Node], backend: str) -> tuple[list[str], int]:
+    """From the reports alone: the interface NCCL (and gloo) would pick is missing or
+    loopback. Returns (problems, number of reports with a ``network`` section)."""
+    problems: list[str] = []
+    seen = 0
+    for n in ok_nodes:
+        if get(n.report, "network") is None:
+            continue
+        seen += 1
+        have = ", ".join(i["name"] for i in verify._ordered_interfaces(n.report)) or "none"
+        for label, pick in _interface_picks(n, backend):
+            if pick["name"] is None:
+                problems.append(f"{n.name}: {pick['reason']}: no such interface with an address (it has: {have})")
+            elif pick["loopback"] and len(ok_nodes) > 1:
+                problems.append(f"{n.name}: {label} would use loopback {pick['name']} ({pick['address']}; "
+                                f"{pick['reason']}): other nodes cannot reach it")
+    return problems, seen
+
+
 def network_checks(nodes: list[Node], opts: Options, backend: str) -> list[Check]:
     """The ``port`` and ``interface`` checks (see the module docstring); one pass of real
     listeners (agent ``listen``) and connects (agent ``connect``) on the live nodes."""
     want_port, want_if = "port" in opts.checks, "interface" in opts.checks
     out: list[Check] = []
-    ok_nodes = [n for n in nodes if n.ok]
     live = _live(nodes)
-    if_fail: list[str] = []
-    # --- interface, from the reports ---
-    if want_if:
-        for n in ok_nodes:
-            if get(n.report, "network") is None:
-                continue
-            have = ", ".join(i["name"] for i in verify._ordered_interfaces(n.report)) or "none"
-            for label, pick in _interface_picks(n, backend):
-                if pick["name"] is None:
-                    if_fail.append(f"{n.name}: {pick['reason']}: no such interface with an address (it has: {have})")
-                elif pick["loopback"] and len(ok_nodes) > 1:
-                    if_fail.append(f"{n.name}: {label} would use loopback {pick['name']} ({pick['address']}; "
-                                   f"{pick['reason']}): other nodes cannot reach it")
+    if_fail, if_seen = _report_interface_problems([n for n in nodes if n.ok], backend) if want_if else ([], 0)
+    if want_if and not if_seen:
+        out.append(_no_answer("interface", nodes)
+                   or Check("interface", SKIP, "no report has a network section", checked=False))
+        want_if = False
+        if not want_port:
+            return out
     if len(live) < 2:
         if want_port:
             why = "one live node: nothing to connect" if live else "needs live nodes (report files give reports only)"
-            out.append(Check("port", SKIP, why))
+            out.append(Check("port", SKIP, why, checked=False))
         if want_if:
             out.append(_interface_check(if_fail, [], reach_checked=False))
         return out
@@ -479,9 +546,14 @@ def network_checks(nodes: list[Node], opts: Options, backend: str) -> list[Check
     unknown: list[str] = []
     for n in live:
         r = listeners[n.name]
-        doc = None if isinstance(r, Exception) else _json_line(r.readline(AGENT_START_S))
+        try:
+            doc = None if isinstance(r, Exception) else _json_line(r.readline(AGENT_START_S), AGENT_LISTEN, n.source)
+            why = None
+        except EnvbuildError as e:
+            doc, why = None, str(e)
+            r.kill()
         if doc is None:
-            why = str(r) if isinstance(r, Exception) else _stderr_tail(r)
+            why = why or (str(r) if isinstance(r, Exception) else _stderr_tail(r))
             unknown.append(f"{n.name}: could not listen ({why})")
             continue
         bound[n.name] = doc
@@ -526,7 +598,7 @@ def network_checks(nodes: list[Node], opts: Options, backend: str) -> list[Check
             if isinstance(r, Exception):
                 raise r
             done = r.wait(AGENT_START_S + opts.connect_timeout_s + 10)
-            doc = _last_json(done.stdout)
+            doc = _last_json(done.stdout, AGENT_CONNECT, n.source)
             if doc is None:
                 raise EnvbuildError(f"agent printed no result: {done.stderr.strip()[-200:]}")
             results.update(doc["results"])
@@ -598,14 +670,15 @@ def _backend(nodes: list[Node], opts: Options) -> str:
     return "gloo"
 
 
-def _run_agent(n: Node, args: list[str], timeout_s: float, key: str) -> dict:
-    """Run the agent on ``n`` to its end; its last JSON line, which must carry ``key``.
+def _run_agent(n: Node, args: list[str], timeout_s: float, key: str, spec: Spec) -> dict:
+    """Run the agent on ``n`` to its end; its last JSON line, which must carry ``key``
+    and follow ``spec``.
 
     Raises:
         EnvbuildError: (exit 3) it could not start, timed out or printed no such line.
     """
     done = n.target.run(agent_source(), args, timeout_s)
-    doc = _last_json(done.stdout)
+    doc = _last_json(done.stdout, spec, n.source)
     if doc is None or key not in doc:
         lines = [l for l in done.stderr.strip().splitlines() if l.strip()]
         raise EnvbuildError(f"agent {args[0]} gave no result (exit status {done.rc}): "
@@ -628,14 +701,15 @@ def check_straggler(nodes: list[Node], opts: Options, backend: str) -> Check:
     live = _live(nodes)
     if len(live) < 2:
         why = "one live node: nothing to compare" if live else "needs live nodes (report files give reports only)"
-        return Check("straggler", SKIP, why)
+        return Check("straggler", SKIP, why, checked=False)
     unknown: list[str] = []
     docs: dict[str, dict] = {}
     def time_machine(group: list[Node]) -> None:
         for n in group:
             try:
                 doc = _run_agent(n, ["compute", "--backend", backend, "--iters", str(opts.straggler_iters),
-                                     "--repeats", str(opts.straggler_repeats)], opts.agent_timeout_s, "compute")
+                                     "--repeats", str(opts.straggler_repeats)], opts.agent_timeout_s, "compute",
+                                 AGENT_COMPUTE)
             except EnvbuildError as e:
                 unknown.append(f"{n.name}: {e}")
                 continue
@@ -673,7 +747,7 @@ def check_straggler(nodes: list[Node], opts: Options, backend: str) -> Check:
             if isinstance(r, Exception):
                 raise r
             done = r.wait(opts.agent_timeout_s)
-            doc = _last_json(done.stdout)
+            doc = _last_json(done.stdout, AGENT_PAIRS, n.source)
             if doc is None or "pairs" not in doc:
                 raise EnvbuildError(f"agent pairs gave no result (exit status {done.rc}): "
                                     f"{done.stderr.strip()[-200:]}")
@@ -695,11 +769,14 @@ def check_straggler(nodes: list[Node], opts: Options, backend: str) -> Check:
                 slow.append(f"{name} computes {t / ref:.1f}x slower than the median ({t:.3f} s vs {ref:.3f} s)")
     # pairs: the slower of the two ends' timings
     names = [n.name for n in live]
+    position = {name: i for i, name in enumerate(names)}
     pair_t: dict[tuple[str, str], float | None] = {}
     pair_err: dict[tuple[str, str], str] = {}
     for name, d in docs.items():
         for p in d.get("pairs") or []:
-            key = tuple(sorted((name, names[p["peer"]]), key=names.index))
+            if not 0 <= p["peer"] < len(names) or names[p["peer"]] == name:
+                continue  # a peer index the run never gave: not a pair of this run
+            key = tuple(sorted((name, names[p["peer"]]), key=position.__getitem__))
             if p.get("error"):
                 pair_err.setdefault(key, p["error"])
             elif p.get("seconds") is not None:
@@ -741,12 +818,17 @@ def check_straggler(nodes: list[Node], opts: Options, backend: str) -> Check:
 def doctor(nodes: list[Node], opts: Options | None = None) -> DoctorResult:
     """Run the chosen checks on gathered ``nodes`` (see :mod:`builder.gather`).
 
+    A node that could not be checked is never left out silently: the ``nodes`` check
+    runs whenever one did not answer, chosen or not (exit 3).
+
     Returns:
         A :class:`DoctorResult` with one :class:`Check` per chosen check, in
         :data:`ALL_CHECKS` order.
 
     Raises:
         EnvbuildError: (exit 2) an unknown check name or ``--master`` not among the nodes.
+        Unreachable: (exit 3) nothing was checked: no node answered, or every chosen check
+            was skipped for lack of (live) nodes or of the data it needs; one line saying so.
     """
     opts = opts or Options()
     unknown = [c for c in opts.checks if c not in ALL_CHECKS]
@@ -757,10 +839,10 @@ def doctor(nodes: list[Node], opts: Options | None = None) -> DoctorResult:
     checks: list[Check] = []
     want = set(opts.checks)
     if not nodes:  # `envbuild doctor --fix` alone: only the checks of this machine
-        checks += [Check(name, SKIP, "no nodes given") for name in ALL_CHECKS
+        checks += [Check(name, SKIP, "no nodes given", checked=False) for name in ALL_CHECKS
                    if name in want and name != "stale-containers"]
         want &= {"stale-containers"}
-    if "nodes" in want:
+    if "nodes" in want or any(not n.ok for n in nodes):
         checks.append(check_nodes(nodes))
     if want & {"port", "interface"}:
         checks.extend(network_checks(nodes, opts, backend))
@@ -776,14 +858,33 @@ def doctor(nodes: list[Node], opts: Options | None = None) -> DoctorResult:
         checks.append(check_straggler(nodes, opts, backend))
     order = {name: i for i, name in enumerate(ALL_CHECKS)}
     checks.sort(key=lambda c: order[c.name])
+    if not any(c.checked for c in checks):
+        raise Unreachable("doctor checked nothing: " + _nothing_checked(nodes, checks))
     code = max((_STATUS_CODE[c.status] for c in checks), default=ExitCode.OK)
     return DoctorResult(nodes, checks, code)
 
 
+def _nothing_checked(nodes: list[Node], checks: list[Check]) -> str:
+    """Why no check looked at anything, in one line."""
+    bad = [n for n in nodes if not n.ok]
+    if nodes and len(bad) == len(nodes):
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        return f"no node answered ({len(nodes)} given): {bad[0].error}{more}"
+    reasons = [f"{c.name}: {c.message}" for c in checks if nodes or c.message != "no nodes given"]
+    return "; ".join((["no nodes given"] if not nodes else []) + reasons)
+
+
+#: Characters of one detail line in the human output (the JSON output has it whole).
+LINE_LIMIT = 900
+
+
 def render(result: DoctorResult, console) -> None:
     """Print ``result`` with rich: one row per check (status, finding), then for every
-    check that did not pass its details and fix, and a summary line."""
+    check that did not pass its details and fix, and a summary line. Every message is
+    shown escaped (:func:`builder.verify.cell`: never rich markup, no raw control
+    character), cut to :data:`LINE_LIMIT` characters."""
     from rich.table import Table
+    from rich.text import Text
 
     style = {PASS: "green", SKIP: "dim", WARN: "yellow", FAIL: "red", UNKNOWN: "magenta"}
     t = Table(title=f"doctor: {len(result.nodes)} nodes", title_justify="left", show_edge=False)
@@ -791,16 +892,16 @@ def render(result: DoctorResult, console) -> None:
     t.add_column("status", no_wrap=True)
     t.add_column("finding", overflow="fold")
     for c in result.checks:
-        t.add_row(c.name, f"[{style[c.status]}]{c.status}[/]", c.message)
+        t.add_row(verify.cell(c.name), verify.cell(c.status, style=style[c.status]), verify.cell(c.message, LINE_LIMIT))
     console.print(t)
     for c in result.checks:
         if c.status not in (FAIL, WARN, UNKNOWN):
             continue
-        console.print(f"[{style[c.status]}]{c.name}[/]:")
+        console.print(Text.assemble((c.name, style[c.status]), ":"), highlight=False)
         for line in c.details:
-            console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+            console.print(Text("  " + one_line(line, LINE_LIMIT)), highlight=False, soft_wrap=True)
         if c.fix:
-            console.print(f"  fix: {c.fix}", markup=False, highlight=False, soft_wrap=True)
+            console.print(Text("  fix: " + one_line(c.fix, LINE_LIMIT)), highlight=False, soft_wrap=True)
     counts = {s: sum(1 for c in result.checks if c.status == s) for s in style}
     console.print(f"doctor: {counts[PASS]} passed, {counts[WARN]} warnings, {counts[FAIL]} failed, "
                   f"{counts[UNKNOWN]} not checked, {counts[SKIP]} skipped -> exit {int(result.exit_code)}",

@@ -40,24 +40,50 @@ Schema ``envbuild.probe/1`` (the field list with sources is in ``builder/probe.p
 
 Keys not listed are allowed and ignored (a newer probe may add some); a listed key of the
 wrong type, a version that does not parse, or a missing required key is an error.
+
+Bounds (a report is hostile until checked; each limit is far above what a real node gives):
+
+* the document: at most :data:`builder.inputs.MAX_REPORT_BYTES` (16 MiB) read, from a file
+  or a process's output; JSON nesting at most 64 levels, integers of at most 30 digits,
+  no NaN/Infinity, no lone surrogate (:func:`builder.inputs.load_json`);
+* every pattern matches the whole value (``re.fullmatch``: a trailing newline is refused):
+  ``hostname`` a host name, versions (``python.version``, ``torch.version``,
+  ``torch.cuda``, ``torch.cudnn``, ``torch.nccl_compiled``, ``nccl.loaded.version``,
+  ``nccl.found[].version``, ``driver``, pip versions), package names, GPU ``uuid``
+  (``GPU-...``/``MIG-...``), ``pci_bus_id`` (``00000000:18:00.0``), ``pci_id``
+  (``10de:2330``), interface names (<= 15 characters, no ``/``, ``:`` or blank: the
+  kernel's ``dev_valid_name``), addresses (IPv4/IPv6, ``%scope`` allowed), ``family``
+  (``inet``/``inet6``), ``image.digest``/``image.id`` (OCI digests), ``env`` names;
+* strings: at most 4096 characters (``PATH_MAX``), ``env`` values 131072
+  (``MAX_ARG_STRLEN``), ``errors`` items 65536, mapping keys 256;
+* lists and mappings: ``gpus`` 1024, ``gpu_processes`` 65536, ``nccl.found`` 1024,
+  ``nccl.pip_packages`` 1024, ``network.interfaces`` 65536, ``addresses`` per interface
+  4096, ``hostname_addresses`` 4096, ``env`` 65536, ``errors`` 4096,
+  ``container.installed`` 1024;
+* integers with a physical meaning: ports (``ip_local_port_range``) 0..65535 with
+  low <= high, PIDs 1..4194304 (``PID_MAX_LIMIT``), byte counts 0..2**63-1, indices,
+  NCCL codes and MTUs >= 0, ``prefixlen`` 0..128.
+
+Strings without a pattern (``kernel``, paths, ``env`` values, ``errors``...) may hold any
+character: ``verify``/``doctor`` show them escaped (:func:`builder.inputs.one_line`).
 """
 
 from __future__ import annotations
 
-import json
+import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import inputs
 from .errors import EnvbuildError, ExitCode
 
 #: Schemas this envbuild reads.
 SUPPORTED_SCHEMAS = ("envbuild.probe/1",)
 
-_VERSION_XYZ = re.compile(r"^\d+\.\d+\.\d+$")
-_DRIVER = re.compile(r"^\d+(\.\d+){1,3}$")
-_PY_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?([abc]|rc)?\d*\+?$")
+#: Largest node report read, in bytes (a file or a process's output).
+MAX_REPORT_BYTES = inputs.MAX_REPORT_BYTES
 
 
 class InvalidReport(EnvbuildError):
@@ -69,131 +95,303 @@ class InvalidReport(EnvbuildError):
 
 
 # --------------------------------------------------------------------------- the schema
-# A spec is one of: a type name ("str", "int", "bool", "any"), a tuple (alternatives,
-# None meaning null), ("list", spec), ("map", spec) (str keys), ("pair", spec), a dict
-# {key: spec} where a key ending in "?" is optional, or ("re", regex, spec-name).
-
-_STR, _INT, _BOOL = "str", "int", "bool"
-_OSTR = (None, _STR)
-_OINT = (None, _INT)
-
-_GPU = {"index": _INT, "name": _STR, "uuid": _STR, "pci_bus_id": _OSTR,
-        "memory_total_bytes": _OINT, "pci_id?": _OSTR}
-_ADDRESS = {"family": _STR, "address": _STR, "prefixlen": _OINT}
-_INTERFACE = {"name": _STR, "index": _OINT, "up": (None, _BOOL), "loopback": _BOOL,
-              "mtu": _OINT, "addresses": ("list", _ADDRESS)}
-
-SCHEMA_1: dict[str, Any] = {
-    "schema": _STR,
-    "hostname": _OSTR,
-    "kernel": _STR,
-    "os": {"id": _OSTR, "version_id": _OSTR, "pretty_name": _OSTR},
-    "glibc": _OSTR,
-    "python": {"version": ("re", _PY_VERSION, "a Python version"), "executable": _OSTR},
-    "torch": (None, {"version": _STR, "cuda": _OSTR, "cuda_available": _BOOL,
-                     "cudnn": _OSTR,
-                     "nccl_compiled": (None, ("re", _VERSION_XYZ, "an X.Y.Z version"))}),
-    "nccl": {
-        "loaded": (None, {"version": ("re", _VERSION_XYZ, "an X.Y.Z version"), "code": _INT,
-                          "path": _STR}),
-        "found": ("list", {"path": _STR, "realpath": _OSTR, "version": _OSTR,
-                           "code": _OINT, "error": _OSTR}),
-        "pip_packages": ("map", _STR),
-    },
-    "gpus": ("list", _GPU),
-    "driver": (None, ("re", _DRIVER, "a driver version like 570.124.06")),
-    "env": ("map", _STR),
-    "errors": ("list", _STR),
-    "container?": (None, {"runtime": _OSTR, "version": _OSTR, "installed": ("map", _STR)}),
-    "image?": (None, {"ref": _OSTR, "digest": _OSTR, "id": _OSTR}),
-    "network?": (None, {"interfaces": ("list", _INTERFACE),
-                        "default_route_interface": _OSTR,
-                        "hostname_addresses": ("list", _STR),
-                        "ip_local_port_range": (None, ("pair", _INT))}),
-    "shm?": (None, {"path": _STR, "size_bytes": _OINT, "free_bytes": _OINT}),
-    "gpu_processes?": (None, ("list", {"gpu_index": _INT, "gpu_uuid": _STR, "pid": _INT,
-                                       "used_memory_bytes": _OINT, "name": _OSTR})),
-}
-
-_TYPE_WORDS = {_STR: "a string", _INT: "an integer", _BOOL: "true or false"}
+# A spec is an instance of one of the classes below; ``check(value, path, file)`` raises
+# InvalidReport naming the field. Every check is bounded: lists and mappings by their
+# ``max``, strings by theirs, patterns are matched whole (re.fullmatch).
 
 
-def _describe(spec: Any) -> str:
-    if spec is None:
-        return "null"
-    if isinstance(spec, str):
-        return _TYPE_WORDS.get(spec, spec)
-    if isinstance(spec, dict):
-        return "an object"
-    if spec[0] == "list":
-        return "a list"
-    if spec[0] == "map":
-        return "an object of strings" if spec[1] == _STR else "an object"
-    if spec[0] == "pair":
-        return "a list of two integers"
-    if spec[0] == "re":
-        return spec[2]
-    return " or ".join(_describe(s) for s in spec)
+class Spec:
+    """One field's type and bounds; :meth:`check` raises :class:`InvalidReport`."""
+
+    words = "a value"
+
+    def accepts(self, value: Any) -> bool:  # pragma: no cover - overridden
+        """True when ``value`` has this spec's JSON type (bounds not checked)."""
+        raise NotImplementedError
+
+    def check(self, value: Any, path: str, file: str | None) -> None:
+        """Raise :class:`InvalidReport` (field ``path``) unless ``value`` fits."""
+        if not self.accepts(value):
+            raise _bad(f"is not {self.words}", path, file, value)
+        self.check_bounds(value, path, file)
+
+    def check_bounds(self, value: Any, path: str, file: str | None) -> None:
+        """The bounds of a value of the right type (nothing by default)."""
 
 
-def _matches(value: Any, spec: Any) -> bool:
-    """Shallow type test used to pick among alternatives."""
-    if spec is None:
-        return value is None
-    if spec == _STR:
+_NO_VALUE = object()
+
+
+def _bad(message: str, path: str, file: str | None, value: Any = _NO_VALUE) -> InvalidReport:
+    """The error for field ``path`` (the value shown escaped unless left out)."""
+    if value is _NO_VALUE:
+        return InvalidReport(message, file=file, field=path or "(top)")
+    return InvalidReport(message, file=file, field=path or "(top)", value=value)
+
+
+class Str(Spec):
+    """A string of at most ``max`` characters."""
+
+    words = "a string"
+
+    def __init__(self, max: int = 4096) -> None:
+        self.max = max
+
+    def accepts(self, value: Any) -> bool:
         return isinstance(value, str)
-    if spec == _INT:
+
+    def check_bounds(self, value: str, path: str, file: str | None) -> None:
+        if len(value) > self.max:
+            raise _bad(f"is {len(value)} characters long, over the limit of {self.max}", path, file)
+
+
+class Pattern(Str):
+    """A string matching ``regex`` whole (fullmatch), at most ``max`` characters;
+    ``words`` says what it is ("a driver version like 570.124.06")."""
+
+    def __init__(self, regex: str, words: str, max: int = 256) -> None:
+        super().__init__(max)
+        self.regex = re.compile(regex)
+        self.words = words
+
+    def check_bounds(self, value: str, path: str, file: str | None) -> None:
+        if len(value) > self.max or not self.regex.fullmatch(value):
+            raise _bad(f"is not {self.words}", path, file, value)
+
+
+class Address(Str):
+    """An IPv4 or IPv6 address (``fe80::1%eth0``: a scope is allowed)."""
+
+    words = "an IP address"
+
+    def __init__(self) -> None:
+        super().__init__(64)
+
+    def check_bounds(self, value: str, path: str, file: str | None) -> None:
+        addr, _, scope = value.partition("%")
+        try:
+            ok = len(value) <= self.max and bool(addr) and addr.isascii() and bool(ipaddress.ip_address(addr))
+        except ValueError:
+            ok = False
+        if not ok or (scope and not _IFNAME_RE.fullmatch(scope) and not scope.isdigit()):
+            raise _bad(f"is not {self.words}", path, file, value)
+
+
+class Int(Spec):
+    """An integer (not a boolean) in ``lo..hi``; ``words`` names it in errors."""
+
+    def __init__(self, lo: int, hi: int, words: str | None = None) -> None:
+        self.lo, self.hi = lo, hi
+        self.words = words or f"an integer in {lo}..{hi}"
+
+    def accepts(self, value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
-    if spec == _BOOL:
+
+    def check_bounds(self, value: int, path: str, file: str | None) -> None:
+        if not self.lo <= value <= self.hi:
+            raise _bad(f"is not {self.words}", path, file, value)
+
+
+class Num(Spec):
+    """A finite number (int or float, not a boolean) in ``lo..hi``."""
+
+    def __init__(self, lo: float, hi: float) -> None:
+        self.lo, self.hi = lo, hi
+        self.words = f"a number in {lo:g}..{hi:g}"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    def check_bounds(self, value: float, path: str, file: str | None) -> None:
+        if not self.lo <= value <= self.hi:  # NaN fails too
+            raise _bad(f"is not {self.words}", path, file, value)
+
+
+class Bool(Spec):
+    """``true`` or ``false``."""
+
+    words = "true or false"
+
+    def accepts(self, value: Any) -> bool:
         return isinstance(value, bool)
-    if isinstance(spec, dict):
-        return isinstance(value, dict)
-    kind = spec[0]
-    if kind in ("list", "pair"):
-        return isinstance(value, list)
-    if kind == "map":
-        return isinstance(value, dict)
-    if kind == "re":
+
+
+class OneOf(Spec):
+    """One of the given strings."""
+
+    def __init__(self, *choices: str) -> None:
+        self.choices = frozenset(choices)
+        self.words = " or ".join(repr(c) for c in choices)
+
+    def accepts(self, value: Any) -> bool:
         return isinstance(value, str)
-    return any(_matches(value, s) for s in spec)
+
+    def check_bounds(self, value: str, path: str, file: str | None) -> None:
+        if value not in self.choices:
+            raise _bad(f"is not {self.words}", path, file, value)
 
 
-def _check(value: Any, spec: Any, path: str, file: str | None) -> None:
-    def bad(what: str | None = None, at: str = path, val: Any = value) -> InvalidReport:
-        return InvalidReport(what or f"is not {_describe(spec)}", file=file, field=at or "(top)",
-                             value=val)
+class Opt(Spec):
+    """``null`` or ``inner``."""
 
-    if isinstance(spec, tuple) and spec and spec[0] not in ("list", "map", "pair", "re"):
-        for alt in spec:
-            if _matches(value, alt):
-                _check(value, alt, path, file)
-                return
-        raise bad()
-    if not _matches(value, spec):
-        raise bad()
-    if isinstance(spec, dict):
-        for key, sub in spec.items():
-            name = key.rstrip("?")
+    def __init__(self, inner: Spec) -> None:
+        self.inner = inner
+        self.words = f"{inner.words} or null"
+
+    def accepts(self, value: Any) -> bool:
+        return value is None or self.inner.accepts(value)
+
+    def check_bounds(self, value: Any, path: str, file: str | None) -> None:
+        if value is not None:
+            self.inner.check_bounds(value, path, file)
+
+
+class ListOf(Spec):
+    """A list of at most ``max`` items, each ``item``."""
+
+    words = "a list"
+
+    def __init__(self, item: Spec, max: int) -> None:
+        self.item, self.max = item, max
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, list)
+
+    def check_bounds(self, value: list, path: str, file: str | None) -> None:
+        if len(value) > self.max:
+            raise _bad(f"has {len(value)} items, over the limit of {self.max}", path, file)
+        for i, item in enumerate(value):
+            self.item.check(item, f"{path}[{i}]", file)
+
+
+class MapOf(Spec):
+    """An object of at most ``max`` entries; each key matches ``key``, each value ``item``."""
+
+    def __init__(self, item: Spec, max: int, key: Pattern | None = None) -> None:
+        self.item, self.max, self.key = item, max, key or _KEY
+        self.words = "an object of strings" if isinstance(item, Str) else "an object"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, dict)
+
+    def check_bounds(self, value: dict, path: str, file: str | None) -> None:
+        if len(value) > self.max:
+            raise _bad(f"has {len(value)} entries, over the limit of {self.max}", path, file)
+        for k, item in value.items():
+            if len(k) > self.key.max or not self.key.regex.fullmatch(k):
+                raise _bad(f"has a key that is not {self.key.words}", path, file, k)
+            self.item.check(item, f"{path}.{k}" if path else k, file)
+
+
+class Obj(Spec):
+    """An object with the listed keys (``"name?"``: optional); other keys are ignored."""
+
+    words = "an object"
+
+    def __init__(self, fields: dict[str, Spec]) -> None:
+        self.fields = [(k.rstrip("?"), k.endswith("?"), spec) for k, spec in fields.items()]
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, dict)
+
+    def check_bounds(self, value: dict, path: str, file: str | None) -> None:
+        for name, optional, spec in self.fields:
             where = f"{path}.{name}" if path else name
             if name not in value:
-                if key.endswith("?"):
+                if optional:
                     continue
-                raise InvalidReport("is missing", file=file, field=where)
-            _check(value[name], sub, where, file)
-    elif isinstance(spec, tuple) and spec[0] == "list":
-        for i, item in enumerate(value):
-            _check(item, spec[1], f"{path}[{i}]", file)
-    elif isinstance(spec, tuple) and spec[0] == "map":
-        for k, item in value.items():
-            _check(item, spec[1], f"{path}.{k}", file)
-    elif isinstance(spec, tuple) and spec[0] == "pair":
+                raise _bad("is missing", where, file)
+            spec.check(value[name], where, file)
+
+
+class PortRange(ListOf):
+    """``[low, high]``: two ports with low <= high."""
+
+    words = "a list of two ports [low, high]"
+
+    def __init__(self) -> None:
+        super().__init__(_PORT, 2)
+
+    def check_bounds(self, value: list, path: str, file: str | None) -> None:
         if len(value) != 2:
-            raise bad()
-        for i, item in enumerate(value):
-            _check(item, spec[1], f"{path}[{i}]", file)
-    elif isinstance(spec, tuple) and spec[0] == "re":
-        if not spec[1].match(value):
-            raise bad()
+            raise _bad(f"is not {self.words}", path, file, value)
+        super().check_bounds(value, path, file)
+        if value[0] > value[1]:
+            raise _bad("is not a port range: low > high", path, file, value)
+
+
+# Patterns (whole values; see the module docstring for the sources of the bounds).
+_IFNAME_RE = re.compile(r"(?!\.\.?\Z)[\x21-\x2e\x30-\x39\x3b-\x7e]{1,15}")
+_KEY = Pattern(r"[^\x00-\x1f\x7f]{1,256}", "a name of at most 256 characters without control characters")
+_VERSION_XYZ = Pattern(r"[0-9]{1,6}\.[0-9]{1,6}\.[0-9]{1,6}", "an X.Y.Z version")
+_VERSION = Pattern(r"[0-9][0-9A-Za-z.+_!-]{0,127}", "a version (digits, letters, . + _ ! -)")
+_CUDA = Pattern(r"[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?", "a CUDA version like 12.8")
+_DRIVER = Pattern(r"[0-9]{1,6}(\.[0-9]{1,6}){1,3}", "a driver version like 570.124.06")
+_PY_VERSION = Pattern(r"[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?([abc]|rc)?[0-9]{0,4}\+?", "a Python version")
+_HOSTNAME = Pattern(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}", "a host name (letters, digits, _ . -)")
+_IFNAME = Pattern(_IFNAME_RE.pattern, "an interface name (at most 15 characters, no / : or blank)", max=15)
+_GPU_UUID = Pattern(r"(GPU|MIG)-[0-9A-Za-z/_.:-]{1,92}", "a GPU UUID like GPU-8f6a1c52-...")
+_PCI_BUS = Pattern(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]", "a PCI bus id like 00000000:18:00.0")
+_PCI_ID = Pattern(r"[0-9a-f]{4}:[0-9a-f]{4}", "a PCI vendor:device id like 10de:2330")
+_DIGEST = Pattern(r"[a-z0-9]{1,32}([+._-][a-z0-9]{1,32}){0,4}:[A-Za-z0-9=_-]{32,256}", "a digest like sha256:<64 hex>")
+_PIP_NAME = Pattern(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?", "a package name")
+_ENV_NAME = Pattern(r"[!-<>-~]{1,256}", "an environment variable name (printable, no = or blank)")
+
+_TEXT = Str(4096)
+_OTEXT = Opt(_TEXT)
+_BYTES = Opt(Int(0, 2**63 - 1, "a byte count (0..2**63-1)"))
+_INDEX = Int(0, 2**31 - 1, "an index (>= 0)")
+_PORT = Int(0, 65535, "a port (0..65535)")
+_PID = Int(1, 4194304, "a PID (1..4194304)")
+_CODE = Int(0, 2**31 - 1, "a version code (>= 0)")
+
+_GPU = Obj({"index": _INDEX, "name": _TEXT, "uuid": _GPU_UUID, "pci_bus_id": Opt(_PCI_BUS),
+            "memory_total_bytes": _BYTES, "pci_id?": Opt(_PCI_ID)})
+_ADDRESS = Obj({"family": OneOf("inet", "inet6"), "address": Address(),
+                "prefixlen": Opt(Int(0, 128, "a prefix length (0..128)"))})
+_INTERFACE = Obj({"name": _IFNAME, "index": Opt(_INDEX), "up": Opt(Bool()), "loopback": Bool(),
+                  "mtu": Opt(Int(0, 2**31 - 1, "an MTU (>= 0)")), "addresses": ListOf(_ADDRESS, 4096)})
+
+SCHEMA_1 = Obj({
+    "schema": _TEXT,
+    "hostname": Opt(_HOSTNAME),
+    "kernel": _TEXT,
+    "os": Obj({"id": _OTEXT, "version_id": _OTEXT, "pretty_name": _OTEXT}),
+    "glibc": _OTEXT,
+    "python": Obj({"version": _PY_VERSION, "executable": _OTEXT}),
+    "torch": Opt(Obj({"version": _VERSION, "cuda": Opt(_CUDA), "cuda_available": Bool(),
+                      "cudnn": Opt(Pattern(r"[0-9]{1,10}", "a cuDNN version number like 91002")),
+                      "nccl_compiled": Opt(_VERSION_XYZ)})),
+    "nccl": Obj({
+        "loaded": Opt(Obj({"version": _VERSION_XYZ, "code": _CODE, "path": _TEXT})),
+        "found": ListOf(Obj({"path": _TEXT, "realpath": _OTEXT, "version": Opt(_VERSION_XYZ),
+                             "code": Opt(_CODE), "error": _OTEXT}), 1024),
+        "pip_packages": MapOf(_VERSION, 1024, key=_PIP_NAME),
+    }),
+    "gpus": ListOf(_GPU, 1024),
+    "driver": Opt(_DRIVER),
+    "env": MapOf(Str(131072), 65536, key=_ENV_NAME),
+    "errors": ListOf(Str(65536), 4096),
+    "container?": Opt(Obj({"runtime": _OTEXT, "version": _OTEXT, "installed": MapOf(_TEXT, 1024)})),
+    "image?": Opt(Obj({"ref": _OTEXT, "digest": Opt(_DIGEST), "id": Opt(_DIGEST)})),
+    "network?": Opt(Obj({"interfaces": ListOf(_INTERFACE, 65536),
+                         "default_route_interface": Opt(_IFNAME),
+                         "hostname_addresses": ListOf(Address(), 4096),
+                         "ip_local_port_range": Opt(PortRange())})),
+    "shm?": Opt(Obj({"path": _TEXT, "size_bytes": _BYTES, "free_bytes": _BYTES})),
+    "gpu_processes?": Opt(ListOf(Obj({"gpu_index": _INDEX, "gpu_uuid": _GPU_UUID, "pid": _PID,
+                                      "used_memory_bytes": _BYTES, "name": _OTEXT}), 65536)),
+})
+
+
+def check_shape(doc: Any, spec: Spec, source: str | None) -> Any:
+    """``doc`` checked against ``spec`` (any :class:`Spec`); returned unchanged.
+
+    Raises:
+        InvalidReport: (exit 3) one line naming ``source``, the field and the value.
+    """
+    spec.check(doc, "", source)
+    return doc
 
 
 def validate(doc: Any, source: str | None = None) -> dict:
@@ -208,7 +406,7 @@ def validate(doc: Any, source: str | None = None) -> dict:
 
     Raises:
         InvalidReport: (exit 3) one line naming source, field and value, e.g.
-            ``reports/a.json: torch.version: 5 is not a string``, or an unknown ``schema``.
+            ``reports/a.json: torch.version: 5 is not a version (...)``, or an unknown ``schema``.
     """
     if not isinstance(doc, dict):
         raise InvalidReport("is not a JSON object (a node report)", file=source,
@@ -218,37 +416,42 @@ def validate(doc: Any, source: str | None = None) -> dict:
         raise InvalidReport(
             f"is not a node-report schema this envbuild reads ({', '.join(SUPPORTED_SCHEMAS)})",
             file=source, field="schema", value=schema)
-    _check(doc, SCHEMA_1, "", source)
-    return doc
+    return check_shape(doc, SCHEMA_1, source)
 
 
-def parse(text: str, source: str | None = None) -> dict:
-    """Parse JSON ``text`` and :func:`validate` it.
+def parse(text: str | bytes, source: str | None = None) -> dict:
+    """Parse JSON ``text`` with the bounds of :func:`builder.inputs.load_json` and
+    :func:`validate` it.
 
     Raises:
-        InvalidReport: (exit 3) not JSON (with line and column) or not a valid report.
+        InvalidReport: (exit 3) over :data:`MAX_REPORT_BYTES`, not JSON (with line and
+            column), not bounded JSON (depth, huge integers, NaN, lone surrogates), or
+            not a valid report.
     """
+    size = len(text) if isinstance(text, (bytes, bytearray)) else len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_REPORT_BYTES:
+        raise InvalidReport(f"is {size} bytes, over the {MAX_REPORT_BYTES}-byte limit of a node report",
+                            file=source)
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InvalidReport(f"is not JSON: {e.msg} at line {e.lineno} column {e.colno}",
-                            file=source) from None
+        doc = inputs.load_json(text, source or "node report", exit_code=ExitCode.UNREACHABLE)
+    except EnvbuildError as e:
+        raise InvalidReport(e.message, file=source) from None
     return validate(doc, source)
 
 
 def load_file(path: str | Path) -> dict:
-    """Read and validate the node report in ``path``.
+    """Read and validate the node report in ``path``: a regular file of at most
+    :data:`MAX_REPORT_BYTES` (a FIFO, device or directory is refused without blocking).
 
     Raises:
-        InvalidReport: (exit 3) the file cannot be read (message with the OS reason),
-            is not UTF-8 JSON, or is not a valid report.
+        InvalidReport: (exit 3) no such file, not a regular file, over the limit,
+            unreadable, not UTF-8 JSON, or not a valid report; one line naming the file.
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise InvalidReport(f"cannot be read: {reason}", file=str(path)) from None
-    return parse(text, str(path))
+        data = inputs.read_regular(path, MAX_REPORT_BYTES, "node report")
+    except EnvbuildError as e:
+        raise InvalidReport(e.message, file=str(path)) from None
+    return parse(data, str(path))
 
 
 # --------------------------------------------------------------------------- reading helpers

@@ -44,6 +44,7 @@ from typing import Any, Callable
 from packaging.version import InvalidVersion, Version
 
 from .errors import ExitCode
+from .inputs import one_line
 from .nodereport import Node, get
 
 FAIL, WARN, UNKNOWN = "fail", "warn", "unknown"
@@ -276,7 +277,8 @@ def match_nccl_ifname(spec: str | None, names: list[str]) -> list[str]:
 
     NCCL's syntax (``src/misc/socket.cc``): a comma list of name prefixes; ``=`` first
     makes them exact names; ``^`` first excludes them instead (``^=`` both); ``:port``
-    suffixes are ignored here. None or ``""`` selects every name.
+    suffixes are ignored here. None or ``""`` selects every name. Linear in the length
+    of ``spec`` and the number of names (a name's prefixes are looked up in a set).
     """
     if not spec:
         return list(names)
@@ -284,10 +286,12 @@ def match_nccl_ifname(spec: str | None, names: list[str]) -> list[str]:
     spec = spec[1:] if negate else spec
     exact = spec.startswith("=")
     spec = spec[1:] if exact else spec
-    items = [s.split(":")[0] for s in spec.split(",") if s.split(":")[0]]
+    items = {s.split(":")[0] for s in spec.split(",")} - {""}
 
     def hit(name: str) -> bool:
-        return any((name == p) if exact else name.startswith(p) for p in items)
+        if exact:
+            return name in items
+        return any(name[:k] in items for k in range(1, len(name) + 1))
 
     return [n for n in names if hit(n) != negate]
 
@@ -496,30 +500,62 @@ def _short_image(value: str | None) -> str:
     return value.split(":", 1)[-1][:12] if value.startswith("sha256:") else value
 
 
-def render(result: VerifyResult, console) -> None:
-    """Print ``result`` with rich: a nodes table, a table of differing fields (nodes
-    grouped by value), the other findings one per line, and a summary line."""
-    from rich.table import Table
+#: Characters of one value shown in a table cell (the JSON output has it whole).
+CELL_LIMIT = 200
+#: Characters of one finding line in the human output (the JSON output has it whole).
+LINE_LIMIT = 900
+#: Differing fields shown in the "fields that differ" table; the rest are printed one
+#: line each (a rich table costs ~0.5 ms a row: 20k rows would take tens of seconds).
+TABLE_FIELDS = 100
+_STYLE = {FAIL: "red", WARN: "yellow", UNKNOWN: "magenta"}
 
+
+def cell(value: Any, limit: int | None = CELL_LIMIT, style: str = ""):
+    """``value`` as a rich ``Text`` safe for a terminal: one line, control characters and
+    bidi overrides escaped (:func:`builder.inputs.one_line`), never read as rich markup
+    (``"[/]"`` prints as it is), cut to ``limit`` characters."""
+    from rich.text import Text
+
+    return Text(one_line("-" if value is None else value, limit), style=style)
+
+
+def _node_rows(result: VerifyResult) -> tuple[list[str], list[list]]:
     rows = []
     for n in result.nodes:
         s = node_summary(n)
         kind = n.source if n.source.split(" ", 1)[0] not in ("container", "ssh", "slurm") else n.source.split(" ", 1)[0]
         if not n.ok:
-            rows.append([n.name, kind, "[magenta]not checked[/]", "", "", "", ""])
+            rows.append([n.name, kind, None, None, None, None, None])
         else:
             rows.append([n.name, kind, s["torch"] or "-", s["nccl"] or "-", s["driver"] or "-",
                          _short_image(s["image"]), s["address"] or "-"])
-    header = ["node", "source", "torch", "nccl", "driver", "image", "address"]
-    keep = [i for i in range(len(header)) if i < 3 or any(r[i] not in ("-", "") for r in rows)]
+    return ["node", "source", "torch", "nccl", "driver", "image", "address"], rows
+
+
+def render(result: VerifyResult, console) -> None:
+    """Print ``result`` with rich: a nodes table, a table of the first
+    :data:`TABLE_FIELDS` differing fields (nodes grouped by value), the other findings one
+    per line, and a summary line.
+
+    Every value from a report is shown through :func:`cell` (escaped, never markup), so
+    a report string such as ``"[/]"`` or ``"\\x1b[2J"`` prints literally. Linear in the
+    number of findings and nodes.
+    """
+    from rich.table import Table
+    from rich.text import Text
+
+    header, rows = _node_rows(result)
+    keep = [i for i in range(len(header)) if i < 3 or any(r[i] not in ("-", None) for r in rows)]
     nodes = Table(title="nodes", title_justify="left", show_edge=False)
     for i in keep:
         nodes.add_column(header[i], no_wrap=header[i] not in ("source", "address"), overflow="fold")
     for r in rows:
-        nodes.add_row(*[r[i] for i in keep])
+        if r[2] is None:
+            r[2] = Text("not checked", style="magenta")
+        nodes.add_row(*[r[i] if isinstance(r[i], Text) else cell(r[i] or "") for i in keep])
     console.print(nodes)
-    style = {FAIL: "red", WARN: "yellow", UNKNOWN: "magenta"}
-    diffs = result.differences
+    diffs = result.differences[:TABLE_FIELDS]
+    shown_as_diff = {id(f) for f in diffs}
     if diffs:
         t = Table(title="fields that differ", title_justify="left", show_edge=False)
         t.add_column("rule", no_wrap=True)  # coloured by level: red fails, yellow warns
@@ -530,14 +566,14 @@ def render(result: VerifyResult, console) -> None:
             for i, (value, names) in enumerate(f.groups):
                 first = i == 0
                 shown = _short_image(value) if f.field in ("image.id", "image.digest") and value else show(value)
-                t.add_row(f"[{style[f.level]}]{f.rule}[/]" if first else "", f.field if first else "",
-                          shown, ", ".join(names))
+                t.add_row(cell(f.rule, style=_STYLE[f.level]) if first else "", cell(f.field) if first else "",
+                          cell(shown), cell(", ".join(names), None))
         console.print(t)
     for f in result.findings:
-        if f in diffs:
+        if id(f) in shown_as_diff:
             continue
-        console.print(f"[{style[f.level]}]{f.level}[/]: {f.rule}: ", end="")
-        console.print(f.message, markup=False, highlight=False, soft_wrap=True)
+        line = Text.assemble((f.level, _STYLE[f.level]), f": {f.rule}: ", one_line(f.message, LINE_LIMIT))
+        console.print(line, highlight=False, soft_wrap=True)
     checked = sum(1 for n in result.nodes if n.ok)
     fails = sum(1 for f in result.findings if f.level == FAIL)
     warns = sum(1 for f in result.findings if f.level == WARN)

@@ -341,17 +341,28 @@ GPU_REPORT: dict = {
 
 def gpu_report(n: int, **changes) -> dict:
     """:data:`GPU_REPORT` for node ``node-n`` (own hostname, address 10.0.0.1n, GPU UUID
-    ending in n), then ``changes`` applied: keys are dotted paths, values replace."""
+    ending in n), then ``changes`` applied: keys are dotted paths (a number indexes a
+    list: ``gpus.0.uuid``), values replace."""
     doc = copy.deepcopy(GPU_REPORT)
     doc["hostname"] = f"node-{n}"
     doc["gpus"][0]["uuid"] = f"GPU-8f6a1c52-0d1e-4a7b-9c3e-1f2a3b4c5d{n:02d}"
     doc["network"]["interfaces"][1]["addresses"][0]["address"] = f"10.0.0.{10 + n}"
     doc["network"]["hostname_addresses"] = [f"10.0.0.{10 + n}"]
     for path, value in changes.items():
-        cur = doc
-        parts = path.split(".")
-        for p in parts[:-1]:
-            cur = cur[p]
+        set_path(doc, path, value)
+    return doc
+
+
+def set_path(doc: dict, path: str, value) -> dict:
+    """Set ``doc[a][b][0]...`` for the dotted ``path`` ``"a.b.0"`` (a number indexes a
+    list) to ``value``; returns ``doc``."""
+    cur = doc
+    parts = path.split(".")
+    for p in parts[:-1]:
+        cur = cur[int(p)] if isinstance(cur, list) else cur[p]
+    if isinstance(cur, list):
+        cur[int(parts[-1])] = value
+    else:
         cur[parts[-1]] = value
     return doc
 

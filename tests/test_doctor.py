@@ -6,12 +6,14 @@ a second network, --shm-size, NCCL_SOCKET_IFNAME, --cpus) and on hand-written re
 from __future__ import annotations
 
 import datetime
+import json
 import time
 
 import docker.errors
 import pytest
 
 from builder import doctor
+from builder.nodereport import InvalidReport
 from fixtures_nodes import (  # noqa: F401 - pytest fixtures
     CASE_LABEL,
     check,
@@ -254,8 +256,8 @@ def test_report_files_skip_live_checks_and_name_bad_files(tmp_path):
     assert code == 3
     assert statuses(doc) == {"nodes": "unknown", "port": "skip", "interface": "pass", "shm": "pass",
                              "straggler": "skip"}
-    assert check(doc, "nodes")["details"] == [f"{paths[2]}: is not JSON: Expecting property name enclosed in "
-                                              "double quotes at line 1 column 2"]
+    assert check(doc, "nodes")["details"] == [f"{paths[2]}: not valid JSON: Expecting property name enclosed in "
+                                              "double quotes: line 1 column 2 (char 1)"]
     assert check(doc, "port")["message"] == "needs live nodes (report files give reports only)"
 
 
@@ -263,3 +265,96 @@ def test_unknown_check_is_a_usage_error():
     proc = run_envbuild("doctor", "--checks", "port,bogus")
     assert proc.returncode == 64
     assert "unknown bogus" in proc.stderr
+
+
+# --- nothing checked, nothing masked (issue 8) ---------------------------------------------------
+
+def test_doctor_that_checked_nothing_exits_3(tmp_path):
+    missing = tmp_path / "missing.json"
+    proc = run_envbuild("doctor", "--checks", "shm", str(missing))
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        3, "", f"error: doctor checked nothing: no node answered (1 given): {missing}: no such node report\n")
+    paths = write_reports(tmp_path, {"n1.json": gpu_report(1), "n2.json": gpu_report(2)})
+    proc = run_envbuild("doctor", "--checks", "port,straggler", *paths)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        3, "", "error: doctor checked nothing: port: needs live nodes (report files give reports only); "
+               "straggler: needs live nodes (report files give reports only)\n")
+    old = {k: v for k, v in gpu_report(1).items() if k not in ("network", "shm")}
+    proc = run_envbuild("doctor", "--checks", "shm,interface", *write_reports(tmp_path, {"old.json": old}))
+    assert (proc.returncode, proc.stderr) == (
+        3, "error: doctor checked nothing: interface: no report has a network section; "
+           "shm: /dev/shm size not reported by node-1\n")
+    # the passing twin: the same checks on reports that carry the data
+    code, doc, _ = doctor_json("--checks", "shm", *paths)
+    assert (code, statuses(doc)) == (0, {"shm": "pass"})
+
+
+def test_a_node_that_did_not_answer_is_never_left_out(tmp_path):
+    missing = tmp_path / "missing.json"
+    paths = write_reports(tmp_path, {"n1.json": gpu_report(1)})
+    code, doc, _ = doctor_json("--checks", "shm", *paths, str(missing))
+    assert (code, statuses(doc)) == (3, {"nodes": "unknown", "shm": "pass"})
+    assert check(doc, "nodes")["message"] == f"1 of 2 nodes could not be checked: {missing}: no such node report"
+
+
+def test_checks_without_any_source_are_a_usage_error():
+    proc = run_envbuild("doctor", "--checks", "shm")
+    assert (proc.returncode, proc.stderr) == (
+        64, "envbuild doctor: give report files, --image/--container/--label, --hosts or --slurm\n")
+    proc = run_envbuild("doctor", "--checks", "shm", "x.json", "--min-shm", "256m\n")
+    assert proc.returncode == 64
+    assert proc.stderr == "envbuild doctor: --min-shm: '256m\\n' is not a size like 256m or 1g\n"
+
+
+def test_doctor_output_is_escaped_never_markup(tmp_path):
+    busy = gpu_report(2, gpu_processes=[{"gpu_index": 0, "gpu_uuid": "GPU-8f6a1c52-0d1e-4a7b-9c3e-1f2a3b4c5d02",
+                                         "pid": 48213, "used_memory_bytes": 1 << 30,
+                                         "name": "[/][bold red]x\x1b[2J\u202e"}])
+    paths = write_reports(tmp_path, {"n1.json": gpu_report(1), "n2.json": busy})
+    proc = run_envbuild("doctor", "--checks", "gpu-processes", *paths, str(tmp_path / "[/]gone\x1b.json"))
+    assert proc.returncode == 3, proc.stderr
+    out = proc.stdout
+    assert "\x1b" not in out and "\u202e" not in out
+    assert ("  node-2 GPU 0 (GPU-8f6a1c52-0d1e-4a7b-9c3e-1f2a3b4c5d02): pid 48213 ([/][bold red]x\\x1b[2J\\u202e) "
+            "holds 1.0 GiB") in out.splitlines()
+    assert f"  {tmp_path}/[/]gone\\x1b.json: no such node report" in out.splitlines()
+    code, doc, _ = doctor_json("--checks", "gpu-processes", *paths)  # --json: the exact strings
+    assert code == 2
+    assert check(doc, "gpu-processes")["details"] == [
+        "node-2 GPU 0 (GPU-8f6a1c52-0d1e-4a7b-9c3e-1f2a3b4c5d02): pid 48213 ([/][bold red]x\x1b[2J\u202e) holds 1.0 GiB"]
+
+
+@pytest.mark.parametrize("line, spec, message", [
+    ('{"compute": {"backend": "torch-cpu", "iters": 1, "seconds": [], "best_s": 0}}', "AGENT_COMPUTE",
+     "ssh n: agent output: compute.best_s: 0 is not a number in 1e-09..1e+09"),
+    ('{"pairs": [{"peer": "x", "round": 0, "seconds": 1.0, "error": null}]}', "AGENT_PAIRS",
+     "ssh n: agent output: pairs[0].peer: 'x' is not an integer in 0..65535"),
+    ('{"ports": {"29500": "listening"}, "sample": [70000]}', "AGENT_LISTEN",
+     "ssh n: agent output: sample[0]: 70000 is not a port (0..65535)"),
+    ('{"results": {"rdzv:a": {"status": "[/]", "detail": "", "seconds": 0}}}', "AGENT_CONNECT",
+     "ssh n: agent output: results.rdzv:a.status: '[/]' is not 'ok' or 'open' or 'refused' or 'timeout' or "
+     "'unreachable' or 'error'"),
+])
+def test_agent_output_is_checked_before_use(line, spec, message):
+    with pytest.raises(InvalidReport) as err:
+        doctor._last_json("noise\n" + line + "\n", getattr(doctor, spec), "ssh n")
+    assert str(err.value) == message
+    # the passing twin: the agent's real output shape
+    good = {"AGENT_COMPUTE": '{"compute": {"backend": "torch-cpu", "iters": 1, "seconds": [0.5], "best_s": 0.5}}',
+            "AGENT_PAIRS": '{"pairs": [{"peer": 1, "round": 0, "seconds": 1.0, "error": null}]}',
+            "AGENT_LISTEN": '{"ports": {"29500": "listening"}, "sample": [32768]}',
+            "AGENT_CONNECT": '{"results": {"rdzv:a": {"status": "ok", "detail": "connected", "seconds": 0.0}}}'}
+    assert doctor._last_json(good[spec], getattr(doctor, spec), "ssh n") == json.loads(good[spec])
+    assert doctor._last_json('{"deep": ' + "[" * 5000 + "]" * 5000 + "}", getattr(doctor, spec), "n") is None
+
+
+@pytest.mark.parametrize("text, size", [("256m", 256 << 20), ("1g", 1 << 30), ("1.5GiB", 3 << 29), ("1048576", 1 << 20)])
+def test_parse_size(text, size):
+    assert doctor.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["256m\n", " 1g", "-1m", "1e400m", "nan", "", "1" * 16])
+def test_parse_size_refuses(text):
+    with pytest.raises(doctor.EnvbuildError) as err:
+        doctor.parse_size(text)
+    assert err.value.message == "is not a size like 256m or 1g"

@@ -97,7 +97,160 @@ def test_split_host(spec, parsed):
 def test_ssh_argv_is_batch_mode():
     assert gather.ssh_argv("h", 2222, "/cfg", ["StrictHostKeyChecking=yes"], 4) == [
         "ssh", "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=4", "-F", "/cfg",
-        "-o", "StrictHostKeyChecking=yes", "-p", "2222", "h"]
+        "-o", "StrictHostKeyChecking=yes", "-p", "2222", "--", "h"]
+
+
+# --- arguments that reach ssh/srun (issue 8) ----------------------------------------------------------
+
+@pytest.mark.parametrize("spec, parsed", [
+    ("[fe80::1]:2200", ("fe80::1", 2200)), ("u_1@node-7.cluster", ("u_1@node-7.cluster", None)),
+    ("10.0.0.5", ("10.0.0.5", None))])
+def test_split_host_forms(spec, parsed):
+    assert gather.split_host(spec) == parsed
+
+
+@pytest.mark.parametrize("spec", [
+    "-oProxyCommand=touch /tmp/x", "-x", "node-a\n", "node a", "user@", "@h", "h:0", "h:65536", "h:22\n",
+    "h;id", "h$(id)", "[fe80::1", "", "a" * 300])
+def test_bad_hosts_are_usage_errors(spec):
+    with pytest.raises(gather.EnvbuildError) as err:
+        gather.split_host(spec)
+    assert err.value.exit_code == 64
+
+
+def test_ssh_argv_never_takes_a_host_as_an_option():
+    with pytest.raises(gather.EnvbuildError) as err:
+        gather.ssh_argv("-oProxyCommand=x")
+    assert (err.value.exit_code, str(err.value)) == (64, "--hosts: '-oProxyCommand=x' is not a host (it starts with -)")
+    assert gather.ssh_argv("node-a")[-2:] == ["--", "node-a"]
+
+
+@pytest.mark.parametrize("opt, ok", [
+    ("ConnectTimeout=3", True), ("StrictHostKeyChecking=yes", True), ("ProxyJump=bastion:2222", True),
+    ("IdentityFile=~/.ssh/id_ed25519", True), ("proxycommand=sh -c x", False), ("ProxyCommand=nc", False),
+    ("LocalCommand=id", False), ("PermitLocalCommand=yes", False), ("KnownHostsCommand=id", False),
+    ("PKCS11Provider=/tmp/evil.so", False), ("BatchMode=no", False), ("LocalForward=1:h:2", False),
+    ("User=root ProxyCommand=x", False), ("ProxyJump=-oProxyCommand=x", False), ("User=root\n", False),
+    ("ConnectTimeout", False), ("=x", False)])
+def test_ssh_options_are_key_value_from_a_safe_set(opt, ok):
+    if ok:
+        assert gather.check_ssh_option(opt) == opt
+        return
+    with pytest.raises(gather.EnvbuildError) as err:
+        gather.check_ssh_option(opt)
+    assert err.value.exit_code == 64
+
+
+@pytest.mark.parametrize("check, value, ok", [
+    ("check_partition", "debug", True), ("check_partition", "gpu,debug", True), ("check_partition", "debug\n", False),
+    ("check_partition", "-w node", False), ("check_partition", "a b", False),
+    ("check_srun_arg", "--account=ml", True), ("check_srun_arg", "--exclusive", True),
+    ("check_srun_arg", "--time=00:10:00", True), ("check_srun_arg", "--prolog=/tmp/x", False),
+    ("check_srun_arg", "--task-prolog=/tmp/x", False), ("check_srun_arg", "--output=/etc/x", False),
+    ("check_srun_arg", "--export=LD_PRELOAD=/x.so", False), ("check_srun_arg", "-A ml", False),
+    ("check_srun_arg", "--account=ml\n", False), ("check_srun_arg", "--account=a b", False),
+    ("check_python", "python3", True), ("check_python", "/opt/venv/bin/python3.11", True),
+    ("check_python", "./venv/bin/python", True), ("check_python", "--prolog=/x", False),
+    ("check_python", "-c", False), ("check_python", "python3; id", False), ("check_python", "python3\n", False),
+    ("check_python", "py thon", False), ("check_container", "node-1", True), ("check_container", "-x", False),
+    ("check_container", "../x", False), ("check_label", "envbuild.test-case=ab12", True),
+    ("check_label", "k=\x1b[2J", False), ("check_label", "=v", False)])
+def test_srun_python_and_engine_values_match_whole(check, value, ok):
+    fn = getattr(gather, check)
+    if ok:
+        assert fn(value) == value
+        return
+    with pytest.raises(gather.EnvbuildError) as err:
+        fn(value)
+    assert err.value.exit_code == 64
+
+
+def test_hostile_arguments_are_usage_errors_before_anything_runs(tmp_path):
+    pwned = tmp_path / "pwned"
+    for args, message in [
+        (["--hosts=-oProxyCommand=touch " + str(pwned)],
+         f"envbuild verify: argument --hosts: '-oProxyCommand=touch {pwned}' is not a host ([user@]host[:port]: "
+         "letters, digits, _ . -, not starting with -)"),
+        (["--hosts", "node-a", "--ssh-option", "ProxyCommand=touch " + str(pwned)],
+         f"envbuild verify: argument --ssh-option: 'ProxyCommand=touch {pwned}' is not an ssh option Key=Value "
+         "(printable, no blanks)"),
+        (["--hosts", "node-a", "--ssh-option", "LocalCommand=touch"],
+         "envbuild verify: argument --ssh-option: 'LocalCommand=touch' is refused: LocalCommand is not among the "
+         "ssh options envbuild passes on (connection, authentication and host-key settings; no commands, "
+         "forwardings or BatchMode); put it in an --ssh-config file"),
+        (["--slurm", "--srun-arg=--prolog=" + str(pwned)],
+         f"envbuild verify: argument --srun-arg: '--prolog={pwned}' is refused: --prolog is not among the srun "
+         "options envbuild passes on (resources, placement and accounting; no prologs, file redirections or "
+         "--export)"),
+        (["--slurm", "--partition", "debug\n"],
+         "envbuild verify: argument --partition: 'debug\\n' is not a Slurm partition name (letters, digits, "
+         "_ . -; a comma list)"),
+        (["--hosts", "node-a", "--python=--version"],
+         "envbuild verify: argument --python: '--version' is not an interpreter name or path (letters, digits, "
+         "_ . + - and /)"),
+    ]:
+        proc = run_envbuild("verify", *args, timeout=60)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (64, "", message + "\n"), args
+    assert not pwned.exists()
+
+
+def test_allowed_ssh_option_reaches_ssh(sshd):
+    code, doc = run_json("verify", "--hosts", "node-a", "--ssh-config", str(sshd.config),
+                         "--ssh-option", "ConnectTimeout=3", "--ssh-option", "ServerAliveInterval=5")
+    assert code in (0, 1), doc
+    assert [n["ok"] for n in doc["nodes"]] == [True]
+
+
+# --- output of a node, bounded (issue 8) ------------------------------------------------------------
+
+def _fake_python(tmp_path: Path, name: str, body: str) -> str:
+    """An executable that stands in for the node's python3: ``$#`` is 1 for the probe
+    (``python3 -``) and more for the doctor agent (``python3 - MODE ...``)."""
+    exe = tmp_path / name
+    exe.write_text("#!/bin/sh\ncat > /dev/null\n" + body)
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def test_a_node_that_prints_too_much_is_cut_off(sshd, tmp_path):
+    flood = _fake_python(tmp_path, "flood", "head -c 20000000 /dev/zero | tr '\\0' x\n")
+    t0 = time.monotonic()
+    code, doc = run_json("verify", "--hosts", "node-a", "--ssh-config", str(sshd.config), "--python", flood,
+                         "--timeout", "60")
+    assert time.monotonic() - t0 < 60
+    assert (code, [f["message"] for f in doc["findings"]]) == (
+        3, ["ssh node-a: printed over 16777216 bytes on stdout, the limit of a node report; stopped"])
+    # the passing twin: a node that prints a valid report of its own
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(gpu_report(1)))
+    good = _fake_python(tmp_path, "good", f"cat {report}\n")
+    code, doc = run_json("verify", "--hosts", "node-a", "--ssh-config", str(sshd.config), "--python", good)
+    assert (code, doc["findings"]) == (0, [])
+
+
+@pytest.mark.parametrize("body, message", [
+    ("printf '['%.0s $(seq 3000)\n", "ssh node-a: not valid JSON: nesting deeper than 64 levels"),
+    ("printf '{\"schema\": \"envbuild.probe/1\", \"x\": 1%s}' $(printf '0%.0s' $(seq 100))\n",
+     "ssh node-a: not valid JSON: an integer of 101 digits (at most 30)"),
+    ("printf '\\033[2J[/]'\n", "ssh node-a: not valid JSON: Expecting value: line 1 column 1 (char 0)"),
+])
+def test_hostile_output_of_a_node_is_one_line(sshd, tmp_path, body, message):
+    exe = _fake_python(tmp_path, "hostile", body)
+    code, doc = run_json("verify", "--hosts", "node-a", "--ssh-config", str(sshd.config), "--python", exe)
+    assert (code, [f["message"] for f in doc["findings"]]) == (3, [message])
+
+
+def test_hostile_agent_output_is_not_checked_not_a_traceback(sshd, tmp_path):
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(gpu_report(1, **{"network.ip_local_port_range": [32768, 32800]})))
+    exe = _fake_python(tmp_path, "agent", f'if [ "$#" -eq 1 ]; then cat {report}; else '
+                       'echo \'{"compute": {"backend": "x", "iters": 1, "seconds": [], "best_s": -1}}\'; fi\n')
+    code, doc = run_json("doctor", "--hosts", "node-a,node-b", "--ssh-config", str(sshd.config), "--python", exe,
+                         "--checks", "straggler")
+    assert code == 3, doc
+    assert check(doc, "straggler")["details"][:2] == [
+        "node-a: ssh node-a: agent output: compute.best_s: -1 is not a number in 1e-09..1e+09",
+        "node-b: ssh node-b: agent output: compute.best_s: -1 is not a number in 1e-09..1e+09"]
 
 
 # --- slurm ------------------------------------------------------------------------------------------
@@ -157,6 +310,21 @@ def test_container_reports_name_image_and_runtime(docker_client, torch_image, no
     assert r["network"]["default_route_interface"] == "eth0"
     assert r["network"]["hostname_addresses"] == [ip]
     assert r["torch"]["version"] == "2.13.0+cpu"
+
+
+def test_a_container_that_prints_too_much_is_cut_off(docker_client, torch_image, nodes_factory):
+    c = nodes_factory.start(torch_image, "flood")
+    rc, _ = c.exec_run(["sh", "-c", "printf '#!/bin/sh\\nhead -c 20000000 /dev/zero\\n' > /tmp/flood; "
+                        "chmod +x /tmp/flood"])
+    assert rc == 0
+    t0 = time.monotonic()
+    code, doc = run_json("verify", "--container", c.name, "--python", "/tmp/flood", "--timeout", "60")
+    assert time.monotonic() - t0 < 60
+    assert (code, [f["message"] for f in doc["findings"]]) == (
+        3, [f"container {c.name}: printed over 16777216 bytes on stdout, the limit of a node report; stopped"])
+    # the passing twin: the image's own python3 prints a valid report
+    code, doc = run_json("verify", "--container", c.name)
+    assert code in (0, 1) and [n["ok"] for n in doc["nodes"]] == [True], doc
 
 
 def test_no_running_container_cannot_check(docker_client, nodes_factory):

@@ -5,6 +5,8 @@ package run as two container nodes."""
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pytest
 
@@ -176,8 +178,9 @@ def test_nccl_default_pick_skips_docker_and_lo():
 # --- could not check ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text, message", [
-    ('{"schema": "envbuild.probe/1", "hostname": ', "is not JSON: Expecting value at line 1 column 44"),
-    (json.dumps(gpu_report(3, **{"torch.version": 5})), "torch.version: 5 is not a string"),
+    ('{"schema": "envbuild.probe/1", "hostname": ', "not valid JSON: Expecting value: line 1 column 44 (char 43)"),
+    (json.dumps(gpu_report(3, **{"torch.version": 5})), "torch.version: 5 is not a version (digits, letters, . + _ ! -)"),
+    (json.dumps(gpu_report(3, kernel=5)), "kernel: 5 is not a string"),
     (json.dumps(gpu_report(3, driver="570.x")), "driver: '570.x' is not a driver version like 570.124.06"),
     (json.dumps(gpu_report(3, schema="envbuild.probe/9")),
      "schema: 'envbuild.probe/9' is not a node-report schema this envbuild reads (envbuild.probe/1)"),
@@ -210,10 +213,9 @@ def test_unreadable_report(tmp_path):
                          str(tmp_path / "latin1.json"))
     assert code == 3
     assert [f["message"] for f in doc["findings"]] == [
-        f"{tmp_path}/missing.json: cannot be read: No such file or directory",
-        f"{tmp_path}/dir.json: cannot be read: Is a directory",
-        f"{tmp_path}/latin1.json: cannot be read: 'utf-8' codec can't decode byte 0xe9 in position 15: "
-        "invalid continuation byte"]
+        f"{tmp_path}/missing.json: no such node report",
+        f"{tmp_path}/dir.json: is a directory, not a node report",
+        f"{tmp_path}/latin1.json: is not UTF-8 text (byte 15)"]
 
 
 def test_validate_accepts_reports_from_before_issue_3():
@@ -271,3 +273,162 @@ def test_expected_node_count(docker_client, torch_image, nodes_factory):
     assert proc.returncode == 3
     assert f"expected 2 running containers of label envbuild.test-case={nodes_factory.case}, found 1: {c.name}" \
         in " ".join(proc.stderr.split())
+
+
+# --- bounded reading (issue 8) ------------------------------------------------------------------
+
+def _unknown_messages(doc: dict) -> list[str]:
+    return [f["message"] for f in doc["findings"] if f["level"] == "unknown"]
+
+
+def test_report_over_16_mib_is_refused_before_reading(tmp_path):
+    big = tmp_path / "big.json"
+    with open(big, "wb") as fh:  # sparse: refused by its size, never read
+        fh.truncate(16 * 1024 * 1024 + 1)
+    t0 = time.monotonic()
+    code, doc = run_json("verify", str(big), timeout=60)
+    assert (code, _unknown_messages(doc)) == (3, [f"{big}: is 16777217 bytes, over the 16777216-byte limit of "
+                                                  "a node report"])
+    assert time.monotonic() - t0 < 30
+    # the passing twin: a valid report padded to exactly the limit is read
+    text = json.dumps(gpu_report(1))
+    ok = tmp_path / "ok.json"
+    ok.write_text(text + " " * (16 * 1024 * 1024 - len(text)))
+    code, doc = run_json("verify", str(ok), *write_reports(tmp_path, {"n2.json": gpu_report(2)}), timeout=60)
+    assert (code, doc["findings"]) == (0, [])
+
+
+def test_fifo_device_and_directory_are_refused_without_hanging(tmp_path):
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)  # no writer: opening it for reading would block
+    (tmp_path / "dir.json").mkdir()
+    good = write_reports(tmp_path, {"n1.json": gpu_report(1)})
+    t0 = time.monotonic()
+    code, doc = run_json("verify", *good, str(fifo), "/dev/zero", str(tmp_path / "dir.json"), timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert (code, _unknown_messages(doc)) == (3, [
+        f"{fifo}: is not a regular file (a FIFO); give a node report",
+        "/dev/zero: is not a regular file (a character device); give a node report",
+        f"{tmp_path}/dir.json: is a directory, not a node report"])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[" * 10000 + "]" * 10000, "not valid JSON: nesting deeper than 64 levels"),
+    ('{"schema": "envbuild.probe/1", "x": ' + "[" * 100 + "]" * 100 + "}",
+     "not valid JSON: nesting deeper than 64 levels at x[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]"
+     "[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]"
+     "[0][0][0][0][0][0][0][0][0][0][0]"),
+    ("1" * 5000, "not valid JSON: an integer of 5000 digits (at most 30)"),
+    (json.dumps(gpu_report(3)).replace('"memory_total_bytes": 85520809984', '"memory_total_bytes": ' + "9" * 40),
+     "not valid JSON: an integer of 40 digits (at most 30)"),
+    (json.dumps(gpu_report(3)).replace('"index": 0', '"index": NaN'),
+     "not valid JSON: NaN is not a number (NaN and Infinity are refused)"),
+    (json.dumps(gpu_report(3)).replace('"index": 0', '"index": -Infinity'),
+     "not valid JSON: -Infinity is not a number (NaN and Infinity are refused)"),
+    (json.dumps(gpu_report(3)).replace('"6.8.0-49-generic"', '"6.8\\ud800"'),
+     "not valid JSON: kernel: a lone surrogate in a string (not valid Unicode)"),
+    (json.dumps(gpu_report(3)).replace('"NCCL_SOCKET_IFNAME"', '"NCCL_\\udfff"'),
+     "not valid JSON: env.NCCL_\\udfff: a lone surrogate in a key (not valid Unicode)"),
+])
+def test_unbounded_json_is_one_line_exit_3(tmp_path, text, message):
+    paths = write_reports(tmp_path, {"n1.json": gpu_report(1), "bad.json": text})
+    code, doc = run_json("verify", *paths)
+    assert (code, _unknown_messages(doc)) == (3, [f"{paths[1]}: {message}"])
+    proc = run_envbuild("verify", *paths)  # the human output: the same one line, no traceback
+    assert (proc.returncode, proc.stderr) == (3, "")
+    assert [line for line in proc.stdout.splitlines() if line.startswith("unknown: ")] == [
+        f"unknown: invalid: {paths[1]}: {message}"]
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("network.ip_local_port_range", [32768, 70000], "network.ip_local_port_range[1]: 70000 is not a port (0..65535)"),
+    ("network.ip_local_port_range", [-1, 60999], "network.ip_local_port_range[0]: -1 is not a port (0..65535)"),
+    ("network.ip_local_port_range", [60999, 32768],
+     "network.ip_local_port_range: [60999, 32768] is not a port range: low > high"),
+    ("network.ip_local_port_range", [1, 2, 3],
+     "network.ip_local_port_range: [1, 2, 3] is not a list of two ports [low, high]"),
+    ("gpu_processes", [{"gpu_index": 0, "gpu_uuid": "GPU-1", "pid": 0, "used_memory_bytes": 1, "name": None}],
+     "gpu_processes[0].pid: 0 is not a PID (1..4194304)"),
+    ("gpu_processes", [{"gpu_index": 0, "gpu_uuid": "GPU-1", "pid": 1 << 23, "used_memory_bytes": 1, "name": None}],
+     "gpu_processes[0].pid: 8388608 is not a PID (1..4194304)"),
+    ("shm.size_bytes", -1, "shm.size_bytes: -1 is not a byte count (0..2**63-1)"),
+    ("gpus", [gpu_report(1)["gpus"][0]] * 1025, "gpus: has 1025 items, over the limit of 1024"),
+    ("kernel", "6" * 4097, "kernel: is 4097 characters long, over the limit of 4096"),
+    ("gpus.0.index", True, "gpus[0].index: True is not an index (>= 0)"),
+    ("network.interfaces.1.name", "eth0/x", "network.interfaces[1].name: 'eth0/x' is not an interface name "
+     "(at most 15 characters, no / : or blank)"),
+    ("network.interfaces.1.addresses.0.address", "10.0.0.300",
+     "network.interfaces[1].addresses[0].address: '10.0.0.300' is not an IP address"),
+    ("hostname", "node 1", "hostname: 'node 1' is not a host name (letters, digits, _ . -)"),
+])
+def test_bounded_report_fields(tmp_path, path, value, message):
+    paths = write_reports(tmp_path, {"n1.json": gpu_report(1), "bad.json": gpu_report(2, **{path: value})})
+    code, doc = run_json("verify", *paths)
+    assert (code, _unknown_messages(doc)) == (3, [f"{paths[1]}: {message}"])
+
+
+# --- output: escaped, never markup (issue 8) ------------------------------------------------------
+
+HOSTILE_STRINGS = {"kernel": "[/]", "os.pretty_name": "[bold red]x", "glibc": "\x1b[2J2.39",
+                   "env.NCCL_DEBUG": "INFO\u202eOFNI", "errors": ["[/]probe \x1b]0;title\x07 failed"]}
+
+
+def test_report_strings_print_literally_and_escaped(tmp_path):
+    paths = write_reports(tmp_path, {"n1.json": gpu_report(1, **HOSTILE_STRINGS),
+                                     "n2.json": gpu_report(2),
+                                     "[red]gone.json": "{"})
+    proc = run_envbuild("verify", *paths)
+    assert (proc.returncode, proc.stderr) == (3, "")
+    out = proc.stdout
+    assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out
+    rows = [" ".join(line.replace("│", " ").split()) for line in out.splitlines()]
+    assert "should-match kernel [/] node-1" in rows
+    assert "should-match glibc \\x1b[2J2.39 node-1" in rows
+    assert "should-match env.NCCL_DEBUG INFO\\u202eOFNI node-1" in rows
+    assert "warn: probe-errors: node-1: probe: [/]probe \\x1b]0;title\\x07 failed" in rows
+    assert f"unknown: invalid: {tmp_path}/[red]gone.json: not valid JSON: Expecting property name enclosed in " \
+           "double quotes: line 1 column 2 (char 1)" in " ".join(rows)
+    # --json is exact JSON: the raw strings, escaped by JSON itself
+    code, doc = run_json("verify", *paths)
+    assert code == 3
+    assert finding(doc, "should-match", "glibc")[0]["groups"][0] == {"value": "\x1b[2J2.39", "nodes": ["node-1"]}
+    assert finding(doc, "should-match", "kernel")[0]["groups"][0] == {"value": "[/]", "nodes": ["node-1"]}
+    # the passing twin: the same reports without the hostile strings print the same rows plainly
+    plain = write_reports(tmp_path, {"p1.json": gpu_report(1, kernel="6.8.0-50-generic"), "p2.json": gpu_report(2)})
+    proc = run_envbuild("verify", *plain)
+    assert proc.returncode == 1
+    assert "should-match kernel 6.8.0-50-generic node-1" in [" ".join(l.replace("│", " ").split())
+                                                              for l in proc.stdout.splitlines()]
+
+
+# --- linear in nodes and fields (issue 8) ----------------------------------------------------------
+
+def test_20k_env_entries_and_2000_interfaces_finish(tmp_path):
+    interfaces = [{"name": f"veth{i}", "index": 10 + i, "up": True, "loopback": False, "mtu": 1500,
+                   "addresses": [{"family": "inet", "address": f"10.1.{i // 250}.{i % 250 + 1}", "prefixlen": 16}]}
+                  for i in range(2000)]
+    ifname = ",".join(f"ib{i}" for i in range(10000)) + ",veth1999"  # 68k characters
+    docs = {}
+    for n in (1, 2):
+        doc = gpu_report(n)
+        doc["env"] = {f"NCCL_KNOB_{i}": str(i + n) for i in range(20000)}
+        doc["env"]["NCCL_SOCKET_IFNAME"] = ifname
+        doc["network"]["interfaces"] += interfaces
+        docs[f"n{n}.json"] = doc
+    paths = write_reports(tmp_path, docs)
+    t0 = time.monotonic()
+    proc = run_envbuild("verify", *paths, timeout=300)
+    took = time.monotonic() - t0
+    assert proc.returncode == 1, proc.stderr[-500:]
+    assert proc.stdout.splitlines()[-1] == ("verify: 2 of 2 nodes checked; 0 failed, 20000 warnings, "
+                                            "0 not checked -> exit 1")
+    assert took < 20, f"verify took {took:.0f} s for 20000 differing variables"
+    t0 = time.monotonic()
+    code, doc = run_json("doctor", *paths, "--checks", "interface,shm", timeout=300)
+    took = time.monotonic() - t0
+    assert (code, statuses(doc)) == (0, {"interface": "pass", "shm": "pass"})
+    assert took < 20, f"doctor took {took:.0f} s"
+
+
+def statuses(doc: dict) -> dict[str, str]:
+    return {c["name"]: c["status"] for c in doc["checks"]}
