@@ -614,6 +614,78 @@ def test_refused_submission_is_one_line_exit_3(slurm_node, torch_image, tmp_path
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--partition", "debug"], "envbuild certify: --partition, --slurm-dir go(es) with --launcher slurm"),
+    (["--launcher", "k8s", "--sbatch-arg=--account=ml"], "envbuild certify: --slurm-dir, --sbatch-arg go(es) with "
+     "--launcher slurm"),
+    (["--launcher", "slurm", "--time-limit", "0"],
+     "envbuild certify: argument --time-limit: '0' must be more than 0 (0 means no limit)"),
+    (["--launcher", "slurm", "--time-limit", "x\n"], r"envbuild certify: argument --time-limit: 'x\n' is not a "
+     "Slurm time limit (M, M:S, H:M:S, D-H, D-H:M or D-H:M:S)"),
+    (["--launcher", "slurm", "--partition", "debug\n"], r"envbuild certify: argument --partition: 'debug\n' is not "
+     "a partition name (letters, digits, _.-; a comma list of at most 16)"),
+    (["--launcher", "slurm", "--sbatch-arg=--account=ml\n#SBATCH --wrap=id"],
+     r"envbuild certify: argument --sbatch-arg: '--account=ml\n#SBATCH --wrap=id' is not one sbatch option: "
+     r"--name or --name=value (letters, digits and _.,:/@%+=[]-; no blanks, quotes or shell characters)"),
+    (["--launcher", "slurm", "--sbatch-arg=--chdir=/tmp"],
+     "envbuild certify: argument --sbatch-arg: '--chdir=/tmp' is set by envbuild itself (the run folder, from "
+     "--slurm-dir)"),
+    (["--launcher", "slurm", "--container-image", "/x.sqsh\n"], r"envbuild certify: argument --container-image: "
+     r"'/x.sqsh\n' is not an image reference, enroot URI or absolute path (letters, digits, ._:/@#+=-)"),
+    (["--launcher", "slurm", "--container-runtime", "pyxis", "--container-image", "a,b"],
+     "envbuild certify: argument --container-image: 'a,b' is not an image reference, enroot URI or absolute path "
+     "(letters, digits, ._:/@#+=-)"),
+    (["--launcher", "slurm", "--socket-ifname", "eth0\n"],
+     r"error: --socket-ifname: 'eth0\n' is not a network interface name (1-15 letters, digits, _.:-)"),
+    (["--launcher", "slurm", "--slurm-nodes", "0"], "envbuild certify: argument --slurm-nodes: '0' is not an integer "
+     "in 1..1024"),
+    (["--launcher", "slurm", "--nodes", "2", "--slurm-nodes", "3"],
+     "error: --slurm-nodes: 3 must be between 1 and the number of nodes (2)"),
+    (["--launcher", "slurm", "--nodes", "4", "--slurm-nodes", "3"],
+     "error: --slurm-nodes: 3 must divide the number of nodes (4) evenly"),
+    (["--launcher", "slurm", "--pending-timeout", "-5"],
+     "envbuild certify: argument --pending-timeout: '-5' is not a number in (0..604800]"),
+    (["--launcher", "slurm", "--pending-timeout", "nan"],
+     "envbuild certify: argument --pending-timeout: 'nan' is not a number in (0..604800]"),
+    (["--launcher", "slurm", "--container-runtime", "podman"], "envbuild certify: argument --container-runtime: "
+     "invalid choice: 'podman' (choose from 'docker', 'pyxis', 'apptainer')"),
+])
+def test_usage_errors_exit_64_before_the_engine_is_contacted(args, message, tmp_path):
+    """With no Docker engine (DOCKER_HOST: a missing socket) a bad Slurm option is still a
+    usage error (64), not "could not check" (3): the arguments are checked first."""
+    exe = Path(sys.executable).parent / "envbuild"
+    proc = subprocess.run([str(exe), "--images-dir", str(tmp_path), "certify", "envbuild/cpu-torch2:none", *args,
+                           "--slurm-dir", str(tmp_path / "s")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    assert (proc.returncode, proc.stderr.strip()) == (64, message)
+    assert not (tmp_path / "s").exists()
+
+
+def test_usage_error_twin_contacts_the_engine(tmp_path):
+    """The same command line with good values gets as far as the (missing) engine: exit 3."""
+    exe = Path(sys.executable).parent / "envbuild"
+    sock = f"unix://{tmp_path}/no-engine.sock"
+    proc = subprocess.run([str(exe), "--images-dir", str(tmp_path), "certify", "envbuild/cpu-torch2:none",
+                           "--launcher", "slurm", "--time-limit", "10", "--partition", "debug", "--nodes", "4",
+                           "--slurm-nodes", "2", "--sbatch-arg=--account=ml", "--pending-timeout", "60",
+                           "--slurm-dir", str(tmp_path / "s")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DOCKER_HOST": sock})
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.startswith(f"error: no Docker engine answers at {sock}"), proc.stderr
+
+
+def test_slurm_nodes_over_the_image_nodes_is_64_after_reading_its_labels(torch_image, tmp_path):
+    """Without --nodes the number of nodes comes from the image's labels (2): this one
+    combination can only be checked once the engine answered; still a usage error."""
+    exe = Path(sys.executable).parent / "envbuild"
+    proc = subprocess.run([str(exe), "--images-dir", str(tmp_path), "certify", torch_image, "--launcher", "slurm",
+                           "--slurm-nodes", "3", "--slurm-dir", str(tmp_path / "s")],
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr.strip().splitlines()[-1]) == (
+        64, "error: --slurm-nodes: 3 must be between 1 and the number of nodes (2)")
+    assert not (tmp_path / "s").exists()
+
+
 # --------------------------------------------------------------------------- regeneration
 
 
