@@ -3,7 +3,9 @@
 Commands: ``check``, ``render``, ``build``, ``certify``, ``make`` (check -> render -> build
 -> certify), ``probe``, ``verify``, ``doctor``, ``base``, ``lock``, ``push``, ``pull``, ``k8s render``. Errors from any stage are :class:`EnvbuildError` values
 printed as one line each (no traceback) with the exit code of the shared table
-(``builder/errors.py``); usage errors exit 64; SIGINT/SIGTERM exit 130 after cleanup.
+(``builder/errors.py``); usage errors exit 64, found before anything is contacted
+(:func:`_check_args`); SIGINT/SIGTERM exit 130 after cleanup; an unexpected exception (a
+bug) exits 70 with its traceback, every line escaped.
 ``certify`` and ``make`` run the ranks where ``--launcher`` says: local Docker containers
 (default), one Slurm batch job (:mod:`builder.launchers.slurm`) or a Kubernetes Indexed Job.
 """

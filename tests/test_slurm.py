@@ -309,16 +309,18 @@ Failures:
 """
 
 
-def collect(tmp_path, state, reason, *, job_log, node_log="", exit_status="SIGTERM"):
-    """SlurmLauncher._collect of a finished 2-node run whose folder holds ``job_log``,
-    ``node_log`` for node 1 and ``exit_status`` in each node-<i>.exit; no rank results."""
+def collect(tmp_path, state, reason, *, job_log, logs, exits=("SIGTERM", "SIGTERM")):
+    """SlurmLauncher._collect of a finished 2-node run (one rank each) whose folder holds
+    ``job_log``, the node logs ``logs`` ({node: text}) and ``exits[i]`` in node-<i>.exit; no
+    rank results."""
     folder = tmp_path / f"slurm-{RUN_ID}"
     for sub in (slurm.RESULTS_DIR, slurm.LOGS_DIR):
         (folder / sub).mkdir(parents=True)
     (folder / slurm.JOB_LOG).write_text(job_log)
-    (folder / slurm.LOGS_DIR / "node-1.log").write_text(node_log)
-    for node in (0, 1):
-        (folder / slurm.RESULTS_DIR / f"node-{node}.exit").write_text(exit_status + "\n")
+    for node, text in logs.items():
+        (folder / slurm.LOGS_DIR / f"node-{node}.log").write_text(text)
+    for node, status in enumerate(exits):
+        (folder / slurm.RESULTS_DIR / f"node-{node}.exit").write_text(status + "\n")
     launcher = slurm.SlurmLauncher(tmp_path, slurm.SlurmOptions(slurm_nodes=1, time_limit="1"))
     launcher.job_id = "21"
     outcome = slurm._Outcome(slurm.JobInfo(state=state, reason=reason, exit_code="0:15"), started_at="")
@@ -331,7 +333,7 @@ def test_time_limit_verdict_comes_from_the_job_state_not_a_log_line(tmp_path):
     """The job state TIMEOUT alone makes the verdict "timeout, could not check" (3), with an
     empty job.log (slurmstepd's "DUE TO TIME LIMIT" line not written yet) and with torchrun's
     summary blaming rank 1 for the SIGTERM that ended the job (a race with docker rm)."""
-    launch, v = collect(tmp_path, "TIMEOUT", "TimeLimit", job_log="", node_log=TORCHRUN_SIGTERM)
+    launch, v = collect(tmp_path, "TIMEOUT", "TimeLimit", job_log="", logs={1: TORCHRUN_SIGTERM})
     assert launch.timed_out and launch.rank_exit_codes == {}
     assert v == {"passed": False, "exit_code": 3, "warnings": [], "failures": [
         f"Slurm job 21 ended TIMEOUT (TimeLimit): cancelled by Slurm at its time limit (--time=1), exit code 0:15; "
@@ -341,13 +343,26 @@ def test_time_limit_verdict_comes_from_the_job_state_not_a_log_line(tmp_path):
 
 def test_a_time_limit_log_line_without_the_state_is_no_timeout_twin(tmp_path):
     """The fault the other way round: a COMPLETED job whose log happens to hold the line is
-    not a timeout, and a rank that torchrun saw killed is blamed (2)."""
+    not a timeout, and a rank that torchrun saw killed on a node that exited by itself is
+    blamed (2)."""
     line = "slurmstepd-vm: error: *** JOB 21 ON vm CANCELLED AT 2026-12-01T08:50:30 DUE TO TIME LIMIT ***"
-    launch, v = collect(tmp_path, "COMPLETED", None, job_log=line + "\n", node_log=TORCHRUN_SIGTERM,
-                        exit_status="1")
+    launch, v = collect(tmp_path, "COMPLETED", None, job_log=line + "\n", logs={1: TORCHRUN_SIGTERM},
+                        exits=("1", "1"))
     assert not launch.timed_out and launch.rank_exit_codes == {1: -15} and launch.notes == []
     assert v["exit_code"] == 2 and v["failures"] == ["rank 0 wrote no result: node 0 exited with 1",
                                                      "rank 1 was killed by signal 15"]
+
+
+def test_a_node_stopped_after_another_failed_is_not_blamed_for_the_signal(tmp_path):
+    """srun --kill-on-bad-exit: node 1 exits 1, Slurm stops node 0 (its task's trap writes
+    SIGTERM); torchrun on node 0 may report its rank killed by signal 15: it is the node
+    that was stopped, not a rank that failed."""
+    failing = TORCHRUN_SIGTERM.replace("rank      : 1 (local_rank: 0)", "rank      : 0 (local_rank: 0)")
+    launch, v = collect(tmp_path, "FAILED", "NonZeroExitCode", job_log="srun: error: vm: task 1: Exited with exit "
+                        "code 1\n", logs={0: failing}, exits=("SIGTERM", "1"))
+    assert launch.rank_exit_codes == {} and launch.killed_after_s == 0.0
+    assert v["exit_code"] == 2 and v["failures"][1:] == [
+        "rank 0 did not finish: killed 0 s after another node failed", "rank 1 wrote no result: node 1 exited with 1"]
 
 
 def test_judge_lists_the_job_state_first_and_keeps_the_exit_code():
@@ -501,7 +516,11 @@ def test_job_over_its_time_limit_is_cancelled_and_reported(slurm_node, docker_cl
     assert v["failures"][1:] == ["rank 0 did not finish within 60 s (timeout)",
                                  "rank 1 did not finish within 60 s (timeout)"]
     assert {n["exit_code"] for n in cert["node_status"].values()} == {None}
-    assert any("SIGTERM: removing container" in line for line in cert["node_status"]["1"]["log_tail"])
+    # the trap's line, in the whole log: torchrun's own SIGTERM traceback may follow it and
+    # push it out of the certificate's log tail
+    for node in (0, 1):
+        log = (launcher.folder / "logs" / f"node-{node}.log").read_text()
+        assert f"envbuild: node {node}: SIGTERM: removing container envbuild-slurm-{launcher.job_id}-{node}" in log
     assert elapsed < 60 + slurm.END_MARGIN_S, elapsed
     print(f"time limit: {elapsed:.1f} s")
 

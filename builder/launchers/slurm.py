@@ -1179,12 +1179,13 @@ class SlurmLauncher:
             if state in ("TIMEOUT", "DEADLINE"):
                 timed_out, deadline_s = True, float(limit_s)
                 what += f": cancelled by Slurm at its time limit (--time={time_limit_for(spec, self.options)})"
-        if timed_out or outcome.gave_up or state in INTERRUPTED_STATES:
-            # the job was ended from outside (time limit, scancel): SIGTERM, then SIGKILL after
-            # KillWait, reach torchrun too (docker run passes signals on), and its summary may
-            # or may not be written before the container goes: that signal is no rank's fault
-            for r in [r for r, c in rank_exit.items() if c in STOP_STATUSES]:
-                del rank_exit[r]
+        # A node Slurm stopped (time limit, scancel, srun --kill-on-bad-exit: node-<i>.exit
+        # holds the signal's name, or nothing) had SIGTERM, then SIGKILL after KillWait, reach
+        # torchrun too (docker run passes signals on); its summary may or may not be written
+        # before the container goes: that signal is no fault of the node's ranks.
+        for r in [r for r, c in rank_exit.items()
+                  if c in STOP_STATUSES and node_exit.get(r // spec.nproc_per_node, 0) is None]:
+            del rank_exit[r]
         if outcome.gave_up == "pending" or (not outcome.gave_up and state in INTERRUPTED_STATES):
             for r in missing:
                 if r not in rank_exit:
