@@ -39,7 +39,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
@@ -152,12 +152,24 @@ def check_statement(doc: Any, subject_digest: str | None = None, *, origin: str 
 # --------------------------------------------------------------------------- keys
 
 
+#: Largest key file read, in bytes (a PEM key is a few hundred bytes).
+MAX_KEY_BYTES = 1 << 20
+
+
 def _read_key_file(path: str | os.PathLike, what: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as e:
-        raise EnvbuildError(f"cannot read the {what}: {e.strerror or e}", file=str(path),
-                            exit_code=ExitCode.USAGE) from None
+    """The bytes of a key file, read bounded (:func:`builder.inputs.read_regular`).
+
+    Raises:
+        Unreachable: (exit 3) missing, not a regular file (a FIFO, a device, a directory),
+            over :data:`MAX_KEY_BYTES`, unreadable.
+    """
+    from builder.inputs import read_regular
+
+    return read_regular(path, MAX_KEY_BYTES, what)
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def load_private_key(path: str | os.PathLike, password: bytes | None = None):
@@ -166,16 +178,17 @@ def load_private_key(path: str | os.PathLike, password: bytes | None = None):
     ``password`` defaults to ``$ENVBUILD_SIGN_KEY_PASSWORD`` when that is set.
 
     Raises:
-        EnvbuildError: (exit 64) unreadable file, not a PEM private key, wrong password,
-            or an unsupported key type.
+        Unreachable: (exit 3) the file cannot be read (:func:`_read_key_file`).
+        EnvbuildError: (exit 64) not a PEM private key, wrong password, or an unsupported
+            key type.
     """
     data = _read_key_file(path, "signing key")
     if password is None and os.environ.get(ENV_SIGN_KEY_PASSWORD):
         password = os.environ[ENV_SIGN_KEY_PASSWORD].encode()
     try:
         key = serialization.load_pem_private_key(data, password=password)
-    except (ValueError, TypeError) as e:
-        raise EnvbuildError(f"is not a usable PEM private key ({str(e).splitlines()[0]})",
+    except (ValueError, TypeError, UnsupportedAlgorithm) as e:
+        raise EnvbuildError(f"is not a usable PEM private key ({_first_line(e)})",
                             file=str(path), exit_code=ExitCode.USAGE) from None
     if not isinstance(key, (ed25519.Ed25519PrivateKey, ec.EllipticCurvePrivateKey)):
         raise EnvbuildError(f"key type {type(key).__name__} is not supported (Ed25519 or ECDSA)",
@@ -188,13 +201,14 @@ def load_public_key(path: str | os.PathLike):
     """Load a PEM public key (SubjectPublicKeyInfo) for verifying.
 
     Raises:
-        EnvbuildError: (exit 64) unreadable file, not a PEM public key, unsupported type.
+        Unreachable: (exit 3) the file cannot be read (:func:`_read_key_file`).
+        EnvbuildError: (exit 64) not a PEM public key, unsupported type.
     """
     data = _read_key_file(path, "public key")
     try:
         key = serialization.load_pem_public_key(data)
-    except (ValueError, TypeError) as e:
-        raise EnvbuildError(f"is not a PEM public key ({str(e).splitlines()[0]})",
+    except (ValueError, TypeError, UnsupportedAlgorithm) as e:
+        raise EnvbuildError(f"is not a PEM public key ({_first_line(e)})",
                             file=str(path), exit_code=ExitCode.USAGE) from None
     if not isinstance(key, (ed25519.Ed25519PublicKey, ec.EllipticCurvePublicKey)):
         raise EnvbuildError(f"key type {type(key).__name__} is not supported (Ed25519 or ECDSA)",

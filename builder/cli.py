@@ -3,7 +3,9 @@
 Commands: ``check``, ``render``, ``build``, ``certify``, ``make`` (check -> render -> build
 -> certify), ``probe``, ``verify``, ``doctor``, ``base``, ``lock``, ``push``, ``pull``, ``k8s render``. Errors from any stage are :class:`EnvbuildError` values
 printed as one line each (no traceback) with the exit code of the shared table
-(``builder/errors.py``); usage errors exit 64; SIGINT/SIGTERM exit 130 after cleanup.
+(``builder/errors.py``); usage errors exit 64, found before anything is contacted
+(:func:`_check_args`); SIGINT/SIGTERM exit 130 after cleanup; an unexpected exception (a
+bug) exits 70 with its traceback, every line escaped.
 ``certify`` and ``make`` run the ranks where ``--launcher`` says: local Docker containers
 (default), one Slurm batch job (:mod:`builder.launchers.slurm`) or a Kubernetes Indexed Job.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import sys
@@ -21,7 +24,8 @@ from rich.console import Console
 from rich.text import Text
 
 from . import compat, recipe, render
-from .errors import EnvbuildError, ExitCode
+from .errors import EnvbuildError, ExitCode, Unreachable
+from .inputs import escape, has_control, one_line, show
 
 INTERRUPTED = 130
 console = Console(stderr=True, highlight=False, emoji=False)
@@ -32,57 +36,127 @@ class UsageError(Exception):
     """A command-line usage error (exit 64)."""
 
 
+#: Exit code of an unexpected exception (a bug in envbuild): ``EX_SOFTWARE`` of sysexits.h,
+#: as 64 is its ``EX_USAGE``; never 1, which means "done with warnings only".
+INTERNAL_ERROR = 70
+#: Longest path accepted on the command line (characters; Linux ``PATH_MAX``).
+MAX_PATH_CHARS = 4096
+#: Largest CA bundle read (``--ca-cert``, ``--registry-ca``), in bytes.
+MAX_CA_BYTES = 16 << 20
+_INT_TEXT = re.compile(r"[+-]?[0-9]{1,30}")
+_FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]{1,30}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})(?:[eE][+-]?[0-9]{1,3})?")
+
+
 def _int_in(lo: int, hi: int):
-    """argparse type: an integer in ``lo..hi`` (else a usage error, exit 64)."""
+    """argparse type: a decimal integer in ``lo..hi``, matched whole (no blanks, no
+    ``_``, at most 30 digits; else a usage error, exit 64)."""
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
+        value = int(text) if _INT_TEXT.fullmatch(text) else None
         if value is None or not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer in {lo}..{hi}")
+            raise argparse.ArgumentTypeError(f"{show(text)} is not an integer in {lo}..{hi}")
         return value
     return parse
 
 
 def _float_in(lo: float, hi: float, *, lo_open: bool = False):
-    """argparse type: a finite number in ``lo..hi`` (``(lo..hi]`` with ``lo_open``)."""
+    """argparse type: a decimal number in ``lo..hi`` (``(lo..hi]`` with ``lo_open``),
+    matched whole: ``nan``, ``inf``, ``1_0`` and blanks are refused (exit 64)."""
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
+        value = float(text) if _FLOAT_TEXT.fullmatch(text) else float("nan")
         ok = value == value and (value > lo if lo_open else value >= lo) and value <= hi
         if not ok:
             bounds = f"{'(' if lo_open else '['}{lo:.10g}..{hi:.10g}]"
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number in {bounds}")
+            raise argparse.ArgumentTypeError(f"{show(text)} is not a number in {bounds}")
         return value
     return parse
 
 
-_IMAGE_ID = re.compile(r"^(sha256:)?[0-9a-f]{12,64}$")
-_REGISTRY = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
-_SUITE = re.compile(r"^[a-z][a-z0-9-]*$")
+_IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{12,64}")
+_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_REGISTRY = re.compile(rf"(?:{_HOST_LABEL}(?:\.{_HOST_LABEL})*|\[[0-9A-Fa-f:.]{{2,45}}\])(?::([0-9]{{1,5}}))?")
+_SUITE = re.compile(r"[a-z][a-z0-9-]{0,31}")
+#: Kubernetes names: an RFC 1123 label (namespaces) and subdomain (object names); source:
+#: https://kubernetes.io/docs/concepts/overview/working-with-objects/names/
+_K8S_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+_K8S_SUBDOMAIN = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*")
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}(?:=.{0,1000})?", re.S)
+_ENV_ITEM = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}=.{0,4096}", re.S)
 
 
 def _image_ref(text: str) -> str:
     """argparse type: an image reference (``name[:tag][@sha256:digest]``) or image ID."""
-    if not (recipe.IMAGE_REF.match(text) or _IMAGE_ID.match(text)):
-        raise argparse.ArgumentTypeError(f"{text!r} is not an image reference (lower-case name[:tag][@sha256:digest]) or image ID")
+    ok = len(text) <= 1000 and (recipe.IMAGE_REF.fullmatch(text) or _IMAGE_ID.fullmatch(text))
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{show(text)} is not an image reference (lower-case name[:tag][@sha256:digest]) or image ID")
     return text
 
 
-def _pattern(regex: re.Pattern, what: str):
+def _pattern(regex: re.Pattern, what: str, limit: int = 255, check=None):
+    """argparse type: a value ``regex`` matches whole (``fullmatch``), of at most ``limit``
+    characters, without control characters; ``check(text)`` may refuse it too (False)."""
     def parse(text: str) -> str:
-        if not regex.match(text):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        if len(text) > limit or has_control(text) or not regex.fullmatch(text) or (check and not check(text)):
+            raise argparse.ArgumentTypeError(f"{show(text)} is not {what}")
         return text
     return parse
 
 
-_registry_arg = _pattern(_REGISTRY, "a registry HOST[:PORT]")
+def _text(what: str, limit: int = 255):
+    """argparse type: 1..``limit`` characters of one line (no control characters)."""
+    return _pattern(re.compile(r".+", re.S), what, limit)
+
+
+def _path(what: str = "a path", *, no_dash: bool = False):
+    """argparse type: a path of 1..:data:`MAX_PATH_CHARS` characters without control
+    characters (a newline in a file name given on a command line is an error, not a name);
+    with ``no_dash`` also not starting with ``-`` (it is handed to another program)."""
+    def parse(text: str) -> str:
+        if not text or len(text) > MAX_PATH_CHARS or has_control(text) or (no_dash and text.startswith("-")):
+            extra = ", not starting with -" if no_dash else ""
+            raise argparse.ArgumentTypeError(
+                f"{show(text)} is not {what} (1-{MAX_PATH_CHARS} characters without control characters{extra})")
+        return text
+    return parse
+
+
+def _slurm_value(checker: str):
+    """argparse type: a value :mod:`builder.launchers.slurm` ``checker`` accepts (the one
+    place that knows what a batch script can carry; imported only when the option is given)."""
+    def parse(text: str) -> str:
+        from .launchers import slurm
+
+        try:
+            getattr(slurm, checker)(text)
+        except EnvbuildError as e:
+            raise argparse.ArgumentTypeError(f"{show(text)} {e.message}") from None
+        return text
+    return parse
+
+
+def _registry_component(what: str, *, path: bool = False):
+    """argparse type: a repository name component (a recipe) or path (``--namespace``) of
+    the registry's grammar (:data:`builder.registry._COMPONENT`)."""
+    def parse(text: str) -> str:
+        from . import registry
+
+        regex = rf"{registry._COMPONENT}(?:/{registry._COMPONENT})*" if path else registry._COMPONENT
+        if len(text) > 255 or not re.fullmatch(regex, text):
+            raise argparse.ArgumentTypeError(f"{show(text)} is not {what}")
+        return text
+    return parse
+
+
+def _port_ok(text: str) -> bool:
+    m = _REGISTRY.fullmatch(text)
+    return bool(m) and (m.group(1) is None or 1 <= int(m.group(1)) <= 65535)
+
+
+_registry_arg = _pattern(_REGISTRY, "a registry HOST[:PORT]", check=_port_ok)
 _suite_arg = _pattern(_SUITE, "a Debian suite name such as bookworm")
-_size_arg = _pattern(recipe.SHM_SIZE, "a size such as 256m or 1g")
+_size_arg = _pattern(recipe.SHM_SIZE, "a size such as 256m or 1g", limit=20)
+_label_arg = _pattern(_LABEL, "a label KEY[=VALUE]", limit=1256)
+_env_arg = _pattern(_ENV_ITEM, "NAME=VALUE", limit=4300)
+_RECIPE = _path("a recipe name or path")
 MAX_NODES = 1024
 MAX_TIMEOUT_S = 7 * 24 * 3600
 
@@ -180,15 +254,53 @@ _SLURM_FLAGS = (("partition", "--partition"), ("time_limit", "--time-limit"),
                 ("socket_ifname", "--socket-ifname"), ("pending_timeout", "--pending-timeout"))
 
 
-def _launcher(args, client, image: str):
-    """``(launcher, run id)`` for ``--launcher``: ``(None, None)`` for local (certify's
-    default); a :class:`~builder.launchers.slurm.SlurmLauncher` whose run folder goes under
-    ``--slurm-dir`` (default ``images/<recipe>/certificates/``); the Kubernetes launcher
-    with its default options (``envbuild k8s render --apply`` has all of them)."""
+def _slurm_options(args):
+    """The :class:`~builder.launchers.slurm.SlurmOptions` of ``--launcher slurm`` (each value
+    checked whole by slurm.py).
+
+    Raises:
+        EnvbuildError: (exit 64) a value the batch script cannot carry.
+    """
+    from .launchers import slurm
+
+    return slurm.SlurmOptions(
+        runtime=args.container_runtime or slurm.DEFAULT_RUNTIME, partition=args.partition,
+        time_limit=args.time_limit, slurm_nodes=args.slurm_nodes, container_image=args.container_image,
+        sbatch_args=tuple(args.sbatch_arg or ()), socket_ifname=args.socket_ifname,
+        pending_timeout_s=slurm.DEFAULT_PENDING_TIMEOUT_S if args.pending_timeout is None else args.pending_timeout)
+
+
+def _check_launcher_args(args) -> None:
+    """The launcher options of certify/make, before the engine is contacted: Slurm options
+    only with ``--launcher slurm``; their values (:func:`_slurm_options`); ``--slurm-nodes``
+    against ``--nodes`` when both are given; the run folder's path (``--slurm-dir``, else
+    the absolute ``--images-dir`` it goes under).
+
+    Raises:
+        UsageError, EnvbuildError: (exit 64).
+    """
     kind = getattr(args, "launcher", None) or "local"
     given = [flag for attr, flag in _SLURM_FLAGS if getattr(args, attr, None) not in (None, [])]
     if kind != "slurm" and given:
         raise UsageError(f"envbuild {args.command}: {', '.join(given)} go(es) with --launcher slurm")
+    if kind != "slurm":
+        return
+    from .launchers import slurm
+
+    _slurm_options(args)
+    if args.slurm_nodes is not None and getattr(args, "nodes", None) is not None:
+        slurm.check_slurm_nodes(args.slurm_nodes, args.nodes)
+    slurm.check_slurm_dir(os.path.abspath(args.slurm_dir or args.images_dir))
+
+
+def _launcher(args, client, image: str):
+    """``(launcher, run id)`` for ``--launcher``: ``(None, None)`` for local (certify's
+    default); a :class:`~builder.launchers.slurm.SlurmLauncher` whose run folder goes under
+    ``--slurm-dir`` (default ``images/<recipe>/certificates/``); the Kubernetes launcher
+    with its default options (``envbuild k8s render --apply`` has all of them). The
+    arguments were checked by :func:`_check_launcher_args` (again here: cheap, local)."""
+    _check_launcher_args(args)
+    kind = getattr(args, "launcher", None) or "local"
     if kind == "local":
         return None, None
     from . import certify, engine
@@ -203,12 +315,7 @@ def _launcher(args, client, image: str):
     labels, lock = certify.read_image(client, image)
     recipe_name = labels.get("envbuild.recipe") or lock.get("recipe") or "unknown"
     base = Path(args.slurm_dir) if args.slurm_dir else slurm.default_slurm_dir(args.images_dir, recipe_name)
-    opts = slurm.SlurmOptions(
-        runtime=args.container_runtime or slurm.DEFAULT_RUNTIME, partition=args.partition,
-        time_limit=args.time_limit, slurm_nodes=args.slurm_nodes, container_image=args.container_image,
-        sbatch_args=tuple(args.sbatch_arg or ()), socket_ifname=args.socket_ifname,
-        pending_timeout_s=slurm.DEFAULT_PENDING_TIMEOUT_S if args.pending_timeout is None else args.pending_timeout)
-    return slurm.SlurmLauncher(base, opts, client=client), run_id
+    return slurm.SlurmLauncher(base, _slurm_options(args), client=client), run_id
 
 
 def _certify(args, image: str) -> int:
@@ -337,6 +444,59 @@ def cmd_base(args) -> int:
 
 def _registry_opts(args) -> dict:
     return {"plain_http": True if args.plain_http else None, "ca_cert": args.registry_ca}
+
+
+#: Input files of the command line: (attribute, option, what, byte limit). Each is read
+#: (bounded, regular files only) before anything is contacted; one that cannot be is exit 3.
+_INPUT_FILES = (("sign_key", "--sign-key", "signing key", 1 << 20),
+                ("verify_key", "--verify-key", "public key", 1 << 20),
+                ("registry_ca", "--registry-ca", "CA bundle", MAX_CA_BYTES),
+                ("ca_cert", "--ca-cert", "CA bundle", MAX_CA_BYTES))
+
+
+def _check_input_files(args) -> None:
+    """Every input file option given can be read (:func:`builder.inputs.read_regular`):
+    missing, not a regular file (a FIFO, ``/dev/zero``, a directory) or too large is
+    :class:`Unreachable` (exit 3) naming the file; ``--wheels`` must be a directory.
+
+    Raises:
+        Unreachable: (exit 3).
+    """
+    from .inputs import read_regular
+
+    for attr, flag, what, limit in _INPUT_FILES:
+        path = getattr(args, attr, None)
+        if path is not None:
+            read_regular(path, limit, f"{what} ({flag})")
+    wheels = getattr(args, "wheels", None)
+    if wheels is not None and not os.path.isdir(wheels):
+        raise Unreachable("no such folder (--wheels)" if not os.path.exists(wheels)
+                          else "is not a folder (--wheels)", file=wheels)
+
+
+def _check_args(args) -> None:
+    """Every check of the command line that needs nothing outside this process, run after
+    parsing and before the command contacts the engine, a registry or Slurm: option
+    combinations and values (exit 64), then the input files (exit 3).
+
+    Raises:
+        UsageError, EnvbuildError: (exit 64); Unreachable: (exit 3) an unreadable input file.
+    """
+    if args.command in ("certify", "make"):
+        _check_launcher_args(args)
+    if args.command == "pull":
+        if args.format != "sif":
+            given = [flag for flag, value in (("--output", args.output), ("--print-only", args.print_only)) if value]
+            if given:
+                raise UsageError(f"envbuild pull: {', '.join(given)} go(es) with --format sif")
+        from . import registry
+
+        registry.parse_target(args.target, args.registry, args.namespace)
+    if args.command == "k8s" and getattr(args, "run_id", None):
+        from .launchers import k8s
+
+        k8s.check_run_id(args.run_id)
+    _check_input_files(args)
 
 
 def cmd_push(args) -> int:
@@ -510,42 +670,44 @@ def _add_k8s(sub) -> None:
     k = sub.add_parser("k8s", help="Kubernetes: render (and --apply) the manifests that certify an image on a cluster")
     ksub = k.add_subparsers(dest="k8s_command", required=True, parser_class=_Parser)
     r = ksub.add_parser("render", help="write an Indexed Job + headless Service (or a Kubeflow TrainJob) to --out")
-    r.add_argument("source", metavar="IMAGE_OR_RECIPE",
+    r.add_argument("source", metavar="IMAGE_OR_RECIPE", type=_text("an image or recipe name", 1000),
                    help="an image on this engine (REPO@sha256:...; settings from its labels) or a recipe name "
                         "(settings from images/RECIPE/envbuild.lock.json; needs --image)")
-    r.add_argument("--out", required=True, metavar="DIR", help="folder for the manifests (created)")
-    r.add_argument("--image", metavar="REPO@sha256:DIGEST", help="with a recipe name: the image the pods run, by digest")
+    r.add_argument("--out", required=True, metavar="DIR", type=_path("a folder"), help="folder for the manifests (created)")
+    r.add_argument("--image", metavar="REPO@sha256:DIGEST", type=_image_ref, help="with a recipe name: the image the pods run, by digest")
     r.add_argument("--allow-tag", action="store_true", help="accept an image reference without digest (development clusters)")
     r.add_argument("--kubeflow", action="store_true",
                    help="render a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) instead of Job + Service")
-    r.add_argument("--runtime", default="torch-distributed", help="the TrainJob's ClusterTrainingRuntime (default torch-distributed)")
-    r.add_argument("--run-id", metavar="ID", help="names the objects envbuild-ID (default: random); fixes the output")
-    r.add_argument("--ttl", type=int, default=3600, metavar="S", help="ttlSecondsAfterFinished of the Job (default 3600)")
+    r.add_argument("--runtime", default="torch-distributed",
+                   type=_pattern(_K8S_SUBDOMAIN, "a Kubernetes object name (RFC 1123 subdomain)", 253), help="the TrainJob's ClusterTrainingRuntime (default torch-distributed)")
+    r.add_argument("--run-id", metavar="ID", type=_text("a run id", 40), help="names the objects envbuild-ID (default: random); fixes the output")
+    r.add_argument("--ttl", type=_int_in(0, 2**31 - 1), default=3600, metavar="S", help="ttlSecondsAfterFinished of the Job (default 3600)")
     r.add_argument("--spread", choices=("preferred", "required", "none"), default="preferred",
                    help="pod anti-affinity on kubernetes.io/hostname (default preferred; required: one node per host)")
     r.add_argument("--ifname", default="eth0", help="GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME in the pods (default eth0)")
-    r.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra environment of every pod (repeatable)")
+    r.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", type=_env_arg, help="extra environment of every pod (repeatable)")
     r.add_argument("--apply", action="store_true",
                    help="create the objects with the kubernetes client, wait, collect the results from the pod logs, "
                         "delete everything and write the certificate")
-    r.add_argument("--kubeconfig", metavar="FILE", help="default: $KUBECONFIG, ~/.kube/config, or in-cluster")
-    r.add_argument("--context", help="kubeconfig context (default: the current one)")
-    r.add_argument("--namespace", help="default: the context's namespace, else default")
+    r.add_argument("--kubeconfig", metavar="FILE", type=_path("a file"), help="default: $KUBECONFIG, ~/.kube/config, or in-cluster")
+    r.add_argument("--context", type=_text("a kubeconfig context"), help="kubeconfig context (default: the current one)")
+    r.add_argument("--namespace", type=_pattern(_K8S_LABEL, "a Kubernetes namespace (RFC 1123 label)", 63),
+                   help="default: the context's namespace, else default")
     _add_certify(r)
     r.set_defaults(func=cmd_k8s_render)
 
 
 def _add_registry(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("registry (credentials come from your Docker config: docker login HOST)")
-    g.add_argument("--namespace", default="envbuild", help="repository prefix: HOST/NAMESPACE/RECIPE (default: envbuild)")
+    g.add_argument("--namespace", default="envbuild", type=_registry_component("a repository path", path=True), help="repository prefix: HOST/NAMESPACE/RECIPE (default: envbuild)")
     g.add_argument("--plain-http", action="store_true", help="plain HTTP (default: HTTPS; loopback registries fall back to HTTP)")
-    g.add_argument("--registry-ca", metavar="FILE", help="CA bundle of the registry's TLS certificate")
+    g.add_argument("--registry-ca", metavar="FILE", type=_path("a file"), help="CA bundle of the registry's TLS certificate")
 
 
 def _add_site(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("site options (enter at build time; the rendered files do not change)")
-    g.add_argument("--ca-cert", metavar="FILE", help="CA bundle handed to pip in the build (default: from pip's configuration)")
-    g.add_argument("--wheels", metavar="DIR", help="local wheel folder for pip --find-links (default: from pip's configuration)")
+    g.add_argument("--ca-cert", metavar="FILE", type=_path("a file"), help="CA bundle handed to pip in the build (default: from pip's configuration)")
+    g.add_argument("--wheels", metavar="DIR", type=_path("a folder"), help="local wheel folder for pip --find-links (default: from pip's configuration)")
     g.add_argument("--base", metavar="IMAGE", type=_image_ref, help="base image override (e.g. a site mirror)")
     g.add_argument("--base-mode", choices=("auto", "pull", "bootstrap", "local"), default="auto",
                    help="auto: use the base if present or pullable, else bootstrap a Debian base locally (default)")
@@ -567,21 +729,22 @@ def _add_launcher(p: argparse.ArgumentParser) -> None:
                    help="where the ranks run: local (containers on this Docker engine; default), slurm "
                         "(one sbatch job), k8s (an Indexed Job; more options: envbuild k8s render --apply)")
     g = p.add_argument_group("Slurm (--launcher slurm; README: Running on a cluster)")
-    g.add_argument("--partition", metavar="P", help="sbatch --partition (default: the cluster's default)")
-    g.add_argument("--time-limit", metavar="TIME", help="sbatch --time, e.g. 10 (minutes) or 1:00:00 "
+    g.add_argument("--partition", metavar="P", type=_slurm_value("check_partition"), help="sbatch --partition (default: the cluster's default)")
+    g.add_argument("--time-limit", metavar="TIME", type=_slurm_value("parse_time_limit"), help="sbatch --time, e.g. 10 (minutes) or 1:00:00 "
                    "(default: --timeout rounded up to minutes)")
     g.add_argument("--container-runtime", choices=("docker", "pyxis", "apptainer"),
                    help="how each node runs the image: docker run (default: the image is in each node's engine), "
                         "pyxis (srun --container-image), apptainer (apptainer exec)")
-    g.add_argument("--container-image", metavar="REF", help="what the nodes run (default: IMAGE; apptainer: "
+    g.add_argument("--container-image", metavar="REF", type=_slurm_value("check_container_image"), help="what the nodes run (default: IMAGE; apptainer: "
                    "docker-daemon:IMAGE); pyxis: an enroot URI or a .sqsh path, apptainer: a .sif path")
-    g.add_argument("--slurm-dir", metavar="DIR", help="run folders go to DIR/slurm-<run>/ (script, logs, results; "
+    g.add_argument("--slurm-dir", metavar="DIR", type=_path("a folder"), help="run folders go to DIR/slurm-<run>/ (script, logs, results; "
                    "on a filesystem every node sees); default images/RECIPE/certificates")
-    g.add_argument("--slurm-nodes", type=int, metavar="M", help="Slurm nodes the --nodes envbuild nodes share "
+    g.add_argument("--slurm-nodes", type=_int_in(1, MAX_NODES), metavar="M", help="Slurm nodes the --nodes envbuild nodes share "
                    "(default: one each; 1 runs them all on one machine)")
-    g.add_argument("--sbatch-arg", action="append", metavar="ARG", help="extra #SBATCH option, e.g. --account=X (repeatable)")
+    g.add_argument("--sbatch-arg", action="append", metavar="ARG", type=_slurm_value("check_sbatch_arg"),
+                   help="extra #SBATCH option, e.g. --account=X (repeatable; README lists those passed on)")
     g.add_argument("--socket-ifname", metavar="IF", help="GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME on the nodes")
-    g.add_argument("--pending-timeout", type=float, metavar="S", help="seconds the job may wait in the queue (default 600)")
+    g.add_argument("--pending-timeout", type=_float_in(0, MAX_TIMEOUT_S, lo_open=True), metavar="S", help="seconds the job may wait in the queue (default 600)")
 
 
 def _add_node_sources(p: argparse.ArgumentParser) -> None:
@@ -623,25 +786,73 @@ def _add_node_sources(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON (for machines)")
 
 
+def _add_doctor(sub) -> None:
+    """``envbuild doctor``: the node sources and the preflight options."""
+    do = sub.add_parser("doctor", help="preflight checks: ports, interfaces, shm, GPUs, stale containers, stragglers")
+    _add_node_sources(do)
+    do.add_argument("--checks", metavar="A,B", type=_text("a list of checks", 1000), help="run only these checks: nodes, port, interface, shm, gpu-uuid, "
+                    "gpu-processes, stale-containers, straggler (default all)")
+    do.add_argument("--port", type=_int_in(1, 65535), default=29500, help="rendezvous port checked on the master (default 29500)")
+    do.add_argument("--master", metavar="NODE", type=_text("a node name"), help="the master node (default: the first node)")
+    do.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl when every node has GPUs, else gloo")
+    do.add_argument("--min-shm", default="256m", metavar="SIZE", type=_size_arg, help="smallest /dev/shm accepted (default 256m)")
+    do.add_argument("--straggler-ratio", type=_float_in(1, 100, lo_open=True), default=1.5, metavar="R",
+                    help="a node slower than R x the median is a straggler (default 1.5)")
+    do.add_argument("--fix", action="store_true", help="remove stale envbuild containers (nothing else)")
+    do.add_argument("--stale-after", type=_float_in(0, 365 * 86400), default=3600, metavar="S",
+                    help="a running envbuild container older than S seconds is stale (default 3600; 0: every "
+                         "running one, including a certification in progress)")
+    do.add_argument("--stale-label", action="append", default=[], metavar="KEY[=VALUE]", type=_label_arg,
+                    help="look for stale containers only among those with this label too (repeatable)")
+    do.set_defaults(func=cmd_doctor)
+
+
+def _add_publish(sub) -> None:
+    """``envbuild push`` and ``envbuild pull``."""
+    pu = sub.add_parser("push", help="publish a certified image and its certificate to a registry, by digest")
+    pu.add_argument("recipe", type=_registry_component("a recipe name (lower-case letters, digits, ._-)"))
+    pu.add_argument("--registry", required=True, metavar="HOST[:PORT]", type=_registry_arg, help="the registry")
+    pu.add_argument("--image", metavar="REF", type=_image_ref, help="the local image (default: the newest certified one of RECIPE)")
+    pu.add_argument("--sign-key", metavar="FILE", type=_path("a file"), help="sign the certificate (DSSE) with this PEM private key "
+                    "(Ed25519 or ECDSA; default: $ENVBUILD_SIGN_KEY)")
+    pu.add_argument("--no-fs-hash", action="store_true", help="do not record the filesystem content hash")
+    _add_registry(pu)
+    pu.set_defaults(func=cmd_push)
+
+    pl = sub.add_parser("pull", help="pull a certified image by digest after checking its certificate and this node")
+    pl.add_argument("target", metavar="RECIPE|REF", type=_text("a recipe name or image reference", 1000), help="recipe name (HOST/NAMESPACE/RECIPE:certified) or image reference")
+    pl.add_argument("--registry", metavar="HOST[:PORT]", type=_registry_arg, help="the registry (unless REF names one)")
+    pl.add_argument("--verify-key", metavar="FILE", type=_path("a file"), help="require a certificate signed by this PEM public key "
+                    "(default: $ENVBUILD_VERIFY_KEY)")
+    pl.add_argument("--allow-uncertified-hw", action="store_true",
+                    help="driver or GPUs the certificate does not cover: warn (exit 1) instead of refusing")
+    pl.add_argument("--format", choices=("docker", "sif"), default="docker",
+                    help="docker: pull into the engine (default); sif: apptainer pull by digest")
+    pl.add_argument("--output", metavar="FILE", type=_path("a file name", no_dash=True), help="SIF file for --format sif (default RECIPE_LOCK.sif)")
+    pl.add_argument("--print-only", action="store_true", help="--format sif: print the command, do not run it")
+    _add_registry(pl)
+    pl.set_defaults(func=cmd_pull)
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser (usage errors raise :class:`UsageError`, exit 64)."""
     p = _Parser(prog="envbuild", description="Reproducible, certified PyTorch images for multi-node clusters.")
-    p.add_argument("--recipes-dir", default="recipes", help="where recipes live (default: recipes)")
-    p.add_argument("--images-dir", default="images", help="where rendered files and certificates go (default: images)")
+    p.add_argument("--recipes-dir", default="recipes", type=_path("a folder"), help="where recipes live (default: recipes)")
+    p.add_argument("--images-dir", default="images", type=_path("a folder"), help="where rendered files and certificates go (default: images)")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     c = sub.add_parser("check", help="validate a recipe and its version compatibility (offline)")
-    c.add_argument("recipe", help="a name under --recipes-dir or a path to a YAML file")
+    c.add_argument("recipe", type=_RECIPE, help="a name under --recipes-dir or a path to a YAML file")
     c.set_defaults(func=cmd_check)
 
     r = sub.add_parser("render", help="render Dockerfile, Singularity.def and lock under images/RECIPE/")
-    r.add_argument("recipe", nargs="?")
+    r.add_argument("recipe", nargs="?", type=_RECIPE)
     r.add_argument("--all", action="store_true", help="every recipe under --recipes-dir")
     r.add_argument("--check", dest="check_only", action="store_true", help="fail (exit 2) if the committed files are stale")
     r.set_defaults(func=cmd_render)
 
     b = sub.add_parser("build", help="build the image with the Docker engine and check it against the lock")
-    b.add_argument("recipe")
+    b.add_argument("recipe", type=_RECIPE)
     _add_site(b)
     b.set_defaults(func=cmd_build)
 
@@ -652,7 +863,7 @@ def parser() -> argparse.ArgumentParser:
     ce.set_defaults(func=cmd_certify)
 
     m = sub.add_parser("make", help="check, render, build and certify (default recipe: cpu-torch2)")
-    m.add_argument("recipe", nargs="?", default="cpu-torch2")
+    m.add_argument("recipe", nargs="?", default="cpu-torch2", type=_RECIPE)
     _add_site(m)
     _add_certify(m)
     _add_launcher(m)
@@ -666,50 +877,12 @@ def parser() -> argparse.ArgumentParser:
     _add_node_sources(ve)
     ve.set_defaults(func=cmd_verify)
 
-    do = sub.add_parser("doctor", help="preflight checks: ports, interfaces, shm, GPUs, stale containers, stragglers")
-    _add_node_sources(do)
-    do.add_argument("--checks", metavar="A,B", help="run only these checks: nodes, port, interface, shm, gpu-uuid, "
-                    "gpu-processes, stale-containers, straggler (default all)")
-    do.add_argument("--port", type=_int_in(1, 65535), default=29500, help="rendezvous port checked on the master (default 29500)")
-    do.add_argument("--master", metavar="NODE", help="the master node (default: the first node)")
-    do.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl when every node has GPUs, else gloo")
-    do.add_argument("--min-shm", default="256m", metavar="SIZE", type=_size_arg, help="smallest /dev/shm accepted (default 256m)")
-    do.add_argument("--straggler-ratio", type=_float_in(1, 100, lo_open=True), default=1.5, metavar="R",
-                    help="a node slower than R x the median is a straggler (default 1.5)")
-    do.add_argument("--fix", action="store_true", help="remove stale envbuild containers (nothing else)")
-    do.add_argument("--stale-after", type=_float_in(0, 365 * 86400), default=3600, metavar="S",
-                    help="a running envbuild container older than S seconds is stale (default 3600; 0: every "
-                         "running one, including a certification in progress)")
-    do.add_argument("--stale-label", action="append", default=[], metavar="KEY[=VALUE]",
-                    help="look for stale containers only among those with this label too (repeatable)")
-    do.set_defaults(func=cmd_doctor)
+    _add_doctor(sub)
 
-    pu = sub.add_parser("push", help="publish a certified image and its certificate to a registry, by digest")
-    pu.add_argument("recipe")
-    pu.add_argument("--registry", required=True, metavar="HOST[:PORT]", type=_registry_arg, help="the registry")
-    pu.add_argument("--image", metavar="REF", type=_image_ref, help="the local image (default: the newest certified one of RECIPE)")
-    pu.add_argument("--sign-key", metavar="FILE", help="sign the certificate (DSSE) with this PEM private key "
-                    "(Ed25519 or ECDSA; default: $ENVBUILD_SIGN_KEY)")
-    pu.add_argument("--no-fs-hash", action="store_true", help="do not record the filesystem content hash")
-    _add_registry(pu)
-    pu.set_defaults(func=cmd_push)
-
-    pl = sub.add_parser("pull", help="pull a certified image by digest after checking its certificate and this node")
-    pl.add_argument("target", metavar="RECIPE|REF", help="recipe name (HOST/NAMESPACE/RECIPE:certified) or image reference")
-    pl.add_argument("--registry", metavar="HOST[:PORT]", type=_registry_arg, help="the registry (unless REF names one)")
-    pl.add_argument("--verify-key", metavar="FILE", help="require a certificate signed by this PEM public key "
-                    "(default: $ENVBUILD_VERIFY_KEY)")
-    pl.add_argument("--allow-uncertified-hw", action="store_true",
-                    help="driver or GPUs the certificate does not cover: warn (exit 1) instead of refusing")
-    pl.add_argument("--format", choices=("docker", "sif"), default="docker",
-                    help="docker: pull into the engine (default); sif: apptainer pull by digest")
-    pl.add_argument("--output", metavar="FILE", help="SIF file for --format sif (default RECIPE_LOCK.sif)")
-    pl.add_argument("--print-only", action="store_true", help="--format sif: print the command, do not run it")
-    _add_registry(pl)
-    pl.set_defaults(func=cmd_pull)
+    _add_publish(sub)
 
     lk = sub.add_parser("lock", help="resolve base digest, pip hashes and apt versions into images/RECIPE/")
-    lk.add_argument("recipe")
+    lk.add_argument("recipe", type=_RECIPE)
     lk.add_argument("--no-base", action="store_true", help="do not resolve the base image digest")
     lk.add_argument("--no-pip", action="store_true", help="do not resolve pip requirements")
     lk.add_argument("--no-apt", action="store_true", help="do not resolve apt versions")
@@ -736,40 +909,71 @@ def _is_service_error(exc: Exception) -> bool:
     return isinstance(exc, (docker.errors.DockerException, requests.RequestException))
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``envbuild`` console script. Returns (and exits with) the exit code."""
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+def _say(line: str) -> None:
+    """One line on stderr as it is (already escaped: no markup, no raw control character)."""
+    console.print(line, soft_wrap=True, markup=False, highlight=False)
+
+
+def _os_error_line(exc: OSError) -> str:
+    """``error: FILE: reason`` of an OSError, the file names escaped."""
+    names = [escape(n, 300) for n in (getattr(exc, "filename", None), getattr(exc, "filename2", None)) if n]
+    where = "".join(f"{n}: " for n in names)
+    return f"error: {where}{one_line(exc.strerror or exc, 300)}"
+
+
+def _internal_error(exc: Exception) -> int:
+    """An exception no stage expected (a bug): its traceback with every line escaped, then
+    one ``error:`` line; exit :data:`INTERNAL_ERROR`."""
+    import traceback
+
+    for line in traceback.format_exception(type(exc), exc, exc.__traceback__):
+        for part in line.rstrip("\n").split("\n"):
+            _say(escape(part, 1000))
+    _say(f"error: internal error (a bug in envbuild; please report it with the lines above): "
+         f"{exc.__class__.__name__}: {one_line(str(exc))}")
+    return INTERNAL_ERROR
+
+
+def _run(argv: list[str] | None) -> int:
+    """Parse, check the arguments (:func:`_check_args`), run the command; every error
+    becomes escaped ``error:`` lines on stderr and an exit code."""
     try:
-        args = parser().parse_args(argv)
-        code = args.func(args)
+        try:
+            args = parser().parse_args(argv)
+        except SystemExit as exc:  # --help: argparse printed it and exits by itself
+            return exc.code if isinstance(exc.code, int) else ExitCode.OK
+        _check_args(args)
+        return args.func(args)
     except UsageError as exc:
-        console.print(str(exc), soft_wrap=True, markup=False)
-        code = ExitCode.USAGE
+        _say(escape(str(exc), 600))
+        return ExitCode.USAGE
     except EnvbuildError as exc:
         for line in str(exc).splitlines():
-            console.print(f"error: {line}", soft_wrap=True, markup=False)
-        code = exc.exit_code
+            _say(f"error: {escape(line, 1000)}")
+        return exc.exit_code
     except KeyboardInterrupt as exc:
-        console.print(f"interrupted ({str(exc) or 'SIGINT'}); everything envbuild started was removed", markup=False)
-        code = INTERRUPTED
+        _say(f"interrupted ({escape(str(exc) or 'SIGINT', 40)}); everything envbuild started was removed")
+        return INTERRUPTED
     except OSError as exc:  # a path the user gave cannot be read or written
-        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
-        console.print(f"error: {where}{exc.strerror or exc}", soft_wrap=True, markup=False)
-        code = ExitCode.UNREACHABLE
-    except Exception as exc:  # the engine or a registry answered unexpectedly: one line, exit 3
+        _say(_os_error_line(exc))
+        return ExitCode.UNREACHABLE
+    except Exception as exc:  # noqa: BLE001 - the engine or a registry answered unexpectedly: exit 3
         if not _is_service_error(exc):
-            raise
-        console.print(f"error: {exc.__class__.__name__}: {_one_line(str(exc))}", soft_wrap=True, markup=False)
-        code = ExitCode.UNREACHABLE
+            return _internal_error(exc)
+        _say(f"error: {exc.__class__.__name__}: {one_line(str(exc))}")
+        return ExitCode.UNREACHABLE
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``envbuild`` console script. Returns (and, without ``argv``,
+    exits with) the exit code: the table of ``builder/errors.py``; 130 interrupted
+    (SIGINT/SIGTERM); :data:`INTERNAL_ERROR` (70) for an unexpected exception."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    code = _run(argv)
     if argv is None:
         sys.exit(int(code))
     return int(code)

@@ -91,6 +91,11 @@ _SHA256 = re.compile(r"^sha256:[0-9a-f]{64}$")
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REPO = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+#: A registry ``host[:port]``: DNS labels or a bracketed IPv6 address; matched whole.
+_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST = re.compile(rf"(?:{_HOST_LABEL}(?:\.{_HOST_LABEL})*|\[[0-9A-Fa-f:.]{{2,45}}\])(?::([0-9]{{1,5}}))?")
+#: Longest image reference accepted (characters).
+MAX_REF_CHARS = 1000
 
 
 # --------------------------------------------------------------------------- references
@@ -139,10 +144,12 @@ def parse_ref(text: str, default_host: str | None = None) -> ImageRef:
     Raises:
         EnvbuildError: (exit 64) malformed, or no host and no ``default_host``.
     """
+    if not isinstance(text, str) or len(text) > MAX_REF_CHARS:
+        raise _usage(f"is not an image reference (at most {MAX_REF_CHARS} characters)", text)
     rest, digest = text, None
     if "@" in rest:
         rest, digest = rest.split("@", 1)
-        if not _SHA256.match(digest):
+        if not _SHA256.fullmatch(digest):
             raise _usage("digest is not sha256:<64 hex>", text)
     host = None
     first, sep, remainder = rest.partition("/")
@@ -152,13 +159,16 @@ def parse_ref(text: str, default_host: str | None = None) -> ImageRef:
     repo, sep, maybe_tag = rest.rpartition(":")
     if sep and "/" not in maybe_tag:
         rest, tag = repo, maybe_tag
-        if not _TAG.match(tag):
+        if not _TAG.fullmatch(tag):
             raise _usage("tag is not a valid tag", text)
-    if not _REPO.match(rest):
+    if not _REPO.fullmatch(rest):
         raise _usage("is not an image reference (host/repository[:tag][@sha256:digest])", text)
     host = host or default_host
     if not host:
         raise _usage("names no registry; give --registry HOST[:PORT]", text)
+    m = _HOST.fullmatch(host)
+    if not m or (m.group(1) is not None and not 1 <= int(m.group(1)) <= 65535):
+        raise _usage("registry is not HOST[:PORT] (a port in 1..65535)", text)
     return ImageRef(host=host, repository=rest, tag=tag, digest=digest)
 
 
@@ -169,6 +179,8 @@ def parse_target(target: str, registry: str | None, namespace: str = DEFAULT_NAM
     Raises:
         EnvbuildError: (exit 64) malformed, or no registry known.
     """
+    if not isinstance(target, str) or len(target) > MAX_REF_CHARS:
+        raise _usage(f"is not a recipe name or image reference (at most {MAX_REF_CHARS} characters)", target)
     if re.fullmatch(_COMPONENT, target):
         if not registry:
             raise _usage("a recipe name needs --registry HOST[:PORT]", target)
@@ -476,7 +488,7 @@ class RegistryClient:
         if r.status_code != 200:
             raise self._fail(r, f"HEAD manifest {repository}:{ref}")
         digest = r.headers.get("Docker-Content-Digest")
-        if not digest or not _SHA256.match(digest):
+        if not digest or not _SHA256.fullmatch(digest):
             got = self.get_manifest(repository, ref)
             return got[1] if got else None
         return Descriptor(r.headers.get("Content-Type", MT_OCI_MANIFEST).split(";")[0], digest,
@@ -497,7 +509,7 @@ class RegistryClient:
             raise self._fail(r, f"GET manifest {repository}:{ref}")
         body = r.content
         digest = sha256_digest(body)
-        if _SHA256.match(ref) and digest != ref:
+        if _SHA256.fullmatch(ref) and digest != ref:
             raise EnvbuildError(f"registry {self.host} served manifest {repository}@{ref} with content "
                                 f"{digest}: altered in the registry", field="manifest", value=ref)
         mt = r.headers.get("Content-Type", "").split(";")[0]
@@ -776,7 +788,7 @@ def engine_push(client: docker.DockerClient, image_id: str, name: str, tag: str,
                 for r in ours:
                     with contextlib.suppress(docker.errors.APIError):
                         client.api.remove_image(r, noprune=True)
-    if not digest or not _SHA256.match(digest):
+    if not digest or not _SHA256.fullmatch(digest):
         raise Unreachable(f"docker push {ref}: the engine reported no manifest digest")
     return digest
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -129,14 +131,34 @@ def test_key_files_errors_are_one_line_usage_errors(tmp_path):
     with pytest.raises(EnvbuildError) as e:
         attest.load_private_key(junk)
     assert e.value.exit_code == ExitCode.USAGE and e.value.file == str(junk) and "\n" not in str(e.value)
-    with pytest.raises(EnvbuildError) as e:
-        attest.load_public_key(tmp_path / "missing.pub")
-    assert e.value.exit_code == ExitCode.USAGE and "cannot read" in str(e.value)
     rsa_priv, rsa_pub = write_keys(tmp_path, rsa.generate_private_key(public_exponent=65537, key_size=2048), "rsa")
     with pytest.raises(EnvbuildError, match="not supported"):
         attest.load_private_key(rsa_priv)
     with pytest.raises(EnvbuildError, match="not supported"):
         attest.load_public_key(rsa_pub)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d / "missing.pub", "no such public key"),
+    (lambda d: d, "is a directory, not a public key"),
+    (lambda d: (os.mkfifo(d / "fifo"), d / "fifo")[1], "is not a regular file (a FIFO); give a public key"),
+    (lambda d: Path("/dev/zero"), "is not a regular file (a character device); give a public key"),
+    (lambda d: ((d / "big.pub").write_bytes(b"-" * 1048577), d / "big.pub")[1],
+     "is 1048577 bytes, over the 1048576-byte limit of a public key"),
+])
+def test_unreadable_key_files_are_exit_3_without_reading_them(tmp_path, make, message):
+    """A key file that cannot be read (missing, a directory, a FIFO without writer, a device,
+    too large) is "could not check" (3), found without blocking or reading it whole; a file
+    that reads but holds no key is a usage error (64, above)."""
+    path = make(tmp_path)
+    with pytest.raises(EnvbuildError) as e:
+        attest.load_public_key(path)
+    assert (e.value.exit_code, str(e.value)) == (ExitCode.UNREACHABLE, f"{path}: {message}")
+
+
+def test_key_file_that_reads_loads_twin(tmp_path):
+    _, pub = write_keys(tmp_path, ed25519.Ed25519PrivateKey.generate(), "ok")
+    assert isinstance(attest.load_public_key(pub), ed25519.Ed25519PublicKey)
 
 
 def test_encrypted_key_uses_the_password_from_the_environment(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from builder.errors import EnvbuildError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -157,3 +160,155 @@ def test_unwritable_images_dir_is_one_line_exit_3(tmp_path):
 def test_render_all_with_no_recipes(tmp_path):
     res = envbuild("--recipes-dir", str(tmp_path), "render", "--all")
     assert (res.returncode, res.stderr.strip()) == (2, f"error: {tmp_path}: no recipes (*.yaml) here")
+
+
+NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/envbuild-e2e.sock"}
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["certify", "envbuild/x:1", "--launcher", "slurm", "--pending-timeout", "-5"],
+     "envbuild certify: argument --pending-timeout: '-5' is not a number in (0..604800]"),
+    (["certify", "envbuild/x:1", "--launcher", "slurm", "--slurm-nodes", "0"],
+     "envbuild certify: argument --slurm-nodes: '0' is not an integer in 1..1024"),
+    (["certify", "envbuild/x:1", "--launcher", "slurm", "--time-limit", "x\n"],
+     r"envbuild certify: argument --time-limit: 'x\n' is not a Slurm time limit (M, M:S, H:M:S, D-H, D-H:M or "
+     "D-H:M:S)"),
+    (["make", "cpu-torch2", "--partition", "debug"], "envbuild make: --partition go(es) with --launcher slurm"),
+    (["certify", "envbuild/x:1", "--port", "29500\n"], r"envbuild certify: argument --port: '29500\n' is not an "
+     "integer in 1..65535"),
+    (["certify", "envbuild/x:1", "--min-busbw", "nan"], "envbuild certify: argument --min-busbw: 'nan' is not a "
+     "number in (0..1000000]"),
+    (["build", "cpu-torch2", "--base", "debian:bookworm-slim\n"], r"envbuild build: argument --base: "
+     r"'debian:bookworm-slim\n' is not an image reference (lower-case name[:tag][@sha256:digest]) or image ID"),
+    (["build", "cpu-torch2", "--ca-cert", "ca.pem\n"], r"envbuild build: argument --ca-cert: 'ca.pem\n' is not a "
+     "file (1-4096 characters without control characters)"),
+    (["lock", "cpu-torch2\n"], r"envbuild lock: argument recipe: 'cpu-torch2\n' is not a recipe name or path "
+     "(1-4096 characters without control characters)"),
+    (["push", "cpu-torch2", "--registry", "localhost:99999"], "envbuild push: argument --registry: "
+     "'localhost:99999' is not a registry HOST[:PORT]"),
+    (["push", "cpu-torch2", "--registry", "localhost:5000", "--namespace", "team\n"],
+     r"envbuild push: argument --namespace: 'team\n' is not a repository path"),
+    (["push", "Cpu", "--registry", "localhost:5000"], "envbuild push: argument recipe: 'Cpu' is not a recipe name "
+     "(lower-case letters, digits, ._-)"),
+    (["pull", "cpu-torch2", "--registry", "localhost:5000", "--namespace", "a b"],
+     "envbuild pull: argument --namespace: 'a b' is not a repository path"),
+    (["pull", "cpu-torch2", "--registry", "localhost:5000", "--output", "x.sif"],
+     "envbuild pull: --output go(es) with --format sif"),
+    (["pull", "cpu-torch2", "--registry", "localhost:5000", "--format", "sif", "--output=-x.sif"],
+     "envbuild pull: argument --output: '-x.sif' is not a file name (1-4096 characters without control "
+     "characters, not starting with -)"),
+    (["pull", "cpu-torch2"], "error: reference: 'cpu-torch2' a recipe name needs --registry HOST[:PORT]"),
+    (["pull", "h:5000/team/x:1\n"], r"envbuild pull: argument RECIPE|REF: 'h:5000/team/x:1\n' is not a recipe name "
+     "or image reference"),
+    (["pull", "h:5000/Team/x"], "error: reference: 'h:5000/Team/x' is not an image reference "
+     "(host/repository[:tag][@sha256:digest])"),
+    (["pull", "h;id:5000/team/x"], "error: reference: 'h;id:5000/team/x' registry is not HOST[:PORT] (a port in "
+     "1..65535)"),
+    (["k8s", "render", "cpu-torch2", "--out", "k8s", "--ttl", "-1"],
+     "envbuild k8s render: argument --ttl: '-1' is not an integer in 0..2147483647"),
+    (["k8s", "render", "cpu-torch2", "--out", "k8s", "--namespace", "Team"],
+     "envbuild k8s render: argument --namespace: 'Team' is not a Kubernetes namespace (RFC 1123 label)"),
+    (["k8s", "render", "envbuild/x@sha256:" + "a" * 64, "--out", "k8s", "--run-id", "ab\n"],
+     r"envbuild k8s render: argument --run-id: 'ab\n' is not a run id"),
+    (["base", "bootstrap", "--suite", "bookworm\n"], r"envbuild base bootstrap: argument --suite: 'bookworm\n' is "
+     "not a Debian suite name such as bookworm"),
+    (["doctor", "--min-shm", "256m\n"], r"envbuild doctor: argument --min-shm: '256m\n' is not a size such as 256m "
+     "or 1g"),
+])
+def test_usage_errors_are_64_before_anything_is_contacted(args, expected, tmp_path):
+    """No engine answers (DOCKER_HOST: a missing socket) and the registry does not exist: a
+    malformed value or a combination that does not go together is still a usage error (64),
+    found before anything is contacted (on the old code several were 3: the engine first)."""
+    res = envbuild(*args, cwd=tmp_path, env=NO_ENGINE)
+    assert (res.returncode, res.stderr.strip()) == (64, expected)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_usage_errors_twin_reaches_the_engine(tmp_path):
+    """The same options with good values get past the arguments: the missing engine, exit 3."""
+    res = envbuild("certify", "envbuild/x:1", "--launcher", "slurm", "--pending-timeout", "5", "--slurm-nodes", "1",
+                   "--time-limit", "10", "--port", "29500", "--min-busbw", "1", cwd=tmp_path, env=NO_ENGINE)
+    assert res.returncode == 3
+    assert res.stderr.startswith("error: no Docker engine answers at unix:///nonexistent/envbuild-e2e.sock")
+
+
+@pytest.mark.parametrize("args, make, expected", [
+    (["push", "cpu-torch2", "--registry", "localhost:5000", "--sign-key", "missing.key"], None,
+     "error: missing.key: no such signing key (--sign-key)"),
+    (["pull", "cpu-torch2", "--registry", "localhost:5000", "--verify-key", "fifo.pub"], "fifo",
+     "error: fifo.pub: is not a regular file (a FIFO); give a public key (--verify-key)"),
+    (["pull", "cpu-torch2", "--registry", "localhost:5000", "--registry-ca", "/dev/zero"], None,
+     "error: /dev/zero: is not a regular file (a character device); give a CA bundle (--registry-ca)"),
+    (["build", "cpu-torch2", "--ca-cert", "missing.pem"], None, "error: missing.pem: no such CA bundle (--ca-cert)"),
+    (["lock", "cpu-torch2", "--ca-cert", "adir"], "dir", "error: adir: is a directory, not a CA bundle (--ca-cert)"),
+    (["build", "cpu-torch2", "--wheels", "missing"], None, "error: missing: no such folder (--wheels)"),
+])
+def test_unreadable_input_files_are_3_before_anything_is_contacted(args, make, expected, tmp_path):
+    """An input file that cannot be read is "could not check" (3) for every file option alike
+    (the old code: a missing --sign-key 64, a missing --ca-cert 2, a FIFO hung), named in one
+    line, without blocking; a file that reads but is no key stays a usage error (64)."""
+    if make == "fifo":
+        os.mkfifo(tmp_path / args[-1])
+    elif make == "dir":
+        (tmp_path / args[-1]).mkdir()
+    res = envbuild(*args, cwd=tmp_path, env=NO_ENGINE, timeout=60)
+    assert (res.returncode, res.stderr.strip()) == (3, expected)
+
+
+def test_a_key_file_that_reads_but_is_no_key_is_64_twin(tmp_path):
+    (tmp_path / "junk.key").write_text("not a key\n")
+    res = envbuild("push", "cpu-torch2", "--registry", "localhost:5000", "--sign-key", "junk.key", cwd=tmp_path,
+                   env=NO_ENGINE)
+    assert res.returncode == 64 and res.stderr.startswith("error: junk.key: is not a usable PEM private key ("), \
+        res.stderr
+
+
+def _main_with(monkeypatch, capsys, fault):
+    """builder.cli.main running ``probe`` whose command raises ``fault()``; (code, stderr)."""
+    from builder import cli
+
+    def boom(args):
+        raise fault()
+
+    monkeypatch.setattr(cli, "cmd_probe", boom)
+    code = cli.main(["probe"])
+    return code, capsys.readouterr().err
+
+
+RAW = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+def test_unexpected_exception_is_escaped_and_exit_70(monkeypatch, capsys):
+    """A bug (an exception no stage expected): the traceback for the report, every line
+    escaped (no raw ESC/bidi/newline from the message), then one error line; exit 70, never 1
+    (1 means "done with warnings only")."""
+    code, err = _main_with(monkeypatch, capsys, lambda: RuntimeError("boom\x1b[2J\u202eevil\nsecond line"))
+    lines = err.splitlines()
+    assert code == 70 and not RAW.search(err), err
+    assert lines[0] == "Traceback (most recent call last):"
+    assert lines[-1] == (r"error: internal error (a bug in envbuild; please report it with the lines above): "
+                         r"RuntimeError: boom\x1b[2J\u202eevil second line")
+
+
+def test_expected_error_is_one_escaped_line_twin(monkeypatch, capsys):
+    code, err = _main_with(monkeypatch, capsys, lambda: EnvbuildError("is not a version", field="torch.version",
+                                                                       value="2.8\x1b[2J"))
+    assert (code, err) == (2, "error: torch.version: '2.8\\x1b[2J' is not a version\n")
+
+
+def test_os_error_names_the_file_escaped(monkeypatch, capsys):
+    code, err = _main_with(monkeypatch, capsys, lambda: PermissionError(13, "Permission denied", "/tmp/a\x1b[2Jb\nc"))
+    assert (code, err) == (3, "error: /tmp/a\\x1b[2Jb\\x0ac: Permission denied\n")
+
+
+def test_sigterm_is_130_with_one_line(monkeypatch, capsys):
+    import signal
+    import time
+
+    def term():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        return RuntimeError("not reached")
+
+    code, err = _main_with(monkeypatch, capsys, term)
+    assert (code, err) == (130, "interrupted (SIGTERM); everything envbuild started was removed\n")

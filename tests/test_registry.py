@@ -397,6 +397,26 @@ def test_references_parse():
     assert reg.fallback_tag("sha256:" + "a" * 64) == "sha256-" + "a" * 64
 
 
+@pytest.mark.parametrize("target, message", [
+    ("cpu-torch2\n", r"reference: 'cpu-torch2\n' is not an image reference (host/repository[:tag][@sha256:digest])"),
+    ("h:1/team/x:1.0\n", r"reference: 'h:1/team/x:1.0\n' tag is not a valid tag"),
+    ("h:1/team/x@sha256:" + "0" * 64 + "\n", r"reference: 'h:1/team/x@sha256:" + "0" * 64 + r"\n' digest is not "
+     "sha256:<64 hex>"),
+    ("h:1/team/x\n", r"reference: 'h:1/team/x\n' is not an image reference (host/repository[:tag][@sha256:digest])"),
+    ("h;id:1/team/x", "reference: 'h;id:1/team/x' registry is not HOST[:PORT] (a port in 1..65535)"),
+    ("h:99999/team/x", "reference: 'h:99999/team/x' registry is not HOST[:PORT] (a port in 1..65535)"),
+    ("h:1/" + "a" * 2000, "reference: 'h:1/" + "a" * 192 + "... is not a recipe name or image reference (at most "
+     "1000 characters)"),
+])
+def test_references_are_matched_whole(target, message):
+    """A trailing newline (which ``$`` lets through) or a malformed registry host is a usage
+    error (64); the well-formed twins are in test_references_parse."""
+    with pytest.raises(EnvbuildError) as e:
+        reg.parse_target(target, "h:1")
+    assert (e.value.exit_code, str(e.value)) == (ExitCode.USAGE, message)
+    assert str(reg.parse_target("[::1]:5000/team/x:1", None)) == "[::1]:5000/team/x:1"
+
+
 # --------------------------------------------------------------------------- a real certification
 
 

@@ -130,28 +130,113 @@ def test_extra_labels_from_the_environment_reach_the_containers():
     assert "--label envbuild.test-session=abc" in text
 
 
-@pytest.mark.parametrize("change, field", [
-    (dict(folder="relative/dir"), "slurm_dir"),
-    (dict(folder="/has space/x"), "slurm_dir"),
-    (dict(folder="/per%cent"), "slurm_dir"),
-    (dict(runtime="podman"), "container_runtime"),
-    (dict(partition="a b"), "partition"),
-    (dict(time_limit="0"), "time_limit"),
-    (dict(time_limit="ten"), "time_limit"),
-    (dict(slurm_nodes=3), "slurm_nodes"),
-    (dict(sbatch_args=("--comment=a b",)), "sbatch_arg"),
-    (dict(sbatch_args=("account=x",)), "sbatch_arg"),
-    (dict(socket_ifname="eth0;rm"), "socket_ifname"),
-    (dict(container_image="a,b", runtime="pyxis"), "container_image"),
-    (dict(env={"BAD-NAME": "1"}), "env"),
+@pytest.mark.parametrize("change, field, message", [
+    (dict(folder="relative/dir"), "--slurm-dir", "--slurm-dir: 'relative/dir' must be an absolute path of letters, "
+     "digits and ._/+@- (Slurm reads it unquoted in #SBATCH lines; pyxis splits mounts at , and :)"),
+    (dict(folder="/has space/x"), "--slurm-dir", None),
+    (dict(folder="/per%cent"), "--slurm-dir", None),
+    (dict(folder="/shared/runs\n"), "--slurm-dir", None),
+    (dict(runtime="podman"), "--container-runtime",
+     "--container-runtime: 'podman' is not a container runtime (docker, pyxis, apptainer)"),
+    (dict(partition="a b"), "--partition", None),
+    (dict(partition="debug\n"), "--partition",
+     r"--partition: 'debug\n' is not a partition name (letters, digits, _.-; a comma list of at most 16)"),
+    (dict(partition="debug\n#SBATCH --wrap=id"), "--partition", None),
+    (dict(time_limit="0"), "--time-limit", "--time-limit: '0' must be more than 0 (0 means no limit)"),
+    (dict(time_limit="ten"), "--time-limit", None),
+    (dict(time_limit="10\n"), "--time-limit",
+     r"--time-limit: '10\n' is not a Slurm time limit (M, M:S, H:M:S, D-H, D-H:M or D-H:M:S)"),
+    (dict(time_limit=" 10"), "--time-limit", None),
+    (dict(time_limit="9999999"), "--time-limit", "--time-limit: '9999999' is more than 365 days"),
+    (dict(slurm_nodes=3), "--slurm-nodes", "--slurm-nodes: 3 must be between 1 and the number of nodes (2)"),
+    (dict(slurm_nodes=0), "--slurm-nodes", "--slurm-nodes: 0 must be an integer >= 1"),
+    (dict(sbatch_args=("--comment=a b",)), "--sbatch-arg", None),
+    (dict(sbatch_args=("account=x",)), "--sbatch-arg", None),
+    (dict(sbatch_args=("--account=ml\n",)), "--sbatch-arg",
+     r"--sbatch-arg: '--account=ml\n' is not one sbatch option: --name or --name=value (letters, digits and "
+     r"_.,:/@%+=[]-; no blanks, quotes or shell characters)"),
+    (dict(sbatch_args=("--account=ml\n#SBATCH --wrap=id",)), "--sbatch-arg", None),
+    (dict(sbatch_args=("--comment=$(id)",)), "--sbatch-arg", None),
+    (dict(sbatch_args=("-Aml",)), "--sbatch-arg", None),
+    (dict(sbatch_args=("--output=/tmp/x",)), "--sbatch-arg",
+     "--sbatch-arg: '--output=/tmp/x' is set by envbuild itself (the run folder, from --slurm-dir)"),
+    (dict(sbatch_args=("--out=/tmp/x",)), "--sbatch-arg",  # a prefix sbatch would read as --output
+     "--sbatch-arg: '--out=/tmp/x' is not an sbatch option envbuild passes on (--account, --qos, --constraint, "
+     "--reservation, --exclusive, --mem, --nodelist, --exclude...: README, Running on a cluster)"),
+    (dict(sbatch_args=("--array=0-99",)), "--sbatch-arg", None),
+    (dict(sbatch_args=("--account",)), "--sbatch-arg", "--sbatch-arg: '--account' needs a value: --account=VALUE"),
+    (dict(sbatch_args=("--contiguous=yes",)), "--sbatch-arg", "--sbatch-arg: '--contiguous=yes' takes no value: --contiguous"),
+    (dict(socket_ifname="eth0;rm"), "--socket-ifname", None),
+    (dict(socket_ifname="eth0\n"), "--socket-ifname",
+     r"--socket-ifname: 'eth0\n' is not a network interface name (1-15 letters, digits, _.:-)"),
+    (dict(container_image="a,b", runtime="pyxis"), "--container-image", None),
+    (dict(container_image="/shared/x.sqsh\n", runtime="pyxis"), "--container-image", None),
+    (dict(container_image="/shared/x.sif\x1b[2J", runtime="apptainer"), "--container-image",
+     r"--container-image: '/shared/x.sif\x1b[2J' is not an image reference, enroot URI or absolute path "
+     "(letters, digits, ._:/@#+=-)"),
+    (dict(pending_timeout_s=float("nan")), "--pending-timeout", "--pending-timeout: nan must be a number of seconds "
+     "in (0, 604800]"),
+    (dict(pending_timeout_s=-5.0), "--pending-timeout", None),
+    (dict(env={"BAD-NAME": "1"}), "env", None),
+    (dict(env={"NCCL_DEBUG": "INFO\nrm -rf /"}), "env.NCCL_DEBUG",
+     r"env.NCCL_DEBUG: 'INFO\nrm -rf /' is not a one-line value of at most 4096 characters"),
 ])
-def test_values_a_script_cannot_carry_are_usage_errors(change, field):
+def test_values_a_script_cannot_carry_are_usage_errors(change, field, message):
+    """Each value is matched whole: a trailing newline (which would end the ``#SBATCH`` line
+    and start another) is refused like any other bad value (exit 64), naming the option."""
     folder = change.pop("folder", FOLDER)
     env = change.pop("env", None)
     spec = dataclasses.replace(CPU_SPEC, env=env) if env else CPU_SPEC
     with pytest.raises(EnvbuildError) as e:  # the options alone, or with the spec
         slurm.render_script(spec, slurm.SlurmOptions(**change), folder, environ={})
     assert e.value.exit_code == ExitCode.USAGE and e.value.field == field
+    if message is not None:
+        assert str(e.value) == message
+
+
+@pytest.mark.parametrize("change", [
+    dict(partition="gpu,debug"), dict(time_limit="1-00:30:00"), dict(sbatch_args=(
+        "--account=ml", "--exclusive", "--exclusive=user", "--constraint=a100", "--nodelist=gpu[01-04]", "--mem=0",
+        "--qos=high")),
+    dict(socket_ifname="ib0"), dict(container_image="registry.example#envbuild/x:1", runtime="pyxis"),
+    dict(pending_timeout_s=604800.0),
+])
+def test_values_a_script_can_carry_twins(change):
+    text = slurm.render_script(CPU_SPEC, slurm.SlurmOptions(slurm_nodes=1, **change), FOLDER, environ={})
+    for a in change.get("sbatch_args", ()):
+        assert f"\n#SBATCH {a}\n" in text
+
+
+def test_template_refuses_a_newline_that_got_past_the_checks():
+    """The second line of defence: a context value with a newline or control character
+    (here put in after render_context's checks) is refused when the script is rendered,
+    naming the field; the unchanged context renders the golden script."""
+    spec, options, folder = CASES["docker.sbatch"]
+    ctx = slurm.render_context(spec, options, folder, environ={})
+    assert slurm.render_template(ctx) == (GOLDEN / "docker.sbatch").read_text()
+    for key, value, field in [
+        ("sbatch", [*ctx["sbatch"], "--comment=x\n#SBATCH --wrap=id"], "sbatch[8]"),
+        ("image", ctx["image"] + "\n", "image"),
+        ("env", {**ctx["env"], "X": "a\x1b[2Jb"}, "env.X"),
+        ("run", [*ctx["run"], ("--label", "a\u202eb")], "run[-1][1]"),
+        ("port", "29500\nid", "port"),
+    ]:
+        with pytest.raises(EnvbuildError) as e:
+            slurm.render_template({**ctx, key: value})
+        assert e.value.exit_code == ExitCode.USAGE
+        assert "would put a newline or control character into the batch script; refused" in str(e.value)
+        if not field.startswith("run"):
+            assert e.value.field == field
+    # inside the template too: a value no walk saw (jinja2 finalize, the sh filter)
+    env = slurm._environment()
+    with pytest.raises(EnvbuildError) as e:
+        env.from_string("#SBATCH {{ opt }}\n").render(opt="--comment=x\n#SBATCH --wrap=id")
+    assert str(e.value) == (r"script: '--comment=x\n#SBATCH --wrap=id' would put a newline or control character "
+                            "into the batch script; refused")
+    with pytest.raises(EnvbuildError):
+        env.from_string("X={{ v|sh }}\n").render(v="a\nb")
+    assert env.from_string("#SBATCH {{ opt }}\nX={{ v|sh }}\n").render(opt="--qos=high", v="a b") == \
+        "#SBATCH --qos=high\nX='a b'\n"
 
 
 @pytest.mark.parametrize("text, seconds", [("1", 60), ("90", 5400), ("1:30", 90), ("1:00:00", 3600),
@@ -210,6 +295,74 @@ def test_pending_reasons_that_never_resolve(reason, message):
 def test_only_pending_jobs_never_start():
     running = PENDING_LINE.format(reason="PartitionNodeLimit").replace("JobState=PENDING", "JobState=RUNNING")
     assert slurm.never_starts(slurm.parse_scontrol_job(running), 2) is None
+
+
+TORCHRUN_SIGTERM = """\
+Failures:
+[0]:
+  time      : 2026-12-01_08:50:30
+  host      : vm
+  rank      : 1 (local_rank: 0)
+  exitcode  : -15 (pid: 9)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 9
+"""
+
+
+def collect(tmp_path, state, reason, *, job_log, logs, exits=("SIGTERM", "SIGTERM")):
+    """SlurmLauncher._collect of a finished 2-node run (one rank each) whose folder holds
+    ``job_log``, the node logs ``logs`` ({node: text}) and ``exits[i]`` in node-<i>.exit; no
+    rank results."""
+    folder = tmp_path / f"slurm-{RUN_ID}"
+    for sub in (slurm.RESULTS_DIR, slurm.LOGS_DIR):
+        (folder / sub).mkdir(parents=True)
+    (folder / slurm.JOB_LOG).write_text(job_log)
+    for node, text in logs.items():
+        (folder / slurm.LOGS_DIR / f"node-{node}.log").write_text(text)
+    for node, status in enumerate(exits):
+        (folder / slurm.RESULTS_DIR / f"node-{node}.exit").write_text(status + "\n")
+    launcher = slurm.SlurmLauncher(tmp_path, slurm.SlurmOptions(slurm_nodes=1, time_limit="1"))
+    launcher.job_id = "21"
+    outcome = slurm._Outcome(slurm.JobInfo(state=state, reason=reason, exit_code="0:15"), started_at="")
+    launch = launcher._collect(CPU_SPEC, folder, outcome, 60, [])
+    s = certify.resolve_settings({"certify": {"nodes": 2}}, gpu_visible=False, sizes=[8])
+    return launch, certify.judge(s, launch, {})
+
+
+def test_time_limit_verdict_comes_from_the_job_state_not_a_log_line(tmp_path):
+    """The job state TIMEOUT alone makes the verdict "timeout, could not check" (3), with an
+    empty job.log (slurmstepd's "DUE TO TIME LIMIT" line not written yet) and with torchrun's
+    summary blaming rank 1 for the SIGTERM that ended the job (a race with docker rm)."""
+    launch, v = collect(tmp_path, "TIMEOUT", "TimeLimit", job_log="", logs={1: TORCHRUN_SIGTERM})
+    assert launch.timed_out and launch.rank_exit_codes == {}
+    assert v == {"passed": False, "exit_code": 3, "warnings": [], "failures": [
+        f"Slurm job 21 ended TIMEOUT (TimeLimit): cancelled by Slurm at its time limit (--time=1), exit code 0:15; "
+        f"{tmp_path}/slurm-{RUN_ID}/job.log is empty",
+        "rank 0 did not finish within 60 s (timeout)", "rank 1 did not finish within 60 s (timeout)"]}
+
+
+def test_a_time_limit_log_line_without_the_state_is_no_timeout_twin(tmp_path):
+    """The fault the other way round: a COMPLETED job whose log happens to hold the line is
+    not a timeout, and a rank that torchrun saw killed on a node that exited by itself is
+    blamed (2)."""
+    line = "slurmstepd-vm: error: *** JOB 21 ON vm CANCELLED AT 2026-12-01T08:50:30 DUE TO TIME LIMIT ***"
+    launch, v = collect(tmp_path, "COMPLETED", None, job_log=line + "\n", logs={1: TORCHRUN_SIGTERM},
+                        exits=("1", "1"))
+    assert not launch.timed_out and launch.rank_exit_codes == {1: -15} and launch.notes == []
+    assert v["exit_code"] == 2 and v["failures"] == ["rank 0 wrote no result: node 0 exited with 1",
+                                                     "rank 1 was killed by signal 15"]
+
+
+def test_a_node_stopped_after_another_failed_is_not_blamed_for_the_signal(tmp_path):
+    """srun --kill-on-bad-exit: node 1 exits 1, Slurm stops node 0 (its task's trap writes
+    SIGTERM); torchrun on node 0 may report its rank killed by signal 15: it is the node
+    that was stopped, not a rank that failed."""
+    failing = TORCHRUN_SIGTERM.replace("rank      : 1 (local_rank: 0)", "rank      : 0 (local_rank: 0)")
+    launch, v = collect(tmp_path, "FAILED", "NonZeroExitCode", job_log="srun: error: vm: task 1: Exited with exit "
+                        "code 1\n", logs={0: failing}, exits=("SIGTERM", "1"))
+    assert launch.rank_exit_codes == {} and launch.killed_after_s == 0.0
+    assert v["exit_code"] == 2 and v["failures"][1:] == [
+        "rank 0 did not finish: killed 0 s after another node failed", "rank 1 wrote no result: node 1 exited with 1"]
 
 
 def test_judge_lists_the_job_state_first_and_keeps_the_exit_code():
@@ -341,22 +494,34 @@ def test_job_over_its_time_limit_is_cancelled_and_reported(slurm_node, docker_cl
                                                             case_labels):
     """sleep@1: rank 1 sleeps, rank 0 waits in the first all-reduce (process-group timeout
     300 s); Slurm ends the job at its 1-minute limit (SIGTERM; the tasks' traps remove
-    the containers)."""
+    the containers). What proves that Slurm, not envbuild, ended it is the job's state
+    (``scontrol``: TIMEOUT, reason TimeLimit, run time at least the limit) and the time
+    envbuild took (under the limit + END_MARGIN_S after which envbuild would cancel); the
+    verdict is judged from that state alone, never from slurmstepd's "DUE TO TIME LIMIT"
+    line in job.log, which may be written after the state changed."""
     cert, launcher, elapsed = run_slurm(
         docker_client, torch_image, tmp_path, case_labels, timeout_s=300,
         options=slurm.SlurmOptions(slurm_nodes=1, time_limit="1", pending_timeout_s=120),
         extra_env={"ENVBUILD_BENCH_FAULT": "sleep@1"})
+    job = job_line(cert["run_id"])
+    state = slurm.parse_scontrol_job(job)
+    assert (state.state, state.reason, state.time_limit) == ("TIMEOUT", "TimeLimit", "00:01:00"), job
+    run_time = slurm._field(job, "RunTime")
+    assert run_time >= "00:01:00", job  # HH:MM:SS: ran to its limit
     v = cert["verdict"]
-    assert not v["passed"] and v["exit_code"] == ExitCode.UNREACHABLE and cert["timed_out"]
+    assert not v["passed"] and v["exit_code"] == ExitCode.UNREACHABLE and cert["timed_out"], v
     assert v["failures"][0].startswith(f"Slurm job {launcher.job_id} ended TIMEOUT (TimeLimit): cancelled by "
                                        "Slurm at its time limit (--time=1)"), v
-    assert "DUE TO TIME LIMIT" in v["failures"][0]
+    assert "envbuild cancelled it" not in v["failures"][0], v
     assert v["failures"][1:] == ["rank 0 did not finish within 60 s (timeout)",
                                  "rank 1 did not finish within 60 s (timeout)"]
     assert {n["exit_code"] for n in cert["node_status"].values()} == {None}
-    assert any("SIGTERM: removing container" in line for line in cert["node_status"]["1"]["log_tail"])
-    assert "JobState=TIMEOUT" in job_line(cert["run_id"])
-    assert elapsed < 200, elapsed
+    # the trap's line, in the whole log: torchrun's own SIGTERM traceback may follow it and
+    # push it out of the certificate's log tail
+    for node in (0, 1):
+        log = (launcher.folder / "logs" / f"node-{node}.log").read_text()
+        assert f"envbuild: node {node}: SIGTERM: removing container envbuild-slurm-{launcher.job_id}-{node}" in log
+    assert elapsed < 60 + slurm.END_MARGIN_S, elapsed
     print(f"time limit: {elapsed:.1f} s")
 
 
@@ -469,19 +634,74 @@ def test_refused_submission_is_one_line_exit_3(slurm_node, torch_image, tmp_path
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--partition", "debug"], "--partition, --slurm-dir go(es) with --launcher slurm"),
-    (["--launcher", "slurm", "--time-limit", "0"], "time_limit: '0' must be more than 0"),
-    (["--launcher", "slurm", "--slurm-nodes", "3"], "slurm_nodes: 3 must be between 1 and the number of nodes"),
-    (["--launcher", "slurm", "--container-runtime", "podman"], "invalid choice: 'podman'"),
+    (["--partition", "debug"], "envbuild certify: --partition, --slurm-dir go(es) with --launcher slurm"),
+    (["--launcher", "k8s", "--sbatch-arg=--account=ml"], "envbuild certify: --slurm-dir, --sbatch-arg go(es) with "
+     "--launcher slurm"),
+    (["--launcher", "slurm", "--time-limit", "0"],
+     "envbuild certify: argument --time-limit: '0' must be more than 0 (0 means no limit)"),
+    (["--launcher", "slurm", "--time-limit", "x\n"], r"envbuild certify: argument --time-limit: 'x\n' is not a "
+     "Slurm time limit (M, M:S, H:M:S, D-H, D-H:M or D-H:M:S)"),
+    (["--launcher", "slurm", "--partition", "debug\n"], r"envbuild certify: argument --partition: 'debug\n' is not "
+     "a partition name (letters, digits, _.-; a comma list of at most 16)"),
+    (["--launcher", "slurm", "--sbatch-arg=--account=ml\n#SBATCH --wrap=id"],
+     r"envbuild certify: argument --sbatch-arg: '--account=ml\n#SBATCH --wrap=id' is not one sbatch option: "
+     r"--name or --name=value (letters, digits and _.,:/@%+=[]-; no blanks, quotes or shell characters)"),
+    (["--launcher", "slurm", "--sbatch-arg=--chdir=/tmp"],
+     "envbuild certify: argument --sbatch-arg: '--chdir=/tmp' is set by envbuild itself (the run folder, from "
+     "--slurm-dir)"),
+    (["--launcher", "slurm", "--container-image", "/x.sqsh\n"], r"envbuild certify: argument --container-image: "
+     r"'/x.sqsh\n' is not an image reference, enroot URI or absolute path (letters, digits, ._:/@#+=-)"),
+    (["--launcher", "slurm", "--container-runtime", "pyxis", "--container-image", "a,b"],
+     "envbuild certify: argument --container-image: 'a,b' is not an image reference, enroot URI or absolute path "
+     "(letters, digits, ._:/@#+=-)"),
+    (["--launcher", "slurm", "--socket-ifname", "eth0\n"],
+     r"error: --socket-ifname: 'eth0\n' is not a network interface name (1-15 letters, digits, _.:-)"),
+    (["--launcher", "slurm", "--slurm-nodes", "0"], "envbuild certify: argument --slurm-nodes: '0' is not an integer "
+     "in 1..1024"),
+    (["--launcher", "slurm", "--nodes", "2", "--slurm-nodes", "3"],
+     "error: --slurm-nodes: 3 must be between 1 and the number of nodes (2)"),
+    (["--launcher", "slurm", "--nodes", "4", "--slurm-nodes", "3"],
+     "error: --slurm-nodes: 3 must divide the number of nodes (4) evenly"),
+    (["--launcher", "slurm", "--pending-timeout", "-5"],
+     "envbuild certify: argument --pending-timeout: '-5' is not a number in (0..604800]"),
+    (["--launcher", "slurm", "--pending-timeout", "nan"],
+     "envbuild certify: argument --pending-timeout: 'nan' is not a number in (0..604800]"),
+    (["--launcher", "slurm", "--container-runtime", "podman"], "envbuild certify: argument --container-runtime: "
+     "invalid choice: 'podman' (choose from 'docker', 'pyxis', 'apptainer')"),
 ])
-def test_usage_errors_exit_64(args, message, torch_image, tmp_path):
+def test_usage_errors_exit_64_before_the_engine_is_contacted(args, message, tmp_path):
+    """With no Docker engine (DOCKER_HOST: a missing socket) a bad Slurm option is still a
+    usage error (64), not "could not check" (3): the arguments are checked first."""
     exe = Path(sys.executable).parent / "envbuild"
-    proc = subprocess.run([str(exe), "--images-dir", str(tmp_path), "certify", torch_image, *args,
-                           "--slurm-dir", str(tmp_path / "s")], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 64, proc.stdout + proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert message in lines[-1] and sum(l.startswith("error: ") for l in lines) <= 1, proc.stderr
-    assert "Traceback" not in proc.stderr
+    proc = subprocess.run([str(exe), "--images-dir", str(tmp_path), "certify", "envbuild/cpu-torch2:none", *args,
+                           "--slurm-dir", str(tmp_path / "s")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    assert (proc.returncode, proc.stderr.strip()) == (64, message)
+    assert not (tmp_path / "s").exists()
+
+
+def test_usage_error_twin_contacts_the_engine(tmp_path):
+    """The same command line with good values gets as far as the (missing) engine: exit 3."""
+    exe = Path(sys.executable).parent / "envbuild"
+    sock = f"unix://{tmp_path}/no-engine.sock"
+    proc = subprocess.run([str(exe), "--images-dir", str(tmp_path), "certify", "envbuild/cpu-torch2:none",
+                           "--launcher", "slurm", "--time-limit", "10", "--partition", "debug", "--nodes", "4",
+                           "--slurm-nodes", "2", "--sbatch-arg=--account=ml", "--pending-timeout", "60",
+                           "--slurm-dir", str(tmp_path / "s")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DOCKER_HOST": sock})
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.startswith(f"error: no Docker engine answers at {sock}"), proc.stderr
+
+
+def test_slurm_nodes_over_the_image_nodes_is_64_after_reading_its_labels(torch_image, tmp_path):
+    """Without --nodes the number of nodes comes from the image's labels (2): this one
+    combination can only be checked once the engine answered; still a usage error."""
+    exe = Path(sys.executable).parent / "envbuild"
+    proc = subprocess.run([str(exe), "--images-dir", str(tmp_path), "certify", torch_image, "--launcher", "slurm",
+                           "--slurm-nodes", "3", "--slurm-dir", str(tmp_path / "s")],
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr.strip().splitlines()[-1]) == (
+        64, "error: --slurm-nodes: 3 must be between 1 and the number of nodes (2)")
     assert not (tmp_path / "s").exists()
 
 

@@ -103,6 +103,7 @@ import jinja2
 from builder import engine
 from builder.errors import EnvbuildError, ExitCode, Unreachable
 from builder.files import template_environment
+from builder.inputs import control_char_paths, has_control, one_line
 
 from .base import LaunchResult, LaunchSpec, OnProgress
 from . import local
@@ -165,7 +166,7 @@ NEVER_STARTS = {
     "DependencyNeverSatisfied": "its dependency can never be satisfied: drop --sbatch-arg=--dependency",
 }
 #: Per-job QOS or association limits (``QOSMaxNodePerJobLimit``, ``AssocMaxWallDurationPerJobLimit``...).
-_PER_JOB_LIMIT_RE = re.compile(r"^(QOS|Assoc)(Max|Min)\w*PerJob\w*$")
+_PER_JOB_LIMIT_RE = re.compile(r"(QOS|Assoc)(Max|Min)\w*PerJob\w*")
 
 #: Job states that do not change any more (``squeue`` man page, "JOB STATE CODES").
 TERMINAL_STATES = frozenset({
@@ -174,25 +175,185 @@ TERMINAL_STATES = frozenset({
 })
 #: States of a job that has not started yet.
 PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
+#: torchrun's exit statuses of a rank stopped by the signals Slurm sends to end a job
+#: (SIGTERM, then SIGKILL after ``KillWait``; ``scancel`` man page).
+STOP_STATUSES = frozenset({-15, -9})
 #: Terminal states that stop the ranks from outside (the ranks could not be checked).
 INTERRUPTED_STATES = frozenset({"BOOT_FAIL", "CANCELLED", "NODE_FAIL", "PREEMPTED", "REVOKED", "UNKNOWN"})
 
-_TIME_RE = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
-_PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$")
-_SBATCH_ARG_RE = re.compile(r"^--?[A-Za-z][A-Za-z0-9-]*(=[A-Za-z0-9_.,:/@%+=-]+)?$")
-_PATH_RE = re.compile(r"^/[A-Za-z0-9._/+@-]*$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
-_JOBID_RE = re.compile(r"^(\d+)(?:;\S+)?$")
+#: Longest value of one Slurm option envbuild writes into the script (characters).
+MAX_VALUE_CHARS = 200
+#: Longest run folder path (characters).
+MAX_PATH_CHARS = 1000
+#: Most ``--sbatch-arg`` options.
+MAX_SBATCH_ARGS = 32
+#: Longest time limit accepted, in seconds (365 days).
+MAX_TIME_LIMIT_S = 365 * 86400
+#: Longest ``--pending-timeout`` accepted, in seconds (7 days).
+MAX_PENDING_TIMEOUT_S = 7 * 86400
+
+# Every pattern is applied with fullmatch: ``$`` of re.match also matches before a final
+# newline, and a newline in an ``#SBATCH`` line starts a new line of the script.
+_TIME_RE = re.compile(r"(?:([0-9]{1,5})-([0-9]{1,5})(?::([0-9]{1,5})(?::([0-9]{1,5}))?)?"
+                      r"|([0-9]{1,7})(?::([0-9]{1,5})(?::([0-9]{1,5}))?)?)")
+_PARTITION_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}(?:,[A-Za-z0-9_.-]{1,64}){0,15}")
+_SBATCH_ARG_RE = re.compile(r"--([a-z][a-z0-9-]{0,39})(?:=([A-Za-z0-9_.,:/@%+=\[\]-]{1,"
+                            + str(MAX_VALUE_CHARS) + r"}))?")
+_PATH_RE = re.compile(r"/[A-Za-z0-9._/+@-]{0,%d}" % (MAX_PATH_CHARS - 1))
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_IFNAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
+_RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_USER_RE = re.compile(r"[0-9]{1,10}:[0-9]{1,10}")
+_LABEL_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
+_SHM_RE = re.compile(r"[0-9]{1,15}[bkmgBKMG]?")
+#: What a node runs: an image reference, ``docker-daemon:REF``, an enroot URI
+#: (``registry#repo:tag``) or an absolute ``.sqsh``/``.sif`` path.
+_CONTAINER_IMAGE_RE = re.compile(r"[A-Za-z0-9/][A-Za-z0-9._:/@#+=-]{0,%d}" % (MAX_PATH_CHARS - 1))
+_JOBID_RE = re.compile(r"(\d+)(?:;\S+)?")
+
+#: ``--sbatch-arg`` options passed on, by full name -> whether they take a value (True),
+#: take none (False) or may take one (None). sbatch man page, https://slurm.schedmd.com/sbatch.html.
+#: A closed list: sbatch (getopt_long) takes any unambiguous prefix of an option name
+#: (``--out`` is ``--output``), so a list of refused names could be bypassed. Left out: the
+#: options envbuild writes itself (:data:`SBATCH_SET_BY_ENVBUILD`) and those that detach the
+#: job from the run (``--array``, ``--wrap``, ``--hold``, ``--wait``, ``--clusters``,
+#: ``--export``, ``--error``, ``--requeue``, ``--uid``...).
+SBATCH_OPTIONS: dict[str, Optional[bool]] = {
+    **dict.fromkeys((
+        "account", "acctg-freq", "begin", "comment", "constraint", "core-spec", "cores-per-socket",
+        "cpu-freq", "cpus-per-gpu", "cpus-per-task", "deadline", "delay-boot", "dependency", "distribution",
+        "exclude", "extra", "gpu-bind", "gpu-freq", "gres-flags", "hint", "kill-on-invalid-dep", "licenses",
+        "mail-type", "mail-user", "mcs-label", "mem", "mem-bind", "mem-per-cpu", "mem-per-gpu", "mincpus",
+        "network", "nodelist", "ntasks-per-core", "ntasks-per-socket", "power", "prefer", "priority",
+        "profile", "qos", "reservation", "signal", "sockets-per-node", "switches", "thread-spec",
+        "threads-per-core", "time-min", "tmp", "wckey"), True),
+    **dict.fromkeys(("contiguous", "oversubscribe", "reboot", "spread-job", "use-min-nodes"), False),
+    **dict.fromkeys(("exclusive", "nice"), None),
+}
+#: sbatch options envbuild writes itself, with the envbuild option that sets them.
+SBATCH_SET_BY_ENVBUILD = {
+    "job-name": "envbuild-<run>", "nodes": "from --slurm-nodes", "ntasks": "from --nodes",
+    "ntasks-per-node": "from --slurm-nodes", "overcommit": "from --slurm-nodes", "time": "from --time-limit",
+    "output": "the run folder, from --slurm-dir", "chdir": "the run folder, from --slurm-dir",
+    "no-requeue": "always", "partition": "from --partition", "gres": "from --gpus-per-node",
+    "gpus": "from --gpus-per-node", "gpus-per-node": "from --gpus-per-node", "gpus-per-task": "from --gpus-per-node",
+}
 
 
 def _usage(message: str, field_: str, value: object) -> EnvbuildError:
     return EnvbuildError(message, field=field_, value=value, exit_code=ExitCode.USAGE)
 
 
-def _one_line(text: Any, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _is_text(value: object, limit: int) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= limit
+
+
+def check_partition(text: object) -> str:
+    """``text`` when it is a partition name or a comma list of them (``gpu``,
+    ``gpu,debug``; at most 16 names of 64 letters, digits and ``_.-``).
+
+    Raises:
+        EnvbuildError: (exit 64, field ``--partition``) anything else.
+    """
+    if not (_is_text(text, 2000) and _PARTITION_RE.fullmatch(text)):
+        raise _usage("is not a partition name (letters, digits, _.-; a comma list of at most 16)",
+                     "--partition", text)
+    return text
+
+
+def check_sbatch_arg(text: object) -> str:
+    """``text`` when it is one ``#SBATCH`` option envbuild passes on: ``--NAME`` or
+    ``--NAME=VALUE`` with NAME in :data:`SBATCH_OPTIONS` (full names, long form) and VALUE of
+    at most :data:`MAX_VALUE_CHARS` letters, digits and ``_.,:/@%+=[]-`` (no blanks, quotes,
+    shell metacharacters or control characters).
+
+    Raises:
+        EnvbuildError: (exit 64, field ``--sbatch-arg``) anything else, naming why.
+    """
+    m = _SBATCH_ARG_RE.fullmatch(text) if _is_text(text, MAX_VALUE_CHARS + 50) else None
+    if not m:
+        raise _usage("is not one sbatch option: --name or --name=value (letters, digits and _.,:/@%+=[]-; "
+                     "no blanks, quotes or shell characters)", "--sbatch-arg", text)
+    name, value = m.group(1), m.group(2)
+    if name in SBATCH_SET_BY_ENVBUILD:
+        raise _usage(f"is set by envbuild itself ({SBATCH_SET_BY_ENVBUILD[name]})",
+                     "--sbatch-arg", text)
+    if name not in SBATCH_OPTIONS:
+        raise _usage("is not an sbatch option envbuild passes on (--account, --qos, --constraint, --reservation, "
+                     "--exclusive, --mem, --nodelist, --exclude...: README, Running on a cluster)", "--sbatch-arg", text)
+    takes = SBATCH_OPTIONS[name]
+    if takes is True and value is None:
+        raise _usage(f"needs a value: --{name}=VALUE", "--sbatch-arg", text)
+    if takes is False and value is not None:
+        raise _usage(f"takes no value: --{name}", "--sbatch-arg", text)
+    return text
+
+
+def check_ifname(text: object) -> str:
+    """``text`` when it is a network interface name (1..15 of letters, digits, ``_.:-``).
+
+    Raises:
+        EnvbuildError: (exit 64, field ``--socket-ifname``) anything else.
+    """
+    if not (_is_text(text, 15) and _IFNAME_RE.fullmatch(text)):
+        raise _usage("is not a network interface name (1-15 letters, digits, _.:-)", "--socket-ifname", text)
+    return text
+
+
+def check_container_image(text: object, runtime: Optional[str] = None) -> str:
+    """``text`` when a node can run it: an image reference, ``docker-daemon:REF``, an enroot
+    URI (``registry#repo:tag``) or an absolute path, of letters, digits and ``._:/@#+=-``;
+    for pyxis no ``,`` either (it separates srun's container options).
+
+    Raises:
+        EnvbuildError: (exit 64, field ``--container-image``) anything else.
+    """
+    if not (_is_text(text, MAX_PATH_CHARS) and _CONTAINER_IMAGE_RE.fullmatch(text)) \
+            or (runtime == "pyxis" and "," in text):
+        raise _usage("is not an image reference, enroot URI or absolute path (letters, digits, ._:/@#+=-)",
+                     "--container-image", text)
+    return text
+
+
+def check_slurm_dir(path: object) -> str:
+    """``path`` when it is an absolute path the script can carry unquoted: letters, digits
+    and ``._/+@-``, at most :data:`MAX_PATH_CHARS` characters (Slurm reads ``#SBATCH
+    --output``/``--chdir`` unquoted; pyxis splits mounts at ``,`` and ``:``).
+
+    Raises:
+        EnvbuildError: (exit 64, field ``--slurm-dir``) anything else.
+    """
+    if not (_is_text(path, MAX_PATH_CHARS) and _PATH_RE.fullmatch(path)):
+        raise _usage("must be an absolute path of letters, digits and ._/+@- (Slurm reads it unquoted in "
+                     "#SBATCH lines; pyxis splits mounts at , and :)", "--slurm-dir", path)
+    return path
+
+
+def check_pending_timeout(seconds: object) -> float:
+    """``seconds`` as a float when it is a finite number in ``(0, MAX_PENDING_TIMEOUT_S]``.
+
+    Raises:
+        EnvbuildError: (exit 64, field ``--pending-timeout``) anything else.
+    """
+    ok = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds) \
+        and 0 < seconds <= MAX_PENDING_TIMEOUT_S
+    if not ok:
+        raise _usage(f"must be a number of seconds in (0, {MAX_PENDING_TIMEOUT_S}]", "--pending-timeout", seconds)
+    return float(seconds)
+
+
+def check_slurm_nodes(slurm_nodes: object, nodes: int) -> int:
+    """``slurm_nodes`` when the ``nodes`` envbuild nodes can share that many Slurm nodes
+    evenly (an integer in ``1..nodes`` dividing ``nodes``).
+
+    Raises:
+        EnvbuildError: (exit 64, field ``--slurm-nodes``) anything else.
+    """
+    if not isinstance(slurm_nodes, int) or isinstance(slurm_nodes, bool) or not 1 <= slurm_nodes <= nodes:
+        raise _usage(f"must be between 1 and the number of nodes ({nodes})", "--slurm-nodes", slurm_nodes)
+    if nodes % slurm_nodes:
+        raise _usage(f"must divide the number of nodes ({nodes}) evenly", "--slurm-nodes", slurm_nodes)
+    return slurm_nodes
 
 
 # --------------------------------------------------------------------------- options
@@ -228,42 +389,48 @@ class SlurmOptions:
     user: str = local.RUN_USER
 
     def __post_init__(self) -> None:
-        """Check the values that need no spec (the rest: :func:`render_context`).
+        """Check the values that need no spec (the rest: :func:`render_context`), each
+        whole (``fullmatch``): nothing with a newline or control character reaches the script.
 
         Raises:
-            EnvbuildError: (exit 64) a bad runtime, partition, time limit, sbatch option,
-                interface name, user, ``slurm_nodes`` < 1 or pending timeout <= 0.
+            EnvbuildError: (exit 64) a bad runtime, partition, time limit, sbatch option
+                (:func:`check_sbatch_arg`), interface name, container image, user,
+                ``slurm_nodes`` not an integer >= 1, or a pending timeout not in
+                ``(0, MAX_PENDING_TIMEOUT_S]``.
         """
         if self.runtime not in RUNTIMES:
-            raise _usage(f"is not a container runtime ({', '.join(RUNTIMES)})", "container_runtime", self.runtime)
-        if self.partition is not None and not _PARTITION_RE.match(self.partition):
-            raise _usage("is not a partition name", "partition", self.partition)
+            raise _usage(f"is not a container runtime ({', '.join(RUNTIMES)})", "--container-runtime", self.runtime)
+        if self.partition is not None:
+            check_partition(self.partition)
         if self.time_limit is not None:
             parse_time_limit(self.time_limit)
-        if self.slurm_nodes is not None and self.slurm_nodes < 1:
-            raise _usage("must be >= 1", "slurm_nodes", self.slurm_nodes)
+        if self.slurm_nodes is not None and (not isinstance(self.slurm_nodes, int) or isinstance(self.slurm_nodes, bool)
+                                             or self.slurm_nodes < 1):
+            raise _usage("must be an integer >= 1", "--slurm-nodes", self.slurm_nodes)
+        if len(self.sbatch_args) > MAX_SBATCH_ARGS:
+            raise _usage(f"at most {MAX_SBATCH_ARGS} options", "--sbatch-arg", len(self.sbatch_args))
         for a in self.sbatch_args:
-            if not _SBATCH_ARG_RE.match(a):
-                raise _usage("is not one sbatch option (--name or --name=value without blanks or quotes)",
-                             "sbatch_arg", a)
-        if self.socket_ifname is not None and not _IFNAME_RE.match(self.socket_ifname):
-            raise _usage("is not a network interface name", "socket_ifname", self.socket_ifname)
-        if not re.match(r"^\d+:\d+$", self.user):
+            check_sbatch_arg(a)
+        if self.socket_ifname is not None:
+            check_ifname(self.socket_ifname)
+        if self.container_image is not None:
+            check_container_image(self.container_image, self.runtime)
+        if not (isinstance(self.user, str) and _USER_RE.fullmatch(self.user)):
             raise _usage("is not uid:gid", "user", self.user)
-        if not self.pending_timeout_s > 0:
-            raise _usage("must be > 0", "pending_timeout", self.pending_timeout_s)
+        check_pending_timeout(self.pending_timeout_s)
 
 
-def parse_time_limit(text: str) -> int:
+def parse_time_limit(text: object) -> int:
     """Seconds of a Slurm time limit: ``"M"``, ``"M:S"``, ``"H:M:S"``, ``"D-H"``,
-    ``"D-H:M"``, ``"D-H:M:S"`` (``sbatch --time``).
+    ``"D-H:M"``, ``"D-H:M:S"`` (``sbatch --time``), matched whole (no blanks, no newline).
 
     Raises:
-        EnvbuildError: (exit 64) another format, or zero (``0`` would mean no limit).
+        EnvbuildError: (exit 64, field ``--time-limit``) another format, zero (``0`` would
+            mean no limit) or more than :data:`MAX_TIME_LIMIT_S` (365 days).
     """
-    m = _TIME_RE.match(str(text).strip())
+    m = _TIME_RE.fullmatch(text) if _is_text(text, 40) else None
     if not m:
-        raise _usage("is not a Slurm time limit (M, M:S, H:M:S, D-H, D-H:M or D-H:M:S)", "time_limit", text)
+        raise _usage("is not a Slurm time limit (M, M:S, H:M:S, D-H, D-H:M or D-H:M:S)", "--time-limit", text)
     if m.group(1) is not None:
         d, h, mi, s = (int(g or 0) for g in m.group(1, 2, 3, 4))
         seconds = ((d * 24 + h) * 60 + mi) * 60 + s
@@ -276,7 +443,9 @@ def parse_time_limit(text: str) -> int:
         else:
             seconds = (parts[0] * 60 + parts[1]) * 60 + parts[2]
     if seconds <= 0:
-        raise _usage("must be more than 0 (0 means no limit)", "time_limit", text)
+        raise _usage("must be more than 0 (0 means no limit)", "--time-limit", text)
+    if seconds > MAX_TIME_LIMIT_S:
+        raise _usage(f"is more than {MAX_TIME_LIMIT_S // 86400} days", "--time-limit", text)
     return seconds
 
 
@@ -285,7 +454,7 @@ def time_limit_for(spec: LaunchSpec, options: SlurmOptions) -> str:
     minutes, at least 1."""
     if options.time_limit is not None:
         parse_time_limit(options.time_limit)
-        return str(options.time_limit).strip()
+        return options.time_limit
     return str(max(1, math.ceil(spec.timeout_s / 60)))
 
 
@@ -312,15 +481,31 @@ class Raw(str):
     """A shell word written as is (a variable expansion such as ``"$node"``), not quoted."""
 
 
+class _Checked(str):
+    """Filter output whose every word was checked for control characters (it may hold the
+    ``\\``-newline continuations :func:`_words` puts between words)."""
+
+
+def _refuse_control(value: object, where: str) -> EnvbuildError:
+    return _usage("would put a newline or control character into the batch script; refused", where, value)
+
+
 def sh(value: Any) -> str:
-    """One shell word: :class:`Raw` as is, anything else ``shlex.quote``-d."""
-    return str(value) if isinstance(value, Raw) else shlex.quote(str(value))
+    """One shell word: :class:`Raw` as is, anything else ``shlex.quote``-d.
+
+    Raises:
+        EnvbuildError: (exit 64) the value holds a newline or another control character.
+    """
+    text = str(value)
+    if has_control(text):
+        raise _refuse_control(text, "script")
+    return _Checked(text if isinstance(value, Raw) else shlex.quote(text))
 
 
 def _words(items: Sequence[Any], indent: int = 8, width: int = 96) -> str:
     """Shell words joined with spaces, wrapped with `` \\`` continuations before ``width``
     columns. An item that is a tuple or list is a group of words (an option and its
-    value) that stays on one line."""
+    value) that stays on one line. Each word goes through :func:`sh` (checked, quoted)."""
     lines: list[str] = []
     cur = ""
     for item in items:
@@ -332,11 +517,37 @@ def _words(items: Sequence[Any], indent: int = 8, width: int = 96) -> str:
             cur = f"{cur} {group}" if cur else group
     if cur:
         lines.append(cur)
-    return (" \\\n" + " " * indent).join(lines)
+    return _Checked((" \\\n" + " " * indent).join(lines))
+
+
+def _finalize(value: Any) -> Any:
+    """jinja2 ``finalize``: every value substituted into the script, after its filters;
+    the second line of defence behind :func:`render_context`'s checks."""
+    if isinstance(value, _Checked):
+        return value
+    if has_control(str(value)):
+        raise _refuse_control(value, "script")
+    return value
 
 
 def _environment() -> jinja2.Environment:
-    return template_environment({"sh": sh, "words": _words})
+    env = template_environment({"sh": sh, "words": _words})
+    env.finalize = _finalize  # read when the template is compiled (get_template below)
+    return env
+
+
+def render_template(ctx: Mapping[str, Any]) -> str:
+    """``builder/templates/slurm/certify.sbatch.j2`` rendered with ``ctx`` (from
+    :func:`render_context`), refusing any value with a newline or control character: first
+    by walking ``ctx`` (the error names the field, e.g. ``sbatch[7]``), then in the template
+    itself (:func:`_finalize`, :func:`sh`).
+
+    Raises:
+        EnvbuildError: (exit 64) such a value, shown escaped.
+    """
+    for path, value in control_char_paths(dict(ctx)):
+        raise _refuse_control(value, path)
+    return _environment().get_template("slurm/certify.sbatch.j2").render(dict(ctx))
 
 
 def task_env(spec: LaunchSpec, options: SlurmOptions) -> dict[str, str]:
@@ -346,7 +557,8 @@ def task_env(spec: LaunchSpec, options: SlurmOptions) -> dict[str, str]:
     given), then ``spec.env`` again (which wins).
 
     Raises:
-        EnvbuildError: (exit 64) a name that is not an environment variable name.
+        EnvbuildError: (exit 64) a name that is not an environment variable name, a value
+            with a control character (a newline) or over 4096 characters.
     """
     env = local.node_env(spec, 0)
     env.pop("ENVBUILD_NODE", None)
@@ -355,9 +567,11 @@ def task_env(spec: LaunchSpec, options: SlurmOptions) -> dict[str, str]:
         if options.socket_ifname:
             env[k] = options.socket_ifname
     env.update(spec.env)
-    for name in env:
-        if not _ENV_NAME_RE.match(name):
+    for name, value in env.items():
+        if not (isinstance(name, str) and _ENV_NAME_RE.fullmatch(name)):
             raise _usage("is not an environment variable name", "env", name)
+        if not isinstance(value, str) or has_control(value) or len(value) > 4096:
+            raise _usage("is not a one-line value of at most 4096 characters", f"env.{name}", value)
     return env
 
 
@@ -383,20 +597,18 @@ def torchrun_words(spec: LaunchSpec) -> list[Any]:
     return groups
 
 
-def render_context(spec: LaunchSpec, options: SlurmOptions, folder: str | os.PathLike,
-                   environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
-    """The plain-data context of the template (see :func:`render_script`).
+def _check_spec(spec: LaunchSpec, options: SlurmOptions, folder: str,
+                environ: Optional[Mapping[str, str]]) -> tuple[int, str, dict[str, str]]:
+    """``(Slurm nodes, the image the nodes run, docker labels)`` of ``spec``, each value
+    checked whole.
 
     Raises:
-        EnvbuildError: (exit 64) a value the script cannot carry (module doc of
-            :func:`render_script`).
+        EnvbuildError: (exit 64) a run id, folder, node count, port, timeout, Slurm node
+            count, image, shm size or label the script cannot carry.
     """
-    folder = str(folder)
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", spec.run_id):
-        raise _usage("is not a run id (letters, digits, ._-)", "run_id", spec.run_id)
-    if not _PATH_RE.match(folder):
-        raise _usage("must be an absolute path of letters, digits and ._/+@- (Slurm reads it "
-                     "unquoted in #SBATCH lines; pyxis splits mounts at , and :)", "slurm_dir", folder)
+    if not (_is_text(spec.run_id, 64) and _RUN_ID_RE.fullmatch(spec.run_id)):
+        raise _usage("is not a run id (1-64 letters, digits, ._-)", "run_id", spec.run_id)
+    check_slurm_dir(folder)
     if spec.nodes < 1:
         raise _usage("must be >= 1", "nodes", spec.nodes)
     if spec.gpus_per_node < 0:
@@ -406,22 +618,59 @@ def render_context(spec: LaunchSpec, options: SlurmOptions, folder: str | os.Pat
     if not spec.timeout_s > 0:
         raise _usage("must be > 0", "timeout_s", spec.timeout_s)
     slurm_nodes = spec.nodes if options.slurm_nodes is None else int(options.slurm_nodes)
-    if not 1 <= slurm_nodes <= spec.nodes:
-        raise _usage(f"must be between 1 and the number of nodes ({spec.nodes})", "slurm_nodes", slurm_nodes)
-    if spec.nodes % slurm_nodes:
-        raise _usage(f"must divide the number of nodes ({spec.nodes}) evenly", "slurm_nodes", slurm_nodes)
+    check_slurm_nodes(slurm_nodes, spec.nodes)
     image = options.container_image or (f"docker-daemon:{spec.image}" if options.runtime == "apptainer"
                                         else spec.image)
-    if not image or any(c.isspace() for c in image) or (options.runtime == "pyxis" and "," in image):
-        raise _usage("is not an image reference", "container_image", image)
-    if spec.shm_size is not None and not re.match(r"^\d+[bkmgBKMG]?$", str(spec.shm_size)):
+    check_container_image(image, options.runtime)
+    if spec.shm_size is not None and not _SHM_RE.fullmatch(str(spec.shm_size)):
         raise _usage("is not a size (256m, 8g)", "shm_size", spec.shm_size)
-
-    per_node = spec.nodes // slurm_nodes
     labels = local.labels_for(spec, environ)
     for k, v in labels.items():
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$", k) or "\n" in v:
-            raise _usage("is not a label", "label", f"{k}={v}")
+        if not (isinstance(k, str) and _LABEL_KEY_RE.fullmatch(k)) or not isinstance(v, str) \
+                or has_control(v) or len(v) > 1000:
+            raise _usage("is not a label (KEY=VALUE, one line)", "label", f"{k}={v}")
+    return slurm_nodes, image, labels
+
+
+def _node_command(spec: LaunchSpec, options: SlurmOptions, image: str, labels: Mapping[str, str],
+                  env: Mapping[str, str], code_dir: str, results_dir: str) -> list[Any]:
+    """What each task runs, in groups of words (:func:`_words`): ``docker run ...``,
+    ``apptainer exec ...`` or (pyxis: srun runs it in the container) torchrun itself."""
+    if options.runtime == "docker":
+        run: list[Any] = [("docker", "run", "--rm"), ("--name", Raw('"$name"'))]
+        run += [("--label", f"{k}={v}") for k, v in labels.items()]
+        run += [("--label", Raw('"envbuild.node=$node"')), ("--label", Raw(f'"{SLURM_JOB_LABEL}=$SLURM_JOB_ID"')),
+                ("--network", "host"), ("--user", options.user), "--read-only",
+                ("--tmpfs", "/tmp:rw,exec,mode=1777"), ("--tmpfs", f"{local.HOME}:rw,mode=1777"),
+                ("--cap-drop", "ALL"), ("--security-opt", "no-new-privileges")]
+        if spec.shm_size:
+            run.append(("--shm-size", spec.shm_size))
+        if spec.gpus_per_node > 0:
+            run.append(("--gpus", Raw('"\\"device=${CUDA_VISIBLE_DEVICES:?no GPUs given to this task}\\""')))
+        run += [("--volume", f"{code_dir}:{CODE_MOUNT}:ro"), ("--volume", f"{results_dir}:{RESULTS_MOUNT}")]
+        run += [("--env", f"{k}={v}") for k, v in env.items()]
+        run += [("--env", Raw('"ENVBUILD_NODE=$node"')), ("--env", Raw('"ENVBUILD_SLURM_JOB=$SLURM_JOB_ID"')),
+                image, *torchrun_words(spec)]
+        return run
+    if options.runtime == "apptainer":
+        run = [("apptainer", "exec")] + (["--nv"] if spec.gpus_per_node > 0 else [])
+        run += ["--contain", "--cleanenv", ("--bind", f"{code_dir}:{CODE_MOUNT}:ro"),
+                ("--bind", f"{results_dir}:{RESULTS_MOUNT}"), image, *torchrun_words(spec)]
+        return run
+    return torchrun_words(spec)
+
+
+def render_context(spec: LaunchSpec, options: SlurmOptions, folder: str | os.PathLike,
+                   environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+    """The plain-data context of the template (see :func:`render_script`).
+
+    Raises:
+        EnvbuildError: (exit 64) a value the script cannot carry (module doc of
+            :func:`render_script`).
+    """
+    folder = str(folder)
+    slurm_nodes, image, labels = _check_spec(spec, options, folder, environ)
+    per_node = spec.nodes // slurm_nodes
     code_dir = f"{folder}/{CODE_DIR}"
     results_dir = f"{folder}/{RESULTS_DIR}"
     sbatch = [f"--job-name=envbuild-{spec.run_id}", f"--nodes={slurm_nodes}", f"--ntasks={spec.nodes}"]
@@ -448,27 +697,7 @@ def render_context(spec: LaunchSpec, options: SlurmOptions, folder: str | os.Pat
     if options.runtime == "apptainer":
         # apptainer gives each container a private, writable HOME (--contain) and sets USER
         env = {k: v for k, v in env.items() if k not in ("HOME", "USER")}
-    if options.runtime == "docker":
-        run: list[Any] = [("docker", "run", "--rm"), ("--name", Raw('"$name"'))]
-        run += [("--label", f"{k}={v}") for k, v in labels.items()]
-        run += [("--label", Raw('"envbuild.node=$node"')), ("--label", Raw(f'"{SLURM_JOB_LABEL}=$SLURM_JOB_ID"')),
-                ("--network", "host"), ("--user", options.user), "--read-only",
-                ("--tmpfs", "/tmp:rw,exec,mode=1777"), ("--tmpfs", f"{local.HOME}:rw,mode=1777"),
-                ("--cap-drop", "ALL"), ("--security-opt", "no-new-privileges")]
-        if spec.shm_size:
-            run.append(("--shm-size", spec.shm_size))
-        if spec.gpus_per_node > 0:
-            run.append(("--gpus", Raw('"\\"device=${CUDA_VISIBLE_DEVICES:?no GPUs given to this task}\\""')))
-        run += [("--volume", f"{code_dir}:{CODE_MOUNT}:ro"), ("--volume", f"{results_dir}:{RESULTS_MOUNT}")]
-        run += [("--env", f"{k}={v}") for k, v in env.items()]
-        run += [("--env", Raw('"ENVBUILD_NODE=$node"')), ("--env", Raw('"ENVBUILD_SLURM_JOB=$SLURM_JOB_ID"')),
-                image, *torchrun_words(spec)]
-    elif options.runtime == "apptainer":
-        run = [("apptainer", "exec")] + (["--nv"] if spec.gpus_per_node > 0 else [])
-        run += ["--contain", "--cleanenv", ("--bind", f"{code_dir}:{CODE_MOUNT}:ro"),
-                ("--bind", f"{results_dir}:{RESULTS_MOUNT}"), image, *torchrun_words(spec)]
-    else:
-        run = torchrun_words(spec)
+    run = _node_command(spec, options, image, labels, env, code_dir, results_dir)
 
     return {
         "run_id": spec.run_id,
@@ -506,10 +735,10 @@ def render_script(spec: LaunchSpec, options: SlurmOptions, folder: str | os.Path
         EnvbuildError: (exit 64) ``folder`` not absolute or with characters an ``#SBATCH``
             line or a pyxis mount list cannot carry (blanks, ``%``, ``,``, ``:``, quotes); a
             bad runtime, partition, time limit, sbatch option, ``slurm_nodes`` (must be 1..N
-            and divide N), interface name, image reference or environment name.
+            and divide N), interface name, image reference, environment name, or any value
+            with a newline or control character (:func:`render_template`).
     """
-    ctx = render_context(spec, options, folder, environ)
-    return _environment().get_template("slurm/certify.sbatch.j2").render(ctx)
+    return render_template(render_context(spec, options, folder, environ))
 
 
 def write_run_dir(folder: str | os.PathLike, script: str) -> Path:
@@ -574,9 +803,9 @@ def submit(script: str | os.PathLike) -> str:
     """
     proc = _run(["sbatch", "--parsable", str(script)])
     out = proc.stdout.strip().splitlines()
-    m = _JOBID_RE.match(out[-1].strip()) if proc.returncode == 0 and out else None
+    m = _JOBID_RE.fullmatch(out[-1].strip()) if proc.returncode == 0 and out else None
     if not m:
-        msg = _one_line(proc.stderr or proc.stdout or f"exit status {proc.returncode}")
+        msg = one_line(proc.stderr or proc.stdout or f"exit status {proc.returncode}")
         if re.search(r"Unable to contact|Socket timed out|Connection refused|Zero Bytes", msg, re.I):
             raise Unreachable(f"Slurm: sbatch: {msg}")
         raise EnvbuildError(f"sbatch refused the job: {msg}", file=str(script), exit_code=ExitCode.UNREACHABLE)
@@ -654,7 +883,7 @@ def never_starts(info: JobInfo, slurm_nodes: int) -> Optional[str]:
     if reason in NEVER_STARTS:
         hint = NEVER_STARTS[reason].format(nodes=f"{slurm_nodes} node{'s' if slurm_nodes != 1 else ''}",
                                            time_limit=info.time_limit or "?")
-    elif _PER_JOB_LIMIT_RE.match(reason):
+    elif _PER_JOB_LIMIT_RE.fullmatch(reason):
         hint = ("it is above a per-job limit of its QOS or association: ask for less (--slurm-nodes, "
                 "--time-limit, --gpus-per-node) or pass --sbatch-arg=--qos=Q")
     else:
@@ -681,7 +910,7 @@ def job_info(job_id: str) -> JobInfo:
         return info
     err = proc.stderr or proc.stdout
     if "invalid job id" not in err.lower():
-        raise ControllerError(_one_line(err or f"scontrol exit status {proc.returncode}"))
+        raise ControllerError(one_line(err or f"scontrol exit status {proc.returncode}"))
     with contextlib.suppress(Unreachable):
         acct = _run(["sacct", "-j", str(job_id), "-X", "-n", "-P", "-o",
                      "JobID,State,ExitCode,NodeList,Timelimit,Reason"])
@@ -701,7 +930,7 @@ def scancel(job_id: str) -> Optional[str]:
         return str(e)
     if proc.returncode != 0 and "invalid job id" not in (proc.stderr or "").lower() \
             and "already completing" not in (proc.stderr or "").lower():
-        return f"scancel {job_id}: {_one_line(proc.stderr or proc.returncode)}"
+        return f"scancel {job_id}: {one_line(proc.stderr or proc.returncode)}"
     return None
 
 
@@ -714,7 +943,7 @@ def scancel_by_name(job_name: str) -> Optional[str]:
         proc = _run(["scancel", f"--name={job_name}", f"--user={getpass.getuser()}"])
     except (Unreachable, KeyError, OSError) as e:
         return f"scancel --name={job_name}: {e}"
-    return None if proc.returncode == 0 else f"scancel --name={job_name}: {_one_line(proc.stderr or proc.returncode)}"
+    return None if proc.returncode == 0 else f"scancel --name={job_name}: {one_line(proc.stderr or proc.returncode)}"
 
 
 def hostnames(nodelist: Optional[str]) -> list[str]:
@@ -907,10 +1136,9 @@ class SlurmLauncher:
 
     # -- collecting
 
-    def _collect(self, spec: LaunchSpec, folder: Path, outcome: _Outcome, limit_s: int,
-                 cleanup_errors: list[str]) -> LaunchResult:
-        info = outcome.info
-        results, problems = local.read_results(folder / RESULTS_DIR, spec.world_size)
+    @staticmethod
+    def _read_nodes(spec: LaunchSpec, folder: Path) -> tuple[dict[int, str], dict[int, Optional[int]], dict[int, int]]:
+        """``(node logs, node exit statuses, rank exit statuses from torchrun's summaries)``."""
         node_logs: dict[int, str] = {}
         node_exit: dict[int, Optional[int]] = {}
         rank_exit: dict[int, int] = {}
@@ -921,6 +1149,16 @@ class SlurmLauncher:
                 for rank, code in local.parse_torchrun_failures(node_logs[node]).items():
                     rank_exit.setdefault(rank, code)
             node_exit[node] = read_exit_status(folder / RESULTS_DIR / f"node-{node}.exit")
+        return node_logs, node_exit, rank_exit
+
+    def _collect(self, spec: LaunchSpec, folder: Path, outcome: _Outcome, limit_s: int,
+                 cleanup_errors: list[str]) -> LaunchResult:
+        """The :class:`LaunchResult` of a job that ended (or was given up): the verdict's
+        first note comes from the job's state (``scontrol``/``sacct``), never from a log line;
+        ranks stopped by the signal that ended the job are not blamed for it."""
+        info = outcome.info
+        results, problems = local.read_results(folder / RESULTS_DIR, spec.world_size)
+        node_logs, node_exit, rank_exit = self._read_nodes(spec, folder)
         missing = [r for r in range(spec.world_size) if r not in results]
 
         timed_out = False
@@ -941,6 +1179,13 @@ class SlurmLauncher:
             if state in ("TIMEOUT", "DEADLINE"):
                 timed_out, deadline_s = True, float(limit_s)
                 what += f": cancelled by Slurm at its time limit (--time={time_limit_for(spec, self.options)})"
+        # A node Slurm stopped (time limit, scancel, srun --kill-on-bad-exit: node-<i>.exit
+        # holds the signal's name, or nothing) had SIGTERM, then SIGKILL after KillWait, reach
+        # torchrun too (docker run passes signals on); its summary may or may not be written
+        # before the container goes: that signal is no fault of the node's ranks.
+        for r in [r for r, c in rank_exit.items()
+                  if c in STOP_STATUSES and node_exit.get(r // spec.nproc_per_node, 0) is None]:
+            del rank_exit[r]
         if outcome.gave_up == "pending" or (not outcome.gave_up and state in INTERRUPTED_STATES):
             for r in missing:
                 if r not in rank_exit:
@@ -954,7 +1199,7 @@ class SlurmLauncher:
                 note += f", exit code {info.exit_code}"
             tail = log_tail(folder / JOB_LOG)
             note += f"; {folder / JOB_LOG}: {tail}" if tail else f"; {folder / JOB_LOG} is empty"
-            notes.append(_one_line(note, 600))
+            notes.append(one_line(note, 600))
         return LaunchResult(
             rank_results=results,
             node_logs=node_logs,
@@ -997,7 +1242,7 @@ class SlurmLauncher:
             client = self.client or engine.connect(timeout_s=30)
             engine.remove_by_label(client, label)
         except Exception as e:  # noqa: BLE001 - cleanup goes on
-            errors.append(f"remove containers labelled {label}: {_one_line(e, 200)}")
+            errors.append(f"remove containers labelled {label}: {one_line(e, 200)}")
         me = {socket.gethostname(), socket.gethostname().split(".")[0], socket.getfqdn()}
         others = [h for h in hostnames(info.nodes if info else None) if h not in me and h.split(".")[0] not in me]
         if others:
@@ -1015,6 +1260,6 @@ class SlurmLauncher:
             proc = _run(argv, timeout_s=180)
             if proc.returncode != 0:
                 errors.append(f"remove containers labelled {label} on {', '.join(hosts)}: "
-                              f"{_one_line(proc.stderr or proc.returncode, 200)}")
+                              f"{one_line(proc.stderr or proc.returncode, 200)}")
         except Unreachable as e:
             errors.append(f"remove containers labelled {label} on {', '.join(hosts)}: {e}")
