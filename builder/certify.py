@@ -293,12 +293,18 @@ def gpu_runtime_visible(client) -> bool:
 
 
 def read_image(client, image: str) -> tuple[dict[str, str], dict]:
-    """``(labels, lock)`` of ``image`` (the lock checked by :func:`lock_from_labels`).
+    """``(labels, lock)`` of ``image``: the label ``envbuild.lock`` read with bounds and
+    checked with the recipe's schema (:func:`builder.compat.read_lock_text`), then against
+    its hash label (:func:`lock_from_labels`).
 
     Raises:
-        EnvbuildError: (exit 2) no such image; see :func:`lock_from_labels`.
+        EnvbuildError: (exit 2) no such image; a lock label over 1 MiB, not bounded JSON or
+            breaking the schema (``IMAGE: label envbuild.lock: certify.nodes: 'abc' must be
+            an integer in 1..1024``); see :func:`lock_from_labels`.
     """
     labels = engine.image_labels(client, image)
+    if labels.get("envbuild.lock"):
+        compat.read_lock_text(labels["envbuild.lock"], f"{image}: label envbuild.lock")
     return labels, lock_from_labels(labels, image)
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from . import compat, recipe, render
-from .errors import EnvbuildError, ExitCode, Unreachable
+from . import compat, inputs, recipe, render
+from .errors import EnvbuildError, ExitCode, ManyErrors, Unreachable
 from .inputs import escape, has_control, one_line, show
 
 INTERRUPTED = 130
@@ -167,24 +167,34 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _load_spec(name: str, recipes_dir: str) -> compat.Spec:
+    """The recipe ``name`` (or path) checked: schema errors and rule findings together in
+    one :class:`~builder.compat.Spec` (the rules run on the fields that validated).
+    Raises what :func:`builder.recipe.find` and :func:`builder.recipe.parse` raise
+    (unreadable file: 3; malformed YAML: 2)."""
     path = recipe.find(name, recipes_dir)
-    return compat.check(recipe.load(path))
+    loaded, schema_errors = recipe.parse(path)
+    return compat.check(loaded, schema_errors)
 
 
 def _print_findings(spec: compat.Spec) -> None:
+    """Every schema error, then every finding of ``spec``, one escaped line each on stderr
+    (schema errors capped as :class:`~builder.errors.ManyErrors` caps them)."""
+    if spec.schema_errors:
+        for line in str(ManyErrors(list(spec.schema_errors))).splitlines():
+            console.print(Text.assemble(("error", "red"), ": ", line), soft_wrap=True)
     style = {"error": "red", "warning": "yellow", "note": "cyan"}
     for f in spec.findings:
         console.print(Text.assemble((f.level, style[f.level]), ": ", f.line(spec.recipe.path)), soft_wrap=True)
 
 
 def cmd_check(args) -> int:
-    """``envbuild check RECIPE``: 0 compatible, 1 warnings only, 2 errors."""
+    """``envbuild check RECIPE``: 0 compatible, 1 warnings only, 2 errors (schema or rules)."""
     spec = _load_spec(args.recipe, args.recipes_dir)
     _print_findings(spec)
-    if spec.errors:
+    if spec.failed:
         return ExitCode.CHECK_FAILED
-    out.print(f"{spec.recipe.path}: ok: torch {spec.torch_local}, python {spec.recipe.python}, "
-              f"cuda {spec.cuda or 'none'}, nccl {spec.nccl or 'none'}", soft_wrap=True)
+    out.print(Text(f"{inputs.escape(spec.recipe.path)}: ok: torch {spec.torch_local}, python {spec.recipe.python}, "
+                   f"cuda {spec.cuda or 'none'}, nccl {spec.nccl or 'none'}"), soft_wrap=True)
     return ExitCode.WARNINGS if spec.warnings else ExitCode.OK
 
 
@@ -194,9 +204,10 @@ def _render(args, spec: compat.Spec) -> int:
         stale = render.stale(rendered, args.images_dir)
         if stale:
             for name in stale:
-                console.print(f"{args.images_dir}/{spec.recipe.name}/{name}: stale; run `envbuild render {spec.recipe.name}`", soft_wrap=True)
+                console.print(f"{args.images_dir}/{spec.recipe.name}/{name}: stale; run `envbuild render {spec.recipe.name}`",
+                              soft_wrap=True, markup=False)
             return ExitCode.CHECK_FAILED
-        out.print(f"{args.images_dir}/{spec.recipe.name}: up to date")
+        out.print(f"{args.images_dir}/{spec.recipe.name}: up to date", markup=False)
         return ExitCode.OK
     where, written = render.write(rendered, args.images_dir)
     for name in rendered.files:
@@ -205,15 +216,19 @@ def _render(args, spec: compat.Spec) -> int:
 
 
 def cmd_render(args) -> int:
-    """``envbuild render RECIPE [--check]``: write (or check for drift) the rendered files."""
+    """``envbuild render RECIPE [--check]``: write (or check for drift) the rendered files.
+    A recipe with errors is reported (schema errors and rule errors together) and not rendered."""
     if args.all == (args.recipe is not None):
         raise UsageError("envbuild render: give either a RECIPE or --all")
-    names = [p.stem for p in sorted(Path(args.recipes_dir).glob("*.yaml"))] if args.all else [args.recipe]
+    names = (sorted({p.stem for s in recipe.SUFFIXES for p in Path(args.recipes_dir).glob(f"*{s}")})
+             if args.all else [args.recipe])
     if not names:
         raise EnvbuildError("no recipes (*.yaml) here", file=str(args.recipes_dir))
     worst = ExitCode.OK
     for name in names:
         spec = _load_spec(name, args.recipes_dir)
+        if spec.failed:
+            compat.require_ok(spec)  # raises every schema and rule error, one line each
         _print_findings(spec)
         worst = max(worst, _render(args, spec), ExitCode.WARNINGS if spec.warnings else ExitCode.OK)
     return worst
@@ -356,7 +371,7 @@ def cmd_make(args) -> int:
     """``envbuild make [RECIPE]``: check -> render -> build -> certify, stopping at the first failure."""
     spec = _load_spec(args.recipe, args.recipes_dir)
     _print_findings(spec)
-    if spec.errors:
+    if spec.failed:
         return ExitCode.CHECK_FAILED  # every error is printed above
     _render(argparse.Namespace(images_dir=args.images_dir, check_only=False), spec)
     result = _build(args, spec)

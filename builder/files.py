@@ -33,11 +33,14 @@ def write_atomic(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Pat
     return target
 
 
-def template_environment(filters: Mapping[str, Callable] | None = None) -> jinja2.Environment:
+def template_environment(filters: Mapping[str, Callable] | None = None,
+                         finalize: Callable[[object], object] | None = None) -> jinja2.Environment:
     """The jinja2 environment for ``builder/templates/``: ``StrictUndefined`` (a missing
     value is an error, never an empty string), no autoescape, trailing newline kept, block
-    tags trimmed; plus the given ``filters``."""
+    tags trimmed; plus the given ``filters`` and ``finalize`` (jinja2 passes every
+    ``{{ ... }}`` output through it: a check of each substituted value)."""
     env = jinja2.Environment(
+        finalize=finalize,
         loader=jinja2.PackageLoader("builder", "templates"),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,

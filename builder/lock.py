@@ -45,6 +45,7 @@ from builder import render
 from builder.compat import Spec, lock_hash
 from builder.errors import EnvbuildError, ExitCode
 from builder.files import write_atomic
+from builder.recipe import APT_NAME
 from builder.site import SiteOptions
 
 #: Seconds for one pip resolution and for the apt query container.
@@ -155,8 +156,8 @@ def pip_command(spec: Spec, site: SiteOptions, report: Path, target: Path, *, py
     for tag in platform_tags(spec.glibc):
         argv += ["--platform", tag]
     argv += ["--index-url", r.index_url]
-    if r.torch_index_url:
-        argv += ["--extra-index-url", r.torch_index_url]
+    if spec.torch_index_url:
+        argv += ["--extra-index-url", spec.torch_index_url]
     if site.wheel_dir:
         argv += ["--find-links", str(site.wheel_dir)]
     if site.ca_bundle:
@@ -241,30 +242,45 @@ def parse_policy(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     current = None
     for line in text.splitlines():
-        m = re.match(r"^(\S+):$", line)
+        m = re.fullmatch(r"(\S+):", line)
         if m:
             current = m.group(1)
             continue
-        m = re.match(r"^\s+Candidate:\s+(\S+)", line)
+        m = re.fullmatch(r"\s+Candidate:\s+(\S+)\s*", line)
         if m and current and m.group(1) != "(none)":
             out[current] = m.group(1)
     return out
+
+
+#: The apt query's shell script: the package names arrive as its arguments ("$@"), never
+#: as shell text.
+APT_QUERY = ("apt-get update -qq >/dev/null 2>&1 || { echo 'envbuild: apt-get update failed' >&2; exit 90; }; "
+             'exec apt-cache policy "$@"')
+
+
+def apt_query_argv(names: list[str]) -> list[str]:
+    """The container command of the apt query: ``sh -c APT_QUERY sh NAME...`` (the names are
+    positional arguments of the script, each one argv word)."""
+    return ["sh", "-c", APT_QUERY, "sh", *names]
 
 
 def resolve_apt(client, image: str, names: list[str], *, labels: Mapping[str, str] | None = None,
                 timeout_s: float = APT_TIMEOUT_S) -> tuple[dict[str, str] | None, str | None]:
     """Candidate versions of ``names`` in ``image`` (``apt-get update`` then ``apt-cache
     policy`` in a throwaway container, removed afterwards). Returns ``(pins, None)`` or
-    ``(None|partial, note)``."""
+    ``(None|partial, note)``. Raises :class:`EnvbuildError` (exit 2) for a name that is not a
+    Debian package name (:data:`builder.recipe.APT_NAME`); names reach the container as
+    argv words (:func:`apt_query_argv`), never as shell text."""
     import docker.errors
     import requests
 
     from builder import engine
 
-    script = "apt-get update -qq >/dev/null 2>&1 || { echo 'envbuild: apt-get update failed' >&2; exit 90; }; " \
-             "apt-cache policy " + " ".join(names)
+    bad = [n for n in names if not (isinstance(n, str) and APT_NAME.fullmatch(n))]
+    if bad:
+        raise EnvbuildError("is not a Debian package name; not queried", field="apt", value=bad[0])
     try:
-        c = client.containers.create(image, ["sh", "-c", script], labels={engine.LABEL: "1", **(labels or {})},
+        c = client.containers.create(image, apt_query_argv(names), labels={engine.LABEL: "1", **(labels or {})},
                                      environment={"DEBIAN_FRONTEND": "noninteractive"})
     except docker.errors.ImageNotFound:
         return None, f"apt: base image {image} not in the engine"
@@ -363,7 +379,7 @@ def lock(spec: Spec, images_dir: str | os.PathLike, site: SiteOptions, client=No
         doc["pip_resolver"] = {
             "python": r.python,
             "platform": platform_tags(spec.glibc)[0],
-            "indexes": [u for u in (r.index_url, r.torch_index_url) if u],
+            "indexes": [u for u in (r.index_url, spec.torch_index_url) if u],
             "site_wheels": bool(site.wheel_dir),
         }
     if apt:

@@ -16,23 +16,33 @@ pip installs ``--require-hashes`` from the resolved list (:func:`load_resolved`,
 Like spack's container writers, a format-neutral context (packages, environment, labels)
 is built once and each format adds only its own details, so both files describe the same
 environment. Rendering is byte-deterministic: it depends only on the spec (no time, host,
-user or site paths); site options enter at build time (see ``builder/build.py``).
+user or site paths: the header names the recipe by its file name, ``cpu-torch2.yaml``, not
+by the path it was given as); site options enter at build time (see ``builder/build.py``).
+
+A second line of defence behind the recipe's closed patterns: every value substituted into
+a template passes :func:`_finalize`, which refuses (:class:`~builder.errors.EnvbuildError`,
+naming the template and the value) any value holding a newline or another control
+character, so no value can start a new Dockerfile instruction or shell line. The three
+files are written as one set (:func:`write`): all of them or, on any error, none.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import os
 import shlex
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
+from . import inputs
 from .compat import Spec, lock_bytes, lock_hash
-from .errors import EnvbuildError
-from .files import template_environment, write_atomic
+from .errors import EnvbuildError, ExitCode
+from .files import template_environment
+from .recipe import APT_NAME, APT_VERSION, PIP_NAME, PIP_VERSION, SHA256
 
 VENV = "/opt/venv"
 WHEELS_DIR = "/run/envbuild/wheels"
@@ -44,12 +54,8 @@ RESOLVED_SCHEMA = "envbuild.resolved/1"
 #: Where the build writes the hash-pinned requirements (removed in the same RUN).
 REQUIREMENTS_TMP = "/tmp/envbuild-requirements.txt"
 
-# Closed patterns for every resolved value that reaches a RUN line.
-_PIP_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
-_PIP_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
-_SHA256 = re.compile(r"^sha256:[0-9a-f]{64}$")
-_APT_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
-_APT_VERSION = re.compile(r"^[A-Za-z0-9.+~:-]+$")
+#: Largest ``envbuild.resolved.json`` read, in bytes.
+MAX_RESOLVED_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,36 @@ def dockerquote(value: str) -> str:
     return json.dumps(value, ensure_ascii=False).replace("$", "\\$")
 
 
+class _UnsafeValue(Exception):
+    """A substituted value holds a control character (raised by :func:`_finalize`)."""
+
+    def __init__(self, value: str) -> None:
+        super().__init__(value)
+        self.value = value
+
+
+def _finalize(value: Any) -> Any:
+    """jinja2 ``finalize``: every ``{{ ... }}`` output passes here. A value with a newline or
+    another control character (:func:`builder.inputs.has_control`) is refused: it could end
+    a Dockerfile instruction or a ``%post`` line and start one of its own."""
+    text = value if isinstance(value, str) else str(value)
+    if inputs.has_control(text):
+        raise _UnsafeValue(text)
+    return value
+
+
 def _environment() -> jinja2.Environment:
-    return template_environment({"dockerquote": dockerquote})
+    return template_environment({"dockerquote": dockerquote}, finalize=_finalize)
+
+
+def _render_template(env: jinja2.Environment, name: str, ctx: dict[str, Any]) -> str:
+    """Render template ``name``; raises :class:`EnvbuildError` (exit 2) naming the template
+    and the value when :func:`_finalize` refuses one."""
+    try:
+        return env.get_template(name).render(ctx)
+    except _UnsafeValue as e:
+        raise EnvbuildError("refusing to write a value with a newline or control character into the template",
+                            file=f"builder/templates/{name}", value=e.value) from None
 
 
 def image_env(spec: Spec) -> list[tuple[str, str]]:
@@ -117,8 +151,8 @@ def pip_options(spec: Spec) -> list[str]:
     """pip options shared by both formats: no cache, the recipe's indexes, the wheel folder."""
     r = spec.recipe
     opts = ["--no-cache-dir", "--disable-pip-version-check", "--index-url", r.index_url]
-    if r.torch_index_url:
-        opts += ["--extra-index-url", r.torch_index_url]
+    if spec.torch_index_url:
+        opts += ["--extra-index-url", spec.torch_index_url]
     opts += ["--find-links", WHEELS_DIR]
     return opts
 
@@ -157,12 +191,11 @@ def context(spec: Spec, resolved: dict[str, Any] | None = None) -> dict[str, Any
     ]
     return {
         "recipe": r.name,
-        "recipe_path": f"recipes/{r.name}.yaml",
+        "recipe_file": Path(r.path).name,
         "base_image": base,
         "env": image_env(spec),
-        "build_apt": _apt_pinned(["python3", "python3-venv"], pins),
+        "build_apt": _apt_pinned(["python3", "python3-venv", *r.apt], pins),
         "runtime_apt": _apt_pinned(["python3", *r.apt], pins),
-        "extra_apt": _apt_pinned(list(r.apt), pins),
         "venv": VENV,
         "wheels_dir": WHEELS_DIR,
         "ca_path": SINGULARITY_CA,
@@ -181,14 +214,15 @@ def singularity_context(spec: Spec, resolved: dict[str, Any] | None = None) -> d
 
 
 def render(spec: Spec, resolved: dict[str, Any] | None = None) -> Rendered:
-    """Render every file of ``spec``. Returns :class:`Rendered`; raises jinja2 errors only on template bugs.
+    """Render every file of ``spec``. Returns :class:`Rendered`; raises :class:`EnvbuildError`
+    (exit 2) for a value :func:`_finalize` refuses, jinja2 errors only on template bugs.
 
     ``resolved``: the checked content of ``envbuild.resolved.json`` (:func:`load_resolved`)
     or None (the recipe's pins only).
     """
     env = _environment()
-    docker = env.get_template("Dockerfile.j2").render(context(spec, resolved))
-    sing = env.get_template("Singularity.def.j2").render(singularity_context(spec, resolved))
+    docker = _render_template(env, "Dockerfile.j2", context(spec, resolved))
+    sing = _render_template(env, "Singularity.def.j2", singularity_context(spec, resolved))
     return Rendered(
         recipe=spec.recipe.name,
         files={
@@ -209,12 +243,17 @@ def _bad(path: Path, field: str, value: object, message: str) -> EnvbuildError:
     return EnvbuildError(message, file=str(path), field=field, value=value)
 
 
+def _fits(regex, value: Any, limit: int = 128) -> bool:
+    return isinstance(value, str) and len(value) <= limit and regex.fullmatch(value) is not None
+
+
 def check_resolved(doc: Any, spec: Spec, path: str | Path) -> dict[str, Any]:
     """Check a parsed ``envbuild.resolved.json`` against ``spec``; returns it.
 
-    Every value that reaches a RUN line must match a closed pattern: pip names and
-    versions (PEP 508/440 characters only), ``sha256:<64 hex>`` hashes, Debian package
-    names and versions, the base digest.
+    Every value that reaches a RUN line must match a closed pattern over the whole value:
+    pip names and versions (PEP 508/440 characters only), ``sha256:<64 hex>`` hashes,
+    Debian package names and versions, the base digest; strings only (no number standing
+    in for a version).
 
     Raises:
         EnvbuildError: (exit 2) one line naming the file, the field and the value: wrong
@@ -236,70 +275,122 @@ def check_resolved(doc: Any, spec: Spec, path: str | Path) -> dict[str, Any]:
     base = doc.get("base")
     if not isinstance(base, dict):
         raise _bad(path, "base", base, "is not an object")
-    if base.get("digest") is not None and not _SHA256.match(str(base["digest"])):
+    if base.get("digest") is not None and not _fits(SHA256, base["digest"], 80):
         raise _bad(path, "base.digest", base["digest"], "is not sha256:<64 hex>")
-    pip = doc.get("pip") or []
+    _check_resolved_pip(doc.get("pip") or [], path)
+    apt = doc.get("apt") or {}
+    if not isinstance(apt, dict):
+        raise _bad(path, "apt", apt, "is not an object")
+    for name, version in apt.items():
+        if not _fits(APT_NAME, name):
+            raise _bad(path, "apt", name, "is not a Debian package name")
+        if not _fits(APT_VERSION, version):
+            raise _bad(path, f"apt.{name}", version, "is not a Debian version")
+    return doc
+
+
+def _check_resolved_pip(pip: Any, path: Path) -> None:
     if not isinstance(pip, list):
         raise _bad(path, "pip", pip, "is not a list")
     for i, p in enumerate(pip):
         if not isinstance(p, dict):
             raise _bad(path, f"pip[{i}]", p, "is not an object")
-        if not _PIP_NAME.match(str(p.get("name", ""))):
+        if not _fits(PIP_NAME, p.get("name")):
             raise _bad(path, f"pip[{i}].name", p.get("name"), "is not a package name")
-        if not _PIP_VERSION.match(str(p.get("version", ""))):
+        if not _fits(PIP_VERSION, p.get("version"), 64):
             raise _bad(path, f"pip[{i}].version", p.get("version"), "is not a version")
         hashes = p.get("hashes")
-        if not isinstance(hashes, list) or not hashes:
-            raise _bad(path, f"pip[{i}].hashes", hashes, "must list at least one sha256:<hex>")
+        if not isinstance(hashes, list) or not 0 < len(hashes) <= 16:
+            raise _bad(path, f"pip[{i}].hashes", hashes, "must list one to 16 sha256:<hex>")
         for h in hashes:
-            if not _SHA256.match(str(h)):
+            if not _fits(SHA256, h, 80):
                 raise _bad(path, f"pip[{i}].hashes", h, "is not sha256:<64 hex>")
-    apt = doc.get("apt") or {}
-    if not isinstance(apt, dict):
-        raise _bad(path, "apt", apt, "is not an object")
-    for name, version in apt.items():
-        if not _APT_NAME.match(str(name)):
-            raise _bad(path, "apt", name, "is not a Debian package name")
-        if not _APT_VERSION.match(str(version)):
-            raise _bad(path, f"apt.{name}", version, "is not a Debian version")
-    return doc
 
 
 def load_resolved(spec: Spec, images_dir: str | Path = "images") -> dict[str, Any] | None:
     """Read and check ``images_dir/<recipe>/envbuild.resolved.json``; None when absent.
 
     Raises:
-        EnvbuildError: (exit 2) unreadable JSON, or what :func:`check_resolved` raises.
+        Unreachable: (exit 3) not a regular file, over :data:`MAX_RESOLVED_BYTES`, unreadable.
+        EnvbuildError: (exit 2) not valid (bounded) JSON, or what :func:`check_resolved` raises.
     """
     path = Path(images_dir) / spec.recipe.name / RESOLVED_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise EnvbuildError(f"not valid JSON: {e}", file=str(path)) from None
+    doc = inputs.read_json(path, MAX_RESOLVED_BYTES, "resolved-pins file", ExitCode.CHECK_FAILED)
     return check_resolved(doc, spec, path)
 
 
 def write(rendered: Rendered, images_dir: str | Path = "images") -> tuple[Path, list[str]]:
-    """Write ``rendered`` to ``images_dir/<recipe>/`` atomically per file (temp file, then rename).
+    """Write ``rendered`` to ``images_dir/<recipe>/`` as one set: every changed file is
+    first written in full to a temporary file in that folder (fsync'd), and only when all
+    of them are written are they renamed over the old ones (``os.replace``, atomic each;
+    a rename in the same folder needs no space). On any error while writing (a full disk)
+    the temporary files are removed and the old set is left as it was.
 
-    Returns (the directory, names of the files written). Files whose bytes are unchanged
+    Returns (the directory, names of the files written); files whose bytes are unchanged
     are not rewritten.
+
+    Raises:
+        Unreachable: (exit 3) the folder or a file cannot be written (a full disk, no
+            permission), naming the file.
     """
     out = Path(images_dir) / rendered.recipe
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, data in rendered.files.items():
-        target = out / name
-        if target.exists() and target.read_bytes() == data:
-            continue
-        written.append(name)
-        write_atomic(target, data)
-    return out, written
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise EnvbuildError(f"cannot create the folder: {e.strerror or e}", file=str(out),
+                            exit_code=ExitCode.UNREACHABLE) from None
+    changed = [(name, data) for name, data in rendered.files.items() if _current(out / name) != data]
+    temps: list[tuple[str, Path, Path]] = []
+    try:
+        for name, data in changed:
+            target = out / name
+            temps.append((name, _write_temp(target, data), target))
+        for name, tmp, target in temps:
+            try:
+                os.replace(tmp, target)
+            except OSError as e:
+                raise _unwritable(target, e) from None
+    finally:
+        for _name, tmp, _target in temps:
+            Path(tmp).unlink(missing_ok=True)
+    return out, [name for name, _data in changed]
+
+
+def _current(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes() if path.is_file() else None
+    except OSError:
+        return None
+
+
+def _unwritable(path: Path, e: OSError) -> EnvbuildError:
+    return EnvbuildError(f"cannot write: {e.strerror or e}", file=str(path), exit_code=ExitCode.UNREACHABLE)
+
+
+def _write_temp(target: Path, data: bytes, mode: int = 0o644) -> Path:
+    """``data`` in a new temporary file next to ``target`` (fsync'd, ``mode``); its path.
+    Raises :class:`EnvbuildError` (exit 3) naming ``target``; nothing is left behind."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as e:
+        raise _unwritable(target, e) from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+    except BaseException as e:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise _unwritable(target, e) from None
+        raise
+    return Path(tmp)
 
 
 def stale(rendered: Rendered, images_dir: str | Path = "images") -> list[str]:
     """Names of the files under ``images_dir/<recipe>/`` that differ from ``rendered`` (or are missing)."""
     out = Path(images_dir) / rendered.recipe
-    return [n for n, data in rendered.files.items() if not (out / n).exists() or (out / n).read_bytes() != data]
+    return [n for n, data in rendered.files.items() if _current(out / n) != data]

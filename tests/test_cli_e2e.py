@@ -92,7 +92,7 @@ def test_bad_input_one_line_exit_2(tmp_path, command, text, expected):
 
 def test_missing_recipe_file(tmp_path):
     res = envbuild("--recipes-dir", str(tmp_path), "check", "nope", cwd=tmp_path)
-    assert res.returncode == 2
+    assert res.returncode == 3  # unreadable input (issue 8)
     assert res.stderr.strip() == f"error: {tmp_path}/nope.yaml: no such recipe"
 
 

@@ -273,3 +273,27 @@ def test_lock_then_two_uncached_builds_install_the_same_files(docker_client, boo
                 docker_client.images.remove(image_id, force=True)
             except Exception:  # noqa: BLE001 - removed by label at session end otherwise
                 pass
+
+
+# --------------------------------------------------------------------------- issue 8: apt names as argv
+
+
+def test_apt_names_reach_the_query_as_argv_words():
+    assert lock.apt_query_argv(["python3", "libgomp1"]) == ["sh", "-c", lock.APT_QUERY, "sh", "python3", "libgomp1"]
+    assert lock.APT_QUERY.endswith('exec apt-cache policy "$@"')
+
+
+@pytest.mark.parametrize("name", ["python3;touch /pwned", "python3\n", "$(reboot)", "-o=Dir::Etc=/x"])
+def test_apt_query_refuses_a_name_that_is_not_a_package_name(name):
+    with pytest.raises(EnvbuildError) as info:
+        lock.resolve_apt(None, "debian:bookworm-slim", ["python3", name])
+    assert (str(info.value), info.value.exit_code) == (f"apt: {name!r} is not a Debian package name; not queried".replace("\n", "\\n"), 2)
+
+
+def test_pip_resolution_uses_the_derived_torch_index(tmp_path):
+    from helpers import CUDA, write_recipe
+
+    spec = compat.require_ok(compat.check(recipe.load(write_recipe(tmp_path, CUDA))))
+    argv = lock.pip_command(spec, SiteOptions(), tmp_path / "r.json", tmp_path / "t")
+    i = argv.index("--extra-index-url")
+    assert argv[i + 1] == "https://download.pytorch.org/whl/cu128"

@@ -1,5 +1,9 @@
 """Recipe loading and strict schema validation (builder/recipe.py)."""
 
+import os
+import time
+from pathlib import Path
+
 import pytest
 
 from builder import recipe
@@ -78,9 +82,9 @@ def test_pip_items_valid_twin(tmp_path):
 @pytest.mark.parametrize("field, value, expected", [
     ("base", {"image": "debian:bookworm;rm"}, "base.image: 'debian:bookworm;rm' is not an image reference (name[:tag][@sha256:digest])"),
     ("os", {"id": "arch", "version": "1"}, "os.id: 'arch' is not a supported OS; use debian or ubuntu"),
-    ("torch", {"version": "2.8.0", "variant": "rocm6"}, "torch.variant: 'rocm6' is not a torch variant; use cpu or cuXYZ such as cu128"),
+    ("torch", {"version": "2.8.0", "variant": "rocm6"}, "torch.variant: 'rocm6' is not a torch variant; use cpu or cu and the CUDA digits, such as cu128"),
     ("env", {"A B": "x"}, "env.A B: 'A B' is not an environment variable name"),
-    ("env", {"X": "a b"}, "env.X: 'a b' must match [A-Za-z0-9_.,:/@%+=-]* (no spaces or quotes)"),
+    ("env", {"X": "a b"}, "env.X: 'a b' must match [A-Za-z0-9_.,:/@%+=^-]{0,1024} (no spaces or quotes)"),
     ("index", {"url": "ftp://x"}, "index.url: 'ftp://x' is not an http(s) URL"),
     ("certify", {"backend": "mpi"}, "certify.backend: 'mpi' is not a backend; use gloo or nccl"),
     ("certify", {"port": 70000}, "certify.port: 70000 must be an integer in 1..65535"),
@@ -91,7 +95,8 @@ def test_pip_items_valid_twin(tmp_path):
     ("certify", {"allreduce": {"sizes": [100000000000000]}}, "certify.allreduce.sizes[0]: 100000000000000 must be a size in bytes, a multiple of 4 (float32), at most 68719476736"),
     ("env", {"PATH": "/evil"}, "env.PATH: 'PATH' is set by envbuild or the runtime; it cannot be overridden"),
     ("env", {"LD_PRELOAD": "x.so"}, "env.LD_PRELOAD: 'LD_PRELOAD' is set by envbuild or the runtime; it cannot be overridden"),
-    ("description", "two\nlines", "description: 'two\\nlines' must be one line of at most 200 printable characters"),
+    ("description", "two\nlines", "description: 'two\\nlines' holds a control character (\\x0a); recipe values are printable text on one line (no newline, tab, escape or bidi control)"),
+    ("description", "x" * 201, "description: '" + "x" * 196 + "... must be one line of at most 200 printable characters"),
 ])
 def test_field_values(tmp_path, field, value, expected):
     assert messages(tmp_path, merge(CPU, {field: value})) == f"t.yaml: {expected}"
@@ -113,11 +118,11 @@ def test_binary_file_and_directory(tmp_path):
     (tmp_path / "t.yaml").write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(EnvbuildError) as info:
         recipe.load(tmp_path / "t.yaml")
-    assert str(info.value) == f"{tmp_path}/t.yaml: is not UTF-8 text"
+    assert (str(info.value), info.value.exit_code) == (f"{tmp_path}/t.yaml: is not UTF-8 text (byte 0)", 2)
     (tmp_path / "d.yaml").mkdir()
     with pytest.raises(EnvbuildError) as info:
         recipe.load(tmp_path / "d.yaml")
-    assert str(info.value) == f"{tmp_path}/d.yaml: is a directory, not a recipe file"
+    assert (str(info.value), info.value.exit_code) == (f"{tmp_path}/d.yaml: is a directory, not a recipe file", 3)
 
 
 def test_image_with_digest_is_valid(tmp_path):
@@ -132,7 +137,7 @@ def test_missing_required_field(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(EnvbuildError) as info:
         recipe.load(tmp_path / "nope.yaml")
-    assert str(info.value) == f"{tmp_path}/nope.yaml: no such recipe file"
+    assert (str(info.value), info.value.exit_code) == (f"{tmp_path}/nope.yaml: no such recipe file", 3)
 
 
 def test_malformed_yaml(tmp_path):
@@ -144,4 +149,162 @@ def test_find_lists_known_recipes(tmp_path):
     (tmp_path / "a.yaml").write_text("x: 1")
     with pytest.raises(EnvbuildError) as info:
         recipe.find("zzz", tmp_path)
-    assert str(info.value) == f"{tmp_path}/zzz.yaml: no such recipe; known recipes: a"
+    assert (str(info.value), info.value.exit_code) == (f"{tmp_path}/zzz.yaml: no such recipe; known recipes: a", 3)
+
+
+# --------------------------------------------------------------------------- issue 8: whole values, bounds
+INJECTION = ("t.yaml: packages.apt[0]: 'python3\\n' holds a control character (\\x0a); recipe values are "
+             "printable text on one line (no newline, tab, escape or bidi control)")
+
+
+def test_trailing_newline_in_apt_cannot_inject_a_run_line(tmp_path):
+    msg = messages(tmp_path, merge(CPU, {"packages": {"apt": ["python3\n", "run", "touch", "pwned"]}}))
+    assert msg == INJECTION
+
+
+def test_apt_list_without_the_newline_is_valid_twin(tmp_path):
+    assert load(tmp_path, merge(CPU, {"packages": {"apt": ["python3", "run", "touch"]}})).apt == ("python3", "run", "touch")
+
+
+@pytest.mark.parametrize("changes, field, shown", [
+    ({"base": {"image": "debian:bookworm-slim\n"}}, "base.image", "'debian:bookworm-slim\\n'"),
+    ({"index": {"url": "https://pypi.org/simple\n"}}, "index.url", "'https://pypi.org/simple\\n'"),
+    ({"index": {"torch_url": "https://download.pytorch.org/whl/cpu\n"}}, "index.torch_url", "'https://download.pytorch.org/whl/cpu\\n'"),
+    ({"env": {"FOO": "bar\n"}}, "env.FOO", "'bar\\n'"),
+    ({"env": {"FOO\n": "bar"}}, "env.FOO\\x0a", "'FOO\\n'"),
+    ({"certify": {"shm_size": "1g\n"}}, "certify.shm_size", "'1g\\n'"),
+    ({"cuda": {"version": "12.8\n"}}, "cuda.version", "'12.8\\n'"),
+    ({"description": "ok\x1b[31m"}, "description", "'ok\\x1b[31m'"),
+    ({"description": "right\u202eleft"}, "description", "'right\\u202eleft'"),
+])
+def test_control_characters_are_refused_in_every_field(tmp_path, changes, field, shown):
+    ch = shown.split("\\", 1)[1]
+    code = {"n": "\\x0a"}.get(ch[0], "\\" + ch[:3] if ch.startswith("x") else "\\" + ch[:5])
+    assert messages(tmp_path, merge(CPU, changes)) == (
+        f"t.yaml: {field}: {shown} holds a control character ({code}); recipe values are printable text "
+        "on one line (no newline, tab, escape or bidi control)")
+
+
+@pytest.mark.parametrize("pattern, good", [
+    (recipe.IMAGE_REF, "debian:bookworm-slim"), (recipe.APT_NAME, "python3"), (recipe.SHM_SIZE, "1g"),
+    (recipe.VARIANT, "cu128"), (recipe.RECIPE_NAME, "cpu-torch2"), (recipe.PIP_NAME, "numpy"),
+    (recipe.SHA256, "sha256:" + "a" * 64), (recipe._URL, "https://pypi.org/simple"), (recipe._RELEASE, "2.8.0"),
+    (recipe._ENV_VALUE, "x"), (recipe._ENV_NAME, "X"), (recipe._APT, "curl=7.88.1-10+deb12u5"),
+])
+def test_every_pattern_matches_the_whole_value(pattern, good):
+    """Python's `$` matches before a final newline: each pattern must refuse `good + "\\n"`
+    even through re.match (the CLI's argument types use .match)."""
+    assert pattern.match(good) and pattern.fullmatch(good)
+    assert pattern.match(good + "\n") is None and pattern.match(good + "\nRUN x") is None
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"certify": {"port": 65536}}, "certify.port: 65536 must be an integer in 1..65535"),
+    ({"certify": {"shm_size": "1025g"}}, "certify.shm_size: '1025g' is not a size from 1m to 1024g such as 1g or 512m"),
+    ({"certify": {"shm_size": "0"}}, "certify.shm_size: '0' is not a size from 1m to 1024g such as 1g or 512m"),
+    ({"certify": {"shm_size": "9" * 40}}, "certify.shm_size: '" + "9" * 40 + "' is not a size from 1m to 1024g such as 1g or 512m"),
+    ({"certify": {"thresholds": {"min_busbw_gbps": float("nan")}}}, "certify.thresholds.min_busbw_gbps: nan must be a finite number > 0 and at most 1e+06"),
+    ({"certify": {"thresholds": {"min_busbw_gbps": float("inf")}}}, "certify.thresholds.min_busbw_gbps: inf must be a finite number > 0 and at most 1e+06"),
+    ({"certify": {"thresholds": {"min_busbw_gbps": -1.5}}}, "certify.thresholds.min_busbw_gbps: -1.5 must be a finite number > 0 and at most 1e+06"),
+    ({"certify": {"allreduce": {"sizes": [8] * 65}}}, "certify.allreduce.sizes: [8, 8, 8, 8, 8, 8, ...] must be a non-empty list of at most 64 sizes in bytes"),
+])
+def test_numbers_are_bounded_and_finite(tmp_path, changes, expected):
+    assert messages(tmp_path, merge(CPU, changes)) == f"t.yaml: {expected}"
+
+
+def test_bounds_valid_twin(tmp_path):
+    r = load(tmp_path, merge(CPU, {"certify": {"port": 65535, "shm_size": "1024g", "thresholds": {"min_busbw_gbps": 1e6}}}))
+    assert (r.certify.port, r.certify.shm_size, r.certify.thresholds.min_busbw_gbps) == (65535, "1024g", 1e6)
+    assert recipe.shm_bytes("1024g") == 1 << 40 and recipe.shm_bytes("256m") == 256 << 20 and recipe.shm_bytes("4096") == 4096
+
+
+def test_huge_integer_is_named_not_a_traceback(tmp_path):
+    text = write_recipe(tmp_path, merge(CPU, {"certify": {"nodes": 2}})).read_text().replace("nodes: 2", "nodes: " + "7" * 5000)
+    (tmp_path / "t.yaml").write_text(text)
+    msg = messages(tmp_path, text)
+    assert msg.startswith("t.yaml: certify.nodes: '777") and msg.endswith("... must be an integer in 1..1024")
+    assert len(msg) < 300
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")) + "description: *i\n",
+     "t.yaml: malformed YAML: line 6, column 4: expands to more than 100000 values (aliases counted at each use)"),
+    ("? [a, b]\n: 1\n", "t.yaml: malformed YAML: line 1, column 3: a mapping key must be a plain value (no '? [a, b]' complex keys)"),
+    ("description: " + "[" * 10000 + "]" * 10000 + "\n", "t.yaml: malformed YAML: line 1, column 77: nesting deeper than 64 levels"),
+])
+def test_unbounded_yaml_is_refused_with_exit_2(tmp_path, text, expected):
+    assert messages(tmp_path, text) == expected
+
+
+def test_unreadable_inputs_exit_3(tmp_path):
+    os.mkfifo(tmp_path / "fifo.yaml")
+    (tmp_path / "zero.yaml").symlink_to("/dev/zero")
+    (tmp_path / "big.yaml").write_bytes(b"#" * (1 << 20) + b"\n")
+    got = {}
+    for name in ("fifo", "zero", "big", "missing"):
+        with pytest.raises(EnvbuildError) as info:
+            recipe.load(tmp_path / f"{name}.yaml")
+        got[name] = (str(info.value).replace(str(tmp_path) + "/", ""), info.value.exit_code)
+    assert got == {
+        "fifo": ("fifo.yaml: is not a regular file (a FIFO); give a recipe file", 3),
+        "zero": ("zero.yaml: is not a regular file (a character device); give a recipe file", 3),
+        "big": ("big.yaml: is 1048577 bytes, over the 1048576-byte limit of a recipe file", 3),
+        "missing": ("missing.yaml: no such recipe file", 3),
+    }
+
+
+def test_recipe_at_the_size_limit_is_read_twin(tmp_path):
+    text = yaml_text(CPU)
+    (tmp_path / "t.yaml").write_text(text + "#" * ((1 << 20) - len(text) - 1) + "\n")
+    assert recipe.load(tmp_path / "t.yaml").name == "t"
+
+
+def yaml_text(data):
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def test_twenty_thousand_env_entries_load_in_linear_time(tmp_path):
+    env = {f"V{i}": str(i) for i in range(20000)}
+    t0 = time.monotonic()
+    r = load(tmp_path, merge(CPU, {"env": env}))
+    assert len(r.env) == 20000 and time.monotonic() - t0 < 20  # a quadratic path takes minutes
+
+
+def test_bad_recipe_file_name_is_an_error(tmp_path):
+    path = write_recipe(tmp_path, CPU, name="Bad_Name-")
+    with pytest.raises(EnvbuildError) as info:
+        recipe.load(path)
+    assert str(info.value) == (f"{path}: is not named as a recipe: <name>.yaml with a <name> of at most 64 characters "
+                               "[a-z0-9] joined by '.', '_', '__' or '-' (a docker repository name)")
+    assert recipe.load(write_recipe(tmp_path, CPU, name="good.name_2")).name == "good.name_2"
+
+
+def test_parse_keeps_valid_fields_and_names_invalid_ones(tmp_path):
+    r, errors = recipe.parse(write_recipe(tmp_path, merge(CPU, {"torch": {"variant": "rocm6"}, "python": "three"})))
+    assert [e.field for e in errors] == ["python", "torch.variant"]
+    assert (r.python, r.torch_variant, r.torch_version, r.invalid) == (None, None, "2.13.0", frozenset({"python", "torch.variant"}))
+    assert not r.valid("torch.variant") and not r.valid("torch") and r.valid("torch.version", "os.id")
+
+
+@pytest.mark.parametrize("arg, expected", [
+    ("images/x/Dockerfile", "images/x/Dockerfile: is not a recipe: a recipe is a .yaml or .yml file; a Dockerfile or "
+     "Singularity definition will be audited by `envbuild audit` (not available yet)"),
+    ("images/x/Singularity.def", "images/x/Singularity.def: is not a recipe: a recipe is a .yaml or .yml file; a "
+     "Dockerfile or Singularity definition will be audited by `envbuild audit` (not available yet)"),
+    ("notes.txt", "notes.txt: is not a recipe: a recipe is a .yaml or .yml file; give a recipe name such as "
+     "cpu-torch2 or a path ending in .yaml"),
+])
+def test_find_explains_what_a_recipe_is(tmp_path, monkeypatch, arg, expected):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(EnvbuildError) as info:
+        recipe.find(arg, tmp_path)
+    assert (str(info.value), info.value.exit_code) == (expected, 2)
+
+
+def test_find_takes_yml_and_names_twin(tmp_path):
+    (tmp_path / "b.yml").write_text("x: 1")
+    assert recipe.find("b", tmp_path) == tmp_path / "b.yml"
+    assert recipe.find("any/where/x.yml", tmp_path) == Path("any/where/x.yml")

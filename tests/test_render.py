@@ -1,6 +1,7 @@
 """Rendering (builder/render.py): golden files, drift of the committed files, both formats
 describing the same environment, hadolint and spython, byte-determinism across processes."""
 
+import dataclasses
 import json
 import os
 import re
@@ -164,3 +165,131 @@ def test_rendering_is_byte_deterministic_across_processes(tmp_path):
         outputs.append({p.relative_to(out).as_posix(): (p.read_bytes(), p.stat().st_mode & 0o777) for p in sorted(out.rglob("*")) if p.is_file()})
     assert outputs[0] == outputs[1]
     assert outputs[0]["cpu-torch2/Dockerfile"][0] == (ROOT / "images/cpu-torch2/Dockerfile").read_bytes()
+
+
+# --------------------------------------------------------------------------- issue 8
+from builder.errors import EnvbuildError  # noqa: E402
+from helpers import CPU, CUDA, merge, write_recipe  # noqa: E402
+
+
+def spec_from(tmp_path, data, name="t"):
+    return compat.require_ok(compat.check(recipe.load(write_recipe(tmp_path, data, name=name))))
+
+
+@pytest.mark.parametrize("field, value, template", [
+    ("apt", ("python3\nRUN touch pwned",), "Dockerfile.j2"), ("base_image", "debian:bookworm\nRUN x", "Dockerfile.j2"),
+    ("env", (("FOO", "a\rb"),), "Dockerfile.j2"),
+    # the Dockerfile's labels are JSON-quoted (ESC becomes \u001b); the definition's are raw
+    ("description", "x\x1b[2J", "Singularity.def.j2"),
+])
+def test_render_refuses_control_characters_a_second_time(tmp_path, field, value, template):
+    """The recipe loader refuses these; a Recipe made around it must still not reach a file."""
+    spec = spec_from(tmp_path, CPU)
+    bad = dataclasses.replace(spec, recipe=dataclasses.replace(spec.recipe, **{field: value}))
+    with pytest.raises(EnvbuildError) as info:
+        render.render(bad)
+    assert info.value.exit_code == 2
+    assert str(info.value).startswith(f"builder/templates/{template}: ")
+    assert str(info.value).endswith(" refusing to write a value with a newline or control character into the template")
+    assert "\n" not in str(info.value) and "\x1b" not in str(info.value)
+
+
+def test_render_of_the_same_recipe_without_them_twin(tmp_path):
+    spec = spec_from(tmp_path, merge(CPU, {"packages": {"apt": ["curl"]}, "env": {"FOO": "a"}}))
+    assert b"curl" in render.render(spec).files["Dockerfile"]
+
+
+def test_cuda_recipe_without_torch_url_renders_the_variant_index(tmp_path):
+    spec = spec_from(tmp_path, merge(CUDA, {"index": {"url": "https://pypi.org/simple"}}))
+    out = render.render(spec)
+    for name in ("Dockerfile", "Singularity.def"):
+        text = out.files[name].decode()
+        assert "--index-url https://pypi.org/simple --extra-index-url https://download.pytorch.org/whl/cu128 " in text
+        assert "torch==2.8.0+cu128" in text
+    assert json.loads(out.files["envbuild.lock.json"])["index"]["torch_url"] == "https://download.pytorch.org/whl/cu128"
+
+
+def test_header_names_the_recipe_file(tmp_path):
+    path = tmp_path / "my-recipe.yml"
+    path.write_text(write_recipe(tmp_path, CPU).read_text())
+    out = render.render(compat.require_ok(compat.check(recipe.load(path))))
+    assert out.files["Dockerfile"].decode().splitlines()[0] == (
+        "# Rendered by envbuild from the recipe my-recipe.yml: do not edit, run `envbuild render my-recipe`.")
+    assert ("# Rendered by envbuild from the recipe my-recipe.yml: do not edit, run `envbuild render my-recipe`."
+            in out.files["Singularity.def"].decode().splitlines())
+
+
+def test_docker_build_stage_installs_the_recipe_apt_packages():
+    text = (ROOT / "tests/golden/golden-extras/Dockerfile").read_text()
+    build, final = text.split("\nFROM ")[1:]
+    assert " && apt-get install -y --no-install-recommends python3 python3-venv libgomp1 curl=8.5.0-2ubuntu10.6 \\\n" in build
+    assert "apt-get install -y --no-install-recommends python3 libgomp1 curl=8.5.0-2ubuntu10.6 \\\n" in final
+    sing = (ROOT / "tests/golden/golden-extras/Singularity.def").read_text()
+    assert "    apt-get install -y --no-install-recommends python3 python3-venv libgomp1 curl=8.5.0-2ubuntu10.6\n" in sing
+
+
+CPU_INDEXED = merge(CPU, {"index": {"torch_url": "https://download.pytorch.org/whl/cpu"}})
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 64 KiB tmpfs at tmp_path/fs (root only; unmounted afterwards)."""
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def _render_cli(recipes_dir, images_dir, name):
+    res = subprocess.run([sys.executable, "-m", "builder.cli", "--recipes-dir", str(recipes_dir), "--images-dir",
+                          str(images_dir), "render", name], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return res.returncode, res.stderr
+
+
+def test_render_on_a_full_disk_writes_no_file_and_names_the_one_that_failed(tmp_path, small_tmpfs):
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    write_recipe(recipes, CPU_INDEXED, name="t")
+    assert _render_cli(recipes, small_tmpfs, "t") == (0, "")
+    old = {p.name: p.read_bytes() for p in (small_tmpfs / "t").iterdir()}
+    assert sorted(old) == ["Dockerfile", "Singularity.def", "envbuild.lock.json"]
+    write_recipe(recipes, merge(CPU_INDEXED, {"env": {f"V{i}": "x" * 40 for i in range(300)}}), name="t")  # ~17 KB a file more
+    code, err = _render_cli(recipes, small_tmpfs, "t")
+    assert code == 3, err
+    assert re.fullmatch(rf"error: {small_tmpfs}/t/(Dockerfile|Singularity\.def|envbuild\.lock\.json): cannot write: "
+                        r"No space left on device\n", err), err
+    assert {p.name: p.read_bytes() for p in (small_tmpfs / "t").iterdir()} == old  # the old set, no temp file left
+
+
+def test_render_with_room_writes_the_whole_set_twin(tmp_path):
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    write_recipe(recipes, merge(CPU_INDEXED, {"env": {f"V{i}": "x" * 40 for i in range(300)}}), name="t")
+    assert _render_cli(recipes, tmp_path / "images", "t") == (0, "")
+    assert sorted(p.name for p in (tmp_path / "images/t").iterdir()) == ["Dockerfile", "Singularity.def", "envbuild.lock.json"]
+
+
+OFFLINE = """
+import sys
+from builder import cli
+codes = [cli.main(["--recipes-dir", sys.argv[1], "--images-dir", sys.argv[2], "check", "cpu-torch2"]),
+         cli.main(["--recipes-dir", sys.argv[1], "--images-dir", sys.argv[2], "render", "--all"]),
+         cli.main(["--recipes-dir", sys.argv[1], "--images-dir", sys.argv[2], "check", "nope"])]
+print(codes, sorted(m for m in sys.modules if m == "docker" or m.startswith("docker.")))
+"""
+
+
+def test_offline_commands_never_import_docker(tmp_path):
+    env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/envbuild.sock"}
+    res = subprocess.run([sys.executable, "-c", OFFLINE, str(ROOT / "recipes"), str(tmp_path / "images")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.stdout.splitlines()[-1] == "[0, 0, 3] []", res.stdout + res.stderr
+
+
+def test_a_command_that_needs_the_engine_imports_docker_twin(tmp_path):
+    """The probe of the test above sees docker when it is imported."""
+    code = "import sys; from builder import engine; print('docker' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True).stdout == "True\n"
