@@ -229,7 +229,8 @@ def hostile_recipes(seed: int = SEED, count: int = COUNT) -> list[tuple[str, dic
         name, content = GENERATORS[i % len(GENERATORS)](rng)
         out.append((f"{i:03d}-{name}", {"r.yaml": content}, 2))
     out.extend((f"unreadable-{name}", files, 3) for name, files in UNREADABLE.items())
-    out.append(("bad-file-name", {"R\x1b[1m ecipe.yaml": _text(BASE)}, 2))
+    # a control character in the path given on the command line is a usage error (64)
+    out.append(("bad-file-name", {"R\x1b[1m ecipe.yaml": _text(BASE)}, 64))
     out.append(("at-the-size-limit", {"r.yaml": "#" * (1 << 20)}, 2))  # read (1 MiB), then: not a mapping
     return out
 
