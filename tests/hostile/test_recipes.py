@@ -264,7 +264,8 @@ def test_hostile_recipe_gives_one_error_line(outcomes, case):
     outcome = outcomes[case.id]
     assert_held(case, outcome)
     lines = [line for line in outcome.stderr.splitlines() if not line.startswith("note: ")]
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    prefix = f"envbuild {case.argv[-2]}: " if case.expect == (64,) else "error: "  # usage errors name the command
+    assert len(lines) == 1 and lines[0].startswith(prefix), lines
     assert "Traceback" not in outcome.stderr and outcome.stdout == ""
 
 
