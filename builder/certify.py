@@ -942,7 +942,8 @@ def certificate_path(images_dir: str | os.PathLike, cert: Mapping[str, Any]) -> 
     The stamp is ``finished_at`` as ``YYYYmmddTHHMMSSZ``; the hash is the lock hash
     without ``sha256:``, first 12 hex digits; the run id makes the name unique per run
     (:func:`write_certificate` adds ``-2``, ``-3``... should it still be taken).
-    Characters outside ``[A-Za-z0-9._-]`` in any part become ``_``.
+    Characters outside ``[A-Za-z0-9._-]`` in any part become ``_``. Files that belong to
+    the certificate (e.g. a report) take the stem of the path written.
     """
     def part(value: object, limit: int) -> str:
         return re.sub(r"[^A-Za-z0-9._-]", "_", str(value))[:limit].lstrip(".") or "_"
