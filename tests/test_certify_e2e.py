@@ -8,7 +8,7 @@ conftest, set ``ENVBUILD_TEST_IMAGE=<ref>`` (any image carrying envbuild's label
 session label is made up when ``test_labels`` is missing.
 
 Every run is kept short (small sizes, 1 DDP step) and every test checks that nothing
-labelled with its run (containers, networks, the results folder, processes) is left.
+labelled with its run (containers, networks, a host folder, processes) is left.
 The fault injection uses the TEST-ONLY ``extra_env={"ENVBUILD_BENCH_FAULT": ...}``.
 """
 
