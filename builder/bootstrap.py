@@ -55,6 +55,8 @@ DEBIAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 #: Seconds allowed for an attempted pull in ``auto`` mode.
 PULL_TIMEOUT_S = 30
+#: debootstrap output lines kept in a failure's one-line message.
+BOOTSTRAP_ERROR_LINES = 3
 
 Warn = Callable[[str], None]
 
@@ -231,15 +233,16 @@ def bootstrap_debian(
     try:
         rc, tail = _run_logged([debootstrap, "--variant=minbase", suite, str(root), mirror], on_line)
         if rc != 0:
-            text = "\n".join("  | " + l for l in tail)
+            # one line (errors always are): debootstrap's last lines after " | output: "
+            text = " | output: " + " | ".join(l for l in tail[-BOOTSTRAP_ERROR_LINES:] if l.strip()) if tail else ""
             if any(s in l for l in tail for s in ("Failed getting release file", "Couldn't download", "Temporary failure resolving")):
                 raise Unreachable(
-                    f"debootstrap could not reach the Debian mirror {mirror} (exit {rc})\n{text}",
+                    f"debootstrap could not reach the Debian mirror {mirror} (exit {rc}){text}",
                     field="base",
                     value=stands_for,
                 )
             raise EnvbuildError(
-                f"debootstrap {suite} failed (exit {rc})\n{text}", field="base", value=stands_for
+                f"debootstrap {suite} failed (exit {rc}){text}", field="base", value=stands_for
             )
         rc, tail = _run_logged(["chroot", str(root), "apt-get", "clean"], on_line)
         if rc != 0:

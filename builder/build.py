@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -38,7 +37,7 @@ from typing import Mapping
 import docker
 import docker.errors
 
-from builder import bootstrap, engine
+from builder import bootstrap, engine, inputs
 from builder.errors import EnvbuildError, ExitCode
 from builder.lockcheck import PROBE_SCHEMA, compare_probe_to_lock
 from builder.site import SiteOptions
@@ -120,7 +119,7 @@ def read_rendered(recipe_name: str, images_dir: str | os.PathLike) -> tuple[byte
 
     Raises:
         EnvbuildError: (exit 2) a file is missing (run ``envbuild render``), the lock is
-            not a JSON object with ``recipe``, ``python``, ``torch.local``, ``cuda``,
+            not (bounded, :func:`builder.inputs.load_json`) a JSON object with ``recipe``, ``python``, ``torch.local``, ``cuda``,
             ``nccl``, ``os``, or the Dockerfile does not start with ``ARG BASE_IMAGE=``.
     """
     folder = Path(images_dir) / recipe_name
@@ -131,12 +130,9 @@ def read_rendered(recipe_name: str, images_dir: str | os.PathLike) -> tuple[byte
             raise EnvbuildError(
                 f"missing; run `envbuild render {recipe_name}` first", file=str(path)
             )
-    df_bytes = dockerfile.read_bytes()
-    lock_bytes = lockfile.read_bytes()
-    try:
-        lock = json.loads(lock_bytes)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise EnvbuildError(f"not valid JSON: {e}", file=str(lockfile)) from None
+    df_bytes = inputs.read_regular(dockerfile, inputs.MAX_RECIPE_BYTES, "Dockerfile")
+    lock_bytes = inputs.read_regular(lockfile, inputs.MAX_REPORT_BYTES, "lock file")
+    lock = inputs.load_json(lock_bytes, str(lockfile))
     if not isinstance(lock, dict):
         raise EnvbuildError("not a JSON object", file=str(lockfile))
     for key in _REQUIRED_LOCK:

@@ -41,20 +41,26 @@ is overridden to gloo; the certificate records the backend used and the recipe's
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import errno
 import json
 import os
 import re
 import shutil
+import signal
 import socket
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from builder import __version__, compat, engine, lockcheck, nccl_log
-from builder.errors import EnvbuildError, ExitCode
-from builder.files import write_atomic
-from builder.launchers.base import LaunchResult, LaunchSpec, Launcher
+from builder.errors import EnvbuildError, ExitCode, Unreachable
+from builder.inputs import one_line, show
+from builder.launchers.base import (PROGRESS_PREFIX, RESULT_PREFIX, SILENT_AFTER_S, SOCKET_IFNAME_RE,
+                                    SOCKET_VARS, STOPPED_STATES, LaunchResult, LaunchSpec, Launcher, result_problem,
+                                    socket_env)
 
 CERT_SCHEMA = "envbuild.certificate/1"
 
@@ -289,6 +295,99 @@ def gpu_runtime_visible(client) -> bool:
     return bool(shutil.which("nvidia-container-runtime-hook") or shutil.which("nvidia-container-cli"))
 
 
+# --------------------------------------------------------------------------- socket settings
+
+#: Where the socket interface setting of a run came from (``socket.source`` of the
+#: certificate): the image's own ``ENV``, the ``--socket-ifname`` option, or neither
+#: (``default``: unset; NCCL and gloo choose: NCCL the first interface not ``lo`` or
+#: ``docker*``, gloo the address of the hostname).
+SOCKET_SOURCES = ("image", "--socket-ifname", "default")
+
+
+def check_socket_ifname(value: Optional[str]) -> Optional[str]:
+    """``value`` when it is a valid ``--socket-ifname`` (None passes): NCCL's syntax,
+    an optional ``^`` and ``=`` then a comma list of interface names (at most 15
+    characters each, ``[A-Za-z0-9_.:-]``; :data:`~builder.launchers.base.SOCKET_IFNAME_RE`).
+
+    Raises:
+        EnvbuildError: (exit 64) anything else, e.g. ``'eth0\\n'``, ``'eth0;rm'``, ``''``.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str) or not SOCKET_IFNAME_RE.fullmatch(value):
+        raise _usage("is not a network interface name list ([^][=]NAME[,NAME...], names of at "
+                     "most 15 characters [A-Za-z0-9_.:-])", "socket_ifname", value)
+    return value
+
+
+def socket_settings(image_env: Mapping[str, str], override: Optional[str]) -> dict:
+    """The socket interface setting a run uses and where it comes from.
+
+    Returns:
+        ``{"source": "image"|"--socket-ifname"|"default", "override": str|None,
+        "GLOO_SOCKET_IFNAME": str|None, "NCCL_SOCKET_IFNAME": str|None}``: with an
+        override, the values it sets (:func:`~builder.launchers.base.socket_env`); else the
+        image's ``ENV`` values (``source`` ``image`` when it sets either), else None.
+    """
+    if override is not None:
+        return {"source": "--socket-ifname", "override": override, **socket_env(override)}
+    values = {k: image_env.get(k) for k in SOCKET_VARS}
+    source = "image" if any(v is not None for v in values.values()) else "default"
+    return {"source": source, "override": None, **values}
+
+
+def _selected(var: str, value: Optional[str], ifaces: Mapping[str, bool]) -> Optional[list[str]]:
+    """The interfaces of ``ifaces`` a socket variable selects; None when it is unset (the
+    library chooses). GLOO_SOCKET_IFNAME: exact names (used when longer than one
+    character); NCCL_SOCKET_IFNAME: NCCL's prefix syntax (:func:`builder.verify.match_nccl_ifname`)."""
+    if var == "GLOO_SOCKET_IFNAME":
+        if value is None or len(value) <= 1:
+            return None
+        return [n for n in value.split(",") if n in ifaces]
+    if not value:
+        return None
+    from builder.verify import match_nccl_ifname
+
+    return match_nccl_ifname(value, sorted(ifaces))
+
+
+def socket_findings(s: "Settings", launch: LaunchResult, sock: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """``(failures, warnings)`` about the socket settings the ranks ran with.
+
+    A failure when the run has more than one node and the variable of the backend
+    (``GLOO_SOCKET_IFNAME`` for gloo, ``NCCL_SOCKET_IFNAME`` for nccl), as the ranks saw
+    it (their ``start`` progress line; else the setting), selects only loopback
+    interfaces of a rank: the ranks cannot reach each other then. It is reported only
+    for a failing run (certification judges what really happened). A warning for each
+    rank that saw another value than the setting (e.g. an entrypoint changed it).
+    """
+    var = "GLOO_SOCKET_IFNAME" if s.backend == "gloo" else "NCCL_SOCKET_IFNAME"
+    where = {"image": "from the image's ENV", "--socket-ifname": "from --socket-ifname",
+             "default": "unset"}[sock.get("source", "default")]
+    warnings = []
+    loop: dict[str, list[int]] = {}
+    for r in sorted(set(launch.socket_seen) | set(launch.interfaces_seen)):
+        seen = (launch.socket_seen.get(r) or {})
+        for k in SOCKET_VARS:
+            if r in launch.socket_seen and seen.get(k) != sock.get(k):
+                warnings.append(f"rank {r} ran with {k}={show(seen.get(k), 60)}, not "
+                                f"{show(sock.get(k), 60)} ({where})")
+        value = seen.get(var) if r in launch.socket_seen else sock.get(var)
+        ifaces = launch.interfaces_seen.get(r) or {}
+        picked = _selected(var, value, ifaces)
+        if picked and all(ifaces.get(n) for n in picked):
+            loop.setdefault(value, []).append(r)
+    failures = []
+    if s.nodes > 1:
+        for value, ranks in sorted(loop.items()):
+            failures.append(
+                f"{var}={one_line(value, 80)} ({where}) selects only the loopback interface on "
+                f"{_ranks_text(ranks)}: ranks on {s.nodes} nodes cannot reach each other over it; "
+                "set it to the nodes' network interface (or leave it unset) in the image, or pass "
+                "--socket-ifname IF")
+    return failures, warnings
+
+
 # --------------------------------------------------------------------------- image
 
 
@@ -371,15 +470,91 @@ def _ranks_text(ranks) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
 
 
+def signal_text(code: int) -> str:
+    """How a process ended, for a status: ``-9`` (torchrun's way) or ``137`` (a
+    container's: 128 + N) -> ``"killed by SIGKILL (exit 137)"``; the watchdog's
+    ``124`` -> ``"ended by its watchdog at the deadline (exit 124)"``; else
+    ``"exited with N"``."""
+    from builder.bench.node import EXIT_DEADLINE
+
+    n = -code if code < 0 else code - 128 if 128 < code <= 128 + 64 else None
+    if n is not None:
+        try:
+            name = signal.Signals(n).name
+        except ValueError:
+            name = f"signal {n}"
+        return f"killed by {name} (exit {128 + n})"
+    if code == EXIT_DEADLINE:
+        return f"ended by its watchdog at the deadline (exit {code})"
+    return f"exited with {code}"
+
+
+def _phase_text(state: Mapping[str, Any]) -> str:
+    detail = state.get("detail")
+    return one_line(f"{state.get('phase')} {detail}" if detail else str(state.get("phase")), 80)
+
+
+def hang_reasons(s: "Settings", launch: LaunchResult, stuck: Sequence[int]) -> dict[int, tuple[str, bool]]:
+    """For the ranks ``stuck`` at the deadline (no result, no exit status, no problem):
+    ``{rank: (failure line, hung?)}`` from the progress the ranks printed
+    (``launch.progress``, :class:`~builder.launchers.base.ProgressTracker`).
+
+    The rule: a rank is **hung** (it stopped making progress) when its heartbeat stopped
+    (no progress line for more than :data:`~builder.launchers.base.SILENT_AFTER_S` s at
+    the deadline: frozen, gone, or never started) or says it is stopped (process state
+    ``T``: SIGSTOP), or when it is alive but outside any collective (computing or
+    sleeping instead of reaching the next collective). The other
+    stuck ranks are alive inside a collective: **blocked, waiting** for the hung ones. When
+    no rank is hung by that rule but some got further than others, the ranks furthest
+    behind (the lowest phase number) are the hung ones; when all are in the same phase,
+    none is singled out (e.g. a network that joins no rank to another).
+    """
+    limit = launch.deadline_s if launch.deadline_s is not None else s.timeout_s
+    head = {r: f"rank {r} did not finish within {limit:g} s (timeout)" for r in stuck}
+    prog = {r: launch.progress.get(r) for r in stuck}
+    if not launch.progress:  # a launcher that reads no progress lines
+        return {r: (head[r], False) for r in stuck}
+    silent = {r for r, p in prog.items() if p is None or p.get("silent_s", 0) > SILENT_AFTER_S
+              or p.get("state") in STOPPED_STATES}
+    idle = {r for r, p in prog.items() if r not in silent and not p.get("collective")}
+    hung = silent | idle
+    if not hung:
+        seqs = {r: p["seq"] for r, p in prog.items()}
+        ahead = [p["seq"] for r, p in launch.progress.items() if r not in stuck] + list(seqs.values())
+        lowest = min(seqs.values())
+        if max(ahead) > lowest:
+            hung = {r for r, q in seqs.items() if q == lowest}
+    out: dict[int, tuple[str, bool]] = {}
+    for r in stuck:
+        p = prog[r]
+        if r in silent:
+            why = ("hung: never reported progress" if p is None else
+                   f"hung: stopped by a signal (process state {p['state']}) in {_phase_text(p)}"
+                   if p.get("state") in STOPPED_STATES else
+                   f"hung: no heartbeat for {p['silent_s']:g} s (frozen or gone); last in {_phase_text(p)}")
+        elif r in idle:
+            why = (f"hung: stopped making progress in {_phase_text(p)} for {p['in_phase_s']:g} s "
+                   "(alive, outside any collective)")
+        elif r in hung:
+            further = sorted(x for x in launch.progress if x not in hung)
+            why = (f"hung: stopped making progress in {_phase_text(p)} for {p['in_phase_s']:g} s; "
+                   f"{_ranks_text(further)} got further")
+        elif hung:
+            why = f"blocked in {_phase_text(p)}, waiting for {_ranks_text(hung)}"
+        else:
+            why = f"blocked in {_phase_text(p)} for {p['in_phase_s']:g} s (no rank got further)"
+        out[r] = (f"{head[r]}: {why}", r in hung)
+    return out
+
+
 def _missing_reason(rank: int, s: Settings, launch: LaunchResult, node: int) -> tuple[str, bool]:
-    """(failure line, could-not-check?) for a rank without a result."""
+    """(failure line, could-not-check?) for a rank without a result (not timed out: those
+    are :func:`hang_reasons`)."""
     if rank in launch.rank_problems:
-        return f"rank {rank}: {launch.rank_problems[rank]}", True
+        return f"rank {rank}: {one_line(launch.rank_problems[rank], 400)}", True
     code = launch.rank_exit_codes.get(rank)
     if code is not None:
-        if code < 0:
-            return f"rank {rank} was killed by signal {-code}", False
-        return f"rank {rank} exited with {code}", False
+        return f"rank {rank} {signal_text(code)}", False
     if launch.timed_out:
         limit = launch.deadline_s if launch.deadline_s is not None else s.timeout_s
         return f"rank {rank} did not finish within {limit:g} s (timeout)", True
@@ -388,8 +563,43 @@ def _missing_reason(rank: int, s: Settings, launch: LaunchResult, node: int) -> 
         return (f"rank {rank} did not finish: killed {launch.killed_after_s:g} s after another "
                 "node failed"), False
     if ncode not in (None, 0):
-        return f"rank {rank} wrote no result: node {node} exited with {ncode}", False
+        return f"rank {rank} wrote no result: node {node} {signal_text(ncode)}", False
     return f"rank {rank} wrote no result (node {node} exited with {ncode})", False
+
+
+def _missing_ranks(s: "Settings", launch: LaunchResult) -> tuple[list[str], bool, bool]:
+    """``(failure lines, could-not-check?, definite?)`` for the ranks without a result;
+    timed-out ranks named by :func:`hang_reasons`, the hung ones first."""
+    results = launch.rank_results
+    missing = [r for r in range(s.world_size) if r not in results]
+    stuck = [r for r in missing if launch.timed_out and r not in launch.rank_problems
+             and r not in launch.rank_exit_codes]
+    hangs = hang_reasons(s, launch, stuck) if stuck else {}
+    lines, unknown, definite = [], False, False
+    for r in sorted(hangs, key=lambda r: (not hangs[r][1], r)):
+        lines.append(hangs[r][0])
+        unknown = True
+    for r in missing:
+        if r in hangs:
+            continue
+        line, could_not = _missing_reason(r, s, launch, r // s.nproc_per_node)
+        lines.append(line)
+        unknown |= could_not
+        definite |= not could_not
+    return lines, unknown, definite
+
+
+def check_results(launch: LaunchResult, spec: LaunchSpec) -> None:
+    """Refuse (in place) every rank result of ``launch`` that is not of this run: another
+    schema, rank, world size or run id (:func:`~builder.launchers.base.result_problem`):
+    it moves to ``rank_problems`` (named there), whatever launcher read it."""
+    for rank, doc in sorted(launch.rank_results.items()):
+        why = result_problem(doc, rank, "result", run_id=spec.run_id, world_size=spec.world_size)
+        if why:
+            del launch.rank_results[rank]
+            launch.rank_problems[rank] = why
+            if rank not in launch.missing_ranks:
+                launch.missing_ranks = sorted([*launch.missing_ranks, rank])
 
 
 def reference_rank(results: Mapping[int, dict]) -> Optional[int]:
@@ -397,125 +607,140 @@ def reference_rank(results: Mapping[int, dict]) -> Optional[int]:
     return min(results) if results else None
 
 
-def judge(s: Settings, launch: LaunchResult, lock: Mapping[str, Any]) -> dict:
-    """Judge a launch; returns the verdict ``{"passed", "exit_code", "failures", "warnings"}``.
-
-    See the module doc for the checks and exit codes.
-    """
-    failures: list[str] = []
-    warnings: list[str] = list(s.warnings)
-    cannot_check = False
-    definite = False
-    results = launch.rank_results
-    world = s.world_size
-
-    # (1) every rank reported
-    for rank in range(world):
-        if rank in results:
-            continue
-        line, unknown = _missing_reason(rank, s, launch, rank // s.nproc_per_node)
-        failures.append(line)
-        cannot_check |= unknown
-        definite |= not unknown
+def _check_reports(s: "Settings", results: Mapping[int, dict]) -> tuple[list[str], list[str]]:
+    """(1b) ``(failures, warnings)``: each result's world size and backend; its own errors."""
+    failures, warnings = [], []
     for rank, doc in sorted(results.items()):
-        if doc.get("world_size") != world:
-            failures.append(f"rank {rank}: world size {doc.get('world_size')}, expected {world}")
-            definite = True
+        if doc.get("world_size") != s.world_size:
+            failures.append(f"rank {rank}: world size {show(doc.get('world_size'), 40)}, expected {s.world_size}")
         if doc.get("backend") != s.backend:
-            failures.append(f"rank {rank}: ran backend {doc.get('backend')}, expected {s.backend}")
-            definite = True
-        for err in doc.get("errors") or []:
-            warnings.append(f"rank {rank}: {err}")
-    if launch.timed_out and not launch.missing_ranks:
-        warnings.append(f"a node was still running after {s.timeout_s:g} s although every rank "
-                        "reported; it was killed")
+            failures.append(f"rank {rank}: ran backend {show(doc.get('backend'), 40)}, expected {s.backend}")
+        for err in (doc.get("errors") or [])[:20]:
+            warnings.append(f"rank {rank}: {one_line(err, 300)}")
+    return failures, warnings
 
-    # (2) exact all-reduce on every rank at every size
+
+def _check_allreduce(s: "Settings", results: Mapping[int, dict]) -> list[str]:
+    """(2) exact all-reduce on every rank at every size."""
+    failures = []
     for rank, doc in sorted(results.items()):
         bad = [(e.get("size_bytes"), e.get("wrong")) for e in doc.get("allreduce") or [] if e.get("wrong")]
         if bad:
             where = ", ".join(f"{size} B ({n} wrong element{'s' if n != 1 else ''})" for size, n in bad)
             failures.append(f"rank {rank}: all-reduce sum wrong at {where}")
-            definite = True
         measured = {e.get("size_bytes") for e in doc.get("allreduce") or []}
         lacking = [x for x in s.sizes if x not in measured]
         if lacking:
             failures.append(f"rank {rank}: no all-reduce result at {', '.join(map(str, lacking))} B")
-            definite = True
+    return failures
 
-    # (3) DDP: identical parameters everywhere
-    if s.ddp_steps > 0:
-        mismatched: set[int] = set()
-        for rank, doc in sorted(results.items()):
-            ddp = doc.get("ddp")
-            if not ddp:
-                failures.append(f"rank {rank}: no DDP result")
-                definite = True
-                continue
-            if not ddp.get("params_identical", False):
-                mismatched.update(ddp.get("mismatched_ranks") or [])
-                if not ddp.get("mismatched_ranks"):
-                    mismatched.add(rank)
-        checks = {r: (d.get("ddp") or {}).get("param_checksum") for r, d in results.items() if d.get("ddp")}
-        if len(set(checks.values())) > 1 and not mismatched:
-            mismatched.update(r for r, c in checks.items() if c != checks[min(checks)])
-        if mismatched:
-            failures.append(
-                f"DDP parameters differ after {s.ddp_steps} step(s): {_ranks_text(mismatched)} "
-                + ("differs" if len(mismatched) == 1 else "differ") + " from the others"
-            )
-            definite = True
 
-    # (4) probe vs lock, and the same everywhere
+def _check_ddp(s: "Settings", results: Mapping[int, dict]) -> list[str]:
+    """(3) DDP: identical parameters everywhere."""
+    if s.ddp_steps <= 0:
+        return []
+    failures = []
+    mismatched: set[int] = set()
+    for rank, doc in sorted(results.items()):
+        ddp = doc.get("ddp")
+        if not ddp:
+            failures.append(f"rank {rank}: no DDP result")
+            continue
+        if not ddp.get("params_identical", False):
+            mismatched.update(ddp.get("mismatched_ranks") or [])
+            if not ddp.get("mismatched_ranks"):
+                mismatched.add(rank)
+    checks = {r: (d.get("ddp") or {}).get("param_checksum") for r, d in results.items() if d.get("ddp")}
+    if len(set(checks.values())) > 1 and not mismatched:
+        mismatched.update(r for r, c in checks.items() if c != checks[min(checks)])
+    if mismatched:
+        failures.append(
+            f"DDP parameters differ after {s.ddp_steps} step(s): {_ranks_text(mismatched)} "
+            + ("differs" if len(mismatched) == 1 else "differ") + " from the others"
+        )
+    return failures
+
+
+def _check_probes(results: Mapping[int, dict], lock: Mapping[str, Any]) -> list[str]:
+    """(4) every probe matches the lock, and the ranks agree."""
+    failures = []
     probes = {}
     for rank, doc in sorted(results.items()):
         probe = doc.get("probe")
         if not isinstance(probe, dict):
-            errs = "; ".join(e for e in doc.get("errors") or [] if "probe" in e)
+            errs = "; ".join(one_line(e, 200) for e in doc.get("errors") or [] if "probe" in str(e))
             failures.append(f"rank {rank}: {errs or 'probe failed: no probe document'}")
-            definite = True
             continue
         probes[rank] = probe
         for d in compare_probe_to_lock(probe, lock):
-            failures.append(f"rank {rank}: image differs from the lock: {d}")
-            definite = True
+            failures.append(f"rank {rank}: image differs from the lock: {one_line(d, 300)}")
     for name, get in _SAME_EVERYWHERE:
         values = {r: get(p) for r, p in probes.items()}
         if len(set(map(str, values.values()))) > 1:
             failures.append(f"ranks differ in {name}: "
-                            + ", ".join(f"rank {r} {v}" for r, v in sorted(values.items())))
-            definite = True
+                            + ", ".join(f"rank {r} {one_line(v, 60)}" for r, v in sorted(values.items())))
+    return failures
 
-    # (5) busbw floor at the gate size
+
+def _check_busbw(s: "Settings", results: Mapping[int, dict]) -> list[str]:
+    """(5) the busbw floor at the gate size."""
     ref = reference_rank(results)
-    if s.min_busbw_gbps is not None and ref is not None:
-        entry = next((e for e in results[ref].get("allreduce") or [] if e.get("size_bytes") == s.busbw_size), None)
-        if entry is None:
-            failures.append(f"no all-reduce measurement at the gate size {s.busbw_size} B")
-            definite = True
-        elif entry.get("busbw_gbps", 0.0) < s.min_busbw_gbps:
-            times = entry.get("rank_time_us") or []
-            slow = max(range(len(times)), key=lambda i: times[i]) if times else ref
-            slow_t = f" ({times[slow]:.1f} us)" if times else ""
-            failures.append(
-                f"all-reduce busbw {entry.get('busbw_gbps', 0.0):.4g} GB/s at {s.busbw_size} B is below "
-                f"the floor of {s.min_busbw_gbps:g} GB/s ({s.busbw_source}); slowest rank {slow}{slow_t}"
-            )
-            definite = True
+    if s.min_busbw_gbps is None or ref is None:
+        return []
+    entry = next((e for e in results[ref].get("allreduce") or [] if e.get("size_bytes") == s.busbw_size), None)
+    if entry is None:
+        return [f"no all-reduce measurement at the gate size {s.busbw_size} B"]
+    if entry.get("busbw_gbps", 0.0) >= s.min_busbw_gbps:
+        return []
+    times = entry.get("rank_time_us") or []
+    slow = max(range(len(times)), key=lambda i: times[i]) if times else ref
+    slow_t = f" ({times[slow]:.1f} us)" if times else ""
+    return [f"all-reduce busbw {entry.get('busbw_gbps', 0.0):.4g} GB/s at {s.busbw_size} B is below "
+            f"the floor of {s.min_busbw_gbps:g} GB/s ({s.busbw_source}); slowest rank {slow}{slow_t}"]
+
+
+def judge(s: Settings, launch: LaunchResult, lock: Mapping[str, Any],
+          sock: Optional[Mapping[str, Any]] = None) -> dict:
+    """Judge a launch; returns the verdict ``{"passed", "exit_code", "failures", "warnings"}``.
+
+    See the module doc for the checks and exit codes. ``sock``: the run's socket setting
+    (:func:`socket_settings`; None: not known), for :func:`socket_findings`. Every line
+    is one line (text from the ranks and launchers is escaped and cut).
+    """
+    results = launch.rank_results
+    failures, cannot_check, definite = _missing_ranks(s, launch)  # (1) every rank reported
+    found, warnings = _check_reports(s, results)
+    warnings[:0] = s.warnings
+    if launch.timed_out and not launch.missing_ranks:
+        warnings.append(f"a node was still running after {s.timeout_s:g} s although every rank "
+                        "reported; it was killed")
+    for check in (_check_allreduce(s, results), _check_ddp(s, results), _check_probes(results, lock),
+                  _check_busbw(s, results)):
+        found += check
+    failures += found
+    definite |= bool(found)
 
     # NCCL transports: reported, not gated
-    if s.backend == "nccl" and world > 1:
-        found = nccl_log.transports_by_rank(launch.node_logs.values())
-        lacking = [r for r in sorted(results) if r not in found]
+    if s.backend == "nccl" and s.world_size > 1:
+        transports = nccl_log.transports_by_rank(launch.node_logs.values())
+        lacking = [r for r in sorted(results) if r not in transports]
         if lacking:
             warnings.append(f"no NCCL transport lines (NCCL_DEBUG=INFO) for {_ranks_text(lacking)}")
-    for err in launch.cleanup_errors:
-        warnings.append(f"cleanup: {err}")
+    warnings += [f"cleanup: {one_line(err, 400)}" for err in launch.cleanup_errors]
+    warnings += [one_line(line, 400) for line in launch.removed_stale]
+    # the socket settings the ranks ran with: explain a failing run
+    if sock is not None:
+        sock_fail, sock_warn = socket_findings(s, launch, sock)
+        warnings.extend(sock_warn)
+        if failures and sock_fail:
+            failures[:0] = sock_fail
+            definite = True
     # the launcher's view of the whole run (e.g. the Slurm job's state): explains failures
+    notes = [one_line(n, 1000) for n in launch.notes]
     if failures:
-        failures[:0] = launch.notes
+        failures[:0] = notes
     else:
-        warnings.extend(launch.notes)
+        warnings.extend(notes)
 
     if not failures:
         code = ExitCode.OK
@@ -588,6 +813,55 @@ def _ddp_table(results: Mapping[int, dict]) -> Optional[dict]:
     }
 
 
+def _log_tail(text: str) -> list[str]:
+    """The last :data:`LOG_TAIL_LINES` lines of a node log that are not envbuild's own
+    progress or result lines, each one escaped line."""
+    lines, in_block = [], False
+    for line in (text or "").splitlines():
+        if line.startswith("@@envbuild-result-"):  # the k8s launcher's result blocks
+            in_block = line.startswith("@@envbuild-result-begin")
+            continue
+        if not in_block and not line.startswith((PROGRESS_PREFIX, RESULT_PREFIX)):
+            lines.append(line)
+    return [one_line(line, 2000) for line in lines[-LOG_TAIL_LINES:]]
+
+
+def _nccl_sections(s: "Settings", launch: LaunchResult) -> tuple[Optional[dict], Optional[dict]]:
+    """``(transports, nccl)`` of the certificate from the NCCL INFO lines (None on gloo)."""
+    if s.backend != "nccl":
+        return None, None
+    parsed = nccl_log.parse(launch.node_logs.values())
+    transports = {str(r): parsed.transports.get(r) for r in range(s.world_size)}
+    nccl = {
+        "networks": {str(r): v for r, v in parsed.networks.items()},
+        "ib_devices": {str(r): v for r, v in parsed.ib_devices.items()},
+        "versions": {str(r): v for r, v in parsed.versions.items()},
+    }
+    return transports, nccl
+
+
+def _rank_entries(s: "Settings", launch: LaunchResult, lock: Mapping[str, Any]) -> dict:
+    """``ranks`` of the certificate: per rank, what it reported or why it did not."""
+    ranks = {}
+    for r in range(s.world_size):
+        doc = launch.rank_results.get(r)
+        entry = {"node": r // s.nproc_per_node, "reported": doc is not None}
+        if doc is not None:
+            entry.update(hostname=doc.get("hostname"), device=doc.get("device"),
+                         elapsed_s=doc.get("elapsed_s"), errors=doc.get("errors") or [],
+                         fault=doc.get("fault"))
+            probe = doc.get("probe")
+            entry["lock_mismatches"] = compare_probe_to_lock(probe, lock) if probe else None
+        else:
+            entry["exit_code"] = launch.rank_exit_codes.get(r)
+            if r in launch.rank_problems:
+                entry["problem"] = one_line(launch.rank_problems[r], 400)
+        if r in launch.progress:
+            entry["last_progress"] = dict(launch.progress[r])
+        ranks[str(r)] = entry
+    return ranks
+
+
 def build_certificate(
     *,
     image_ref: str,
@@ -600,47 +874,27 @@ def build_certificate(
     verdict: dict,
     run_id: str,
     host: Mapping[str, Any],
+    sock: Optional[Mapping[str, Any]] = None,
 ) -> dict:
     """The certificate document (schema ``envbuild.certificate/1``); plain JSON data.
 
-    Per-rank maps are keyed by the rank as a string (JSON object keys).
+    Per-rank maps are keyed by the rank as a string (JSON object keys). ``socket``
+    records the interface setting used (:func:`socket_settings`: ``source`` ``image``,
+    ``--socket-ifname`` or ``default``) and ``seen_by_ranks``, what each rank saw.
+    ``ranks.<r>.last_progress`` is the rank's last progress when the launch gave up.
     """
     s = settings
     results = launch.rank_results
     world = s.world_size
-    ranks = {}
-    for r in range(world):
-        doc = results.get(r)
-        node = r // s.nproc_per_node
-        entry = {"node": node, "reported": doc is not None}
-        if doc is not None:
-            entry.update(hostname=doc.get("hostname"), device=doc.get("device"),
-                         elapsed_s=doc.get("elapsed_s"), errors=doc.get("errors") or [],
-                         fault=doc.get("fault"))
-            probe = doc.get("probe")
-            entry["lock_mismatches"] = compare_probe_to_lock(probe, lock) if probe else None
-        else:
-            entry["exit_code"] = launch.rank_exit_codes.get(r)
-            if r in launch.rank_problems:
-                entry["problem"] = launch.rank_problems[r]
-        ranks[str(r)] = entry
-
-    transports = nccl = None
-    if s.backend == "nccl":
-        parsed = nccl_log.parse(launch.node_logs.values())
-        transports = {str(r): parsed.transports.get(r) for r in range(world)}
-        nccl = {
-            "networks": {str(r): v for r, v in parsed.networks.items()},
-            "ib_devices": {str(r): v for r, v in parsed.ib_devices.items()},
-            "versions": {str(r): v for r, v in parsed.versions.items()},
-        }
-
+    transports, nccl = _nccl_sections(s, launch)
     nodes = {}
     for n in range(s.nodes):
         nodes[str(n)] = {"name": f"node-{n}", "exit_code": launch.node_exit_codes.get(n)}
         if not verdict["passed"]:
-            tail = (launch.node_logs.get(n) or "").splitlines()[-LOG_TAIL_LINES:]
-            nodes[str(n)]["log_tail"] = tail
+            nodes[str(n)]["log_tail"] = _log_tail(launch.node_logs.get(n) or "")
+    socket_doc = None
+    if sock is not None:
+        socket_doc = {**dict(sock), "seen_by_ranks": {str(r): dict(v) for r, v in sorted(launch.socket_seen.items())}}
 
     return {
         "schema": CERT_SCHEMA,
@@ -666,6 +920,7 @@ def build_certificate(
             "allreduce": {"sizes": list(s.sizes), "iters": s.iters, "warmup": s.warmup},
             "ddp": {"steps": s.ddp_steps, "batch_size": s.ddp_batch, "image_size": s.ddp_image_size},
         },
+        "socket": socket_doc,
         "thresholds": {
             "min_busbw_gbps": s.min_busbw_gbps,
             "busbw_size": s.busbw_size,
@@ -677,7 +932,7 @@ def build_certificate(
         "ddp": _ddp_table(results),
         "transports": transports,
         "nccl": nccl,
-        "ranks": ranks,
+        "ranks": _rank_entries(s, launch, lock),
         "node_status": nodes,
         "timed_out": launch.timed_out,
         "verdict": verdict,
@@ -688,27 +943,78 @@ def build_certificate(
 
 
 def certificate_path(images_dir: str | os.PathLike, cert: Mapping[str, Any]) -> Path:
-    """``<images_dir>/<recipe>/certificates/<recipe>-<lockhash12>-<UTC stamp>.json``.
+    """``<images_dir>/<recipe>/certificates/<recipe>-<lockhash12>-<UTC stamp>-<run id>.json``.
 
     The stamp is ``finished_at`` as ``YYYYmmddTHHMMSSZ``; the hash is the lock hash
-    without ``sha256:``, first 12 hex digits.
+    without ``sha256:``, first 12 hex digits; the run id makes the name unique per run
+    (:func:`write_certificate` adds ``-2``, ``-3``... should it still be taken).
+    Characters outside ``[A-Za-z0-9._-]`` in any part become ``_``. Files that belong to
+    the certificate (e.g. a report) take the stem of the path written.
     """
-    recipe = cert.get("recipe") or "unknown"
-    h = str(cert.get("lock_hash") or "").split(":", 1)[-1][:12] or "nohash"
-    stamp = "".join(ch for ch in str(cert.get("finished_at") or _utc_iso()) if ch.isalnum())
-    return Path(images_dir) / recipe / "certificates" / f"{recipe}-{h}-{stamp}.json"
+    def part(value: object, limit: int) -> str:
+        return re.sub(r"[^A-Za-z0-9._-]", "_", str(value))[:limit].lstrip(".") or "_"
+
+    recipe = part(cert.get("recipe") or "unknown", 64)
+    h = part(str(cert.get("lock_hash") or "").split(":", 1)[-1][:12] or "nohash", 12)
+    stamp = part("".join(ch for ch in str(cert.get("finished_at") or _utc_iso()) if ch.isalnum()), 20)
+    run = part(cert.get("run_id") or "norun", 40)
+    return Path(images_dir) / recipe / "certificates" / f"{recipe}-{h}-{stamp}-{run}.json"
+
+
+class CertificateNotWritten(Unreachable):
+    """The certificate could not be written (exit 3): a full disk, a read-only or
+    missing folder. ``certificate`` holds the document, so that the verdict can still
+    be shown; ``path`` the file that was being written."""
+
+    def __init__(self, message: str, *, certificate: Mapping[str, Any], path: Path) -> None:
+        self.certificate = certificate
+        self.path = path
+        super().__init__(message, file=str(path))
+
+
+#: Most ``-N`` suffixes tried for one certificate name.
+MAX_NAME_TRIES = 1000
 
 
 def write_certificate(cert: Mapping[str, Any], images_dir: str | os.PathLike) -> Path:
-    """Write ``cert`` atomically (temporary file in the same folder, then rename) at
-    :func:`certificate_path`; a name already taken gets ``-2``, ``-3``... Returns the path."""
+    """Create the certificate file at :func:`certificate_path`, exclusively: it is written
+    to a temporary file in the same folder (fsync'd), then hard-linked to its name, which
+    fails when the name exists (``os.link`` never replaces), so no certificate ever
+    overwrites another; a taken name gets ``-2``, ``-3``... The temporary file is removed
+    in every case. Returns the path.
+
+    Raises:
+        CertificateNotWritten: (exit 3) the folder cannot be made or the file not
+            written (e.g. ``No space left on device``), naming the file; nothing
+            half-written remains.
+    """
     path = certificate_path(images_dir, cert)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    stem, n = path.stem, 1
-    while path.exists():
-        n += 1
-        path = path.with_name(f"{stem}-{n}.json")
-    return write_atomic(path, (json.dumps(cert, indent=2, sort_keys=False) + "\n").encode())
+    data = (json.dumps(cert, indent=2, sort_keys=False) + "\n").encode()
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        stem = path.stem
+        for n in range(1, MAX_NAME_TRIES + 1):
+            target = path if n == 1 else path.with_name(f"{stem}-{n}.json")
+            try:
+                os.link(tmp, target)
+            except FileExistsError:
+                continue
+            return target
+        raise OSError(errno.EEXIST, f"{MAX_NAME_TRIES} certificates of this name exist")
+    except OSError as e:
+        raise CertificateNotWritten(f"cannot write the certificate: {e.strerror or e}",
+                                    certificate=cert, path=path) from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def _utc_iso() -> str:
@@ -751,6 +1057,7 @@ def certify(
     launcher: Optional[Launcher] = None,
     run_id: Optional[str] = None,
     gpu_visible: Optional[bool] = None,
+    socket_ifname: Optional[str] = None,
 ) -> tuple[dict, Path]:
     """Certify ``image``: launch, judge, write the certificate (also when it fails).
 
@@ -770,6 +1077,9 @@ def certify(
         launcher: the launcher (default: the local Docker one).
         run_id: the run id (default: :func:`builder.engine.new_run_id`).
         gpu_visible: skip the GPU detection (default: :func:`gpu_runtime_visible`).
+        socket_ifname: ``--socket-ifname``: sets ``GLOO_SOCKET_IFNAME`` and
+            ``NCCL_SOCKET_IFNAME`` on the nodes (:func:`check_socket_ifname`); None: the
+            image's own settings (its ``ENV``) are certified as they are.
 
     Returns:
         ``(certificate, path written)``.
@@ -777,9 +1087,13 @@ def certify(
     Raises:
         EnvbuildError: (exit 2) no such image, not an envbuild image, nccl without GPUs
             (nothing is started then); (exit 3) the engine failed; (exit 64) bad values.
+        CertificateNotWritten: (exit 3) the run was judged but its certificate could not
+            be written; the error carries the certificate.
         KeyboardInterrupt: after the launcher removed everything it started.
     """
+    check_socket_ifname(socket_ifname)
     image_labels, lock = read_image(client, image)
+    sock = socket_settings(engine.image_env(client, image), socket_ifname)
     if gpu_visible is None:
         gpu_visible = gpu_runtime_visible(client)
     s = resolve_settings(
@@ -795,39 +1109,34 @@ def certify(
     except Exception:  # noqa: BLE001 - read_image just found it; informational
         image_id, digests = None, []
     run_id = run_id or engine.new_run_id()
-    spec = LaunchSpec(
-        image=image,
-        nodes=s.nodes,
-        gpus_per_node=s.gpus_per_node,
-        backend=s.backend,
-        port=s.port,
-        shm_size=s.shm_size,
-        timeout_s=s.timeout_s,
-        bench_args=s.bench_args(),
-        env=dict(extra_env or {}),
-        run_id=run_id,
-        labels=dict(labels or {}),
-    )
+    spec = LaunchSpec(image=image, nodes=s.nodes, gpus_per_node=s.gpus_per_node, backend=s.backend, port=s.port,
+                      shm_size=s.shm_size, timeout_s=s.timeout_s, bench_args=s.bench_args(),
+                      env=dict(extra_env or {}), run_id=run_id, labels=dict(labels or {}),
+                      socket_ifname=socket_ifname)
     if launcher is None:
         from builder.launchers.local import LocalDockerLauncher
 
         launcher = LocalDockerLauncher(client)
-    head = (f"certify {image}: run {run_id}, {s.nodes} node(s) x {s.nproc_per_node} rank(s), "
-            f"backend {s.backend}" + (f" (recipe: {s.recipe_backend})" if s.backend != s.recipe_backend else ""))
-    if console is not None:
-        console.print(head, markup=False, highlight=False, soft_wrap=True)
-        with console.status(head) as status:
-            launch = launcher.run(spec, on_progress=lambda msg: status.update(msg))
-    else:
-        launch = launcher.run(spec)
-
-    verdict = judge(s, launch, lock)
+    launch = _launch(launcher, spec, s, console)
+    check_results(launch, spec)
+    verdict = judge(s, launch, lock, sock)
     cert = build_certificate(
         image_ref=image, image_id=image_id, repo_digests=digests, labels=image_labels, lock=lock,
-        settings=s, launch=launch, verdict=verdict, run_id=run_id, host=_host_info(client),
+        settings=s, launch=launch, verdict=verdict, run_id=run_id, host=_host_info(client), sock=sock,
     )
     path = write_certificate(cert, images_dir)
     return cert, path
+
+
+def _launch(launcher: Launcher, spec: LaunchSpec, s: "Settings", console) -> LaunchResult:
+    """Run the launcher, with a status line on ``console`` (None: quiet)."""
+    head = (f"certify {spec.image}: run {spec.run_id}, {s.nodes} node(s) x {s.nproc_per_node} rank(s), "
+            f"backend {s.backend}" + (f" (recipe: {s.recipe_backend})" if s.backend != s.recipe_backend else ""))
+    if console is None:
+        return launcher.run(spec)
+    console.print(head, markup=False, highlight=False, soft_wrap=True)
+    with console.status(head) as status:
+        return launcher.run(spec, on_progress=lambda msg: status.update(msg))
 
 
 # --------------------------------------------------------------------------- table
@@ -857,11 +1166,13 @@ def failing_nodes(cert: Mapping[str, Any]) -> list[int]:
     return sorted(bad)
 
 
-def print_table(cert: Mapping[str, Any], console, path: Optional[str | os.PathLike] = None) -> None:
+def print_table(cert: Mapping[str, Any], console, path: Optional[str | os.PathLike] = None,
+                written: bool = True) -> None:
     """Print the certificate: the all-reduce table (nccl-tests columns), DDP images/s per
     rank, NCCL transports, and the verdict with its reasons (rich tables). A failing
     verdict is followed by each failing node's log excerpt (:func:`log_excerpt`) and where
-    its full tail is (``node_status.<n>.log_tail`` of the certificate at ``path``)."""
+    its full tail is (``node_status.<n>.log_tail`` of the certificate at ``path``; not
+    said when the certificate was not ``written``)."""
     from rich.table import Table
     from rich.text import Text
 
@@ -932,4 +1243,5 @@ def print_table(cert: Mapping[str, Any], console, path: Optional[str | os.PathLi
             console.print(Text(f"  node {n} log (last {len(excerpt)} lines):", style="red"), soft_wrap=True)
             for line in excerpt:
                 console.print(Text(f"    {line}"), soft_wrap=True)
-        console.print(Text(f"  (full tail: node_status.{n}.log_tail in {where})"), soft_wrap=True)
+        if written:
+            console.print(Text(f"  (full tail: node_status.{n}.log_tail in {where})"), soft_wrap=True)

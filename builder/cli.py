@@ -266,7 +266,7 @@ def cmd_build(args) -> int:
 _SLURM_FLAGS = (("partition", "--partition"), ("time_limit", "--time-limit"),
                 ("container_runtime", "--container-runtime"), ("container_image", "--container-image"),
                 ("slurm_dir", "--slurm-dir"), ("slurm_nodes", "--slurm-nodes"), ("sbatch_arg", "--sbatch-arg"),
-                ("socket_ifname", "--socket-ifname"), ("pending_timeout", "--pending-timeout"))
+                ("pending_timeout", "--pending-timeout"))
 
 
 def _slurm_options(args):
@@ -334,26 +334,34 @@ def _launcher(args, client, image: str):
 
 
 def _certify(args, image: str) -> int:
+    """Certify ``image`` as the options say; print the verdict (also when the certificate
+    cannot be written: then exit 3 after it, naming the file)."""
     from . import certify, engine
 
+    _check_launcher_args(args)
     client = engine.connect()
     launcher, run_id = _launcher(args, client, image)
-    cert, path = certify.certify(
-        client,
-        image,
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        backend=args.backend,
-        port=args.port,
-        timeout_s=args.timeout,
-        min_busbw_gbps=args.min_busbw,
-        images_dir=Path(args.images_dir),
-        console=console,
-        launcher=launcher,
-        run_id=run_id,
-        # on a cluster the nodes have the GPUs, not this host's engine: the scheduler decides
-        gpu_visible=True if launcher is not None else None,
-    )
+    try:
+        cert, path = certify.certify(
+            client,
+            image,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            backend=args.backend,
+            port=args.port,
+            timeout_s=args.timeout,
+            min_busbw_gbps=args.min_busbw,
+            images_dir=Path(args.images_dir),
+            console=console,
+            launcher=launcher,
+            run_id=run_id,
+            # on a cluster the nodes have the GPUs, not this host's engine: the scheduler decides
+            gpu_visible=True if launcher is not None else None,
+            socket_ifname=args.socket_ifname,
+        )
+    except certify.CertificateNotWritten as e:
+        certify.print_table(e.certificate, out, written=False)
+        raise
     certify.print_table(cert, out, path=path)
     if getattr(launcher, "job_id", None):
         out.print(f"slurm: job {launcher.job_id}; script, logs and results in {launcher.folder}",
@@ -369,6 +377,7 @@ def cmd_certify(args) -> int:
 
 def cmd_make(args) -> int:
     """``envbuild make [RECIPE]``: check -> render -> build -> certify, stopping at the first failure."""
+    _check_certify_args(args)
     spec = _load_spec(args.recipe, args.recipes_dir)
     _print_findings(spec)
     if spec.failed:
@@ -602,9 +611,10 @@ def cmd_lock(args) -> int:
 
 
 def _k8s_source(args):
-    """``(image ref, lock, labels, image id)`` of ``envbuild k8s render``: a recipe name
-    (its ``images/<recipe>/envbuild.lock.json``, the image from ``--image``) or an image on
-    this engine (its labels)."""
+    """``(image ref, lock, labels, image id, image env)`` of ``envbuild k8s render``: a
+    recipe name (its ``images/<recipe>/envbuild.lock.json``, the image from ``--image``;
+    the environment is the recipe's ``env``) or an image on this engine (its labels and
+    config ``Env``). Usage errors come before the engine is contacted."""
     import re
 
     from .launchers import k8s
@@ -613,8 +623,10 @@ def _k8s_source(args):
     if re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name) and (Path(args.images_dir) / name / "envbuild.lock.json").is_file():
         if not args.image:
             raise UsageError(f"envbuild k8s render: recipe {name} needs --image REPO@sha256:DIGEST (the image the pods run)")
+        ref = k8s.require_digest(args.image, args.allow_tag)
         lock, labels = k8s.lock_from_file(args.images_dir, name)
-        return k8s.require_digest(args.image, args.allow_tag), lock, labels, None
+        env = lock.get("env") if isinstance(lock.get("env"), dict) else {}
+        return ref, lock, labels, None, {str(k): str(v) for k, v in env.items()}
     if args.image:
         raise UsageError(f"envbuild k8s render: --image goes with a recipe name; {name!r} is read as an image")
     from . import certify, engine
@@ -624,17 +636,12 @@ def _k8s_source(args):
     labels, lock = certify.read_image(client, name)
     img = client.images.get(name)
     ref = k8s.require_digest(name, args.allow_tag, candidates=list(img.attrs.get("RepoDigests") or []))
-    return ref, lock, labels, img.id
+    return ref, lock, labels, img.id, engine.image_env(client, name)
 
 
-def cmd_k8s_render(args) -> int:
-    """``envbuild k8s render IMAGE_OR_RECIPE --out DIR [--apply]``: write the Kubernetes
-    manifests of a certification run; with ``--apply`` run them and write the certificate."""
-    import socket
-
-    from . import certify, engine
+def _k8s_options(args):
+    """The K8sOptions of the command line, checked (exit 64) before anything is contacted."""
     from .launchers import k8s
-    from .launchers.base import LaunchSpec
 
     if args.apply and args.kubeflow:
         raise UsageError("envbuild k8s render: --apply runs the Indexed Job; apply a TrainJob with kubectl apply -f DIR")
@@ -644,21 +651,39 @@ def cmd_k8s_render(args) -> int:
         if not sep or not key:
             raise UsageError(f"envbuild k8s render: --env wants NAME=VALUE, got {item!r}")
         env[key] = value
-    ref, lock, labels, image_id = _k8s_source(args)
+    opts = k8s.K8sOptions(kubeflow=args.kubeflow, runtime=args.runtime, allow_tag=args.allow_tag, ttl_s=args.ttl,
+                          spread=args.spread, socket_ifname=args.socket_ifname)
+    k8s.check_options(opts)
+    if args.run_id:
+        k8s.check_run_id(args.run_id)
+    return opts, env
+
+
+def cmd_k8s_render(args) -> int:
+    """``envbuild k8s render IMAGE_OR_RECIPE --out DIR [--apply]``: write the Kubernetes
+    manifests of a certification run; with ``--apply`` run them and write the certificate."""
+    import dataclasses
+    import socket
+
+    from . import certify, engine
+    from .launchers import k8s
+    from .launchers.base import LaunchSpec
+
+    opts, env = _k8s_options(args)
+    ref, lock, labels, image_id, image_env = _k8s_source(args)
     s = certify.resolve_settings(
         lock, gpu_visible=True, nodes=args.nodes, gpus_per_node=args.gpus_per_node, backend=args.backend,
         port=args.port, timeout_s=args.timeout, min_busbw_gbps=args.min_busbw,
         recipe_backend=labels.get("envbuild.backend"))
     for w in s.warnings:
         console.print(f"warning: {w}", soft_wrap=True, markup=False)
-    run_id = k8s.check_run_id(args.run_id) if args.run_id else engine.new_run_id()
+    run_id = args.run_id or engine.new_run_id()
     recipe_name = labels.get("envbuild.recipe") or lock.get("recipe")
     spec = LaunchSpec(image=ref, nodes=s.nodes, gpus_per_node=s.gpus_per_node, backend=s.backend, port=s.port,
                       shm_size=s.shm_size, timeout_s=s.timeout_s, bench_args=s.bench_args(), env=env, run_id=run_id,
-                      labels={"envbuild.recipe": recipe_name} if recipe_name else {})
+                      labels={"envbuild.recipe": recipe_name} if recipe_name else {}, socket_ifname=args.socket_ifname)
     annotations = {k: labels[k] for k in ("envbuild.lock-hash",) if labels.get(k)}
-    opts = k8s.K8sOptions(kubeflow=args.kubeflow, runtime=args.runtime, allow_tag=args.allow_tag, ttl_s=args.ttl,
-                          spread=args.spread, socket_ifname=args.ifname, annotations=annotations)
+    opts = dataclasses.replace(opts, annotations=annotations)
     for path in k8s.write_manifests(k8s.render_manifests(spec, opts), args.out):
         out.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
     if not args.apply:
@@ -670,12 +695,18 @@ def cmd_k8s_render(args) -> int:
     console.print(head, markup=False, highlight=False, soft_wrap=True)
     with console.status(head) as status:
         launch = launcher.run(spec, on_progress=lambda msg: status.update(msg))
-    verdict = certify.judge(s, launch, lock)
+    sock = certify.socket_settings(image_env, args.socket_ifname)
+    certify.check_results(launch, spec)
+    verdict = certify.judge(s, launch, lock, sock)
     cert = certify.build_certificate(
         image_ref=ref, image_id=image_id, repo_digests=[ref] if "@" in ref else [], labels=labels, lock=lock,
-        settings=s, launch=launch, verdict=verdict, run_id=run_id,
+        settings=s, launch=launch, verdict=verdict, run_id=run_id, sock=sock,
         host={"hostname": socket.gethostname(), "launcher": "k8s", "namespace": launcher.api.namespace})
-    path = certify.write_certificate(cert, Path(args.images_dir))
+    try:
+        path = certify.write_certificate(cert, Path(args.images_dir))
+    except certify.CertificateNotWritten:
+        certify.print_table(cert, out, written=False)
+        raise
     certify.print_table(cert, out, path=path)
     out.print(f"certificate: {path}", markup=False, highlight=False, soft_wrap=True)
     return ExitCode.OK if verdict["passed"] else ExitCode(verdict["exit_code"])
@@ -699,7 +730,7 @@ def _add_k8s(sub) -> None:
     r.add_argument("--ttl", type=_int_in(0, 2**31 - 1), default=3600, metavar="S", help="ttlSecondsAfterFinished of the Job (default 3600)")
     r.add_argument("--spread", choices=("preferred", "required", "none"), default="preferred",
                    help="pod anti-affinity on kubernetes.io/hostname (default preferred; required: one node per host)")
-    r.add_argument("--ifname", default="eth0", help="GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME in the pods (default eth0)")
+    r.add_argument("--ifname", dest="socket_ifname", type=_socket_ifname_arg, help=argparse.SUPPRESS)  # old name of --socket-ifname
     r.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", type=_env_arg, help="extra environment of every pod (repeatable)")
     r.add_argument("--apply", action="store_true",
                    help="create the objects with the kubernetes client, wait, collect the results from the pod logs, "
@@ -729,6 +760,16 @@ def _add_site(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-site-detect", action="store_true", help="do not read pip's configuration")
 
 
+def _socket_ifname_arg(text: str) -> str:
+    """argparse type of ``--socket-ifname`` (:func:`builder.certify.check_socket_ifname`)."""
+    from . import certify
+
+    try:
+        return certify.check_socket_ifname(text)
+    except EnvbuildError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _add_certify(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("certification (defaults from the image's envbuild.* labels)")
     g.add_argument("--nodes", type=_int_in(1, MAX_NODES), help="simulated nodes (containers); default from the recipe (2)")
@@ -737,6 +778,10 @@ def _add_certify(p: argparse.ArgumentParser) -> None:
     g.add_argument("--port", type=_int_in(1, 65535), help="rendezvous port on the first node (default 29500)")
     g.add_argument("--timeout", type=_int_in(1, MAX_TIMEOUT_S), help="seconds before hung ranks are killed")
     g.add_argument("--min-busbw", type=_float_in(0, 1e6, lo_open=True), metavar="GBPS", help="busbw floor in GB/s at the gate size; gates also on gloo")
+    g.add_argument("--socket-ifname", metavar="IF", type=_socket_ifname_arg,
+                   help="set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME on every node (NCCL syntax: "
+                        "eth0, ^lo,docker, =ib0); default: the image's own settings, else unset "
+                        "(the libraries choose); the certificate records which was used")
 
 
 def _add_launcher(p: argparse.ArgumentParser) -> None:
@@ -758,7 +803,6 @@ def _add_launcher(p: argparse.ArgumentParser) -> None:
                    "(default: one each; 1 runs them all on one machine)")
     g.add_argument("--sbatch-arg", action="append", metavar="ARG", type=_slurm_value("check_sbatch_arg"),
                    help="extra #SBATCH option, e.g. --account=X (repeatable; README lists those passed on)")
-    g.add_argument("--socket-ifname", metavar="IF", help="GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME on the nodes")
     g.add_argument("--pending-timeout", type=_float_in(0, MAX_TIMEOUT_S, lo_open=True), metavar="S", help="seconds the job may wait in the queue (default 600)")
 
 

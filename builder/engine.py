@@ -13,7 +13,6 @@ found by :func:`buildkit_cli`.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import re
 import subprocess
@@ -29,11 +28,22 @@ import docker.errors
 import requests
 
 from builder.errors import EnvbuildError, ExitCode, Unreachable
+from builder.inputs import one_line, show
 
 #: Label on everything envbuild creates (value ``"1"``).
 LABEL = "envbuild"
 #: Label naming the envbuild invocation that created an object (value: :func:`new_run_id`).
 RUN_LABEL = "envbuild.run"
+#: Label of a run's network: when the run must be over, UTC ``YYYY-mm-ddTHH:MM:SSZ``
+#: (:func:`deadline_label`); after it, a network without containers is stale.
+DEADLINE_LABEL = "envbuild.deadline"
+
+#: Most ``Config.Env`` entries read from an image, and the longest one (bytes).
+MAX_IMAGE_ENV = 4096
+MAX_IMAGE_ENV_ENTRY = 65536
+#: Most bytes of a container's output read by :func:`run_probe` (a probe document is a
+#: few KiB; node reports are bounded to 16 MiB, :data:`builder.inputs.MAX_REPORT_BYTES`).
+MAX_PROBE_OUTPUT = 16 << 20
 
 #: Where :func:`run_probe` mounts the probe script (read-only) inside the container.
 PROBE_MOUNT = "/opt/envbuild/probe.py"
@@ -70,8 +80,8 @@ def _docker_host() -> str:
 
 
 def _one_line(text: str, limit: int = 160) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """``text`` as one escaped line of at most ``limit`` characters (:func:`builder.inputs.one_line`)."""
+    return one_line(text, limit)
 
 
 def connect(timeout_s: int = 60) -> docker.DockerClient:
@@ -205,8 +215,13 @@ def buildkit_cli(
 # --------------------------------------------------------------------------- build
 
 
+#: Output lines of the failing step kept in a build error's one line.
+BUILD_ERROR_LINES = 3
+
+
 class BuildFailed(EnvbuildError):
-    """``docker build`` failed (exit 2).
+    """``docker build`` failed (exit 2). The message is one line: the failing step, the
+    reason, then its last :data:`BUILD_ERROR_LINES` output lines after ``" | output: "``.
 
     Attributes:
         tag: the tag asked for (it does not exist afterwards).
@@ -317,8 +332,8 @@ def build_image(
         The image ID, ``"sha256:<64 hex>"``.
 
     Raises:
-        BuildFailed: (exit 2) the build failed; the message names the failing step and
-            ends with its last lines.
+        BuildFailed: (exit 2) the build failed; the one-line message names the failing
+            step and ends with its last output lines (all kept lines in ``.lines``).
         EnvbuildError: (exit 2) a secret file does not exist; no BuildKit client.
         Unreachable: (exit 3) the build ran past ``timeout_s``; no engine.
     """
@@ -382,9 +397,11 @@ def build_image(
             if rc != 0:
                 step, reason, lines = log.failure()
                 where = f" at step {step}" if step else ""
-                body = "\n".join("  | " + l for l in lines)
+                # one line (errors always are): the step's last output lines after " | "
+                output = [l.split(" ", 2)[2] if _TIMED_RE.match(l.partition(" ")[2]) else l for l in lines]
+                body = " | ".join(o for o in output[-BUILD_ERROR_LINES:] if o.strip())
                 raise BuildFailed(
-                    f"docker build of {tag} failed{where}: {reason}" + (f"\n{body}" if body else ""),
+                    f"docker build of {tag} failed{where}: {reason}" + (f" | output: {body}" if body else ""),
                     tag=tag,
                     step=step,
                     lines=lines,
@@ -471,6 +488,71 @@ def remove_by_label(
     return counts
 
 
+def deadline_label(epoch_s: float) -> str:
+    """The value of :data:`DEADLINE_LABEL` for a deadline at ``epoch_s`` (seconds since the
+    epoch): ``"2026-05-12T10:05:00Z"`` (rounded up to the second)."""
+    import datetime
+    import math
+
+    t = datetime.datetime.fromtimestamp(math.ceil(epoch_s), datetime.timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_deadline(text: object) -> float | None:
+    import datetime
+
+    if not isinstance(text, str) or not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", text):
+        return None
+    try:
+        t = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return None
+    return t.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def stale_networks(client: docker.DockerClient, now: float | None = None,
+                   label_filter: str | list[str] | None = None) -> list[dict]:
+    """Networks of envbuild runs that ended without removing them (envbuild killed).
+
+    A network is stale when it carries ``envbuild=1`` and a :data:`DEADLINE_LABEL` that
+    has passed (``now``: seconds since the epoch, default the current time) and no
+    container is attached to it. Networks without a deadline label, with one that does
+    not parse, or still in use are never listed. ``label_filter`` narrows the search
+    further (as in :func:`remove_by_label`; tests pass their session label).
+
+    Returns:
+        ``[{"name", "id", "run", "deadline"}]`` sorted by name (``run``: the
+        ``envbuild.run`` label or None; ``deadline``: the label's text).
+    """
+    import time
+
+    now = time.time() if now is None else now
+    extra = [label_filter] if isinstance(label_filter, str) else list(label_filter or [])
+    found = []
+    for n in client.networks.list(filters={"label": [f"{LABEL}=1", DEADLINE_LABEL, *extra]}, greedy=True):
+        labels = n.attrs.get("Labels") or {}
+        deadline = _parse_deadline(labels.get(DEADLINE_LABEL))
+        if deadline is None or deadline > now or n.attrs.get("Containers"):
+            continue
+        found.append({"name": n.name, "id": n.id, "run": labels.get(RUN_LABEL),
+                      "deadline": labels.get(DEADLINE_LABEL)})
+    return sorted(found, key=lambda d: d["name"])
+
+
+def remove_stale_networks(client: docker.DockerClient, now: float | None = None,
+                          label_filter: str | list[str] | None = None) -> list[dict]:
+    """Remove the networks :func:`stale_networks` lists; returns those removed (same
+    shape). One that got a container meanwhile or is already gone is skipped."""
+    removed = []
+    for net in stale_networks(client, now, label_filter):
+        try:
+            client.api.remove_network(net["id"])
+        except docker.errors.APIError:
+            continue  # gone, or in use again: not stale after all
+        removed.append(net)
+    return removed
+
+
 def image_labels(client: docker.DockerClient, ref: str) -> dict[str, str]:
     """The labels of image ``ref`` (name, tag or ID): ``{key: value}``, ``{}`` when none.
 
@@ -483,7 +565,105 @@ def image_labels(client: docker.DockerClient, ref: str) -> dict[str, str]:
         raise EnvbuildError("no such image", field="image", value=ref) from None
 
 
+def image_env(client: docker.DockerClient, ref: str) -> dict[str, str]:
+    """The environment image ``ref`` sets (its config's ``Env``): ``{name: value}``.
+
+    Bounded: at most :data:`MAX_IMAGE_ENV` entries of at most
+    :data:`MAX_IMAGE_ENV_ENTRY` bytes each.
+
+    Raises:
+        EnvbuildError: (exit 2) no such image; an ``Env`` that is not a list of
+            ``NAME=VALUE`` strings or is over the bounds (field ``Config.Env[i]``).
+    """
+    try:
+        attrs = client.images.get(ref).attrs
+    except docker.errors.ImageNotFound:
+        raise EnvbuildError("no such image", field="image", value=ref) from None
+    entries = (attrs.get("Config") or {}).get("Env") or []
+    if not isinstance(entries, list) or len(entries) > MAX_IMAGE_ENV:
+        raise EnvbuildError(f"image config Env is not a list of at most {MAX_IMAGE_ENV} entries",
+                            field=f"{ref}: Config.Env")
+    env: dict[str, str] = {}
+    for i, item in enumerate(entries):
+        name, sep, value = item.partition("=") if isinstance(item, str) else ("", "", "")
+        if not sep or not re.fullmatch(r"[^=\x00]+", name) or len(item) > MAX_IMAGE_ENV_ENTRY:
+            raise EnvbuildError("is not NAME=VALUE (within the bounds)", field=f"Config.Env[{i}]",
+                                value=item)
+        env[name] = value
+    return env
+
+
+def read_bounded(chunks: Iterable[bytes], limit: int) -> tuple[bytes, bool]:
+    """``(the first limit bytes of chunks joined, whether there was more)``; stops reading
+    at the limit."""
+    out, total = [], 0
+    for chunk in chunks:
+        if total + len(chunk) > limit:
+            out.append(chunk[: limit - total])
+            return b"".join(out), True
+        out.append(chunk)
+        total += len(chunk)
+    return b"".join(out), False
+
+
+def attach_output(client: docker.DockerClient, container_id: str):
+    """Attach to a container's stdout and stderr (also what it printed before): an
+    iterator of ``(stdout bytes | None, stderr bytes | None)`` frames that ends when the
+    container stops. Meant to be called BEFORE the container starts (``docker run --rm``
+    attaches first too), so that no output is lost to an early exit and removal.
+
+    The stream's socket read timeout is disabled (as the SDK does for ``logs(follow=True)``):
+    a quiet container must not end the stream after the client's request timeout.
+    Returns the SDK's ``CancellableStream`` (``close()`` ends it from another thread).
+    """
+    api = client.api
+    stream = api.attach(container_id, stdout=True, stderr=True, stream=True, logs=True, demux=True)
+    try:  # the SDK's private helpers, as logs(follow=True) uses them
+        api._disable_socket_timeout(api._get_raw_response_socket(stream._response))
+    except AttributeError:  # pragma: no cover - another SDK layout: keep its timeout
+        pass
+    return stream
+
+
 # --------------------------------------------------------------------------- probe
+
+
+def _probe_result(container, image: str, code: int) -> dict:
+    """The probe's document from the ended ``container`` (exit status ``code``), its
+    output read with bounds. Raises EnvbuildError (exit 3) as :func:`run_probe` says."""
+    def read(stdout: bool) -> tuple[str, bool]:
+        raw, cut = read_bounded(container.logs(stdout=stdout, stderr=not stdout, stream=True, follow=False),
+                                MAX_PROBE_OUTPUT)
+        return raw.decode("utf-8", "replace"), cut
+
+    out, cut = read(True)
+    if code != 0:
+        err = read(False)[0]
+        last = (err.strip().splitlines() or out.strip().splitlines() or ["no output"])[-1]
+        raise EnvbuildError(f"probe exited with code {code}: {one_line(last, 300)}", field="image",
+                            value=image, exit_code=ExitCode.UNREACHABLE)
+    if cut:
+        raise EnvbuildError(f"probe printed more than {MAX_PROBE_OUTPUT} bytes", field="image",
+                            value=image, exit_code=ExitCode.UNREACHABLE)
+    doc = _probe_json(out)
+    if not isinstance(doc, dict):
+        raise EnvbuildError(f"probe printed no JSON object: {show(out.strip())}", field="image",
+                            value=image, exit_code=ExitCode.UNREACHABLE)
+    return doc
+
+
+def _probe_json(out: str):
+    """The probe's JSON object: the whole output, else its last line; bounded
+    (:func:`builder.inputs.load_json`); None when neither is one."""
+    from .inputs import load_json
+
+    lines = out.strip().splitlines()
+    for text in (out, lines[-1] if lines else ""):
+        try:
+            return load_json(text, "probe output", exit_code=ExitCode.UNREACHABLE)
+        except EnvbuildError:
+            continue
+    return None
 
 
 def run_probe(
@@ -543,32 +723,7 @@ def run_probe(
             raise Unreachable(
                 f"probe did not finish within {timeout_s:g} s", field="image", value=image
             ) from None
-        code = status.get("StatusCode", -1)
-        out = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
-        if code != 0:
-            err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
-            last = (err.strip().splitlines() or out.strip().splitlines() or ["no output"])[-1]
-            raise EnvbuildError(
-                f"probe exited with code {code}: {_one_line(last, 300)}",
-                field="image",
-                value=image,
-                exit_code=ExitCode.UNREACHABLE,
-            )
-        try:
-            doc = json.loads(out)
-        except json.JSONDecodeError:
-            lines = out.strip().splitlines()
-            try:
-                doc = json.loads(lines[-1]) if lines else None
-            except json.JSONDecodeError:
-                doc = None
-        if not isinstance(doc, dict):
-            raise EnvbuildError(
-                f"probe printed no JSON object: {_one_line(out, 200)!r}",
-                field="image",
-                value=image,
-                exit_code=ExitCode.UNREACHABLE,
-            )
+        doc = _probe_result(container, image, status.get("StatusCode", -1))
         return doc
     finally:
         try:

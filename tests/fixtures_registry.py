@@ -222,6 +222,7 @@ class RecordedLauncher:
         for rank in range(world):
             results[rank] = {
                 "schema": "envbuild.rank-result/1",
+                "run_id": spec.run_id,  # certify refuses a result of another run
                 "rank": rank,
                 "world_size": world,
                 "backend": spec.backend,

@@ -4,6 +4,7 @@ the exact all-reduce pattern, checksum majority, fault specs, options, atomic wr
 from __future__ import annotations
 
 import ctypes
+import io
 import json
 import os
 import re
@@ -22,7 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_host_imports_do_not_pull_in_torch():
     code = ("import sys; import builder.bench, builder.bench.allreduce, builder.bench.ddp, "
-            "builder.bench.faults, builder.bench.__main__; print('torch' in sys.modules)")
+            "builder.bench.faults, builder.bench.__main__, builder.bench.progress, builder.bench.node; "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
@@ -210,7 +212,7 @@ def test_defaults():
     assert vars(args) == {"out": "/results", "backend": None, "sizes": list(DEFAULT_SIZES),
                           "iters": 20, "warmup": 5, "dtype": "float32", "ddp_steps": 3,
                           "ddp_batch": 8, "ddp_image_size": 64, "seed": 0,
-                          "pg_timeout_s": 600.0}
+                          "pg_timeout_s": 600.0, "heartbeat_s": 2.0, "result_to_stdout": False}
     assert DEFAULT_SIZES == (8, 128, 2048, 32768, 524288, 8388608)
     assert RESULT_SCHEMA == "envbuild.rank-result/1"
 
@@ -234,6 +236,8 @@ def test_options_parsed():
     (["--out", "o", "--ddp-batch", "1"], "--ddp-batch must be >= 2"),
     (["--out", "o", "--ddp-image-size", "16"], "--ddp-image-size must be >= 32"),
     (["--out", "o", "--sizes", "1k"], "size '1k' is not a positive integer"),
+    (["--out", "o", "--heartbeat-s", "nan"], "--heartbeat-s must be in 0..3600"),
+    (["--out", "o", "--heartbeat-s", "-1"], "--heartbeat-s must be in 0..3600"),
 ])
 def test_usage_errors_exit_64(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -287,3 +291,161 @@ def test_utc_now_iso():
 def test_load_probe_falls_back_to_sibling_file():
     mod = cli.load_probe()
     assert mod.SCHEMA == "envbuild.probe/1"
+
+
+# --- progress lines and the heartbeat process ---------------------------------------------
+
+from builder.bench import node, progress  # noqa: E402
+
+
+def test_phase_lines():
+    buf = io.StringIO()
+    ticks = iter([10.0, 11.5, 12.25])
+    p = progress.Progress(1, "0123456789ab", heartbeat_s=0, writer=progress.Writer(buf), clock=lambda: next(ticks))
+    p.phase("init", "process group (gloo)", collective=True)
+    p.phase("all-reduce", "8 B", collective=True)
+    p.phase("probe")
+    assert buf.getvalue().splitlines() == [
+        '@@envbuild-progress {"collective": true, "detail": "process group (gloo)", "phase": "init", "rank": 1, '
+        '"run": "0123456789ab", "seq": 0, "t": 10.0}',
+        '@@envbuild-progress {"collective": true, "detail": "8 B", "phase": "all-reduce", "rank": 1, '
+        '"run": "0123456789ab", "seq": 1, "t": 11.5}',
+        '@@envbuild-progress {"collective": false, "detail": null, "phase": "probe", "rank": 1, '
+        '"run": "0123456789ab", "seq": 2, "t": 12.25}',
+    ]
+    p.result({"rank": 1, "x": "y"})
+    assert buf.getvalue().splitlines()[-1] == '@@envbuild-result {"rank": 1, "x": "y"}'
+
+
+def test_heartbeat_loop_reports_the_state_and_ends_with_the_rank():
+    buf = io.StringIO()
+    states = iter(["S", "T", "R", None])
+    progress.heartbeat_loop(42, 3, "r", 2.0, progress.Writer(buf), clock=lambda: 5.0, sleep=lambda s: None,
+                            getppid=lambda: 42, state_of=lambda pid: next(states))
+    assert [json.loads(line.split(" ", 1)[1]) for line in buf.getvalue().splitlines()] == [
+        {"beat": 1, "rank": 3, "run": "r", "state": "S", "t": 5.0},
+        {"beat": 2, "rank": 3, "run": "r", "state": "T", "t": 5.0},
+        {"beat": 3, "rank": 3, "run": "r", "state": "R", "t": 5.0},
+    ]  # the 4th look found no rank: the loop ended
+    buf2 = io.StringIO()
+    progress.heartbeat_loop(42, 3, "r", 2.0, progress.Writer(buf2), sleep=lambda s: None,
+                            getppid=lambda: 1, state_of=lambda pid: "S")  # reparented: the rank is gone
+    assert buf2.getvalue() == ""
+
+
+RANK_SCRIPT = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from bench import progress
+p = progress.Progress(0, "run1", heartbeat_s=0.2)
+p.start()
+print("child", p.heartbeat_pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _read_lines(proc, want, timeout=20.0):
+    import select
+    import time
+
+    lines, t0 = [], time.monotonic()
+    while time.monotonic() - t0 < timeout and not want(lines):
+        r, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if r:
+            lines.append(proc.stdout.readline().rstrip("\n"))
+    return lines
+
+
+def test_heartbeat_process_beats_while_the_rank_lives_and_says_when_it_is_stopped():
+    """For real: a rank process (SIGSTOPped, then SIGCONTinued, then killed) and its forked
+    heartbeat process: beats with state S, then T while stopped, none once it is gone."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(REPO / "builder")], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        lines = _read_lines(proc, lambda ls: sum('"beat"' in x for x in ls) >= 2)
+        start = json.loads(lines[0].split(" ", 1)[1])
+        assert start["phase"] == "start" and start["seq"] == 0 and "socket" in start and "interfaces" in start
+        child = int(next(x for x in lines if x.startswith("child ")).split()[1])
+        beats = [json.loads(x.split(" ", 1)[1]) for x in lines if '"beat"' in x]
+        assert {b["state"] for b in beats} <= {"S", "R"} and beats[0]["rank"] == 0 and beats[0]["run"] == "run1"
+        os.kill(proc.pid, signal.SIGSTOP)
+        lines = _read_lines(proc, lambda ls: any('"state": "T"' in x for x in ls))
+        assert any('"state": "T"' in x for x in lines), lines
+        os.kill(proc.pid, signal.SIGCONT)
+        lines = _read_lines(proc, lambda ls: any('"state": "S"' in x for x in ls))
+        assert any('"state": "S"' in x for x in lines), lines
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{child}") and \
+            progress.proc_state(child) not in (None, "Z"):
+        time.sleep(0.1)
+    assert progress.proc_state(child) in (None, "Z")  # the heartbeat process ended with its rank
+    proc.stdout.close()
+
+
+WRITER_SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from bench import progress
+w = progress.Writer(lock_path=sys.argv[2])
+for i in range(30):
+    w.line(sys.argv[3] * 200000 + str(i))
+"""
+
+
+def test_lines_of_two_ranks_never_interleave(tmp_path):
+    """Two processes on one pipe, lines of 200 kB (far over the pipe's atomic 4 kB): each
+    line arrives whole, thanks to the shared flock."""
+    lock = str(tmp_path / "out.lock")
+    r, w = os.pipe()
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER_SCRIPT, str(REPO / "builder"), lock, ch],
+                              stdout=w) for ch in "ab"]
+    os.close(w)
+    with os.fdopen(r) as f:
+        lines = f.read().splitlines()
+    for p in procs:
+        assert p.wait(timeout=60) == 0
+    assert len(lines) == 60
+    for line in lines:
+        body, n = line[:200000], line[200000:]
+        assert body in ("a" * 200000, "b" * 200000) and n.isdigit(), line[:50]
+
+
+# --- the node watchdog ---------------------------------------------------------------------
+
+def test_watchdog_passes_the_exit_status_on():
+    assert node.run(10, [sys.executable, "-c", "raise SystemExit(3)"]) == 3
+    assert node.run(10, [sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"]) == 137
+    assert node.main(["--deadline-s", "10", "--", sys.executable, "-c", "pass"]) == 0
+
+
+def test_watchdog_kills_the_whole_tree_at_the_deadline(tmp_path):
+    """For real: a command whose child starts its own session (as torchrun's workers do)
+    and both sleep; at the deadline both are gone and the status is 124."""
+    import time
+
+    pidfile = tmp_path / "pids"
+    script = ("import os, subprocess, sys, time\n"
+              "c = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+              f"open({str(pidfile)!r}, 'w').write(str(c.pid))\n"
+              "time.sleep(300)\n")
+    t0 = time.monotonic()
+    code = node.run(2.0, [sys.executable, "-c", script])
+    assert code == node.EXIT_DEADLINE == 124
+    assert 2.0 <= time.monotonic() - t0 < 10
+    grandchild = int(pidfile.read_text())
+    time.sleep(0.3)
+    assert progress.proc_state(grandchild) in (None, "Z")
+
+
+@pytest.mark.parametrize("argv", [[], ["--deadline-s", "x", "--", "true"], ["--deadline-s", "0", "--", "true"],
+                                  ["--deadline-s", "nan", "--", "true"], ["--deadline-s", "5", "true"],
+                                  ["--deadline-s", "5", "--"]])
+def test_watchdog_usage_errors_exit_64(argv, capsys):
+    assert node.main(argv) == 64
+    assert capsys.readouterr().err.startswith("python3 -m bench.node: error: ")

@@ -8,7 +8,7 @@ conftest, set ``ENVBUILD_TEST_IMAGE=<ref>`` (any image carrying envbuild's label
 session label is made up when ``test_labels`` is missing.
 
 Every run is kept short (small sizes, 1 DDP step) and every test checks that nothing
-labelled with its run (containers, networks, the results folder, processes) is left.
+labelled with its run (containers, networks, a host folder, processes) is left.
 The fault injection uses the TEST-ONLY ``extra_env={"ENVBUILD_BENCH_FAULT": ...}``.
 """
 
@@ -22,10 +22,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from builder import certify, engine
@@ -94,7 +96,7 @@ def _processes_of_run(run_id: str) -> list[int]:
 def assert_nothing_left(client, run_id: str, labels: dict[str, str]) -> None:
     assert _leftovers(client, f"{engine.RUN_LABEL}={run_id}") == []
     assert _leftovers(client, f"envbuild.test-case={labels['envbuild.test-case']}") == []
-    assert glob.glob(os.path.join(tempfile.gettempdir(), f"envbuild-{run_id}-results-*")) == []
+    assert glob.glob(os.path.join(tempfile.gettempdir(), f"envbuild-{run_id}-*")) == []  # no host folder
     assert _processes_of_run(run_id) == []
 
 
@@ -106,7 +108,7 @@ def run_certify(client, image, tmp_path, labels, **kw):
     assert path.is_file() and json.loads(path.read_text()) == cert
     assert path.parent == tmp_path / cert["recipe"] / "certificates"
     h = cert["lock_hash"].split(":")[-1][:12]
-    assert re.fullmatch(rf"{re.escape(cert['recipe'])}-{h}-\d{{8}}T\d{{6}}Z(-\d+)?\.json", path.name)
+    assert re.fullmatch(rf"{re.escape(cert['recipe'])}-{h}-\d{{8}}T\d{{6}}Z-{cert['run_id']}\.json", path.name)
     assert_nothing_left(client, cert["run_id"], labels)
     return cert, elapsed
 
@@ -137,6 +139,11 @@ def test_two_nodes_pass(client, image, tmp_path, labels):
     assert cert["image"]["labels"]["envbuild.lock-hash"] == cert["lock_hash"]
     assert cert["node_status"] == {"0": {"name": "node-0", "exit_code": 0},
                                    "1": {"name": "node-1", "exit_code": 0}}
+    # the image sets no socket interface and neither did envbuild: the libraries chose
+    assert cert["socket"] == {"source": "default", "override": None, "GLOO_SOCKET_IFNAME": None,
+                              "NCCL_SOCKET_IFNAME": None,
+                              "seen_by_ranks": {r: {"GLOO_SOCKET_IFNAME": None, "NCCL_SOCKET_IFNAME": None}
+                                                for r in ("0", "1")}}
     print(f"pass: {elapsed:.1f} s")
 
 
@@ -176,7 +183,12 @@ def test_hung_rank_times_out(client, image, tmp_path, labels):
                                 extra_env={"ENVBUILD_BENCH_FAULT": "sleep@1"})
     v = cert["verdict"]
     assert v["exit_code"] == ExitCode.UNREACHABLE and cert["timed_out"]
-    assert f"rank 1 did not finish within {timeout} s (timeout)" in v["failures"]
+    # rank 1 (alive, sleeping outside any collective) is the hung one; rank 0 waits for it
+    hung, waiting = v["failures"]
+    assert re.fullmatch(rf"rank 1 did not finish within {timeout} s \(timeout\): hung: stopped making progress "
+                        r"in test fault sleep 3600 s for \d+(\.\d)? s \(alive, outside any collective\)", hung), hung
+    assert waiting == (f"rank 0 did not finish within {timeout} s (timeout): blocked in all-reduce 8 B, "
+                       "waiting for rank 1")
     assert timeout <= elapsed < timeout + 45
     print(f"sleep: {elapsed:.1f} s")
 
@@ -252,3 +264,228 @@ def test_cli_interrupted_leaves_nothing(client, image, tmp_path, labels, sig, wh
     assert_nothing_left(client, run_id, labels)
     assert not (tmp_path / "cpu-torch2").exists() or not any((tmp_path / "cpu-torch2").rglob("*.json"))
     print(f"cli {sig.name}: {elapsed:.1f} s")
+
+
+# --------------------------------------------------------------------------- the image's own socket settings
+
+
+@pytest.fixture(scope="module")
+def lo_image(client, image, tmp_path_factory, request) -> str:
+    """An image FROM the certified one whose own ENV selects loopback for gloo (it keeps
+    envbuild's labels: the same lock); removed at the end of the module."""
+    ctx = tmp_path_factory.mktemp("lo-image")
+    (ctx / "Dockerfile").write_text(f"FROM {image}\nENV GLOO_SOCKET_IFNAME=lo\n")
+    try:
+        session = dict(request.getfixturevalue("test_labels"))
+    except pytest.FixtureLookupError:
+        session = {"envbuild.test-session": uuid.uuid4().hex}
+    tag = f"envbuild-test/lo:{uuid.uuid4().hex[:12]}"
+    engine.build_image(ctx, tag, labels=session, client=client)
+    yield tag
+    try:
+        client.images.remove(tag, force=True)
+    except Exception:  # noqa: BLE001 - the session cleanup removes it too
+        pass
+
+
+def test_image_whose_env_selects_loopback_fails(client, lo_image, tmp_path, labels):
+    """Certify what the image really does: its GLOO_SOCKET_IFNAME=lo joins no rank to
+    another (the twins: test_two_nodes_pass, and the override below)."""
+    cert, elapsed = run_certify(client, lo_image, tmp_path, labels, timeout_s=60)
+    v = cert["verdict"]
+    assert not v["passed"] and v["exit_code"] == ExitCode.CHECK_FAILED
+    assert v["failures"][0] == (
+        "GLOO_SOCKET_IFNAME=lo (from the image's ENV) selects only the loopback interface on ranks 0, 1: ranks "
+        "on 2 nodes cannot reach each other over it; set it to the nodes' network interface (or leave it unset) "
+        "in the image, or pass --socket-ifname IF")
+    assert cert["socket"]["source"] == "image" and cert["socket"]["GLOO_SOCKET_IFNAME"] == "lo"
+    assert cert["socket"]["seen_by_ranks"] == {r: {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": None}
+                                               for r in ("0", "1")}
+    print(f"lo: {elapsed:.1f} s")
+
+
+def test_socket_ifname_override_passes_and_is_recorded(client, lo_image, tmp_path, labels):
+    cert, elapsed = run_certify(client, lo_image, tmp_path, labels, socket_ifname="eth0")
+    assert cert["verdict"]["passed"], cert["verdict"]
+    assert cert["socket"] == {"source": "--socket-ifname", "override": "eth0", "GLOO_SOCKET_IFNAME": "eth0",
+                              "NCCL_SOCKET_IFNAME": "eth0",
+                              "seen_by_ranks": {r: {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"}
+                                                for r in ("0", "1")}}
+    print(f"override: {elapsed:.1f} s")
+
+
+# --------------------------------------------------------------------------- hung and killed ranks
+
+
+def _node_container(client, case_label: str, node: int):
+    found = client.containers.list(filters={"label": [case_label, f"envbuild.node={node}"]})
+    return found[0] if found else None
+
+
+def _rank_started(client, case_label: str, node: int) -> bool:
+    """Whether the bench on ``node`` printed its first progress line (before it imports
+    torch: any moment from then until the end of the run finds the rank still running)."""
+    try:
+        for c in client.api.containers(all=True, filters={"label": [case_label, f"envbuild.node={node}"]}):
+            if b'"phase": "start"' in client.api.logs(c["Id"]):
+                return True
+    except docker.errors.APIError:  # removed meanwhile
+        pass
+    return False
+
+
+def _when_rank_started(client, case_label: str, node: int, act, timeout: float = 120) -> threading.Thread:
+    """A thread that calls ``act()`` once the bench on ``node`` started."""
+    def watch():
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if _rank_started(client, case_label, node):
+                act()
+                return
+            time.sleep(0.05)
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def _rank_pid(run_id: str, rank: int) -> int:
+    """Host PID of the worker process of ``rank`` (not its heartbeat process, a fork of it)."""
+    found = {}
+    for pid in _processes_of_run(run_id):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x)
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError):
+            continue
+        if env.get(b"RANK") == str(rank).encode():
+            found[pid] = ppid
+    (pid,) = [p for p, pp in found.items() if pp not in found]
+    return pid
+
+
+def test_paused_rank_is_named_apart_from_the_rank_waiting_for_it(client, image, tmp_path, labels):
+    case = f"envbuild.test-case={labels['envbuild.test-case']}"
+    seen = {}
+
+    def pause():
+        c = _node_container(client, case, 1)
+        # nothing on the host is writable by a node: the code read-only, the rest tmpfs
+        seen["mounts"] = sorted((m["Destination"], m["RW"]) for m in c.attrs["Mounts"])
+        seen["tmpfs"] = sorted(c.attrs["HostConfig"]["Tmpfs"])
+        c.pause()
+    t = _when_rank_started(client, case, 1, pause)
+    cert, elapsed = run_certify(client, image, tmp_path, labels, timeout_s=40)
+    t.join(1)
+    assert seen["mounts"] == [("/opt/envbuild/bench", False), ("/opt/envbuild/probe.py", False)]
+    assert seen["tmpfs"] == ["/results", "/tmp", "/tmp/home"]
+    v = cert["verdict"]
+    assert v["exit_code"] == ExitCode.UNREACHABLE
+    hung, waiting = v["failures"]
+    assert re.fullmatch(r"rank 1 did not finish within 40 s \(timeout\): hung: no heartbeat for \d+(\.\d)? s "
+                        r"\(frozen or gone\); last in .+", hung), hung
+    assert re.fullmatch(r"rank 0 did not finish within 40 s \(timeout\): blocked in .+, waiting for rank 1",
+                        waiting), waiting
+    assert cert["ranks"]["1"]["last_progress"]["silent_s"] > 10
+    print(f"paused: {elapsed:.1f} s")
+
+
+def test_rank_killed_by_sigkill_is_named_with_the_signal(client, image, tmp_path, labels):
+    case = f"envbuild.test-case={labels['envbuild.test-case']}"
+
+    def kill():
+        c = _node_container(client, case, 1)
+        os.kill(_rank_pid(c.labels[engine.RUN_LABEL], 1), signal.SIGKILL)
+    t = _when_rank_started(client, case, 1, kill)
+    cert, elapsed = run_certify(client, image, tmp_path, labels)
+    t.join(1)
+    v = cert["verdict"]
+    assert v["exit_code"] == ExitCode.CHECK_FAILED
+    assert "rank 1 killed by SIGKILL (exit 137)" in v["failures"], v
+    assert all("\n" not in f for f in v["failures"])
+    print(f"sigkill rank: {elapsed:.1f} s")
+
+
+# --------------------------------------------------------------------------- envbuild itself killed
+
+
+def test_envbuild_killed_with_sigkill_leaves_nothing_running(client, image, tmp_path, labels):
+    """kill -9 of a real `envbuild certify` while one rank is stopped (so the run would
+    hang): the node containers end and are removed by themselves within timeout + 30 s;
+    the network, which cannot remove itself, carries its deadline and the next run
+    removes it, naming it."""
+    timeout = 20
+    case = f"envbuild.test-case={labels['envbuild.test-case']}"
+    env = {**os.environ, local.EXTRA_LABELS_ENV: ",".join(f"{k}={v}" for k, v in labels.items())}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "builder.cli", "--images-dir", str(tmp_path), "certify", image,
+         "--backend", "gloo", "--nodes", "2", "--timeout", str(timeout)],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not _rank_started(client, case, 1):
+            time.sleep(0.05)
+        c1 = _node_container(client, case, 1)
+        run_id = c1.labels[engine.RUN_LABEL]
+        os.kill(_rank_pid(run_id, 1), signal.SIGSTOP)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    def containers():
+        return client.containers.list(all=True, filters={"label": case})
+
+    assert len(containers()) == 2, "the nodes were gone before envbuild was killed: nothing tested"
+    while containers() and time.monotonic() - t0 < timeout + 60:
+        time.sleep(0.5)
+    gone_after = time.monotonic() - t0
+    assert containers() == []
+    assert gone_after < timeout + 30, gone_after
+    assert _processes_of_run(run_id) == []
+    (net,) = client.networks.list(filters={"label": f"{engine.RUN_LABEL}={run_id}"})
+    deadline_text = net.attrs["Labels"][engine.DEADLINE_LABEL]
+    assert net.name == f"envbuild-{run_id}"
+    wait = engine._parse_deadline(deadline_text) - time.time()
+    time.sleep(max(0.0, wait) + 1)
+    cert, _ = run_certify(client, image, tmp_path, labels)  # the next run removes it
+    assert (f"removed network envbuild-{run_id} of run {run_id}, left behind by an envbuild that did not "
+            f"clean up (its deadline {deadline_text} passed)") in cert["verdict"]["warnings"]
+    assert client.networks.list(filters={"label": f"{engine.RUN_LABEL}={run_id}"}) == []
+    print(f"sigkill envbuild: containers gone after {gone_after:.1f} s")
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A tmpfs of 4 KiB (root only; one page): room for the folders, not for a certificate (~10 KiB)."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_full_disk_names_the_file_and_still_prints_the_verdict(client, image, tiny_disk, labels):
+    env = {**os.environ, local.EXTRA_LABELS_ENV: ",".join(f"{k}={v}" for k, v in labels.items())}
+    proc = subprocess.run(
+        [sys.executable, "-m", "builder.cli", "--images-dir", str(tiny_disk), "certify", image,
+         "--backend", "gloo", "--nodes", "2", "--timeout", "120"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    assert "verdict: PASSED" in proc.stdout
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    assert re.fullmatch(rf"error: {re.escape(str(tiny_disk))}/cpu-torch2/certificates/cpu-torch2-[0-9a-f]{{12}}-"
+                        r"\d{8}T\d{6}Z-[0-9a-f]{12}\.json: cannot write the certificate: No space left on device",
+                        line), line
+    assert "Traceback" not in proc.stderr
+    assert list((tiny_disk / "cpu-torch2" / "certificates").iterdir()) == []  # nothing half-written

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import os
 import re
 
 import docker.errors
@@ -66,8 +67,11 @@ PROBE = {
 }
 
 
+RUN_ID = "0123456789ab"
+
+
 def rank_doc(rank, world=2, *, sizes=(8, 1024, 65536), wrong=0, times=None, identical=True,
-             mismatched=(), checksum="aa", probe=None, backend="gloo", busbw=0.05, ddp=True):
+             mismatched=(), checksum="aa", probe=None, backend="gloo", busbw=0.05, ddp=True, run_id=RUN_ID):
     """A hand-written envbuild.rank-result/1 document."""
     times = times or [100.0 + r for r in range(world)]
     entries = []
@@ -80,7 +84,7 @@ def rank_doc(rank, world=2, *, sizes=(8, 1024, 65536), wrong=0, times=None, iden
             "algbw_gbps": busbw, "busbw_gbps": busbw, "wrong": wrong, "wrong_by_rank": wbr,
         })
     doc = {
-        "schema": "envbuild.rank-result/1", "rank": rank, "local_rank": 0, "world_size": world,
+        "schema": "envbuild.rank-result/1", "run_id": run_id, "rank": rank, "local_rank": 0, "world_size": world,
         "node_rank": rank, "hostname": f"node-{rank}", "backend": backend, "device": "cpu",
         "dtype": "float32", "options": {}, "allreduce": entries,
         "ddp": None,
@@ -217,8 +221,8 @@ def test_judge_killed_after_grace_and_signal():
                  killed_after_s=20.0)
     res.rank_results.pop(1)
     v = certify.judge(settings(nodes=3), res, CPU_LOCK)
-    assert "rank 1 did not finish: killed 20 s after another node failed" in v["failures"]
-    assert "rank 2 was killed by signal 9" in v["failures"]
+    assert v["failures"] == ["rank 1 did not finish: killed 20 s after another node failed",
+                             "rank 2 killed by SIGKILL (exit 137)"]
     assert v["exit_code"] == 2
 
 
@@ -434,11 +438,59 @@ def test_certificate_for_missing_rank():
 def test_write_certificate(tmp_path):
     cert = _cert()
     p1 = certify.write_certificate(cert, tmp_path)
-    assert p1 == tmp_path / "cpu-torch2" / "certificates" / "cpu-torch2-a0d76dd47f23-20260512T100009Z.json"
+    assert p1 == (tmp_path / "cpu-torch2" / "certificates"
+                  / "cpu-torch2-a0d76dd47f23-20260512T100009Z-0123456789ab.json")
     assert json.loads(p1.read_text()) == cert
     p2 = certify.write_certificate(cert, tmp_path)
-    assert p2.name == "cpu-torch2-a0d76dd47f23-20260512T100009Z-2.json"
+    assert p2.name == "cpu-torch2-a0d76dd47f23-20260512T100009Z-0123456789ab-2.json"
     assert sorted(x.name for x in p1.parent.iterdir()) == sorted([p1.name, p2.name])  # no temp files
+    assert json.loads(p1.read_text()) == cert  # the first was not overwritten
+
+
+def _write_many(images_dir, run_ids, barrier_n):
+    """Processes writing at the same instant (a barrier), each one certificate; the names
+    of the files they wrote."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    barrier, out = ctx.Barrier(barrier_n), ctx.Queue()
+
+    def write(run_id):
+        cert = {**_cert(), "run_id": run_id}
+        barrier.wait(timeout=60)
+        out.put(certify.write_certificate(cert, images_dir).name)
+
+    procs = [ctx.Process(target=write, args=(r,)) for r in run_ids]
+    for p in procs:
+        p.start()
+    names = [out.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return names
+
+
+@pytest.mark.parametrize("same_run", [True, False], ids=["same-run-id", "own-run-ids"])
+def test_forty_simultaneous_certificates_are_forty_files(tmp_path, same_run):
+    """40 writers in the same second (the same stamp): 40 files, none overwritten, no
+    temporary file left; with one run id, the names are made unique by -2, -3..."""
+    run_ids = [RUN_ID] * 40 if same_run else [f"{i:012x}" for i in range(40)]
+    names = _write_many(tmp_path, run_ids, 40)
+    folder = tmp_path / "cpu-torch2" / "certificates"
+    files = sorted(p.name for p in folder.iterdir())
+    assert len(set(names)) == 40 and sorted(names) == files
+    stem = "cpu-torch2-a0d76dd47f23-20260512T100009Z-"
+    if same_run:
+        assert set(files) == {f"{stem}{RUN_ID}.json"} | {f"{stem}{RUN_ID}-{n}.json" for n in range(2, 41)}
+    else:
+        assert set(files) == {f"{stem}{r}.json" for r in run_ids}
+    assert sorted(json.loads((folder / f).read_text())["run_id"] for f in files) == sorted(run_ids)
+
+
+def test_certificate_name_parts_are_sanitized(tmp_path):
+    cert = {**_cert(), "recipe": "../x y", "run_id": "a/b\n"}
+    assert certify.certificate_path(tmp_path, cert) == (
+        tmp_path / "_x_y" / "certificates" / "_x_y-a0d76dd47f23-20260512T100009Z-a_b_.json")
 
 
 def test_print_table():
@@ -539,25 +591,25 @@ def test_lock_label_that_is_not_json_is_one_line():
 
 
 class _Img:
-    def __init__(self, labels):
+    def __init__(self, labels, env):
         self.labels = labels
         self.id = "sha256:" + "2" * 64
-        self.attrs = {"RepoDigests": []}
+        self.attrs = {"RepoDigests": [], "Config": {"Env": env}}
 
 
 class _Images:
-    def __init__(self, labels):
-        self._labels = labels
+    def __init__(self, labels, env):
+        self._labels, self._env = labels, env
 
     def get(self, ref):
         if self._labels is None:
             raise docker.errors.ImageNotFound("nope")
-        return _Img(self._labels)
+        return _Img(self._labels, self._env)
 
 
 class FakeClient:
-    def __init__(self, labels):
-        self.images = _Images(labels)
+    def __init__(self, labels, env=("PATH=/usr/bin",)):
+        self.images = _Images(labels, list(env))
 
     def info(self):
         return {"Runtimes": {"runc": {}}}
@@ -583,7 +635,7 @@ def _labels(lock):
 
 
 def test_certify_with_fake_launcher(tmp_path):
-    fl = FakeLauncher([rank_doc(0), rank_doc(1)])
+    fl = FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="r1")])
     buf = io.StringIO()
     cert, path = certify.certify(
         FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, launcher=fl, run_id="r1",
@@ -596,6 +648,49 @@ def test_certify_with_fake_launcher(tmp_path):
     assert spec.run_id == "r1" and spec.world_size == 2 and spec.timeout_s == 60
     assert "run r1" in buf.getvalue()
     assert path.parent == tmp_path / "cpu-torch2" / "certificates"
+    assert spec.socket_ifname is None
+    assert cert["socket"] == {"source": "default", "override": None, "GLOO_SOCKET_IFNAME": None,
+                              "NCCL_SOCKET_IFNAME": None, "seen_by_ranks": {}}
+
+
+def test_certify_refuses_a_result_of_another_run(tmp_path):
+    """A planted or stale result (another run id) is refused and named, whatever launcher
+    read it; the twin (this run's) passed above."""
+    fl = FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="0ld0ld0ld0ld")])
+    cert, _ = certify.certify(FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, launcher=fl,
+                              run_id="r1", ddp_steps=3)
+    assert cert["verdict"]["failures"] == [
+        "rank 1: result of rank 1 is from run '0ld0ld0ld0ld', not this run r1: refused (stale or planted)"]
+    assert cert["verdict"]["exit_code"] == 3 and cert["ranks"]["1"]["reported"] is False
+
+
+def test_certify_records_the_image_socket_setting_and_the_override(tmp_path):
+    env = ("PATH=/usr/bin", "GLOO_SOCKET_IFNAME=lo")
+    fl = FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="r1")])
+    cert, _ = certify.certify(FakeClient(_labels(CPU_LOCK), env), "img:1", images_dir=tmp_path, launcher=fl,
+                              run_id="r1", ddp_steps=3)
+    assert cert["socket"]["source"] == "image" and cert["socket"]["GLOO_SOCKET_IFNAME"] == "lo"
+    cert, _ = certify.certify(FakeClient(_labels(CPU_LOCK), env), "img:1", images_dir=tmp_path, launcher=fl,
+                              run_id="r1", ddp_steps=3, socket_ifname="eth0")
+    assert fl.specs[-1].socket_ifname == "eth0"
+    assert {k: cert["socket"][k] for k in ("source", "override", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")} == {
+        "source": "--socket-ifname", "override": "eth0", "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"}
+
+
+@pytest.mark.parametrize("bad", ["eth0\n", "eth0;rm", "", "a" * 16, "eth0,", "^", "eth 0", "eth0\x1b[31m", "^^lo"])
+def test_bad_socket_ifname_is_a_usage_error(tmp_path, bad):
+    with pytest.raises(EnvbuildError) as e:
+        certify.check_socket_ifname(bad)
+    assert e.value.exit_code == ExitCode.USAGE and "\n" not in str(e.value)
+    fl = FakeLauncher([])
+    with pytest.raises(EnvbuildError):
+        certify.certify(FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, launcher=fl, socket_ifname=bad)
+    assert fl.specs == []
+
+
+@pytest.mark.parametrize("good", ["eth0", "^lo,docker", "=ib0", "^=lo", "eth0:1", "enp1s0f0np0"])
+def test_good_socket_ifname(good):
+    assert certify.check_socket_ifname(good) == good
 
 
 def test_certify_refuses_nccl_before_launching(tmp_path):
@@ -627,29 +722,39 @@ def _spec(**kw):
 
 def test_container_kwargs_cpu(tmp_path):
     spec = _spec()
-    kw = local.container_kwargs(spec, 1, results_dir=str(tmp_path), network="net", labels=local.labels_for(spec, {}),
+    kw = local.container_kwargs(spec, 1, network="net", labels=local.labels_for(spec, {}),
                                 bench_dir=tmp_path / "bench", probe_path=tmp_path / "probe.py")
-    assert kw["command"] == ["python3", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+    assert kw["command"] == ["python3", "-m", "bench.node", "--deadline-s", "70", "--",
+                             "python3", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                              "--node-rank", "1", "--master-addr", "node-0", "--master-port", "29511",
-                             "--max-restarts", "0", "-m", "bench", "--out", "/results", "--iters", "3"]
+                             "--max-restarts", "0", "-m", "bench", "--out", "/results", "--iters", "3",
+                             "--result-to-stdout"]
     assert kw["name"] == "envbuild-abc123def456-node-1" and kw["hostname"] == "node-1"
-    assert kw["user"] == "12345:12345" and kw["read_only"] is True
-    assert set(kw["tmpfs"]) == {"/tmp", "/tmp/home"}
+    assert kw["user"] == "12345:12345" and kw["read_only"] is True and kw["auto_remove"] is True
+    assert kw["tmpfs"] == {"/tmp": "rw,exec,mode=1777", "/tmp/home": "rw,mode=1777", "/results": "rw,mode=1777"}
     env = kw["environment"]
     assert env["HOME"] == "/tmp/home" and env["PYTHONPATH"] == "/opt/envbuild" and env["X"] == "1"
-    assert env["GLOO_SOCKET_IFNAME"] == "eth0" and env["NCCL_SOCKET_IFNAME"] == "eth0"
+    # the image's own socket settings are certified: nothing forces an interface
+    assert "GLOO_SOCKET_IFNAME" not in env and "NCCL_SOCKET_IFNAME" not in env
     assert "NCCL_DEBUG" not in env and "device_requests" not in kw
     assert kw["labels"]["envbuild"] == "1" and kw["labels"]["envbuild.run"] == "abc123def456"
     assert kw["labels"]["envbuild.test-session"] == "s"
+    # nothing on the host is writable by the nodes: the code only, read-only
     mounts = {v["bind"]: v["mode"] for v in kw["volumes"].values()}
-    assert mounts == {"/opt/envbuild/bench": "ro", "/opt/envbuild/probe.py": "ro", "/results": "rw"}
+    assert mounts == {"/opt/envbuild/bench": "ro", "/opt/envbuild/probe.py": "ro"}
     assert kw["shm_size"] == "256m"
+
+
+@pytest.mark.parametrize("ifname,gloo,nccl", [("eth0", "eth0", "eth0"), ("=ib0,ib1", "ib0,ib1", "=ib0,ib1"),
+                                              ("^lo,docker", "", "^lo,docker")])
+def test_socket_ifname_override_sets_both(tmp_path, ifname, gloo, nccl):
+    env = local.node_env(_spec(socket_ifname=ifname), 0)
+    assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == (gloo, nccl)
 
 
 def test_container_kwargs_gpus(tmp_path):
     spec = _spec(gpus_per_node=2, backend="nccl")
-    kw = local.container_kwargs(spec, 1, results_dir=str(tmp_path), network="net", labels={},
-                                bench_dir=tmp_path, probe_path=tmp_path / "p.py")
+    kw = local.container_kwargs(spec, 1, network="net", labels={}, bench_dir=tmp_path, probe_path=tmp_path / "p.py")
     (req,) = kw["device_requests"]
     assert req["DeviceIDs"] == ["2", "3"] and req["Capabilities"] == [["gpu"]]
     assert kw["environment"]["NCCL_DEBUG"] == "INFO"
@@ -700,14 +805,264 @@ def test_parse_torchrun_failures():
 
 
 def test_read_results(tmp_path):
-    (tmp_path / "rank-0.json").write_text(json.dumps(rank_doc(0)))
+    (tmp_path / "rank-0.json").write_text(json.dumps(rank_doc(0, world=5)))
     (tmp_path / "rank-1.json").write_text("{not json")
     (tmp_path / "rank-2.json").write_text(json.dumps({"schema": "other"}))
-    results, problems = local.read_results(tmp_path, 4)
+    (tmp_path / "rank-3.json").write_text(json.dumps(rank_doc(3, world=5, run_id="ffffffffffff")))
+    os.mkfifo(tmp_path / "rank-4.json")  # a FIFO does not hang the reader
+    results, problems = local.read_results(tmp_path, 5, run_id=RUN_ID)
     assert set(results) == {0}
-    assert set(problems) == {1, 2} and "unreadable" in problems[1] and "other" in problems[2]
+    assert problems == {
+        1: f"unreadable result file: {tmp_path}/rank-1.json: not valid JSON: Expecting property name "
+           "enclosed in double quotes: line 1 column 2 (char 1)",
+        2: "result file is not envbuild.rank-result/1 (got 'other')",
+        3: "result file of rank 3 is from run 'ffffffffffff', not this run 0123456789ab: refused (stale or planted)",
+        4: f"unreadable result file: {tmp_path}/rank-4.json: is not a regular file (a FIFO); give a result file",
+    }
+    # without a run id (an old caller) the stale result is taken: the twin of the check
+    assert set(local.read_results(tmp_path, 5)[0]) == {0, 3}
 
 
 def test_names():
     assert local.network_name("r") == "envbuild-r"
     assert re.fullmatch(r"envbuild-r-node-3", local.node_name("r", 3))
+
+
+# --------------------------------------------------------------------------- hung ranks, signals
+
+
+def _state(phase, detail=None, collective=True, seq=2, silent=0.5, in_phase=25.0, state="S"):
+    return {"phase": phase, "detail": detail, "collective": collective, "seq": seq, "state": state,
+            "silent_s": silent, "in_phase_s": in_phase}
+
+
+def _timed_out(progress, world=2, **kw):
+    return launch([], world=world, timed_out=True, node_exit_codes={n: None for n in range(world)},
+                  progress=progress, **kw)
+
+
+def test_paused_rank_is_named_apart_from_the_rank_waiting_for_it():
+    res = _timed_out({0: _state("all-reduce", "1024 B", seq=3),
+                      1: _state("all-reduce", "8 B", seq=2, silent=24.6, state="S")})
+    v = certify.judge(settings(), res, CPU_LOCK)
+    assert v["failures"] == [
+        "rank 1 did not finish within 60 s (timeout): hung: no heartbeat for 24.6 s (frozen or gone); "
+        "last in all-reduce 8 B",
+        "rank 0 did not finish within 60 s (timeout): blocked in all-reduce 1024 B, waiting for rank 1",
+    ]
+    assert v["exit_code"] == 3
+
+
+def test_stopped_rank_is_named_by_its_process_state():
+    res = _timed_out({0: _state("ddp", "step 1"), 1: _state("ddp", "step 1", state="T", silent=1.0)})
+    assert certify.judge(settings(), res, CPU_LOCK)["failures"] == [
+        "rank 1 did not finish within 60 s (timeout): hung: stopped by a signal (process state T) in ddp step 1",
+        "rank 0 did not finish within 60 s (timeout): blocked in ddp step 1, waiting for rank 1",
+    ]
+
+
+def test_rank_alive_outside_a_collective_is_the_hung_one():
+    res = _timed_out({0: _state("all-reduce", "8 B"), 1: _state("test fault", "sleep 3600 s", collective=False)})
+    assert certify.judge(settings(), res, CPU_LOCK)["failures"] == [
+        "rank 1 did not finish within 60 s (timeout): hung: stopped making progress in test fault sleep 3600 s "
+        "for 25 s (alive, outside any collective)",
+        "rank 0 did not finish within 60 s (timeout): blocked in all-reduce 8 B, waiting for rank 1",
+    ]
+
+
+def test_rank_behind_the_others_is_the_hung_one():
+    res = _timed_out({0: _state("all-reduce", "8 B", seq=2), 1: _state("all-reduce", "1024 B", seq=3),
+                      2: _state("all-reduce", "1024 B", seq=3)}, world=3)
+    assert certify.judge(settings(nodes=3), res, CPU_LOCK)["failures"] == [
+        "rank 0 did not finish within 60 s (timeout): hung: stopped making progress in all-reduce 8 B for 25 s; "
+        "ranks 1, 2 got further",
+        "rank 1 did not finish within 60 s (timeout): blocked in all-reduce 1024 B, waiting for rank 0",
+        "rank 2 did not finish within 60 s (timeout): blocked in all-reduce 1024 B, waiting for rank 0",
+    ]
+
+
+def test_no_rank_singled_out_when_all_wait_in_the_same_phase():
+    res = _timed_out({0: _state("init", "process group (gloo)", seq=1),
+                      1: _state("init", "process group (gloo)", seq=1)})
+    assert certify.judge(settings(), res, CPU_LOCK)["failures"] == [
+        "rank 0 did not finish within 60 s (timeout): blocked in init process group (gloo) for 25 s "
+        "(no rank got further)",
+        "rank 1 did not finish within 60 s (timeout): blocked in init process group (gloo) for 25 s "
+        "(no rank got further)",
+    ]
+
+
+def test_rank_that_never_reported_progress_is_hung():
+    res = _timed_out({0: _state("init", "process group (gloo)", seq=1)})
+    assert certify.judge(settings(), res, CPU_LOCK)["failures"] == [
+        "rank 1 did not finish within 60 s (timeout): hung: never reported progress",
+        "rank 0 did not finish within 60 s (timeout): blocked in init process group (gloo), waiting for rank 1",
+    ]
+
+
+@pytest.mark.parametrize("code,text", [(-9, "killed by SIGKILL (exit 137)"), (137, "killed by SIGKILL (exit 137)"),
+                                       (-15, "killed by SIGTERM (exit 143)"), (139, "killed by SIGSEGV (exit 139)"),
+                                       (124, "ended by its watchdog at the deadline (exit 124)"),
+                                       (3, "exited with 3"), (1, "exited with 1")])
+def test_signal_text(code, text):
+    assert certify.signal_text(code) == text
+
+
+def test_node_killed_by_a_signal_is_named():
+    res = launch([rank_doc(0)], node_exit_codes={0: 0, 1: 137})
+    assert certify.judge(settings(), res, CPU_LOCK)["failures"] == [
+        "rank 1 wrote no result: node 1 killed by SIGKILL (exit 137)"]
+
+
+def test_foreign_text_stays_one_line():
+    res = launch([rank_doc(0)], rank_problems={1: "bad\nsecond line \x1b[31m"}, notes=["job\nended"])
+    v = certify.judge(settings(), res, CPU_LOCK)
+    assert v["failures"] == ["job ended", "rank 1: bad second line \\x1b[31m"]
+
+
+# --------------------------------------------------------------------------- socket settings
+
+
+def _sock(source="image", gloo=None, nccl=None):
+    return {"source": source, "override": None, "GLOO_SOCKET_IFNAME": gloo, "NCCL_SOCKET_IFNAME": nccl}
+
+
+IFACES = {0: {"eth0": False, "lo": True}, 1: {"eth0": False, "lo": True}}
+
+
+def test_loopback_only_socket_setting_explains_a_failing_run():
+    seen = {r: {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": None} for r in (0, 1)}
+    res = launch([], rank_exit_codes={0: 1}, node_exit_codes={0: 1, 1: None}, killed_after_s=20.0,
+                 socket_seen=seen, interfaces_seen=IFACES)
+    v = certify.judge(settings(), res, CPU_LOCK, _sock(gloo="lo"))
+    assert v["failures"] == [
+        "GLOO_SOCKET_IFNAME=lo (from the image's ENV) selects only the loopback interface on ranks 0, 1: ranks "
+        "on 2 nodes cannot reach each other over it; set it to the nodes' network interface (or leave it unset) "
+        "in the image, or pass --socket-ifname IF",
+        "rank 0 exited with 1",
+        "rank 1 did not finish: killed 20 s after another node failed",
+    ]
+    assert v["exit_code"] == 2 and v["warnings"] == []
+
+
+def test_network_interface_setting_adds_nothing_and_a_passing_run_stays_passed():
+    seen = {r: {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"} for r in (0, 1)}
+    res = launch([], rank_exit_codes={0: 1}, node_exit_codes={0: 1, 1: 1}, socket_seen=seen, interfaces_seen=IFACES)
+    sock = {**_sock("--socket-ifname", "eth0", "eth0"), "override": "eth0"}
+    assert certify.judge(settings(), res, CPU_LOCK, sock)["failures"] == ["rank 0 exited with 1",
+                                                                         "rank 1 wrote no result: node 1 exited with 1"]
+    # loopback on one node only (a single-node run) passes as it ran
+    seen1 = {0: {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": None}}
+    res = launch([rank_doc(0, world=1)], world=1, socket_seen=seen1, interfaces_seen={0: IFACES[0]})
+    assert certify.judge(settings(nodes=1), res, CPU_LOCK, _sock(gloo="lo"))["passed"]
+
+
+def test_nccl_setting_uses_nccl_prefix_syntax():
+    s = settings(NCCL_LOCK, gpu_visible=True)
+    seen = {r: {"GLOO_SOCKET_IFNAME": None, "NCCL_SOCKET_IFNAME": "^eth"} for r in (0, 1)}
+    res = launch([], rank_exit_codes={0: 1, 1: 1}, socket_seen=seen, interfaces_seen=IFACES)
+    f = certify.judge(s, res, NCCL_LOCK, _sock(nccl="^eth"))["failures"]
+    assert f[0].startswith("NCCL_SOCKET_IFNAME=^eth (from the image's ENV) selects only the loopback interface")
+
+
+def test_rank_that_saw_another_setting_is_a_warning():
+    seen = {0: {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": None},
+            1: {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": None}}
+    res = launch([rank_doc(0), rank_doc(1)], socket_seen=seen, interfaces_seen=IFACES)
+    v = certify.judge(settings(), res, CPU_LOCK, _sock(gloo="eth0"))
+    assert v["passed"] and v["warnings"] == ["rank 0 ran with GLOO_SOCKET_IFNAME='eth1', not 'eth0' "
+                                             "(from the image's ENV)"]
+
+
+def test_socket_settings_sources():
+    assert certify.socket_settings({"PATH": "/bin"}, None) == _sock("default") | {"override": None}
+    assert certify.socket_settings({"NCCL_SOCKET_IFNAME": "ib"}, None) == _sock("image", None, "ib")
+    assert certify.socket_settings({"NCCL_SOCKET_IFNAME": "ib"}, "^lo") == {
+        "source": "--socket-ifname", "override": "^lo", "GLOO_SOCKET_IFNAME": "", "NCCL_SOCKET_IFNAME": "^lo"}
+
+
+# --------------------------------------------------------------------------- progress tracking
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def _line(**doc):
+    return "@@envbuild-progress " + json.dumps({"run": RUN_ID, **doc})
+
+
+def test_progress_tracker_keeps_phase_and_heartbeat_apart():
+    from builder.launchers.base import ProgressTracker
+
+    clock = Clock()
+    t = ProgressTracker(2, RUN_ID, clock=clock)
+    assert t.feed(_line(rank=0, seq=0, phase="start", socket={"GLOO_SOCKET_IFNAME": "lo"},
+                        interfaces={"lo": True, "eth0": 0}))
+    assert t.feed(_line(rank=0, beat=1, state="S"))  # a beat in the start phase keeps the socket data
+    clock.t = 105.0
+    assert t.feed(_line(rank=0, seq=1, phase="init", detail="process group (gloo)", collective=True))
+    clock.t = 110.0
+    assert t.feed(_line(rank=0, beat=2, state="R"))
+    assert not t.feed(_line(rank=2, seq=0, phase="start"))  # no such rank
+    assert not t.feed(_line(rank=1, seq=0, phase="start", run="ffffffffffff"))  # another run
+    assert not t.feed("@@envbuild-progress {not json")
+    assert not t.feed(_line(rank=1, seq="0", phase="start"))  # not an integer
+    assert not t.feed("@@envbuild-progress " + json.dumps({"rank": 1, "seq": 0, "phase": "x", "d": [[[[[1]]]]]}))
+    clock.t = 130.0
+    assert t.snapshot() == {0: {"phase": "init", "detail": "process group (gloo)", "collective": True, "seq": 1,
+                                "state": "R", "silent_s": 20.0, "in_phase_s": 25.0}}
+    assert t.socket == {0: {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": None}}
+    assert t.interfaces == {0: {"lo": True, "eth0": False}}
+
+
+# --------------------------------------------------------------------------- usage errors first
+
+
+@pytest.fixture
+def dead_engine(tmp_path, monkeypatch):
+    """DOCKER_HOST at a socket nobody listens on: a command that contacts the engine exits 3."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/dead.sock")
+    return tmp_path
+
+
+IMG = "envbuild/cpu-torch2@sha256:" + "0" * 64
+
+
+@pytest.mark.parametrize("argv", [
+    ["certify", IMG, "--socket-ifname", "eth0\n"],
+    ["certify", IMG, "--socket-ifname", "eth0;reboot"],
+    ["certify", IMG, "--partition", "debug"],
+    ["certify", IMG, "--launcher", "slurm", "--partition", "bad;x"],
+    ["certify", IMG, "--launcher", "slurm", "--pending-timeout", "-1"],
+    ["make", "cpu-torch2", "--partition", "debug"],
+    ["make", "cpu-torch2", "--socket-ifname", ""],
+    ["k8s", "render", IMG, "--out", "OUT", "--ttl", "-1"],
+    ["k8s", "render", IMG, "--out", "OUT", "--socket-ifname", "eth 0"],
+    ["k8s", "render", IMG, "--out", "OUT", "--run-id", "UPPER"],
+], ids=lambda a: " ".join(a)[:60])
+def test_usage_errors_come_before_the_engine(dead_engine, argv, capsys):
+    from builder import cli
+
+    argv = [a.replace("OUT", str(dead_engine / "out")) for a in argv]
+    code = cli.main(["--images-dir", str(dead_engine / "images"), *argv])
+    err = capsys.readouterr().err
+    assert code == 64, err
+    assert len(err.strip().splitlines()) == 1 and "Docker engine" not in err
+    assert not (dead_engine / "images").exists() and not (dead_engine / "out").exists()
+
+
+@pytest.mark.parametrize("argv", [["certify", IMG, "--socket-ifname", "eth0"],
+                                  ["certify", IMG, "--launcher", "slurm", "--partition", "debug"],
+                                  ["k8s", "render", IMG, "--out", "OUT", "--socket-ifname", "^lo"]])
+def test_valid_options_go_on_to_the_engine(dead_engine, argv, capsys):
+    """The twins: the same options, valid, reach the engine (which is dead here: exit 3)."""
+    from builder import cli
+
+    argv = [a.replace("OUT", str(dead_engine / "out")) for a in argv]
+    assert cli.main(["--images-dir", str(dead_engine / "images"), *argv]) == 3
+    assert "no Docker engine answers at unix://" in capsys.readouterr().err

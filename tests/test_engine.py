@@ -119,12 +119,13 @@ def test_failing_build_reports_step_and_leaves_no_tag(docker_client, bootstrap_i
     err = info.value
     assert err.exit_code == 2
     assert err.step == "[3/3] RUN echo first-line && echo second-line >&2 && exit 7"
-    first = str(err).splitlines()[0]
-    assert first == (
+    summary, _, output = str(err).partition(" | output: ")
+    assert summary == (
         f"{tmp_path / 'Dockerfile'}: docker build of {repo}:1 failed at step "
         "[3/3] RUN echo first-line && echo second-line >&2 && exit 7: executor failed running "
         "[/bin/sh -c echo first-line && echo second-line >&2 && exit 7]: exit code: 7"
     )
+    assert "\n" not in str(err) and "first-line" in output and "second-line" in output
     # the failing step's own output (stdout and stderr, in either order), not the earlier step's
     output = [l.split(" ", 2)[2] for l in err.lines if l.startswith("#") and l.split(" ")[1][:1].isdigit()]
     assert sorted(output) == ["first-line", "second-line"]
@@ -325,3 +326,70 @@ def test_progress_log_picks_the_failing_step_not_the_cancelled_one():
         "   5 | >>> RUN make",
         'ERROR: failed to solve: process "/bin/sh -c make" did not complete successfully: exit code: 2',
     ]
+
+
+# --------------------------------------------------------------------------- stale networks
+
+
+def test_stale_networks_are_only_those_past_their_deadline_without_containers(docker_client, bootstrap_image,
+                                                                                 session_labels, test_session_id):
+    """A network of a run killed with SIGKILL (deadline passed, no container) is listed
+    and removed; its twins are kept: one whose deadline is to come, one past its deadline
+    that still has a container, one without a deadline label."""
+    case = {**session_labels, "envbuild.test-case": uuid.uuid4().hex}
+    only_case = f"envbuild.test-case={case['envbuild.test-case']}"
+    now = 1_800_000_000.0
+    made = {}
+    for name, deadline in (("stale", now - 1), ("future", now + 60), ("busy", now - 1), ("nolabel", None)):
+        labels = {**case, **engine.run_labels(f"{name}{test_session_id}")}
+        if deadline is not None:
+            labels[engine.DEADLINE_LABEL] = engine.deadline_label(deadline)
+        made[name] = docker_client.networks.create(f"envbuild-test-{name}-{test_session_id}", labels=labels)
+    busy = docker_client.containers.run(bootstrap_image, ["sleep", "60"], labels=case, detach=True,
+                                        network=made["busy"].name)
+    try:
+        assert made["stale"].attrs["Labels"][engine.DEADLINE_LABEL] == "2027-01-15T07:59:59Z"
+        stale = engine.stale_networks(docker_client, now=now, label_filter=only_case)
+        assert stale == [{"name": f"envbuild-test-stale-{test_session_id}", "id": made["stale"].id,
+                          "run": f"stale{test_session_id}", "deadline": "2027-01-15T07:59:59Z"}]
+        assert engine.remove_stale_networks(docker_client, now=now, label_filter=only_case) == stale
+        left = sorted(n.name for n in docker_client.networks.list(filters={"label": only_case}))
+        assert left == sorted(f"envbuild-test-{n}-{test_session_id}" for n in ("future", "busy", "nolabel"))
+        # once the busy one's container is gone, it is stale too
+        busy.remove(force=True)
+        assert [n["name"] for n in engine.stale_networks(docker_client, now=now, label_filter=only_case)] == [
+            f"envbuild-test-busy-{test_session_id}"]
+    finally:
+        engine.remove_by_label(docker_client, only_case)
+
+
+def test_deadline_label_round_trips():
+    assert engine.deadline_label(1_800_000_000.2) == "2027-01-15T08:00:01Z"
+    assert engine._parse_deadline("2027-01-15T08:00:01Z") == 1_800_000_001.0
+    for bad in ("2027-01-15T08:00:01Z\n", "soon", "2027-13-45T99:00:01Z", None, 5):
+        assert engine._parse_deadline(bad) is None
+
+
+def test_image_env(docker_client, python_image):
+    env = engine.image_env(docker_client, python_image)
+    assert env["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    with pytest.raises(EnvbuildError) as info:
+        engine.image_env(docker_client, "envbuild-test/no-such-image:0")
+    assert str(info.value) == "image: 'envbuild-test/no-such-image:0' no such image"
+
+
+def test_run_probe_output_is_bounded(docker_client, python_image, session_labels, test_session_id, tmp_path,
+                                     monkeypatch):
+    monkeypatch.setattr(engine, "MAX_PROBE_OUTPUT", 1000)
+    case = {**session_labels, "envbuild.test-case": uuid.uuid4().hex}
+    script = write_script(tmp_path / "probe.py", 'print("{" + " " * 5000 + "}")\n')
+    with pytest.raises(EnvbuildError) as info:
+        engine.run_probe(docker_client, python_image, script, labels=case)
+    assert info.value.exit_code == 3
+    assert str(info.value) == f"image: {python_image!r} probe printed more than 1000 bytes"
+    deep = write_script(tmp_path / "deep.py", 'print("[" * 100 + "]" * 100)\n')
+    with pytest.raises(EnvbuildError, match="probe printed no JSON object"):
+        engine.run_probe(docker_client, python_image, deep, labels=case)
+    small = write_script(tmp_path / "small.py", 'print("{}")\n')  # the passing twin
+    assert engine.run_probe(docker_client, python_image, small, labels=case) == {}
+    assert docker_client.containers.list(all=True, filters={"label": f"envbuild.test-case={case['envbuild.test-case']}"}) == []

@@ -170,7 +170,8 @@ def test_golden_values_nccl():
     ]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
     assert env["PYTHONPATH"] == "/opt/envbuild"
-    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["GLOO_SOCKET_IFNAME"] == "eth0"
+    # the image's own socket settings stay in effect: nothing forces an interface
+    assert "NCCL_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in env
     assert env["NCCL_DEBUG"] == "INFO"
     assert env["ENVBUILD_NODE"] == {"fieldRef": {
         "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
@@ -501,7 +502,7 @@ def test_required_spread_and_no_spread():
 
 # --------------------------------------------------------------------------- results through logs
 
-RESULT = {"schema": "envbuild.rank-result/1", "rank": 0, "world_size": 2, "backend": "gloo"}
+RESULT = {"schema": "envbuild.rank-result/1", "run_id": RUN_ID, "rank": 0, "world_size": 2, "backend": "gloo"}
 
 
 def test_node_script_prints_results_and_keeps_the_exit_status(tmp_path):
@@ -544,10 +545,30 @@ def test_parse_result_blocks_problems():
     results, problems = k8s.parse_result_blocks(log)
     assert results == {0: RESULT}
     assert sorted(problems) == [1, 2, 3, 4]
-    assert problems[1].startswith("result in the pod log is not JSON: ")
+    assert problems[1] == ("result in the pod log: not valid JSON: Expecting property name enclosed in "
+                           "double quotes: line 1 column 2 (char 1)")
     assert problems[2] == "result rank-2.json says rank 5"
     assert problems[3] == "result is not envbuild.rank-result/1 (got 'other/1')"
     assert problems[4] == "result block in the pod log is not terminated (log cut short?)"
+
+
+def test_parse_result_blocks_checks_the_run_and_bounds():
+    """A result of another run (stale, planted) or world size is refused and named; NaN
+    and 5000-digit numbers are refused by the bounded JSON reader; the passing twin is
+    this run's result."""
+    mine = {**RESULT, "run_id": "0123456789ab"}
+    log = (block(0, json.dumps(mine)) + block(1, json.dumps({**mine, "rank": 1, "run_id": "ffffffffffff"}))
+           + block(2, json.dumps({**mine, "rank": 2, "world_size": 3}))
+           + block(3, '{"schema": "envbuild.rank-result/1", "rank": 3, "x": NaN}')
+           + block(4, '{"rank": ' + "9" * 5000 + "}"))
+    results, problems = k8s.parse_result_blocks(log, "0123456789ab", 2)
+    assert results == {0: mine}
+    assert problems == {
+        1: "result of rank 1 is from run 'ffffffffffff', not this run 0123456789ab: refused (stale or planted)",
+        2: "result of rank 2 is for world size 3, not 2: refused",
+        3: "result in the pod log: not valid JSON: NaN is not a number (NaN and Infinity are refused)",
+        4: "result in the pod log: not valid JSON: an integer of 5000 digits (at most 30)",
+    }
 
 
 # --------------------------------------------------------------------------- apply, against a scripted API
@@ -809,7 +830,7 @@ def test_apply_through_the_kubernetes_client(tmp_path):
     ]
     assert reqs[3:6] == [("GET", f"/apis/batch/v1/namespaces/team-a/jobs/{job}/status"),
                          ("GET", f"/api/v1/namespaces/team-a/pods?{sel}"),
-                         ("GET", f"/api/v1/namespaces/team-a/pods/{job}-0-abcde/log?container=node")]
+                         ("GET", f"/api/v1/namespaces/team-a/pods/{job}-0-abcde/log?container=node&limitBytes=33554432")]
     assert reqs[-4:] == [
         # without propagationPolicy, deleting a batch/v1 Job orphans its pods
         ("DELETE", f"/apis/batch/v1/namespaces/team-a/jobs/{job}?propagationPolicy=Background"),

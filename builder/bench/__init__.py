@@ -27,7 +27,17 @@ Options (``python3 -m bench --help``):
 ``--ddp-image-size 64``     synthetic images are 3 x S x S (S >= 32)
 ``--seed 0``                model-init seed (all ranks); data seed is rank-dependent
 ``--pg-timeout-s 600``      process-group timeout in seconds for every collective
+``--heartbeat-s 2``         seconds between two heartbeats of the rank's heartbeat
+                            process (0: phase lines only; :mod:`bench.progress`)
+``--result-to-stdout``      also print the result document as one ``@@envbuild-result``
+                            line on stdout (the local launcher reads it there)
 ==========================  ==========================================================
+
+Every rank prints progress lines on stdout (``@@envbuild-progress {...}``: each phase it
+enters, and heartbeats with its process state; :mod:`bench.progress`), so that the host
+can name a rank that stopped making progress. The local launcher runs torchrun under the
+node watchdog ``python3 -m bench.node --deadline-s S -- ...`` (:mod:`bench.node`), which
+ends the node at its deadline even when nobody else is left to.
 
 Exit status of the bench process (torchrun itself exits 0 only when all its local
 workers exit 0, else 1):
@@ -43,6 +53,7 @@ Result file ``<out>/rank-<RANK>.json``, schema ``envbuild.rank-result/1``, writt
 atomically (temporary file in the same directory, mode 0644, then ``os.replace``)::
 
     {"schema": "envbuild.rank-result/1",
+     "run_id": str|null,               # $ENVBUILD_RUN_ID: the host refuses another run's
      "rank": int, "local_rank": int, "world_size": int,
      "node_rank": int|null,            # torchrun's GROUP_RANK
      "hostname": str,
@@ -50,6 +61,8 @@ atomically (temporary file in the same directory, mode 0644, then ``os.replace``
      "options": {"sizes": [int], "iters": int, "warmup": int, "ddp_steps": int,
                  "ddp_batch": int, "ddp_image_size": int, "seed": int,
                  "pg_timeout_s": float},
+     "socket": {"GLOO_SOCKET_IFNAME": str|null, "NCCL_SOCKET_IFNAME": str|null},
+                                       # what this rank saw (the image's or the override)
      "allreduce": [{"size_bytes": int, "count": int, "type": "float32", "redop": "sum",
                     "time_us": float,          # max over ranks of the mean per iteration
                     "rank_time_us": [float],   # index = rank

@@ -19,7 +19,7 @@ import tempfile
 import time
 from typing import List, Optional
 
-from . import DEFAULT_SIZES, RESULT_SCHEMA, allreduce, faults
+from . import DEFAULT_SIZES, RESULT_SCHEMA, allreduce, faults, progress
 
 EXIT_USAGE = 64
 
@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pg-timeout-s", type=float, default=600.0,
                    help="process-group timeout in seconds")
+    p.add_argument("--heartbeat-s", type=float, default=progress.DEFAULT_HEARTBEAT_S,
+                   help="seconds between two progress heartbeats on stdout (0: phase lines only)")
+    p.add_argument("--result-to-stdout", action="store_true",
+                   help="also print the result document as one @@envbuild-result line on stdout")
     return p
 
 
@@ -99,6 +103,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         problems.append("--ddp-image-size must be >= 32")
     if not args.pg_timeout_s > 0:
         problems.append("--pg-timeout-s must be > 0")
+    if not 0 <= args.heartbeat_s <= 3600:
+        problems.append("--heartbeat-s must be in 0..3600")
     for s in args.sizes:
         try:
             allreduce.element_count(s, args.dtype)
@@ -174,11 +180,13 @@ def _env_int(name: str) -> Optional[int]:
         raise UsageError("environment %s=%r is not an integer" % (name, val))
 
 
-def _fire_early_fault(fault, rank: int) -> None:
+def _fire_early_fault(fault, rank: int, prog=None) -> None:
     """The TEST-ONLY faults that act before the sweep: sleep and exit."""
     if fault is None:
         return
     if fault.hits("sleep", rank):
+        if prog is not None:
+            prog.phase("test fault", "sleep %d s" % faults.SLEEP_S)
         print("envbuild bench: TEST fault %s: rank %d sleeps %d s" % (fault, rank, faults.SLEEP_S),
               file=sys.stderr, flush=True)
         time.sleep(faults.SLEEP_S)
@@ -189,9 +197,35 @@ def _fire_early_fault(fault, rank: int) -> None:
         os._exit(faults.EXIT_CODE)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run every step for this rank and write its result file; returns 0."""
-    started_at, t_start = utc_now_iso(), time.perf_counter()
+def _ddp_step(args, fault, rank, device, local_rank, lead, log, prog):
+    """The DDP section of the result (None when ``--ddp-steps 0``)."""
+    if args.ddp_steps <= 0:
+        return None
+    from . import ddp
+
+    result = ddp.run_ddp(
+        args.ddp_steps, args.ddp_batch, args.ddp_image_size, args.seed, device, local_rank,
+        perturb=fault is not None and fault.hits("ddp-perturb", rank),
+        progress=prog.phase,
+    )
+    result["final_loss"] = _finite_or_none(result["final_loss"])
+    if lead:
+        log("# ddp resnet18 (%s): %d steps x %d images %dx%d: %.2f images/s on rank 0; "
+            "params identical: %s%s"
+            % (result["source"], args.ddp_steps, args.ddp_batch, args.ddp_image_size,
+               args.ddp_image_size, result["images_per_s"],
+               "yes" if result["params_identical"] else "NO",
+               "" if result["params_identical"]
+               else " (mismatched ranks %s)" % result["mismatched_ranks"]))
+    return result
+
+
+def _environment():
+    """``(fault, rank, world, local_rank, node_rank)`` from the environment torchrun sets.
+
+    Raises:
+        UsageError: a bad fault spec, or not under torchrun.
+    """
     try:
         fault = faults.parse_fault(os.environ.get(faults.ENV_VAR))
     except ValueError as e:
@@ -199,70 +233,15 @@ def run(args: argparse.Namespace) -> int:
     rank, world, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
     if rank is None or world is None or local_rank is None:
         raise UsageError("RANK, WORLD_SIZE and LOCAL_RANK are unset: launch under torchrun")
-    node_rank = _env_int("GROUP_RANK")
-    errors = []
-    if fault is not None and fault.rank >= world:
-        errors.append("fault %s targets no rank of a world of %d" % (fault, world))
+    return fault, rank, world, local_rank, _env_int("GROUP_RANK")
 
-    import torch
-    import torch.distributed as dist
 
-    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        device = "cuda:%d" % local_rank
-    else:
-        device = "cpu"
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.pg_timeout_s))
-    lead = rank == 0
-
-    def log(line):
-        print(line, flush=True)
-
-    if lead:
-        log("# envbuild bench: world %d, backend %s, device %s, dtype %s, iters %d, warmup %d"
-            % (world, backend, device, args.dtype, args.iters, args.warmup))
-        if fault is not None:
-            log("# TEST-ONLY fault injected: %s" % (fault,))
-
-    _fire_early_fault(fault, rank)
-
-    sweep = allreduce.run_sweep(
-        args.sizes, args.dtype, args.iters, args.warmup, device,
-        corrupt=fault is not None and fault.hits("allreduce-corrupt", rank),
-        log=log if lead else None,
-    )
-    if lead:
-        total_wrong = sum(sum(e["wrong_by_rank"]) for e in sweep)
-        log("# Out of bounds values : %d %s" % (total_wrong, "OK" if total_wrong == 0 else "FAILED"))
-        log("# Avg bus bandwidth    : %.3f GB/s" % (sum(e["busbw_gbps"] for e in sweep) / len(sweep)))
-
-    ddp_result = None
-    if args.ddp_steps > 0:
-        from . import ddp
-
-        ddp_result = ddp.run_ddp(
-            args.ddp_steps, args.ddp_batch, args.ddp_image_size, args.seed, device, local_rank,
-            perturb=fault is not None and fault.hits("ddp-perturb", rank),
-        )
-        ddp_result["final_loss"] = _finite_or_none(ddp_result["final_loss"])
-        if lead:
-            log("# ddp resnet18 (%s): %d steps x %d images %dx%d: %.2f images/s on rank 0; "
-                "params identical: %s%s"
-                % (ddp_result["source"], args.ddp_steps, args.ddp_batch, args.ddp_image_size,
-                   args.ddp_image_size, ddp_result["images_per_s"],
-                   "yes" if ddp_result["params_identical"] else "NO",
-                   "" if ddp_result["params_identical"]
-                   else " (mismatched ranks %s)" % ddp_result["mismatched_ranks"]))
-
-    probe_doc = None
-    try:
-        probe_doc = load_probe().collect()
-    except Exception as e:
-        errors.append("probe failed: %s: %s" % (type(e).__name__, e))
-
-    result = {
+def _result_doc(args, run_id, rank, local_rank, world, node_rank, backend, device, sweep, ddp_result,
+                probe_doc, fault, errors, started_at) -> dict:
+    """The ``envbuild.rank-result/1`` document (see the package doc); times set later."""
+    return {
         "schema": RESULT_SCHEMA,
+        "run_id": run_id,
         "rank": rank,
         "local_rank": local_rank,
         "world_size": world,
@@ -277,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
             "ddp_image_size": args.ddp_image_size, "seed": args.seed,
             "pg_timeout_s": args.pg_timeout_s,
         },
+        "socket": {k: os.environ.get(k) for k in progress.SOCKET_VARS},
         "allreduce": sweep,
         "ddp": ddp_result,
         "probe": probe_doc,
@@ -286,13 +266,81 @@ def run(args: argparse.Namespace) -> int:
         "finished_at": None,
         "elapsed_s": None,
     }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run every step for this rank and write its result file; returns 0.
+
+    Progress lines (:mod:`bench.progress`) go to stdout: ``start``, ``init`` (the
+    process group's rendezvous), one per all-reduce size, the DDP phases, ``probe``,
+    ``write`` and ``done``.
+    """
+    started_at, t_start = utc_now_iso(), time.perf_counter()
+    fault, rank, world, local_rank, node_rank = _environment()
+    run_id = os.environ.get("ENVBUILD_RUN_ID") or None
+    prog = progress.Progress(rank, run_id, args.heartbeat_s)
+    prog.start()
+    errors = []
+    if fault is not None and fault.rank >= world:
+        errors.append("fault %s targets no rank of a world of %d" % (fault, world))
+
+    import torch
+    import torch.distributed as dist
+
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = "cuda:%d" % local_rank
+    else:
+        device = "cpu"
+    prog.phase("init", "process group (%s)" % backend, collective=True)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.pg_timeout_s))
+    lead = rank == 0
+
+    def log(line):
+        prog.writer.line(line)
+
+    if lead:
+        log("# envbuild bench: world %d, backend %s, device %s, dtype %s, iters %d, warmup %d"
+            % (world, backend, device, args.dtype, args.iters, args.warmup))
+        if fault is not None:
+            log("# TEST-ONLY fault injected: %s" % (fault,))
+
+    _fire_early_fault(fault, rank, prog)
+
+    sweep = allreduce.run_sweep(
+        args.sizes, args.dtype, args.iters, args.warmup, device,
+        corrupt=fault is not None and fault.hits("allreduce-corrupt", rank),
+        log=log if lead else None, progress=prog.phase,
+    )
+    if lead:
+        total_wrong = sum(sum(e["wrong_by_rank"]) for e in sweep)
+        log("# Out of bounds values : %d %s" % (total_wrong, "OK" if total_wrong == 0 else "FAILED"))
+        log("# Avg bus bandwidth    : %.3f GB/s" % (sum(e["busbw_gbps"] for e in sweep) / len(sweep)))
+
+    ddp_result = _ddp_step(args, fault, rank, device, local_rank, lead, log, prog)
+
+    prog.phase("probe")
+    probe_doc = None
+    try:
+        probe_doc = load_probe().collect()
+    except Exception as e:
+        errors.append("probe failed: %s: %s" % (type(e).__name__, e))
+
+    result = _result_doc(args, run_id, rank, local_rank, world, node_rank, backend, device, sweep,
+                         ddp_result, probe_doc, fault, errors, started_at)
+    prog.phase("write")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "rank-%d.json" % rank)
     result["finished_at"] = utc_now_iso()
     result["elapsed_s"] = time.perf_counter() - t_start
     write_json_atomic(path, result)
+    if args.result_to_stdout:
+        prog.result(result)
     if lead:
         log("# rank 0 wrote %s in %.1f s" % (path, result["elapsed_s"]))
+    prog.phase("done")
+    prog.stop()
     dist.destroy_process_group()
     return 0
 

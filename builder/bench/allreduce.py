@@ -133,7 +133,7 @@ def _all_gather_scalar(dist, torch, value, dtype, device) -> list:
 
 
 def run_sweep(sizes: List[int], dtype: str, iters: int, warmup: int, device: str,
-              corrupt: bool = False, log=None) -> List[Dict[str, object]]:
+              corrupt: bool = False, log=None, progress=None) -> List[Dict[str, object]]:
     """Time and check an all-reduce (sum) at each size on the initialized default group.
 
     Args:
@@ -144,6 +144,8 @@ def run_sweep(sizes: List[int], dtype: str, iters: int, warmup: int, device: str
         corrupt: TEST-ONLY fault: change one result element after each correctness
             all-reduce on this rank.
         log: callable taking one line (rank 0 passes ``print``), or None.
+        progress: ``progress(name, detail, collective)`` called as each size begins
+            (:meth:`bench.progress.Progress.phase`), or None.
 
     Returns:
         One dict per size, see :func:`summarize`, with ``wrong`` = this rank's count.
@@ -168,6 +170,8 @@ def run_sweep(sizes: List[int], dtype: str, iters: int, warmup: int, device: str
         log(HEADER)
     results = []
     for size in sizes:
+        if progress:
+            progress("all-reduce", "%d B" % size, True)
         count = element_count(size, dtype)
         buf = torch.zeros(count, dtype=tdtype, device=device)
         for _ in range(warmup):

@@ -99,7 +99,7 @@ def build_resnet18() -> Tuple[object, str]:
 
 
 def run_ddp(steps: int, batch: int, image_size: int, seed: int, device: str,
-            local_rank: int, perturb: bool = False) -> Dict[str, object]:
+            local_rank: int, perturb: bool = False, progress=None) -> Dict[str, object]:
     """Train ResNet-18 under DDP for ``steps`` steps; return the ``ddp`` result section.
 
     Args:
@@ -110,6 +110,8 @@ def run_ddp(steps: int, batch: int, image_size: int, seed: int, device: str,
             uses a generator seeded ``seed * 1000003 + rank``.
         device: ``"cpu"`` or ``"cuda:<local_rank>"``.
         perturb: TEST-ONLY fault: add 1e-3 to one parameter element before the checksum.
+        progress: ``progress(name, detail, collective)`` called as each phase begins
+            (``ddp`` ``setup``, ``step i``, ``checksum``; all collective), or None.
 
     SGD lr 0.01 momentum 0.9, cross-entropy loss. ``images_per_s`` = steps * batch /
     wall seconds of the steps on this rank (data is generated before the clock starts).
@@ -123,6 +125,8 @@ def run_ddp(steps: int, batch: int, image_size: int, seed: int, device: str,
     rank, world = dist.get_rank(), dist.get_world_size()
     cuda = device.startswith("cuda")
 
+    note = progress or (lambda name, detail, collective: None)
+    note("ddp", "setup", True)
     torch.manual_seed(seed)
     model, source = build_resnet18()
     model = model.to(device)
@@ -141,7 +145,8 @@ def run_ddp(steps: int, batch: int, image_size: int, seed: int, device: str,
         torch.cuda.synchronize()
     t0 = time.perf_counter()
     loss: Optional[float] = None
-    for x, y in data:
+    for i, (x, y) in enumerate(data):
+        note("ddp", "step %d" % (i + 1), True)
         opt.zero_grad(set_to_none=True)
         out = F.cross_entropy(ddp(x), y)
         out.backward()
@@ -155,6 +160,7 @@ def run_ddp(steps: int, batch: int, image_size: int, seed: int, device: str,
         with torch.no_grad():
             next(model.parameters()).view(-1)[0] += 1e-3
 
+    note("ddp", "checksum", True)
     mine = param_checksum(model.named_parameters())
     checksums = _all_gather_digest(dist, torch, mine, device, world)
     return {

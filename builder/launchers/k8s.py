@@ -88,8 +88,10 @@ import yaml
 
 from builder.errors import EnvbuildError, ExitCode, Unreachable
 from builder.files import template_environment
+from builder.inputs import MAX_REPORT_BYTES, load_json, one_line, read_json
 
-from .base import LaunchResult, LaunchSpec, OnProgress, result_problem
+from .base import (MAX_RESULT_BYTES, SOCKET_IFNAME_RE, LaunchResult, LaunchSpec, OnProgress,
+                   progress_from_logs, result_problem, socket_env)
 
 #: Where the in-image code is mounted (read-only); also ``PYTHONPATH``.
 CODE_MOUNT = "/opt/envbuild"
@@ -121,6 +123,9 @@ INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 #: ConfigMaps hold at most 1 MiB of data (Kubernetes ConfigMap docs).
 CONFIGMAP_MAX_BYTES = 1024 * 1024
+#: Most bytes of a pod's log read (``limitBytes``); a run's log holds the results and the
+#: progress lines (about 100 bytes per rank every 2 s).
+LOG_MAX_BYTES = 32 << 20
 #: ``kubeconfig`` value meaning "use the pod's service account" (running inside a cluster).
 IN_CLUSTER = "in-cluster"
 #: Where a pod's service account token is mounted (in-cluster configuration).
@@ -191,7 +196,7 @@ def parse_image_ref(text: str) -> ImageReference:
         EnvbuildError: (exit 64) not an image reference, or a digest other than
             ``sha256:<64 lowercase hex>``.
     """
-    m = _IMAGE_REF_RE.match(text or "")
+    m = _IMAGE_REF_RE.fullmatch(text or "")
     first, sep, _ = (m.group("name") if m else "").partition("/")
     if m and sep and not ("." in first or ":" in first or first == "localhost") \
             and not re.fullmatch(_COMPONENT, first):
@@ -200,7 +205,7 @@ def parse_image_ref(text: str) -> ImageReference:
         raise EnvbuildError("is not an image reference ([host/]path[:tag][@sha256:digest])",
                             field="image", value=text, exit_code=ExitCode.USAGE)
     digest = m.group("digest")
-    if digest is not None and not _SHA256_RE.match(digest):
+    if digest is not None and not _SHA256_RE.fullmatch(digest):
         raise EnvbuildError("digest is not sha256:<64 lowercase hex>", field="image", value=text,
                             exit_code=ExitCode.USAGE)
     return ImageReference(m.group("name"), m.group("tag"), digest)
@@ -271,7 +276,7 @@ def check_run_id(run_id: str) -> str:
     Raises:
         EnvbuildError: (exit 64) otherwise.
     """
-    if not _RUN_ID_RE.match(run_id or ""):
+    if not _RUN_ID_RE.fullmatch(run_id or ""):
         raise EnvbuildError("is not a run id (1 to 40 of [a-z0-9-], alphanumeric at both ends)",
                             field="run_id", value=run_id, exit_code=ExitCode.USAGE)
     return run_id
@@ -290,10 +295,10 @@ def check_labels(labels: Mapping[str, str], what: str = "label") -> dict[str, st
     out = {}
     for key, value in sorted(labels.items()):
         prefix, _, name = key.rpartition("/")
-        if (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.match(prefix))) or not _LABEL_NAME_RE.match(name):
+        if (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.fullmatch(prefix))) or not _LABEL_NAME_RE.fullmatch(name):
             raise EnvbuildError(f"is not a Kubernetes {what} key", field=what, value=key, exit_code=ExitCode.USAGE)
         value = str(value)
-        if what == "label" and value and not _LABEL_NAME_RE.match(value):
+        if what == "label" and value and not _LABEL_NAME_RE.fullmatch(value):
             raise EnvbuildError(f"is not a Kubernetes label value (key {key})", field=what, value=value,
                                 exit_code=ExitCode.USAGE)
         out[key] = value
@@ -352,7 +357,7 @@ def code_key(path: str) -> str:
         EnvbuildError: (exit 2) the path has other characters.
     """
     key = path.replace("/", ".")
-    if not _CM_KEY_RE.match(key) or len(key) > 253:
+    if not _CM_KEY_RE.fullmatch(key) or len(key) > 253:
         raise EnvbuildError("cannot be a ConfigMap key", field="file", value=path)
     return key
 
@@ -379,7 +384,7 @@ def yaml_scalar(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     text = str(value)
-    if _PLAIN_SAFE.match(text) and not _YAML11_SPECIAL.match(text):
+    if _PLAIN_SAFE.fullmatch(text) and not _YAML11_SPECIAL.fullmatch(text):
         return text
     return yaml_quote(text)
 
@@ -435,8 +440,11 @@ class K8sOptions:
         spread: pod anti-affinity on ``kubernetes.io/hostname``: ``"preferred"``,
             ``"required"`` (each node on its own host; pods stay Pending without enough
             hosts) or ``"none"``.
-        socket_ifname: ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` (the pod network
-            interface; ``eth0`` with most CNI plugins). ``spec.env`` overrides either.
+        socket_ifname: the ``--socket-ifname`` override: sets ``GLOO_SOCKET_IFNAME`` and
+            ``NCCL_SOCKET_IFNAME`` (:func:`~builder.launchers.base.socket_env`); None (the
+            default): ``spec.socket_ifname``, else neither is set and the image's own
+            settings stay in effect (unset, NCCL and gloo find the pod's interface by
+            themselves). ``spec.env`` overrides either.
         annotations: extra annotations of the Job/TrainJob (e.g. the lock hash).
     """
 
@@ -445,7 +453,7 @@ class K8sOptions:
     allow_tag: bool = False
     ttl_s: int = DEFAULT_TTL_S
     spread: str = "preferred"
-    socket_ifname: str = "eth0"
+    socket_ifname: Optional[str] = None
     annotations: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -509,8 +517,8 @@ def pod_env(spec: LaunchSpec, options: K8sOptions = K8sOptions()) -> list[dict[s
         {"name": "HOME", "value": HOME},
         # getpass.getuser() looks at USER before the (missing) passwd entry
         {"name": "USER", "value": "envbuild"},
-        {"name": "GLOO_SOCKET_IFNAME", "value": options.socket_ifname},
-        {"name": "NCCL_SOCKET_IFNAME", "value": options.socket_ifname},
+        *({"name": k, "value": v} for k, v in socket_env(
+            options.socket_ifname if options.socket_ifname is not None else spec.socket_ifname).items()),
         {"name": "ENVBUILD_RUN_ID", "value": spec.run_id},
         {"name": "ENVBUILD_NODE", "field_path": f"metadata.annotations['{INDEX_ANNOTATION}']"},
         {"name": "ENVBUILD_RESULTS", "value": RESULTS_MOUNT},
@@ -518,7 +526,7 @@ def pod_env(spec: LaunchSpec, options: K8sOptions = K8sOptions()) -> list[dict[s
     if spec.backend == "nccl":
         env.append({"name": "NCCL_DEBUG", "value": "INFO"})
     for name, value in spec.env.items():
-        if not _ENV_NAME_RE.match(name):
+        if not _ENV_NAME_RE.fullmatch(name):
             raise EnvbuildError("is not an environment variable name", field="env", value=name,
                                 exit_code=ExitCode.USAGE)
         entry = {"name": name, "value": str(value)}
@@ -529,6 +537,28 @@ def pod_env(spec: LaunchSpec, options: K8sOptions = K8sOptions()) -> list[dict[s
         else:
             env.append(entry)
     return env
+
+
+def check_options(options: K8sOptions) -> None:
+    """Check the options that need no spec (the command line calls it before contacting
+    anything).
+
+    Raises:
+        EnvbuildError: (exit 64) a bad spread, a negative TTL, an interface name list
+            that is not one (:data:`~builder.launchers.base.SOCKET_IFNAME_RE`), a TrainJob
+            runtime that is not a DNS subdomain.
+    """
+    if options.spread not in ("preferred", "required", "none"):
+        raise EnvbuildError("is not preferred, required or none", field="spread", value=options.spread,
+                            exit_code=ExitCode.USAGE)
+    if not isinstance(options.ttl_s, int) or options.ttl_s < 0:
+        raise EnvbuildError("must be >= 0", field="ttl_s", value=options.ttl_s, exit_code=ExitCode.USAGE)
+    if options.socket_ifname is not None and not SOCKET_IFNAME_RE.fullmatch(options.socket_ifname):
+        raise EnvbuildError("is not a network interface name list", field="socket_ifname",
+                            value=options.socket_ifname, exit_code=ExitCode.USAGE)
+    if options.kubeflow and not _DNS_SUBDOMAIN_RE.fullmatch(options.runtime or ""):
+        raise EnvbuildError("is not a runtime name", field="runtime", value=options.runtime,
+                            exit_code=ExitCode.USAGE)
 
 
 def render_context(spec: LaunchSpec, options: K8sOptions = K8sOptions(),
@@ -547,17 +577,11 @@ def render_context(spec: LaunchSpec, options: K8sOptions = K8sOptions(),
         raise EnvbuildError("is not a TCP port", field="port", value=spec.port, exit_code=ExitCode.USAGE)
     if not spec.timeout_s > 0:
         raise EnvbuildError("must be > 0", field="timeout_s", value=spec.timeout_s, exit_code=ExitCode.USAGE)
-    if options.spread not in ("preferred", "required", "none"):
-        raise EnvbuildError("is not preferred, required or none", field="spread", value=options.spread,
-                            exit_code=ExitCode.USAGE)
-    if options.ttl_s < 0:
-        raise EnvbuildError("must be >= 0", field="ttl_s", value=options.ttl_s, exit_code=ExitCode.USAGE)
-    if not _LABEL_NAME_RE.match(options.socket_ifname or ""):
-        raise EnvbuildError("is not a network interface name", field="socket_ifname",
-                            value=options.socket_ifname, exit_code=ExitCode.USAGE)
-    if options.kubeflow and not _DNS_SUBDOMAIN_RE.match(options.runtime or ""):
-        raise EnvbuildError("is not a runtime name", field="runtime", value=options.runtime,
-                            exit_code=ExitCode.USAGE)
+    check_options(options)
+    for value in (spec.socket_ifname,):
+        if value is not None and not SOCKET_IFNAME_RE.fullmatch(value):
+            raise EnvbuildError("is not a network interface name list", field="socket_ifname", value=value,
+                                exit_code=ExitCode.USAGE)
     code = dict(in_image_code() if code is None else code)
     if "bench/__main__.py" not in code or "probe.py" not in code:
         raise EnvbuildError("in-image code lacks probe.py or bench/__main__.py", field="code",
@@ -687,39 +711,49 @@ _BEGIN_RE = re.compile(rf"^{re.escape(RESULT_BEGIN)} rank-(\d+)\.json$")
 _END_RE = re.compile(rf"^{re.escape(RESULT_END)} rank-(\d+)\.json$")
 
 
-def parse_result_blocks(log: str) -> tuple[dict[int, dict], dict[int, str]]:
+def parse_result_blocks(log: str, run_id: Optional[str] = None, world_size: Optional[int] = None
+                        ) -> tuple[dict[int, dict], dict[int, str]]:
     """The result documents a node printed between marker lines (:data:`NODE_SCRIPT`).
+
+    Each block is parsed with :func:`builder.inputs.load_json` (bounded; at most
+    :data:`~builder.launchers.base.MAX_RESULT_BYTES`) and checked with
+    :func:`~builder.launchers.base.result_problem` (and the run id and world size when
+    given).
 
     Returns:
         ``(results, problems)``: ``{rank: document}`` for blocks that hold an
         ``envbuild.rank-result/1`` document of that rank, ``{rank: reason}`` for blocks
-        that are unterminated, not JSON, of another schema or of another rank.
+        that are unterminated, not JSON, of another schema, rank, run or world size.
     """
     results: dict[int, dict] = {}
     problems: dict[int, str] = {}
     lines = log.splitlines()
     i = 0
     while i < len(lines):
-        m = _BEGIN_RE.match(lines[i].rstrip())
+        m = _BEGIN_RE.fullmatch(lines[i].rstrip())
         if not m:
             i += 1
             continue
         rank = int(m.group(1))
         body: list[str] = []
         j = i + 1
-        while j < len(lines) and not _END_RE.match(lines[j].rstrip()):
+        while j < len(lines) and not _END_RE.fullmatch(lines[j].rstrip()):
             body.append(lines[j])
             j += 1
         i = j + 1
         if j >= len(lines):
             problems[rank] = "result block in the pod log is not terminated (log cut short?)"
             continue
-        try:
-            doc = json.loads("\n".join(body))
-        except json.JSONDecodeError as e:
-            problems[rank] = f"result in the pod log is not JSON: {e}"
+        text = "\n".join(body)
+        if len(text) > MAX_RESULT_BYTES:
+            problems[rank] = f"result in the pod log is over {MAX_RESULT_BYTES} bytes"
             continue
-        problem = result_problem(doc, rank, "result")
+        try:
+            doc = load_json(text, "result in the pod log")
+        except EnvbuildError as e:
+            problems[rank] = one_line(str(e), 300)
+            continue
+        problem = result_problem(doc, rank, "result", run_id=run_id, world_size=world_size)
         if problem:
             problems[rank] = problem
             continue
@@ -739,18 +773,16 @@ def lock_from_file(images_dir: str | os.PathLike, recipe: str) -> tuple[dict, di
     differs) and ``envbuild.backend``.
 
     Raises:
-        EnvbuildError: (exit 2) the file is missing, not JSON or not a lock
-            (``schema`` ``envbuild.lock/1``).
+        EnvbuildError: (exit 2) the file is missing, not JSON (bounded:
+            :func:`builder.inputs.read_json`) or not a lock (``schema`` ``envbuild.lock/1``);
+            (exit 3) not a regular file or over 16 MiB.
     """
     from builder import compat
 
     path = Path(images_dir) / recipe / "envbuild.lock.json"
-    try:
-        lock = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise EnvbuildError(f"not found; run `envbuild render {recipe}`", file=str(path)) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise EnvbuildError(f"not valid JSON: {_one_line(e)}", file=str(path)) from None
+    if not os.path.lexists(path):
+        raise EnvbuildError(f"not found; run `envbuild render {recipe}`", file=str(path))
+    lock = read_json(path, MAX_REPORT_BYTES, "lock file", ExitCode.CHECK_FAILED)
     if not isinstance(lock, dict) or lock.get("schema") != compat.LOCK_SCHEMA:
         raise EnvbuildError(f"is not an envbuild lock (schema {compat.LOCK_SCHEMA})", file=str(path))
     labels = {
@@ -949,15 +981,16 @@ class KubeApi:
         return out
 
     def log(self, pod: str) -> str:
-        """The log (stdout and stderr) of the pod's container; ``""`` when there is none
-        (pod gone, container never started: the API answers 404 or 400).
+        """The log (stdout and stderr) of the pod's container, at most
+        :data:`LOG_MAX_BYTES` (the API's ``limitBytes``); ``""`` when there is none (pod
+        gone, container never started: the API answers 404 or 400).
 
         Raises:
             EnvbuildError: (exit 3) the API cannot be reached.
         """
         try:
             text = self._call(f"read log of pod {pod}", self.core.read_namespaced_pod_log, pod, self.namespace,
-                              container=CONTAINER_NAME, missing_ok=True)
+                              container=CONTAINER_NAME, limit_bytes=LOG_MAX_BYTES, missing_ok=True)
         except EnvbuildError as e:
             if e.exit_code == ExitCode.CHECK_FAILED:
                 return ""
@@ -966,8 +999,7 @@ class KubeApi:
 
 
 def _one_line(text: Any, limit: int = 200) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return one_line(text, limit)
 
 
 def _utc_now_iso() -> str:
@@ -983,8 +1015,10 @@ def assemble_result(spec: LaunchSpec, outcome: Mapping[str, Any], *, started_at:
             "logs": {node: text}, "headers": {node: one line + newline}}`` (nodes are
             completion indexes; a node absent from ``exit_codes`` was killed or never ended).
 
-    Results come from the logs (:func:`parse_result_blocks`), only for the ranks the node
-    hosts; the per-rank exit codes from torchrun's failure summary in the logs. A failed
+    Results come from the logs (:func:`parse_result_blocks`, checked against the run),
+    only for the ranks the node hosts; the per-rank exit codes from torchrun's failure
+    summary in the logs; the ranks' progress from their progress lines
+    (:func:`~builder.launchers.base.progress_from_logs`). A failed
     (not timed-out) run whose other nodes were stopped by the Job controller gets
     ``killed_after_s`` 0 (``backoffLimit: 0`` gives them no grace).
     """
@@ -1005,7 +1039,7 @@ def assemble_result(spec: LaunchSpec, outcome: Mapping[str, Any], *, started_at:
         if text is None:
             continue
         node_logs[node] = headers.get(node, "") + text
-        got, bad = parse_result_blocks(text)
+        got, bad = parse_result_blocks(text, spec.run_id, spec.world_size)
         mine = set(spec.ranks_of_node(node))
         for rank, doc in got.items():
             if rank in mine:
@@ -1020,6 +1054,7 @@ def assemble_result(spec: LaunchSpec, outcome: Mapping[str, Any], *, started_at:
         problems.pop(rank, None)
     timed_out = bool(outcome.get("timed_out"))
     killed = [n for n, c in exit_codes.items() if c is None]
+    tracker = progress_from_logs(logs.values(), spec.world_size, spec.run_id)
     return LaunchResult(
         rank_results=results,
         node_logs=node_logs,
@@ -1032,6 +1067,8 @@ def assemble_result(spec: LaunchSpec, outcome: Mapping[str, Any], *, started_at:
         rank_problems=problems,
         killed_after_s=0.0 if (outcome.get("failed") and killed and not timed_out) else None,
         cleanup_errors=cleanup_errors if cleanup_errors is not None else [],
+        progress=tracker.snapshot(at=tracker.latest) if tracker.latest else {},
+        socket_seen=dict(tracker.socket), interfaces_seen=dict(tracker.interfaces),
     )
 
 
