@@ -36,7 +36,6 @@ import base64
 import hashlib
 import json
 import os
-from pathlib import Path
 from typing import Any, Mapping
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm

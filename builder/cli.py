@@ -377,7 +377,7 @@ def cmd_certify(args) -> int:
 
 def cmd_make(args) -> int:
     """``envbuild make [RECIPE]``: check -> render -> build -> certify, stopping at the first failure."""
-    _check_certify_args(args)
+    _check_launcher_args(args)
     spec = _load_spec(args.recipe, args.recipes_dir)
     _print_findings(spec)
     if spec.failed:
