@@ -1,0 +1,137 @@
+"""torch.distributed features that need numpy: object collectives, pipeline shape
+inference, distributed checkpoint save.
+
+torch wheels are built with numpy support but do not depend on numpy; without it,
+``all_gather_object`` (and the other ``*_object*`` collectives), ``PipelineStage`` shape
+inference (stage metadata travels as pickled objects) and
+``torch.distributed.checkpoint.save`` fail with ``RuntimeError: Numpy is not available``.
+A training image without numpy breaks jobs that use them, so certification reports it.
+
+First every rank checks numpy locally (``support.numpy_problem``) and the ranks agree on
+the result with one all-reduce. Then:
+
+- every rank has numpy: each feature really runs, ``"ok"`` or its error;
+- no rank has numpy: ``all_gather_object`` still really runs (it pickles before any
+  communication, so it fails on every rank alike and records torch's own message);
+  shape inference and ``dcp.save`` are reported ``{"unsupported": "needs numpy ..."}``
+  without running: their failure is one-sided (on torch 2.13 ``dcp.save`` fails on
+  rank 0, the coordinator, while rank 1 waits in a collective until the
+  process-group timeout; shape inference fails on the sending stage while the next one
+  waits for the metadata);
+- some ranks lack numpy: nothing runs, each feature names those ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Dict
+
+from .support import Unsupported, needs_numpy, numpy_problem, unsupported_reason
+
+FEATURES = ("all_gather_object", "pipeline_shape_inference", "dcp_save")
+# Fail on every rank alike when numpy is missing everywhere (no one-sided hang).
+SYMMETRIC = ("all_gather_object",)
+
+
+def _all_gather_object(torch, dist, device):
+    world = dist.get_world_size()
+    out = [None] * world
+    dist.all_gather_object(out, {"rank": dist.get_rank()})
+    if out != [{"rank": r} for r in range(world)]:
+        raise AssertionError("all_gather_object returned %r" % (out,))
+
+
+def _shape_inference(torch, dist, device):
+    """A 1-microbatch forward through a ``world``-stage chain whose stages infer their
+    input/output shapes (no example shapes given)."""
+    if dist.get_world_size() < 2:
+        raise Unsupported("shape inference between stages needs >= 2 ranks")
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    mod = torch.nn.Linear(4, 4).to(device)
+    stage = PipelineStage(mod, rank, world, torch.device(device))
+    sched = ScheduleGPipe(stage, n_microbatches=1, loss_fn=torch.nn.functional.mse_loss)
+    x, y = torch.zeros(2, 4, device=device), torch.zeros(2, 4, device=device)
+    if rank == 0:
+        sched.step(x)
+    elif rank == world - 1:
+        sched.step(target=y)
+    else:
+        sched.step()
+
+
+def _dcp_save(torch, dist, device):
+    """``dcp.save`` of a one-tensor state dict to a fresh folder under /tmp (removed)."""
+    import torch.distributed.checkpoint as dcp
+
+    token = torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).to(device)
+    dist.broadcast(token, src=0)
+    path = os.path.join(tempfile.gettempdir(), "envbuild-dcp-%x" % int(token.item()))
+    try:
+        dcp.save({"w": torch.arange(4.0, device=device)}, checkpoint_id=path)
+    finally:
+        dist.barrier()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _agree(torch, dist, device, problem):
+    """Ranks whose numpy check failed (every rank gets the same list)."""
+    world = dist.get_world_size()
+    flags = torch.zeros(world, dtype=torch.float64, device=device)
+    flags[dist.get_rank()] = 1.0 if problem else 0.0
+    dist.all_reduce(flags)
+    return [r for r, f in enumerate(flags.cpu().tolist()) if f]
+
+
+def run_features(device: str) -> Dict[str, object]:
+    """Check numpy on every rank, then each feature of ``FEATURES`` (module docstring).
+
+    Returns ``{"numpy": {"available": bool, "problem": str|None (this rank's),
+    "ranks_without": [int]}, "<feature>": "ok" | {"unsupported": reason,
+    "needs_numpy": true (when numpy is the reason), "ran": bool}}``, the same on every
+    rank except ``numpy.problem``. A feature error that does not say "not supported" /
+    "Numpy is not available" propagates.
+    """
+    import torch
+    import torch.distributed as dist
+
+    problem = numpy_problem()
+    without = _agree(torch, dist, device, problem)
+    everywhere = len(without) == dist.get_world_size()
+    out: Dict[str, object] = {"numpy": {"available": not without, "problem": problem,
+                                        "ranks_without": without}}
+    runners = {"all_gather_object": _all_gather_object,
+               "pipeline_shape_inference": _shape_inference, "dcp_save": _dcp_save}
+    for name in FEATURES:
+        if without and not (everywhere and name in SYMMETRIC):
+            where = "every rank" if everywhere else "rank(s) %s" % ",".join(map(str, without))
+            out[name] = {"unsupported": "needs numpy, missing on %s (not run: it would fail "
+                                        "on one side only): %s"
+                                        % (where, problem or "see those ranks"),
+                         "needs_numpy": True, "ran": False}
+            continue
+        out[name] = _run_one(torch, dist, device, runners[name])
+    return out
+
+
+def _run_one(torch, dist, device, runner):
+    try:
+        runner(torch, dist, device)
+        return "ok"
+    except Unsupported as e:
+        res = {"unsupported": str(e), "ran": True}
+    except (ImportError, AttributeError) as e:
+        res = {"unsupported": "torch %s lacks it: %s: %s"
+               % (torch.__version__, type(e).__name__, str(e)[:200]), "ran": True}
+    except (RuntimeError, NotImplementedError) as e:
+        reason = unsupported_reason(e)
+        if reason is None:
+            raise
+        res = {"unsupported": reason, "ran": True}
+    if needs_numpy(res["unsupported"]):
+        res["needs_numpy"] = True
+    return res

@@ -1,0 +1,100 @@
+"""Scaling: the same DDP step timed at world size 1 and at world size N.
+
+The step is the DDP check's (``train_ddp``: ResNet-18 of ``bench.ddp``, ``batch``
+images of 3 x S x S per rank, SGD with momentum). World size 1: rank 0 alone runs it
+under DDP in a process group of its own (``new_group([0])``, so DDP's hooks and the
+all-reduce of a one-rank group are in the step), while the other ranks wait at a
+barrier. World size N: every rank runs it in the default group. Each: ``warmup`` untimed
+steps, then ``steps`` timed steps; the time at world size N is the slowest rank's.
+
+    throughput(1) = steps x batch / t1               (images/s)
+    throughput(N) = steps x batch x N / tN
+    efficiency    = throughput(N) / (N x throughput(1))   = t1 / tN
+
+1.0 is perfect weak scaling; on CPU ranks sharing a machine's cores and memory
+bandwidth it is below that by construction (that is what it measures).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from . import training
+
+DEFAULT_STEPS = 3
+DEFAULT_WARMUP = 1
+
+
+def efficiency(throughput_1: float, throughput_n: float, world: int) -> Optional[float]:
+    """``throughput_n / (world * throughput_1)``; None when throughput_1 <= 0 or world < 1.
+
+    E.g. (10.0, 18.0, 2) -> 0.9; (10.0, 40.0, 4) -> 1.0.
+    """
+    if throughput_1 <= 0 or world < 1:
+        return None
+    return throughput_n / (world * throughput_1)
+
+
+def _timed_steps(torch, ddp, opt, x, y, device: str, warmup: int, steps: int) -> float:
+    import torch.nn.functional as F
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+
+    ddp.train()
+    for _ in range(warmup):
+        step()
+    _, wall = training.timed(torch, device, lambda: [step() for _ in range(steps)])
+    return wall
+
+
+def run_scaling(seed: int, device: str, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
+                batch: int = 4, image_size: int = 32) -> Dict[str, object]:
+    """Time the DDP step at world size 1 and N; see the module docstring.
+
+    Args:
+        seed: model-init and data seed; device: ``"cpu"`` or ``"cuda:<i>"``;
+        steps >= 1 timed steps, warmup >= 0 untimed ones; batch >= 2 images per rank;
+        image_size >= 32.
+
+    Returns ``{"model", "batch_per_rank", "image_size", "steps", "world_size",
+    "throughput_1", "throughput_n" (images/s), "time_1_s", "time_n_s",
+    "efficiency"}`` (the same on every rank).
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .ddp import LR, MOMENTUM, NUM_CLASSES, build_resnet18
+    from .train_ddp import make_data
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cuda = device.startswith("cuda")
+    ids = [int(device.split(":")[1])] if cuda else None
+    x, y = make_data(torch, seed + rank, 1, batch, image_size, NUM_CLASSES)[0]
+    x, y = x.to(device), y.to(device)
+    solo = dist.new_group([0])
+    torch.manual_seed(seed)
+    model, source = build_resnet18()
+    model = model.to(device)
+    t1 = 0.0
+    if rank == 0:
+        ddp = DDP(model, device_ids=ids, process_group=solo)
+        opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
+        t1 = _timed_steps(torch, ddp, opt, x, y, device, warmup, steps)
+        del ddp, opt
+    dist.barrier()
+    ddp = DDP(model, device_ids=ids)
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
+    tn = _timed_steps(torch, ddp, opt, x, y, device, warmup, steps)
+    t = torch.tensor([t1, tn], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    t1, tn = t.cpu().tolist()
+    thr1 = steps * batch / t1 if t1 > 0 else 0.0
+    thrn = steps * batch * world / tn if tn > 0 else 0.0
+    return {"model": "resnet18 (%s)" % source, "batch_per_rank": batch,
+            "image_size": image_size, "steps": steps, "world_size": world,
+            "throughput_1": thr1, "throughput_n": thrn, "time_1_s": t1, "time_n_s": tn,
+            "efficiency": efficiency(thr1, thrn, world)}

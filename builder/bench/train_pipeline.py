@@ -1,0 +1,129 @@
+"""Pipeline-parallel training check (``torch.distributed.pipelining``) against a reference.
+
+The model is a chain of ``world`` blocks, each Linear(16, 16) - Tanh; block r is the
+stage on rank r (``PipelineStage`` built by hand with static example shapes, so no
+shape inference and no numpy is needed; the example input of a stage after the first
+has ``requires_grad=True``, as its activations do). Each step feeds the global batch as
+``MICROBATCHES`` microbatches through a ``ScheduleGPipe`` or ``Schedule1F1B``: rank 0
+sends activations forward, each stage sends input gradients back (point-to-point
+send/recv), the last stage computes the mean-squared error of each microbatch; the
+schedule scales the accumulated gradients by 1/microbatches, so each stage's gradient
+is that of the global-batch mean. The reference, on every rank with no process group,
+trains the whole chain (same initial blocks, same seed) on the same global batches;
+each stage's final parameters are compared with its block in the reference, and the
+step loss (mean of the microbatch losses, on the last stage) with the reference's
+(tolerance: ``training``).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Dict, List
+
+from . import training
+from .profile_faults import MESSAGE_DELTA
+
+DEFAULT_STEPS = 3
+MICROBATCHES = 4
+MICROBATCH_SIZE = 2
+WIDTH = 16
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def _pipelining_api():
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    return PipelineStage, {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+def _message_fault_hook(torch, drop: bool):
+    """TEST-ONLY forward pre-hook on a stage: alter one element of its input (the
+    activation received from the previous stage) by +MESSAGE_DELTA, or lose it (zeros;
+    multiplied, so the backward still sends a gradient)."""
+    def hook(module, args):
+        x = args[0]
+        if drop:
+            return (x * 0.0,) + tuple(args[1:])
+        delta = torch.zeros_like(x)
+        delta.view(-1)[0] = MESSAGE_DELTA
+        return (x + delta,) + tuple(args[1:])
+    return hook
+
+
+def _step(sched, rank: int, world: int, x, y) -> List[float]:
+    losses: List = []
+    if world == 1:
+        sched.step(x, target=y, losses=losses)
+    elif rank == 0:
+        sched.step(x)
+    elif rank == world - 1:
+        sched.step(target=y, losses=losses)
+    else:
+        sched.step()
+    return [float(v.item()) for v in losses]
+
+
+def run_pipeline_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
+                       schedule: str = "gpipe", faults=()) -> Dict[str, object]:
+    """Train the ``world``-stage chain for ``steps`` steps of MICROBATCHES x
+    MICROBATCH_SIZE samples with ``schedule`` (``"gpipe"`` or ``"1f1b"``).
+
+    Args:
+        seed: init seed on every rank; data seed ``seed + 1``.
+        device: ``"cpu"`` or ``"cuda:<i>"``; faults: parsed ``profile_faults``
+            (``pipeline-message-alter`` / ``pipeline-message-drop`` are used).
+
+    Returns ``training.result`` plus ``schedule``, ``stages``, ``microbatches`` and
+    ``microbatch_size``.
+
+    Raises:
+        ValueError: unknown schedule. support.Unsupported: no ``torch.distributed.pipelining``.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    if schedule not in SCHEDULES:
+        raise ValueError("unknown pipeline schedule %r (one of %s)"
+                         % (schedule, ", ".join(SCHEDULES)))
+    PipelineStage, schedules = training.resolve("torch.distributed.pipelining", _pipelining_api)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(seed)
+    blocks = [training.mlp(torch, [WIDTH, WIDTH]).append(torch.nn.Tanh()) for _ in range(world)]
+    reference = torch.nn.Sequential(*copy.deepcopy(blocks)).to(device)
+    stage_mod = blocks[rank].to(device)
+    for kind, drop in (("pipeline-message-alter", False), ("pipeline-message-drop", True)):
+        if training.fault_hits(faults, kind, rank):
+            stage_mod.register_forward_pre_hook(_message_fault_hook(torch, drop))
+    example_in = torch.zeros(MICROBATCH_SIZE, WIDTH, device=device, requires_grad=rank > 0)
+    example_out = torch.zeros(MICROBATCH_SIZE, WIDTH, device=device, requires_grad=True)
+    stage = PipelineStage(stage_mod, rank, world, torch.device(device),
+                          input_args=(example_in,), output_args=(example_out,))
+    sched = schedules[schedule](stage, n_microbatches=MICROBATCHES, loss_fn=F.mse_loss)
+    data = [(x.to(device), y.to(device)) for x, y in training.batches(
+        torch, seed, steps, MICROBATCHES * MICROBATCH_SIZE, WIDTH, WIDTH)]
+    opt = torch.optim.SGD(stage_mod.parameters(), lr=training.LR)
+
+    def train():
+        out = []
+        for x, y in data:
+            opt.zero_grad(set_to_none=True)
+            mb = _step(sched, rank, world, x, y)
+            opt.step()
+            out.append(sum(mb) / len(mb) if mb else 0.0)
+        return out
+
+    local_losses, wall = training.timed(torch, device, train)
+    ref_losses = training.train_reference(torch, reference, data, F.mse_loss)
+    got = [training.local_tensor(p) for p in stage_mod.parameters()]
+    want = [p.detach().cpu() for p in reference[rank].parameters()]
+    ok, diff = training.compare_params(torch, got, want)
+    ok, diff, wall = training.agree(torch, dist, device, ok, diff, wall)
+    # Only the last stage has losses; the others contribute 0 to the sum.
+    losses = training.sum_over_ranks(torch, dist, device, local_losses)
+    return training.result(
+        "chain of %d x linear %d-%d + tanh (%s parameters)"
+        % (world, WIDTH, WIDTH, format(training.n_params(reference), ",")),
+        losses, ref_losses, ok, diff, steps * MICROBATCHES * MICROBATCH_SIZE, wall,
+        schedule=schedule, stages=world, microbatches=MICROBATCHES,
+        microbatch_size=MICROBATCH_SIZE)
