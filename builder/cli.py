@@ -767,7 +767,7 @@ def _socket_ifname_arg(text: str) -> str:
     try:
         return certify.check_socket_ifname(text)
     except EnvbuildError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        raise argparse.ArgumentTypeError(f"{show(text)} {e.message}") from None
 
 
 def _add_certify(p: argparse.ArgumentParser) -> None:

@@ -136,7 +136,7 @@ def test_engine_unreachable_is_one_line_exit_3(tmp_path):
     (["doctor", "--min-shm", "lots"], "envbuild doctor: argument --min-shm: 'lots' is not a size such as 256m or 1g"),
     (["verify", "--timeout", "0", "x.json"], "envbuild verify: argument --timeout: '0' is not a number in (0..86400]"),
     (["render", "--all", "cpu-torch2"], "envbuild render: give either a RECIPE or --all"),
-    (["verify", "--hosts", "127.0.0.1:99999"], "error: --hosts: '127.0.0.1:99999' has a bad port"),
+    (["verify", "--hosts", "127.0.0.1:99999"], "envbuild verify: argument --hosts: '127.0.0.1:99999' has a bad port (1..65535)"),
 ])
 def test_bad_arguments_are_usage_errors(args, expected):
     res = envbuild(*args)
@@ -154,7 +154,7 @@ def test_unwritable_images_dir_is_one_line_exit_3(tmp_path):
     (tmp_path / "file").write_text("x")
     res = envbuild("--images-dir", str(tmp_path / "file"), "render", "cpu-torch2")
     assert res.returncode == 3
-    assert res.stderr.strip() == f"error: {tmp_path}/file/cpu-torch2: Not a directory"
+    assert res.stderr.strip() == f"error: {tmp_path}/file/cpu-torch2: cannot create the folder: Not a directory"
 
 
 def test_render_all_with_no_recipes(tmp_path):

@@ -303,7 +303,7 @@ def test_checks_without_any_source_are_a_usage_error():
         64, "envbuild doctor: give report files, --image/--container/--label, --hosts or --slurm\n")
     proc = run_envbuild("doctor", "--checks", "shm", "x.json", "--min-shm", "256m\n")
     assert proc.returncode == 64
-    assert proc.stderr == "envbuild doctor: --min-shm: '256m\\n' is not a size like 256m or 1g\n"
+    assert proc.stderr == "envbuild doctor: argument --min-shm: '256m\\n' is not a size such as 256m or 1g\n"
 
 
 def test_doctor_output_is_escaped_never_markup(tmp_path):

@@ -655,7 +655,8 @@ def test_refused_submission_is_one_line_exit_3(slurm_node, torch_image, tmp_path
      "envbuild certify: argument --container-image: 'a,b' is not an image reference, enroot URI or absolute path "
      "(letters, digits, ._:/@#+=-)"),
     (["--launcher", "slurm", "--socket-ifname", "eth0\n"],
-     r"error: --socket-ifname: 'eth0\n' is not a network interface name (1-15 letters, digits, _.:-)"),
+     r"envbuild certify: argument --socket-ifname: 'eth0\n' is not a network interface name list "
+     "([^][=]NAME[,NAME...], names of at most 15 characters [A-Za-z0-9_.:-])"),
     (["--launcher", "slurm", "--slurm-nodes", "0"], "envbuild certify: argument --slurm-nodes: '0' is not an integer "
      "in 1..1024"),
     (["--launcher", "slurm", "--nodes", "2", "--slurm-nodes", "3"],
