@@ -22,7 +22,9 @@ import sys
 import uuid
 from pathlib import Path
 
-from builder import build, engine, site
+from builder.image import build
+from builder.image import engine
+from builder.image import site
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 0.97

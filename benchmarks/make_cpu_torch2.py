@@ -18,7 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from builder import build, certify, engine, site
+from builder.image import build
+from builder.certify import certify
+from builder.image import engine
+from builder.image import site
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = {"build_s": 600.0, "certify_s": 60.0, "image_bytes": 1.5e9}

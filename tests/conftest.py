@@ -34,7 +34,8 @@ def torch_image(docker_client, bootstrap_image, session_labels) -> str:
     CA bundle and wheel folder). An image with the same tag made earlier by a user is reused
     as is (and kept); one built here carries the session label and is removed at the end.
     """
-    from builder import build, site
+    from builder.image import build
+    from builder.image import site
 
     result = build.build("cpu-torch2", ROOT / "images", site.SiteOptions.detect(), docker_client,
                          base_mode="auto", labels=session_labels)

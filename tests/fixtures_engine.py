@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import bootstrap, engine
-from builder.errors import EnvbuildError, Unreachable
+from builder.image import bootstrap
+from builder.image import engine
+from builder.core.errors import EnvbuildError, Unreachable
 
 TEST_SESSION_LABEL = "envbuild.test-session"
 

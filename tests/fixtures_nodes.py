@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import engine
+from builder.image import engine
 
 ROOT = Path(__file__).resolve().parent.parent
 CASE_LABEL = "envbuild.test-case"

@@ -13,7 +13,7 @@ test, and gives the test its own repository namespace.
 
 ``RecordedLauncher`` is a certification launcher that starts nothing: each rank "reports"
 the passing result a correct image would give (the probe equal to the image's lock), so
-``builder.certify.certify`` (settings, judging, certificate writer) produces a real
+``builder.certify.certify.certify`` (settings, judging, certificate writer) produces a real
 certificate document in milliseconds for small test images.
 """
 
@@ -36,7 +36,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from builder import certify, compat, engine, recipe, render
+from builder.certify import certify
+from builder.recipe import compat
+from builder.image import engine
+from builder.recipe import schema as recipe
+from builder.render import rendered as render
 from builder.launchers.base import LaunchResult
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""builder/attest.py: the certificate as an in-toto Statement v1, DSSE signing and checks.
+"""builder/publish/attest.py: the certificate as an in-toto Statement v1, DSSE signing and checks.
 
 Pure unit tests (no engine); one cross-check verifies an envbuild signature with the
 openssl command line over the DSSE pre-authentication encoding."""
@@ -15,8 +15,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from builder import attest
-from builder.errors import EnvbuildError, ExitCode
+from builder.publish import attest
+from builder.core.errors import EnvbuildError, ExitCode
 
 DIGEST = "sha256:" + "ab" * 32
 OTHER = "sha256:" + "cd" * 32

@@ -1,4 +1,4 @@
-"""builder/bench profile logic on the host, without torch: nccl-tests columns and bandwidth
+"""builder/agent/bench profile logic on the host, without torch: nccl-tests columns and bandwidth
 formulas per collective, the exact input pattern and expected results (checked against a
 pure-Python simulation of each collective), profile and fault parsing, the tolerance rule,
 unsupported-error classification and the scaling efficiency. The same code runs for real
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.bench import collectives as coll
-from builder.bench import profile_faults as pf
-from builder.bench import profiles, scaling, support, train_tp, training
+from builder.agent.bench import collectives as coll
+from builder.agent.bench import profile_faults as pf
+from builder.agent.bench import profiles, scaling, support, train_tp, training
 
 REPO = Path(__file__).resolve().parents[1]
 NEW_MODULES = ("collectives", "profiles", "profile_faults", "training", "support", "scaling",
@@ -23,7 +23,7 @@ NEW_MODULES = ("collectives", "profiles", "profile_faults", "training", "support
 
 
 def test_host_imports_do_not_pull_in_torch():
-    imports = "; ".join(f"import builder.bench.{m}" for m in NEW_MODULES)
+    imports = "; ".join(f"import builder.agent.bench.{m}" for m in NEW_MODULES)
     code = f"import sys; {imports}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          timeout=60)

@@ -2,7 +2,7 @@
 (torch 2.13, CPU, no numpy), and once in a derived image with numpy.
 
 One container (read-only root, /tmp on tmpfs, no network but loopback, an arbitrary
-UID, builder/bench mounted read-only as in certification) runs several torchrun jobs
+UID, builder/agent/bench mounted read-only as in certification) runs several torchrun jobs
 of ``tests/bench_profiles_driver.py`` one after the other:
 
 - ``pass``: every profile, float32 and bfloat16, scaling and the numpy features: the
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import engine
-from builder.bench import collectives as coll
+from builder.image import engine
+from builder.agent.bench import collectives as coll
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = REPO / "tests" / "bench_profiles_driver.py"
@@ -81,7 +81,7 @@ def run_jobs(client, image: str, out: Path, labels: dict, jobs: dict) -> dict:
         user="%d:%d" % (os.getuid() or 4242, os.getgid() or 4242), read_only=True,
         tmpfs={"/tmp": "rw,exec,mode=1777"}, network_mode="none",
         environment={"PYTHONPATH": "/opt/envbuild", "HOME": "/tmp", "GLOO_SOCKET_IFNAME": "lo"},
-        volumes={str(REPO / "builder" / "bench"): {"bind": "/opt/envbuild/bench", "mode": "ro"},
+        volumes={str(REPO / "builder" / "agent" / "bench"): {"bind": "/opt/envbuild/bench", "mode": "ro"},
                  str(DRIVER): {"bind": "/opt/driver.py", "mode": "ro"},
                  str(out): {"bind": "/out", "mode": "rw"}},
         cap_drop=["ALL"], security_opt=["no-new-privileges"])

@@ -1,4 +1,4 @@
-"""builder/bench pure logic, on the host without torch: nccl-tests bandwidth formulas,
+"""builder/agent/bench pure logic, on the host without torch: nccl-tests bandwidth formulas,
 the exact all-reduce pattern, checksum majority, fault specs, options, atomic writes."""
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from builder.bench import DEFAULT_SIZES, RESULT_SCHEMA, allreduce, ddp, faults
-from builder.bench import __main__ as cli
+from builder.agent.bench import DEFAULT_SIZES, RESULT_SCHEMA, allreduce, ddp, faults
+from builder.agent.bench import __main__ as cli
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_host_imports_do_not_pull_in_torch():
-    code = ("import sys; import builder.bench, builder.bench.allreduce, builder.bench.ddp, "
-            "builder.bench.faults, builder.bench.__main__, builder.bench.progress, builder.bench.node; "
+    code = ("import sys; import builder.agent.bench, builder.agent.bench.allreduce, builder.agent.bench.ddp, "
+            "builder.agent.bench.faults, builder.agent.bench.__main__, builder.agent.bench.progress, builder.agent.bench.node; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -248,7 +248,7 @@ def test_usage_errors_exit_64(argv, message, capsys):
 
 def test_not_under_torchrun_is_a_usage_error():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["PYTHONPATH"] = str(REPO / "builder")
+    env["PYTHONPATH"] = str(REPO / "builder" / "agent")
     out = subprocess.run([sys.executable, "-m", "bench", "--out", "/nonexistent"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 64
@@ -256,7 +256,7 @@ def test_not_under_torchrun_is_a_usage_error():
 
 
 def test_bad_fault_spec_is_a_usage_error():
-    env = dict(os.environ, PYTHONPATH=str(REPO / "builder"), RANK="0", WORLD_SIZE="1",
+    env = dict(os.environ, PYTHONPATH=str(REPO / "builder" / "agent"), RANK="0", WORLD_SIZE="1",
                LOCAL_RANK="0", ENVBUILD_BENCH_FAULT="explode@0")
     out = subprocess.run([sys.executable, "-m", "bench", "--out", "/nonexistent"],
                          env=env, capture_output=True, text=True, timeout=60)
@@ -295,7 +295,7 @@ def test_load_probe_falls_back_to_sibling_file():
 
 # --- progress lines and the heartbeat process ---------------------------------------------
 
-from builder.bench import node, progress  # noqa: E402
+from builder.agent.bench import node, progress
 
 
 def test_phase_lines():
@@ -362,7 +362,7 @@ def test_heartbeat_process_beats_while_the_rank_lives_and_says_when_it_is_stoppe
     import signal
     import time
 
-    proc = subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(REPO / "builder")], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(REPO / "builder" / "agent")], stdout=subprocess.PIPE,
                             text=True)
     try:
         lines = _read_lines(proc, lambda ls: sum('"beat"' in x for x in ls) >= 2)
@@ -403,7 +403,7 @@ def test_lines_of_two_ranks_never_interleave(tmp_path):
     line arrives whole, thanks to the shared flock."""
     lock = str(tmp_path / "out.lock")
     r, w = os.pipe()
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER_SCRIPT, str(REPO / "builder"), lock, ch],
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER_SCRIPT, str(REPO / "builder" / "agent"), lock, ch],
                               stdout=w) for ch in "ab"]
     os.close(w)
     with os.fdopen(r) as f:

@@ -1,9 +1,9 @@
-"""builder/build.py, builder/bootstrap.py and builder/lockcheck.py against the real engine.
+"""builder/image/build.py, builder/image/bootstrap.py and builder/image/lockcheck.py against the real engine.
 
 The build tests use tiny Dockerfiles that follow the rendered-Dockerfile contract (ARG
 BASE_IMAGE, the pip_ca secret, the wheels bind mount) on the bootstrapped Debian base,
 with a stand-in ``torch`` package (a few lines of Python) instead of real torch, so they
-run in seconds. The real probe (builder/probe.py) reads the environment in the images.
+run in seconds. The real probe (builder/agent/probe.py) reads the environment in the images.
 The test with real torch uses the ``torch_image`` fixture (conftest)."""
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ import tempfile
 
 import pytest
 
-from builder import bootstrap, build, engine
-from builder.errors import EnvbuildError, Unreachable
-from builder.lockcheck import compare_probe_to_lock
-from builder.site import SiteOptions
+from builder.image import bootstrap
+from builder.image import build
+from builder.image import engine
+from builder.core.errors import EnvbuildError, Unreachable
+from builder.image.lockcheck import compare_probe_to_lock
+from builder.image.site import SiteOptions
 from fixtures_engine import TEST_SESSION_LABEL
 
 OFFICIAL = "debian:bookworm-slim"

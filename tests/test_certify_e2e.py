@@ -30,8 +30,9 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from builder import certify, engine
-from builder.errors import EnvbuildError, ExitCode
+from builder.certify import certify
+from builder.image import engine
+from builder.core.errors import EnvbuildError, ExitCode
 from builder.launchers import local
 
 SHORT = dict(sizes=[8, 1024, 65536], iters=3, warmup=1, ddp_steps=1, nodes=2, backend="gloo")

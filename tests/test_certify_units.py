@@ -13,8 +13,10 @@ import docker.errors
 import pytest
 from rich.console import Console
 
-from builder import certify, compat, nccl_log
-from builder.errors import EnvbuildError, ExitCode
+from builder.certify import certify
+from builder.recipe import compat
+from builder.certify import nccl_log
+from builder.core.errors import EnvbuildError, ExitCode
 from builder.launchers.base import LaunchResult, LaunchSpec
 from builder.launchers import local
 
@@ -1053,7 +1055,7 @@ IMG = "envbuild/cpu-torch2@sha256:" + "0" * 64
     ["k8s", "render", IMG, "--out", "OUT", "--run-id", "UPPER"],
 ], ids=lambda a: " ".join(a)[:60])
 def test_usage_errors_come_before_the_engine(dead_engine, argv, capsys):
-    from builder import cli
+    from builder.cli import app as cli
 
     argv = [a.replace("OUT", str(dead_engine / "out")) for a in argv]
     code = cli.main(["--images-dir", str(dead_engine / "images"), *argv])
@@ -1068,7 +1070,7 @@ def test_usage_errors_come_before_the_engine(dead_engine, argv, capsys):
                                   ["k8s", "render", IMG, "--out", "OUT", "--socket-ifname", "^lo"]])
 def test_valid_options_go_on_to_the_engine(dead_engine, argv, capsys):
     """The twins: the same options, valid, reach the engine (which is dead here: exit 3)."""
-    from builder import cli
+    from builder.cli import app as cli
 
     argv = [a.replace("OUT", str(dead_engine / "out")) for a in argv]
     assert cli.main(["--images-dir", str(dead_engine / "images"), *argv]) == 3

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import EnvbuildError
+from builder.core.errors import EnvbuildError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -264,8 +264,8 @@ def test_a_key_file_that_reads_but_is_no_key_is_64_twin(tmp_path):
 
 
 def _main_with(monkeypatch, capsys, fault):
-    """builder.cli.main running ``probe`` whose command raises ``fault()``; (code, stderr)."""
-    from builder import cli
+    """builder.cli.app.main running ``probe`` whose command raises ``fault()``; (code, stderr)."""
+    from builder.cli import app as cli
 
     def boom(args):
         raise fault()

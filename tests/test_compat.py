@@ -1,4 +1,4 @@
-"""Compatibility rules (builder/compat.py): one failing case per rule with its literal
+"""Compatibility rules (builder/recipe/compat.py): one failing case per rule with its literal
 message, and a passing twin that differs only in the offending value."""
 
 import copy
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import compat, recipe
-from builder.errors import EnvbuildError, ManyErrors
+from builder.recipe import compat
+from builder.recipe import schema as recipe
+from builder.core.errors import EnvbuildError, ManyErrors
 from helpers import CPU, CUDA, merge, write_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -364,7 +365,7 @@ def _image_with_lock_label(client, labels, lock_doc, name):
 
 def test_certify_reads_image_labels_through_the_lock_schema(docker_client, test_labels):
     """A forged lock label whose hash label matches (so the hash check cannot catch it)."""
-    from builder import certify
+    from builder.certify import certify
 
     bad = _image_with_lock_label(docker_client, test_labels, forged(("certify", "nodes"), "abc"), "bad-lock")
     with pytest.raises(EnvbuildError) as info:

@@ -12,8 +12,8 @@ import time
 import docker.errors
 import pytest
 
-from builder import doctor
-from builder.nodereport import InvalidReport
+from builder.nodes import doctor
+from builder.nodes.report import InvalidReport
 from fixtures_nodes import (  # noqa: F401 - pytest fixtures
     CASE_LABEL,
     check,

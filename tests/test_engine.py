@@ -1,4 +1,4 @@
-"""builder/engine.py against the real Docker engine: connecting, finding a BuildKit client,
+"""builder/image/engine.py against the real Docker engine: connecting, finding a BuildKit client,
 building (failure keeps no tag), probing in throwaway containers, cleanup by label."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import uuid
 import docker.errors
 import pytest
 
-from builder import engine
-from builder.errors import EnvbuildError, ExitCode, Unreachable
+from builder.image import engine
+from builder.core.errors import EnvbuildError, ExitCode, Unreachable
 from fixtures_engine import TEST_SESSION_LABEL, write_script
 
 # --------------------------------------------------------------------------- connect

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import doctor_agent, gather, nodereport, probe
+from builder.agent import doctor_agent
+from builder.nodes import gather
+from builder.nodes import report as nodereport
+from builder.agent import probe
 from fixtures_nodes import (  # noqa: F401 - pytest fixtures
     check,
     finding,
@@ -362,7 +365,7 @@ def test_host_report_is_valid_and_describes_this_host():
 
 
 def test_interfaces_from_ioctl_match_ip_json():
-    from builder import probe as p
+    from builder.agent import probe as p
 
     errors: list[str] = []
     via_ip = p._network(errors)

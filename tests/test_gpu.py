@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import build, certify, engine, site
+from builder.image import build
+from builder.certify import certify
+from builder.image import engine
+from builder.image import site
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.gpu

@@ -10,7 +10,7 @@ wrapper script run for real with /bin/sh, and the apply path (create, wait, coll
 logs, delete; also on failure and Ctrl-C) against a scripted API.
 
 The goldens are rendered with a small stand-in for the in-image code (STUB_CODE), so that
-they do not change with every edit of builder/bench; a separate test checks that the real
+they do not change with every edit of builder/agent/bench; a separate test checks that the real
 ConfigMap carries the real files. Regenerate the goldens with
 
     .venv/bin/python tests/test_k8s.py --regen      (part of `make golden`)
@@ -35,8 +35,8 @@ import pytest
 import yaml
 from referencing import Registry, Resource
 
-from builder import certify
-from builder.errors import EnvbuildError, ExitCode, Unreachable
+from builder.certify import certify
+from builder.core.errors import EnvbuildError, ExitCode, Unreachable
 from builder.launchers import k8s
 from builder.launchers.base import LaunchSpec
 
@@ -306,7 +306,7 @@ def test_objects_refer_to_each_other():
 def test_configmap_carries_the_real_code():
     files = render_case("cpu-torch2-gloo", code=None)
     o = objects_of(files)
-    pkg = ROOT / "builder"
+    pkg = ROOT / "builder" / "agent"
     want = {"probe.py": (pkg / "probe.py").read_text()}
     want.update({f"bench.{p.name}": p.read_text() for p in sorted((pkg / "bench").glob("*.py"))})
     assert o["ConfigMap"]["data"] == want
@@ -899,7 +899,7 @@ def test_unreachable_api_server_is_exit_3(tmp_path):
 def run_on_docker(client, image, labels, extra_env=None):
     """`--apply`'s path (K8sLauncher.run) against tests/k8s_docker.py: the rendered Job,
     Service and ConfigMap run the real bench in the image; judged by certify.judge."""
-    from builder import engine
+    from builder.image import engine
     from k8s_docker import DockerKubeApi
 
     image_labels, lock = certify.read_image(client, image)

@@ -1,11 +1,11 @@
-"""builder/lock.py, the resolved pins in rendering, and reproducible builds (builder/fshash.py).
+"""builder/resolve/lock.py, the resolved pins in rendering, and reproducible builds (builder/image/fshash.py).
 
 Golden files: ``tests/golden/golden-locked/`` is rendered from ``tests/recipes/golden-locked.yaml``
 with the hand-written ``envbuild.resolved.json`` next to it (``make golden``).
 
 The reproducibility test runs the whole route once: ``envbuild lock`` (pip's resolver,
 apt in the base image) for a copy of the cpu-torch2 recipe, rendering with
-``--require-hashes``, then two builds through ``builder.build.build`` with BuildKit's
+``--require-hashes``, then two builds through ``builder.image.build.build`` with BuildKit's
 cache disabled, and compares the filesystem content hashes. Its site wheel folder holds a
 stand-in ``torch-2.13.0+cpu`` wheel (a few lines of Python, made here) instead of the
 real 200 MB wheel so that the two builds take seconds, not minutes: the pip, apt and
@@ -29,9 +29,15 @@ from pathlib import Path
 
 import pytest
 
-from builder import build, compat, engine, fshash, lock, recipe, render
-from builder.errors import EnvbuildError
-from builder.site import SiteOptions
+from builder.image import build
+from builder.recipe import compat
+from builder.image import engine
+from builder.image import fshash
+from builder.resolve import lock
+from builder.recipe import schema as recipe
+from builder.render import rendered as render
+from builder.core.errors import EnvbuildError
+from builder.image.site import SiteOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")

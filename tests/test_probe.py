@@ -1,4 +1,4 @@
-"""builder/probe.py: run as `python3 - < probe.py` in subprocesses (as inside an image),
+"""builder/agent/probe.py: run as `python3 - < probe.py` in subprocesses (as inside an image),
 against a real NCCL library from the nvidia-nccl-cu12 2.27.3 wheel (no GPU needed: its
 ncclGetVersion answers 22703), plus the pure parsing helpers with literal inputs."""
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import probe
+from builder.agent import probe
 
 REPO = Path(__file__).resolve().parents[1]
-PROBE = REPO / "builder" / "probe.py"
+PROBE = REPO / "builder" / "agent" / "probe.py"
 NCCL_PIN = "nvidia-nccl-cu12==2.27.3"
 WHEEL_GLOB = "/tmp/nccl/nvidia_nccl_cu12-2.27.3-*.whl"
 

@@ -1,4 +1,4 @@
-"""Recipe loading and strict schema validation (builder/recipe.py)."""
+"""Recipe loading and strict schema validation (builder/recipe/schema.py)."""
 
 import os
 import time
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import recipe
-from builder.errors import EnvbuildError, ManyErrors
+from builder.recipe import schema as recipe
+from builder.core.errors import EnvbuildError, ManyErrors
 from helpers import CPU, CUDA, merge, write_recipe
 
 

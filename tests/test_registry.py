@@ -1,11 +1,11 @@
-"""builder/registry.py and ``envbuild push``/``pull`` against a real registry.
+"""builder/publish/registry.py and ``envbuild push``/``pull`` against a real registry.
 
 The registry is Debian's docker-registry 2.8 with htpasswd auth (``registry_server``,
 tests/fixtures_registry.py), reached through the Docker config in ``DOCKER_CONFIG``. It
 has no OCI Referrers API, so certificates are found through the ``sha256-<hex>`` fallback
 tag or the ``<tag>.cert`` pointer. Test images are small (the bootstrapped Debian base plus
 a marker file, with the labels of the rendered cpu-torch2 lock); their certificates come
-from ``builder.certify.certify`` with a launcher that replays passing rank results
+from ``builder.certify.certify.certify`` with a launcher that replays passing rank results
 (``RecordedLauncher``). One test certifies the session's real torch image instead.
 """
 
@@ -21,9 +21,11 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from builder import attest, certify, registry as reg
-from builder.cli import main
-from builder.errors import EnvbuildError, ExitCode, Unreachable
+from builder.publish import attest
+from builder.certify import certify
+from builder.publish import registry as reg
+from builder.cli.app import main
+from builder.core.errors import EnvbuildError, ExitCode, Unreachable
 from fixtures_registry import free_port, recipe_labels, recorded_certificate, small_image, write_docker_config
 
 INDEX = "application/vnd.oci.image.index.v1+json"

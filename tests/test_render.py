@@ -1,4 +1,4 @@
-"""Rendering (builder/render.py): golden files, drift of the committed files, both formats
+"""Rendering (builder/render/rendered.py): golden files, drift of the committed files, both formats
 describing the same environment, hadolint and spython, byte-determinism across processes."""
 
 import dataclasses
@@ -14,7 +14,9 @@ import pytest
 from dockerfile_parse import DockerfileParser
 from spython.main.parse.parsers import SingularityParser
 
-from builder import compat, recipe, render
+from builder.recipe import compat
+from builder.recipe import schema as recipe
+from builder.render import rendered as render
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
@@ -158,7 +160,7 @@ def test_rendering_is_byte_deterministic_across_processes(tmp_path):
         cwd = tmp_path / f"cwd{i}"
         cwd.mkdir()
         env = {**os.environ, "PYTHONHASHSEED": s["PYTHONHASHSEED"], "TZ": s["TZ"], "LANG": s["LANG"], "LC_ALL": s["LANG"]}
-        code = f"import os,sys; os.umask({s['umask']}); from builder.cli import main; sys.exit(main(sys.argv[1:]))"
+        code = f"import os,sys; os.umask({s['umask']}); from builder.cli.app import main; sys.exit(main(sys.argv[1:]))"
         res = subprocess.run([sys.executable, "-c", code, "--recipes-dir", str(ROOT / "recipes"), "--images-dir", str(out), "render", "--all"],
                              cwd=cwd, env=env, capture_output=True, text=True)
         assert res.returncode == 0, res.stderr
@@ -168,7 +170,7 @@ def test_rendering_is_byte_deterministic_across_processes(tmp_path):
 
 
 # --------------------------------------------------------------------------- issue 8
-from builder.errors import EnvbuildError  # noqa: E402
+from builder.core.errors import EnvbuildError
 from helpers import CPU, CUDA, merge, write_recipe  # noqa: E402
 
 
@@ -189,7 +191,7 @@ def test_render_refuses_control_characters_a_second_time(tmp_path, field, value,
     with pytest.raises(EnvbuildError) as info:
         render.render(bad)
     assert info.value.exit_code == 2
-    assert str(info.value).startswith(f"builder/templates/{template}: ")
+    assert str(info.value).startswith(f"builder/render/templates/{template}: ")
     assert str(info.value).endswith(" refusing to write a value with a newline or control character into the template")
     assert "\n" not in str(info.value) and "\x1b" not in str(info.value)
 
@@ -291,5 +293,5 @@ def test_offline_commands_never_import_docker(tmp_path):
 
 def test_a_command_that_needs_the_engine_imports_docker_twin(tmp_path):
     """The probe of the test above sees docker when it is imported."""
-    code = "import sys; from builder import engine; print('docker' in sys.modules)"
+    code = "import sys; from builder.image import engine; print('docker' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True).stdout == "True\n"

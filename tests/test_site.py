@@ -1,4 +1,4 @@
-"""builder/site.py: site options from pip's real configuration (a pip config file written
+"""builder/image/site.py: site options from pip's real configuration (a pip config file written
 by the test, named by PIP_CONFIG_FILE; pip itself reads it) and from explicit flags."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import EnvbuildError
-from builder.site import SiteOptions, pip_config
+from builder.core.errors import EnvbuildError
+from builder.image.site import SiteOptions, pip_config
 
 
 @pytest.fixture

@@ -38,8 +38,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import certify, engine
-from builder.errors import EnvbuildError, ExitCode
+from builder.certify import certify
+from builder.image import engine
+from builder.core.errors import EnvbuildError, ExitCode
 from builder.launchers import local, slurm
 from builder.launchers.base import LaunchResult, LaunchSpec
 from fixtures_nodes import free_port, slurm_node  # noqa: F401 - pytest fixture (scripts/setup-slurm.sh)

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from builder import nodereport, verify
-from builder.gather import from_files
+from builder.nodes import report as nodereport
+from builder.nodes import verify
+from builder.nodes.gather import from_files
 from fixtures_nodes import (  # noqa: F401 - pytest fixtures
     bumped_torch_image,
     finding,

@@ -87,7 +87,7 @@ def test_certify_workflow_does_what_the_readme_says():
     wf = yaml.safe_load(CERTIFY.read_text())
     on = wf[True] if True in wf else wf["on"]  # YAML 1.1 reads `on` as a boolean
     for event in ("pull_request", "push"):
-        assert {"recipes/**", "builder/templates/**"} <= set(on[event]["paths"])
+        assert {"recipes/**", "builder/render/templates/**"} <= set(on[event]["paths"])
     assert on["push"]["branches"] == ["main"]
     jobs = wf["jobs"]
     check_runs = " ".join(step.get("run", "") for step in jobs["check"]["steps"])

@@ -3,7 +3,7 @@
 A launcher takes a :class:`LaunchSpec` (plain data: which image, how many nodes and GPUs,
 the bench options) and returns a :class:`LaunchResult` (plain data: the per-rank result
 documents of the in-image bench, schema ``envbuild.rank-result/1``, plus what happened to
-each node). Judging the results is :mod:`builder.certify`'s job, not the launcher's.
+each node). Judging the results is :mod:`builder.certify.certify`'s job, not the launcher's.
 
 Launchers: :class:`builder.launchers.local.LocalDockerLauncher` (one Docker container per
 simulated node on this engine), :class:`builder.launchers.slurm.SlurmLauncher` (one Slurm
@@ -38,9 +38,9 @@ class LaunchSpec:
             its result; ranks without one are then killed and named.
         bench_args: arguments after ``python3 -m bench --out /results``.
         env: extra environment for every node (on top of the launcher's own).
-        run_id: the run id (:func:`builder.engine.new_run_id`); names and labels objects.
+        run_id: the run id (:func:`builder.image.engine.new_run_id`); names and labels objects.
         labels: extra labels for everything the launcher creates (on top of
-            :func:`builder.engine.run_labels`).
+            :func:`builder.image.engine.run_labels`).
         socket_ifname: the ``--socket-ifname`` override (:func:`socket_env` gives the
             variables it sets); None: the image's own settings (or none) stay in effect.
     """
@@ -141,7 +141,7 @@ class Launcher(Protocol):
     """Starts the ranks of ``spec`` and returns what they produced.
 
     ``run`` must remove everything it created before returning or raising (also on
-    ``KeyboardInterrupt``). It raises :class:`builder.errors.EnvbuildError` when it cannot
+    ``KeyboardInterrupt``). It raises :class:`builder.core.errors.EnvbuildError` when it cannot
     launch at all (no such image: exit 2; engine unreachable: exit 3); a rank that fails
     or hangs is not an exception but part of the result.
     """
@@ -150,7 +150,7 @@ class Launcher(Protocol):
         ...
 
 
-#: Schema of the per-rank result the in-image bench writes (``builder/bench/__init__.py``).
+#: Schema of the per-rank result the in-image bench writes (``builder/agent/bench/__init__.py``).
 RESULT_SCHEMA = "envbuild.rank-result/1"
 
 #: Largest result document or progress line read, in bytes (as node reports: 16 MiB).
@@ -164,7 +164,7 @@ def result_problem(doc: object, rank: int, what: str = "result file", *, run_id:
     ``run_id`` is not ``run_id``: a stale or planted result), or for another world size.
     ``run_id``/``world_size`` None skip those checks. ``what`` names where it came from in
     the message (``"result file"``, ``"result"``). One line, values escaped."""
-    from builder.inputs import show
+    from builder.core.inputs import show
 
     if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
@@ -221,8 +221,8 @@ def parse_progress_line(line: str) -> Optional[dict]:
     None for anything else."""
     if not line.startswith(PROGRESS_PREFIX) or len(line) > 65536:
         return None
-    from builder.errors import EnvbuildError
-    from builder.inputs import load_json
+    from builder.core.errors import EnvbuildError
+    from builder.core.inputs import load_json
 
     try:
         doc = load_json(line[len(PROGRESS_PREFIX):], "progress line", max_depth=4)
@@ -332,9 +332,9 @@ def _socket_of(value: object) -> dict:
 def parse_result_line(line: str, node: int) -> tuple[Optional[dict], Optional[str]]:
     """``(document, None)`` of one ``@@envbuild-result {...}`` line printed by node
     ``node``, or ``(None, why)`` when it is not JSON within the bounds
-    (:func:`builder.inputs.load_json`; at most :data:`MAX_RESULT_BYTES`)."""
-    from builder.errors import EnvbuildError
-    from builder.inputs import load_json
+    (:func:`builder.core.inputs.load_json`; at most :data:`MAX_RESULT_BYTES`)."""
+    from builder.core.errors import EnvbuildError
+    from builder.core.inputs import load_json
 
     body = line[len(RESULT_PREFIX):]
     if len(body) > MAX_RESULT_BYTES:

@@ -6,7 +6,7 @@ Communication"; "Service" -> "Headless Services"). For a :class:`LaunchSpec` of 
 with G GPUs each (P = max(G, 1) processes per node), :func:`render_manifests` writes:
 
 ``configmap.yaml``
-    envbuild's in-image code (``builder/probe.py``, ``builder/bench/*.py``) as an immutable
+    envbuild's in-image code (``builder/agent/probe.py``, ``builder/agent/bench/*.py``) as an immutable
     ConfigMap ``envbuild-<run>-code``. ConfigMap keys may not contain ``/``
     (``[-._a-zA-Z0-9]+``), so ``bench/ddp.py`` is stored under the key ``bench.ddp.py`` and
     the volume's ``items`` put it back at ``bench/ddp.py``; mounted read-only at
@@ -57,7 +57,7 @@ Trainer docs ("Migrating to Kubeflow Trainer v2", "PodTemplate Overrides") and t
 v1alpha1 Go types (``pkg/apis/trainer/v1alpha1/trainjob_types.go``).
 
 Rendering is deterministic: the same spec, options and code give the same bytes (the run
-id is part of the spec). Templates are ``builder/templates/k8s/*.yaml.j2`` (jinja2,
+id is part of the spec). Templates are ``builder/launchers/templates/k8s/*.yaml.j2`` (jinja2,
 ``StrictUndefined``); every string is written plain only when YAML 1.1 reads it back as
 the same string, else JSON-quoted (:func:`yaml_scalar`).
 
@@ -66,7 +66,7 @@ client (extra ``envbuild[k8s]``) when a kubeconfig is present (:func:`find_kubec
 waits a bounded time, collects each rank's result from the pod logs, deletes what it
 created (also on failure and Ctrl-C) and returns a :class:`LaunchResult`.
 
-Command line (``builder/cli.py``): ``envbuild k8s render IMAGE|RECIPE --out DIR [--apply]``.
+Command line (``builder/cli/app.py``): ``envbuild k8s render IMAGE|RECIPE --out DIR [--apply]``.
 """
 
 from __future__ import annotations
@@ -86,12 +86,11 @@ from typing import Any, Mapping, Optional, Sequence
 import jinja2
 import yaml
 
-from builder.errors import EnvbuildError, ExitCode, Unreachable
-from builder.files import template_environment
-from builder.inputs import MAX_REPORT_BYTES, load_json, one_line, read_json
+from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.core.files import template_environment
+from builder.core.inputs import MAX_REPORT_BYTES, load_json, one_line, read_json
 
-from .base import (MAX_RESULT_BYTES, SOCKET_IFNAME_RE, LaunchResult, LaunchSpec, OnProgress,
-                   progress_from_logs, result_problem, socket_env)
+from .base import MAX_RESULT_BYTES, SOCKET_IFNAME_RE, LaunchResult, LaunchSpec, OnProgress, progress_from_logs, result_problem, socket_env
 
 #: Where the in-image code is mounted (read-only); also ``PYTHONPATH``.
 CODE_MOUNT = "/opt/envbuild"
@@ -116,7 +115,7 @@ DEFAULT_RUNTIME = "torch-distributed"
 #: Marker lines around each result document in a pod's log.
 RESULT_BEGIN = "@@envbuild-result-begin"
 RESULT_END = "@@envbuild-result-end"
-#: Result schema the bench writes (``builder/bench/__init__.py``).
+#: Result schema the bench writes (``builder/agent/bench/__init__.py``).
 #: Pod annotation holding an Indexed Job pod's completion index (Kubernetes Job docs).
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 #: Label the Job controller puts on its pods (Kubernetes >= 1.27).
@@ -336,9 +335,9 @@ def in_image_code() -> dict[str, str]:
     Raises:
         EnvbuildError: (exit 2) a file is missing or not UTF-8.
     """
-    import builder
+    from builder import agent
 
-    root = Path(builder.__file__).resolve().parent
+    root = Path(agent.__file__).resolve().parent
     files = sorted({root / "probe.py", root / "bench" / "__main__.py", *(root / "bench").glob("*.py")})
     out: dict[str, str] = {}
     for p in files:
@@ -422,7 +421,8 @@ def _nest(text: str, indent: int) -> str:
 
 
 def _environment() -> jinja2.Environment:
-    return template_environment({"s": yaml_scalar, "q": yaml_quote, "scalar": yaml_block, "nest": _nest})
+    return template_environment({"s": yaml_scalar, "q": yaml_quote, "scalar": yaml_block, "nest": _nest},
+                                package="builder.launchers")
 
 
 # --------------------------------------------------------------------------- rendering
@@ -466,7 +466,7 @@ def manifest_labels(spec: LaunchSpec, environ: Optional[Mapping[str, str]] = Non
         EnvbuildError: (exit 64) an invalid label; (exit 2) a malformed
             ``$ENVBUILD_EXTRA_LABELS``.
     """
-    from builder import engine
+    from builder.image import engine
     from .local import extra_labels_from_env
 
     labels = {
@@ -715,7 +715,7 @@ def parse_result_blocks(log: str, run_id: Optional[str] = None, world_size: Opti
                         ) -> tuple[dict[int, dict], dict[int, str]]:
     """The result documents a node printed between marker lines (:data:`NODE_SCRIPT`).
 
-    Each block is parsed with :func:`builder.inputs.load_json` (bounded; at most
+    Each block is parsed with :func:`builder.core.inputs.load_json` (bounded; at most
     :data:`~builder.launchers.base.MAX_RESULT_BYTES`) and checked with
     :func:`~builder.launchers.base.result_problem` (and the run id and world size when
     given).
@@ -774,10 +774,10 @@ def lock_from_file(images_dir: str | os.PathLike, recipe: str) -> tuple[dict, di
 
     Raises:
         EnvbuildError: (exit 2) the file is missing, not JSON (bounded:
-            :func:`builder.inputs.read_json`) or not a lock (``schema`` ``envbuild.lock/1``);
+            :func:`builder.core.inputs.read_json`) or not a lock (``schema`` ``envbuild.lock/1``);
             (exit 3) not a regular file or over 16 MiB.
     """
-    from builder import compat
+    from builder.recipe import compat
 
     path = Path(images_dir) / recipe / "envbuild.lock.json"
     if not os.path.lexists(path):
@@ -1229,7 +1229,7 @@ class K8sLauncher:
 
     def _cleanup(self, spec: LaunchSpec, created: list[tuple[str, str]], errors: list[str]) -> None:
         """Delete what was created (newest first) and every pod labelled with the run."""
-        from builder import engine
+        from builder.image import engine
 
         for kind, obj_name in reversed(created):
             try:

@@ -4,10 +4,10 @@ For a :class:`~builder.launchers.base.LaunchSpec` of N nodes with G GPUs each (P
 max(G, 1) processes per node), :meth:`LocalDockerLauncher.run`:
 
 1. removes the networks of earlier runs that ended without cleanup
-   (:func:`builder.engine.remove_stale_networks`: deadline passed, no container) and
+   (:func:`builder.image.engine.remove_stale_networks`: deadline passed, no container) and
    names them in ``LaunchResult.removed_stale``;
 2. creates a private network ``envbuild-<run>`` (bridge, ``--internal``: no route out),
-   labelled with its deadline (:data:`builder.engine.DEADLINE_LABEL`: the start plus
+   labelled with its deadline (:data:`builder.image.engine.DEADLINE_LABEL`: the start plus
    ``timeout_s`` plus :data:`WATCHDOG_MARGIN_S` plus :data:`NETWORK_SLACK_S`);
 3. creates N containers ``envbuild-<run>-node-<i>`` (hostname and network alias
    ``node-<i>``), with Docker's ``--rm`` (``AutoRemove``), each running the node watchdog
@@ -18,7 +18,7 @@ max(G, 1) processes per node), :meth:`LocalDockerLauncher.run`:
            --master-addr node-0 --master-port PORT --max-restarts 0 \
            -m bench --out /results <bench args> --result-to-stdout
 
-   with ``builder/bench`` mounted read-only at ``/opt/envbuild/bench``, ``builder/probe.py``
+   with ``builder/agent/bench`` mounted read-only at ``/opt/envbuild/bench``, ``builder/agent/probe.py``
    at ``/opt/envbuild/probe.py`` (``PYTHONPATH=/opt/envbuild``; the image is never
    changed); as the arbitrary user ``12345:12345`` (no passwd entry), read-only root
    filesystem, tmpfs on ``/tmp``, ``HOME=/tmp/home`` and ``/results``, all capabilities
@@ -37,7 +37,7 @@ max(G, 1) processes per node), :meth:`LocalDockerLauncher.run`:
 6. ALWAYS (``finally``, also on ``KeyboardInterrupt``; further SIGINT/SIGTERM are deferred
    until it is done) removes the containers (forced; they normally removed themselves),
    the network, and then everything labelled ``envbuild.run=<run>``
-   (:func:`builder.engine.remove_by_label`), so that an object created between a failure
+   (:func:`builder.image.engine.remove_by_label`), so that an object created between a failure
    and the cleanup is not leaked.
 
 **No results folder on the host.** The ranks write their result files to a tmpfs inside
@@ -53,9 +53,9 @@ that rank.
 ends each container :data:`WATCHDOG_MARGIN_S` seconds after the timeout and ``--rm``
 removes it, so containers are gone within ``timeout_s`` + 30 s. The network cannot remove
 itself; it carries its deadline and the next ``certify``/``make`` (or ``doctor --fix``,
-through :func:`builder.engine.remove_stale_networks`) removes it.
+through :func:`builder.image.engine.remove_stale_networks`) removes it.
 
-Every container and the network carry :func:`builder.engine.run_labels` plus
+Every container and the network carry :func:`builder.image.engine.run_labels` plus
 ``spec.labels`` plus the labels in the environment variable ``ENVBUILD_EXTRA_LABELS``
 (``key=value,key2=value2``): meant for tests and CI, to tag everything a run creates so
 that it can be found and checked or removed afterwards.
@@ -81,18 +81,17 @@ import docker.errors
 import docker.types
 import requests
 
-from builder import engine
-from builder.errors import EnvbuildError, ExitCode, Unreachable
-from builder.inputs import one_line
+from builder.image import engine
+from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.core.inputs import one_line
 
-from .base import (MAX_RESULT_BYTES, PROGRESS_PREFIX, RESULT_PREFIX, LaunchResult, LaunchSpec,
-                   OnProgress, ProgressTracker, parse_result_line, result_problem, socket_env)
+from .base import MAX_RESULT_BYTES, PROGRESS_PREFIX, RESULT_PREFIX, LaunchResult, LaunchSpec, OnProgress, ProgressTracker, parse_result_line, result_problem, socket_env
 
 #: Where the rank results go inside each node.
 RESULTS_MOUNT = "/results"
-#: Where ``builder/bench`` is mounted (read-only) inside each node.
+#: Where ``builder/agent/bench`` is mounted (read-only) inside each node.
 BENCH_MOUNT = "/opt/envbuild/bench"
-#: Where ``builder/probe.py`` is mounted (read-only) inside each node.
+#: Where ``builder/agent/probe.py`` is mounted (read-only) inside each node.
 PROBE_MOUNT = engine.PROBE_MOUNT
 #: ``PYTHONPATH`` inside each node: makes ``-m bench`` and ``import probe`` work.
 PYTHONPATH = "/opt/envbuild"
@@ -160,7 +159,7 @@ def extra_labels_from_env(environ: Mapping[str, str] | None = None) -> dict[str,
 
 def labels_for(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Labels of everything a launch creates: env extras, then ``spec.labels``, then
-    :func:`builder.engine.run_labels` (which win)."""
+    :func:`builder.image.engine.run_labels` (which win)."""
     return {**extra_labels_from_env(environ), **spec.labels, **engine.run_labels(spec.run_id)}
 
 
@@ -173,9 +172,9 @@ def in_image_sources() -> tuple[Path, Path]:
     Raises:
         EnvbuildError: (exit 2) either is missing.
     """
-    import builder
+    from builder import agent
 
-    root = Path(builder.__file__).resolve().parent
+    root = Path(agent.__file__).resolve().parent
     bench, probe = root / "bench", root / "probe.py"
     for p in (bench / "__main__.py", probe):
         if not p.is_file():
@@ -328,7 +327,7 @@ def read_results(results_dir: str | os.PathLike, world_size: int, run_id: Option
                  ) -> tuple[dict[int, dict], dict[int, str]]:
     """Read ``rank-<r>.json`` for r in 0..world_size-1 (the Slurm launcher's run folder).
 
-    Each file is read with :func:`builder.inputs.read_json` (a regular file of at most
+    Each file is read with :func:`builder.core.inputs.read_json` (a regular file of at most
     :data:`~builder.launchers.base.MAX_RESULT_BYTES`, bounded JSON) and checked with
     :func:`~builder.launchers.base.result_problem` (schema, rank, world size, and the run
     id when ``run_id`` is given).
@@ -338,7 +337,7 @@ def read_results(results_dir: str | os.PathLike, world_size: int, run_id: Option
         reason}`` for files that exist but are unreadable, not JSON, of another schema,
         rank, run or world size. Absent files are in neither.
     """
-    from builder.inputs import read_json
+    from builder.core.inputs import read_json
 
     results: dict[int, dict] = {}
     problems: dict[int, str] = {}
@@ -531,7 +530,7 @@ class LocalDockerLauncher:
     """Runs each simulated node as a container on the local Docker engine (see module doc).
 
     Args:
-        client: a connected ``docker.DockerClient`` (:func:`builder.engine.connect`).
+        client: a connected ``docker.DockerClient`` (:func:`builder.image.engine.connect`).
         grace_s: seconds the others get once a node exited non-zero.
         poll_s: seconds between looks at the containers.
         user: ``uid:gid`` the nodes run as.

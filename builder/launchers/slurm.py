@@ -8,7 +8,7 @@ processes per node), :meth:`SlurmLauncher.run`:
    sees) holding
 
    - ``certify.sbatch``: the batch script (:func:`render_script`, template
-     ``builder/templates/slurm/certify.sbatch.j2``, deterministic), kept so that a user
+     ``builder/launchers/templates/slurm/certify.sbatch.j2``, deterministic), kept so that a user
      can read it and run it again by hand (``sbatch certify.sbatch``);
    - ``code/``: a copy of envbuild's in-image code (``bench/``, ``probe.py``), mounted
      read-only at ``/opt/envbuild`` (``PYTHONPATH``): the image is never changed;
@@ -100,10 +100,10 @@ from typing import Any, Mapping, Optional, Sequence
 
 import jinja2
 
-from builder import engine
-from builder.errors import EnvbuildError, ExitCode, Unreachable
-from builder.files import template_environment
-from builder.inputs import control_char_paths, has_control, one_line
+from builder.image import engine
+from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.core.files import template_environment
+from builder.core.inputs import control_char_paths, has_control, one_line
 
 from .base import LaunchResult, LaunchSpec, OnProgress
 from . import local
@@ -531,13 +531,13 @@ def _finalize(value: Any) -> Any:
 
 
 def _environment() -> jinja2.Environment:
-    env = template_environment({"sh": sh, "words": _words})
+    env = template_environment({"sh": sh, "words": _words}, package="builder.launchers")
     env.finalize = _finalize  # read when the template is compiled (get_template below)
     return env
 
 
 def render_template(ctx: Mapping[str, Any]) -> str:
-    """``builder/templates/slurm/certify.sbatch.j2`` rendered with ``ctx`` (from
+    """``builder/launchers/templates/slurm/certify.sbatch.j2`` rendered with ``ctx`` (from
     :func:`render_context`), refusing any value with a newline or control character: first
     by walking ``ctx`` (the error names the field, e.g. ``sbatch[7]``), then in the template
     itself (:func:`_finalize`, :func:`sh`).
@@ -743,7 +743,7 @@ def render_script(spec: LaunchSpec, options: SlurmOptions, folder: str | os.Path
 
 def write_run_dir(folder: str | os.PathLike, script: str) -> Path:
     """Create the run folder: ``certify.sbatch`` (mode 0755), ``code/`` (a copy of
-    ``builder/bench`` and ``builder/probe.py``, read-only), ``results/`` (mode 0777) and
+    ``builder/agent/bench`` and ``builder/agent/probe.py``, read-only), ``results/`` (mode 0777) and
     ``logs/``. Returns the script's path.
 
     Raises:

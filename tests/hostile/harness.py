@@ -3,7 +3,7 @@
 A :class:`Case` is a command line plus the files it needs (text, bytes, a FIFO, a symlink).
 :func:`run_cases` starts ``worker.py`` once for a batch: the worker limits its address space
 (``RLIMIT_AS``, :data:`MEMORY_LIMIT_BYTES`), and for each case makes a fresh folder, writes the
-files, arms ``SIGALRM`` (the case's ``timeout_s``), calls :func:`builder.cli.main` with stdout
+files, arms ``SIGALRM`` (the case's ``timeout_s``), calls :func:`builder.cli.app.main` with stdout
 and stderr captured, and reports one JSON line (exit code, output, any traceback, seconds,
 peak RSS). A case that hangs the worker past its own timeout + 5 s (a hang in C code that
 ignores signals) is reported as hung and the worker restarted for the rest.

@@ -11,7 +11,7 @@ bounded worker of :mod:`hostile.harness`: the exit code is the expected one (2 i
 traceback, no hang and no memory blow-up.
 
 :func:`test_trailing_newline_in_every_field` does the same for one field at a time, over
-the field list of the recipe schema itself (:func:`builder.recipe.schema_fields`): a field
+the field list of the recipe schema itself (:func:`builder.recipe.schema.schema_fields`): a field
 added to the schema without an example here fails.
 """
 
@@ -23,7 +23,7 @@ import random
 import pytest
 import yaml
 
-from builder import recipe
+from builder.recipe import schema as recipe
 from hostile.harness import Case, assert_held, run_cases
 
 SEED = 20261108

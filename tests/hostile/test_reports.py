@@ -10,7 +10,7 @@ exact JSON. The generator is deterministic (:data:`SEED`): the same cases every 
 
 A second batch puts a trailing newline into every node-report field that is validated by
 a pattern (one test per field, literal messages), and checks that this list covers every
-such field of :data:`builder.nodereport.SCHEMA_1`.
+such field of :data:`builder.nodes.report.SCHEMA_1`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import inputs, nodereport
+from builder.core import inputs
+from builder.nodes import report as nodereport
 from fixtures_nodes import gpu_report, set_path
 from hostile.harness import Case, Outcome, assert_held, run_cases
 

@@ -1,0 +1,2 @@
+"""Runs inside images and on nodes with only the stdlib (+ torch): probe, agents, bench.
+"""

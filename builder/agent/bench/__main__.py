@@ -1,0 +1,363 @@
+"""Entry point: ``python3 -m bench --out DIR [options]`` under torchrun (see ``bench``).
+
+Per rank: init the process group, all-reduce sweep, DDP steps, probe, write
+``DIR/rank-<RANK>.json`` atomically, destroy the process group. The option list,
+exit statuses and the result schema are in the package docstring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import math
+import os
+import socket
+import sys
+import tempfile
+import time
+from typing import List, Optional
+
+from . import DEFAULT_SIZES
+from . import RESULT_SCHEMA
+from . import allreduce
+from . import faults
+from . import progress
+
+EXIT_USAGE = 64
+
+
+class UsageError(Exception):
+    """A bad option or environment; ``main`` prints it and exits 64."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse exits 2 by default; the project uses 64
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, "%s: error: %s\n" % (self.prog, message))
+
+
+def parse_sizes(text: str) -> List[int]:
+    """``"8,1024,65536"`` -> ``[8, 1024, 65536]`` (bytes; order kept, blanks ignored).
+
+    Raises:
+        ValueError: an item is not a positive decimal integer, or the list is empty.
+    """
+    sizes = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if not item.isdigit() or int(item) <= 0:
+            raise ValueError("size %r is not a positive integer number of bytes" % item)
+        sizes.append(int(item))
+    if not sizes:
+        raise ValueError("no sizes given")
+    return sizes
+
+
+def _sizes_arg(text: str) -> List[int]:
+    try:
+        return parse_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The bench's argument parser (usage errors exit 64)."""
+    p = _Parser(prog="python3 -m bench",
+                description="envbuild in-image benchmark; run under torchrun.")
+    p.add_argument("--out", required=True, help="directory for rank-<RANK>.json")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+                   help="default: nccl if CUDA is available, else gloo")
+    p.add_argument("--sizes", type=_sizes_arg, default=list(DEFAULT_SIZES),
+                   help="all-reduce sizes in bytes, comma-separated (default %s)"
+                   % ",".join(str(s) for s in DEFAULT_SIZES))
+    p.add_argument("--iters", type=int, default=20, help="timed iterations per size")
+    p.add_argument("--warmup", type=int, default=5, help="untimed iterations per size")
+    p.add_argument("--dtype", choices=tuple(allreduce.DTYPE_SIZES), default="float32")
+    p.add_argument("--ddp-steps", type=int, default=3, help="DDP steps; 0 skips DDP")
+    p.add_argument("--ddp-batch", type=int, default=8, help="images per step per rank")
+    p.add_argument("--ddp-image-size", type=int, default=64, help="image side S (3xSxS)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pg-timeout-s", type=float, default=600.0,
+                   help="process-group timeout in seconds")
+    p.add_argument("--heartbeat-s", type=float, default=progress.DEFAULT_HEARTBEAT_S,
+                   help="seconds between two progress heartbeats on stdout (0: phase lines only)")
+    p.add_argument("--result-to-stdout", action="store_true",
+                   help="also print the result document as one @@envbuild-result line on stdout")
+    return p
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Parse and cross-check options; exits 64 (with usage) on any bad value."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problems = []
+    if args.iters < 1:
+        problems.append("--iters must be >= 1")
+    if args.warmup < 0:
+        problems.append("--warmup must be >= 0")
+    if args.ddp_steps < 0:
+        problems.append("--ddp-steps must be >= 0")
+    if args.ddp_batch < 2:
+        problems.append("--ddp-batch must be >= 2 (BatchNorm needs 2 values per channel)")
+    if args.ddp_image_size < 32:
+        problems.append("--ddp-image-size must be >= 32")
+    if not args.pg_timeout_s > 0:
+        problems.append("--pg-timeout-s must be > 0")
+    if not 0 <= args.heartbeat_s <= 3600:
+        problems.append("--heartbeat-s must be in 0..3600")
+    for s in args.sizes:
+        try:
+            allreduce.element_count(s, args.dtype)
+        except ValueError as e:
+            problems.append("--sizes: %s" % e)
+    if problems:
+        parser.error("; ".join(problems))
+    return args
+
+
+def utc_now_iso() -> str:
+    """Current UTC time as ISO 8601 with milliseconds and ``Z``, e.g. ``2026-05-12T10:00:00.123Z``."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.") + "%03dZ" % (now.microsecond // 1000)
+
+
+def write_json_atomic(path: str, doc: dict) -> None:
+    """Write ``doc`` as JSON to ``path`` via a temporary file in the same directory.
+
+    The file gets mode 0644 (the host may read it as another user), is fsynced, then
+    renamed over ``path`` with ``os.replace``, so readers never see a partial file.
+
+    Raises:
+        OSError: the directory is not writable; ValueError: non-finite float in doc.
+    """
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=2, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _finite_or_none(x):
+    return x if isinstance(x, float) and math.isfinite(x) else None
+
+
+def load_probe():
+    """The probe module: ``import probe`` (on PYTHONPATH in the image), else the
+    ``probe.py`` next to this package (the source tree). Raises ImportError if neither."""
+    try:
+        import probe  # /opt/envbuild/probe.py
+
+        return probe
+    except ImportError:
+        pass
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "probe.py")
+    spec = importlib.util.spec_from_file_location("envbuild_probe", path)
+    if spec is None or spec.loader is None or not os.path.isfile(path):
+        raise ImportError("no probe module on sys.path and no %s" % path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _env_int(name: str) -> Optional[int]:
+    val = os.environ.get(name)
+    if val is None or val == "":
+        return None
+    try:
+        return int(val)
+    except ValueError:
+        raise UsageError("environment %s=%r is not an integer" % (name, val))
+
+
+def _fire_early_fault(fault, rank: int, prog=None) -> None:
+    """The TEST-ONLY faults that act before the sweep: sleep and exit."""
+    if fault is None:
+        return
+    if fault.hits("sleep", rank):
+        if prog is not None:
+            prog.phase("test fault", "sleep %d s" % faults.SLEEP_S)
+        print("envbuild bench: TEST fault %s: rank %d sleeps %d s" % (fault, rank, faults.SLEEP_S),
+              file=sys.stderr, flush=True)
+        time.sleep(faults.SLEEP_S)
+    if fault.hits("exit", rank):
+        print("envbuild bench: TEST fault %s: rank %d exits with %d"
+              % (fault, rank, faults.EXIT_CODE), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(faults.EXIT_CODE)
+
+
+def _ddp_step(args, fault, rank, device, local_rank, lead, log, prog):
+    """The DDP section of the result (None when ``--ddp-steps 0``)."""
+    if args.ddp_steps <= 0:
+        return None
+    from . import ddp
+
+    result = ddp.run_ddp(
+        args.ddp_steps, args.ddp_batch, args.ddp_image_size, args.seed, device, local_rank,
+        perturb=fault is not None and fault.hits("ddp-perturb", rank),
+        progress=prog.phase,
+    )
+    result["final_loss"] = _finite_or_none(result["final_loss"])
+    if lead:
+        log("# ddp resnet18 (%s): %d steps x %d images %dx%d: %.2f images/s on rank 0; "
+            "params identical: %s%s"
+            % (result["source"], args.ddp_steps, args.ddp_batch, args.ddp_image_size,
+               args.ddp_image_size, result["images_per_s"],
+               "yes" if result["params_identical"] else "NO",
+               "" if result["params_identical"]
+               else " (mismatched ranks %s)" % result["mismatched_ranks"]))
+    return result
+
+
+def _environment():
+    """``(fault, rank, world, local_rank, node_rank)`` from the environment torchrun sets.
+
+    Raises:
+        UsageError: a bad fault spec, or not under torchrun.
+    """
+    try:
+        fault = faults.parse_fault(os.environ.get(faults.ENV_VAR))
+    except ValueError as e:
+        raise UsageError(str(e))
+    rank, world, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
+    if rank is None or world is None or local_rank is None:
+        raise UsageError("RANK, WORLD_SIZE and LOCAL_RANK are unset: launch under torchrun")
+    return fault, rank, world, local_rank, _env_int("GROUP_RANK")
+
+
+def _result_doc(args, run_id, rank, local_rank, world, node_rank, backend, device, sweep, ddp_result,
+                probe_doc, fault, errors, started_at) -> dict:
+    """The ``envbuild.rank-result/1`` document (see the package doc); times set later."""
+    return {
+        "schema": RESULT_SCHEMA,
+        "run_id": run_id,
+        "rank": rank,
+        "local_rank": local_rank,
+        "world_size": world,
+        "node_rank": node_rank,
+        "hostname": socket.gethostname(),
+        "backend": backend,
+        "device": device,
+        "dtype": args.dtype,
+        "options": {
+            "sizes": list(args.sizes), "iters": args.iters, "warmup": args.warmup,
+            "ddp_steps": args.ddp_steps, "ddp_batch": args.ddp_batch,
+            "ddp_image_size": args.ddp_image_size, "seed": args.seed,
+            "pg_timeout_s": args.pg_timeout_s,
+        },
+        "socket": {k: os.environ.get(k) for k in progress.SOCKET_VARS},
+        "allreduce": sweep,
+        "ddp": ddp_result,
+        "probe": probe_doc,
+        "fault": None if fault is None else str(fault),
+        "errors": errors,
+        "started_at": started_at,
+        "finished_at": None,
+        "elapsed_s": None,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run every step for this rank and write its result file; returns 0.
+
+    Progress lines (:mod:`bench.progress`) go to stdout: ``start``, ``init`` (the
+    process group's rendezvous), one per all-reduce size, the DDP phases, ``probe``,
+    ``write`` and ``done``.
+    """
+    started_at, t_start = utc_now_iso(), time.perf_counter()
+    fault, rank, world, local_rank, node_rank = _environment()
+    run_id = os.environ.get("ENVBUILD_RUN_ID") or None
+    prog = progress.Progress(rank, run_id, args.heartbeat_s)
+    prog.start()
+    errors = []
+    if fault is not None and fault.rank >= world:
+        errors.append("fault %s targets no rank of a world of %d" % (fault, world))
+
+    import torch
+    import torch.distributed as dist
+
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = "cuda:%d" % local_rank
+    else:
+        device = "cpu"
+    prog.phase("init", "process group (%s)" % backend, collective=True)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.pg_timeout_s))
+    lead = rank == 0
+
+    def log(line):
+        prog.writer.line(line)
+
+    if lead:
+        log("# envbuild bench: world %d, backend %s, device %s, dtype %s, iters %d, warmup %d"
+            % (world, backend, device, args.dtype, args.iters, args.warmup))
+        if fault is not None:
+            log("# TEST-ONLY fault injected: %s" % (fault,))
+
+    _fire_early_fault(fault, rank, prog)
+
+    sweep = allreduce.run_sweep(
+        args.sizes, args.dtype, args.iters, args.warmup, device,
+        corrupt=fault is not None and fault.hits("allreduce-corrupt", rank),
+        log=log if lead else None, progress=prog.phase,
+    )
+    if lead:
+        total_wrong = sum(sum(e["wrong_by_rank"]) for e in sweep)
+        log("# Out of bounds values : %d %s" % (total_wrong, "OK" if total_wrong == 0 else "FAILED"))
+        log("# Avg bus bandwidth    : %.3f GB/s" % (sum(e["busbw_gbps"] for e in sweep) / len(sweep)))
+
+    ddp_result = _ddp_step(args, fault, rank, device, local_rank, lead, log, prog)
+
+    prog.phase("probe")
+    probe_doc = None
+    try:
+        probe_doc = load_probe().collect()
+    except Exception as e:
+        errors.append("probe failed: %s: %s" % (type(e).__name__, e))
+
+    result = _result_doc(args, run_id, rank, local_rank, world, node_rank, backend, device, sweep,
+                         ddp_result, probe_doc, fault, errors, started_at)
+    prog.phase("write")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "rank-%d.json" % rank)
+    result["finished_at"] = utc_now_iso()
+    result["elapsed_s"] = time.perf_counter() - t_start
+    write_json_atomic(path, result)
+    if args.result_to_stdout:
+        prog.result(result)
+    if lead:
+        log("# rank 0 wrote %s in %.1f s" % (path, result["elapsed_s"]))
+    prog.phase("done")
+    prog.stop()
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Parse options (exit 64 on misuse) and :func:`run`; returns the exit status."""
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except UsageError as e:
+        print("python3 -m bench: error: %s" % e, file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""Profiles: the collectives and the training check of each parallelism strategy, and
+:func:`run_profiles`, the one entry point that runs them on the initialized process group.
+
+==========  ================================  ==========================================
+profile     collectives                       training check
+==========  ================================  ==========================================
+ddp         all_reduce, broadcast             DDP ResNet-18 (``train_ddp``); DDP
+                                              broadcasts the model state from rank 0 at
+                                              construction and its buffers each step
+fsdp        all_gather, reduce_scatter        FSDP2 ``fully_shard`` (``train_fsdp``)
+tp          all_reduce, all_gather            DTensor ``parallelize_module`` (``train_tp``)
+pipeline    send_recv                         ``torch.distributed.pipelining``
+                                              (``train_pipeline``)
+moe         all_to_all                        experts on ranks (``train_moe``)
+==========  ================================  ==========================================
+
+``all`` is every profile; together they cover the six collectives.
+
+The pure parts (the table, :func:`parse_profiles`, :func:`collectives_for`,
+:func:`default_dtypes`) use no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+from . import collectives as coll
+from .profile_faults import ENV_VAR as FAULT_ENV_VAR
+from .profile_faults import parse_faults
+
+PROFILES = {
+    "ddp": ("all_reduce", "broadcast"),
+    "fsdp": ("all_gather", "reduce_scatter"),
+    "tp": ("all_reduce", "all_gather"),
+    "pipeline": ("send_recv",),
+    "moe": ("all_to_all",),
+}
+ALL = "all"
+MAX_TEXT = 200
+MAX_SIZES = 64
+MAX_SIZE_BYTES = 1 << 40  # 1 TiB per buffer
+_NAME = re.compile(r"[a-z]{1,16}")
+
+
+def _show(text: str) -> str:
+    r = repr(text)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def parse_profiles(text: str) -> List[str]:
+    """``"fsdp, ddp,fsdp"`` -> ``["ddp", "fsdp"]``: a comma list of profile names or
+    ``all``, validated whole, deduplicated, in the order of ``PROFILES``.
+
+    Raises:
+        ValueError: (naming the bad item, escaped, and the allowed names) text longer
+            than ``MAX_TEXT``, an empty list or item, or an unknown name.
+    """
+    allowed = ", ".join(list(PROFILES) + [ALL])
+    if not isinstance(text, str):
+        raise ValueError("profiles must be text, got %s" % type(text).__name__)
+    if len(text) > MAX_TEXT:
+        raise ValueError("profile list of %d characters (at most %d)" % (len(text), MAX_TEXT))
+    chosen = set()
+    for item in text.split(","):
+        name = item.strip()
+        if not name:
+            raise ValueError("empty profile name in %s (allowed: %s)" % (_show(text), allowed))
+        if not _NAME.fullmatch(name) or (name not in PROFILES and name != ALL):
+            raise ValueError("unknown profile %s (allowed: %s)" % (_show(name), allowed))
+        chosen.update(PROFILES if name == ALL else (name,))
+    return [p for p in PROFILES if p in chosen]
+
+
+def collectives_for(profiles: Sequence[str]) -> List[str]:
+    """The collectives the profiles use, each once, in the order of ``COLLECTIVES``.
+
+    E.g. ``["tp", "ddp"]`` -> ``["all_reduce", "all_gather", "broadcast"]``.
+    Raises ValueError on an unknown profile.
+    """
+    needed = set()
+    for p in profiles:
+        if p not in PROFILES:
+            raise ValueError("unknown profile %s" % _show(str(p)))
+        needed.update(PROFILES[p])
+    return [c for c in coll.COLLECTIVES if c in needed]
+
+
+def default_dtypes(backend: str) -> List[str]:
+    """float32 always; bfloat16 too on nccl (the GPU training type). gloo also handles
+    bfloat16 in torch >= 2.x, so it can be asked for explicitly, but CPU training is
+    float32 and the default keeps the CPU run short."""
+    return ["float32", "bfloat16"] if backend == "nccl" else ["float32"]
+
+
+def check_options(profiles, sizes, iters, warmup, dtypes, backend):
+    """(profile names, dtypes) after checking :func:`run_profiles`' options whole.
+
+    E.g. ``("tp,ddp", [8], 5, 1, None, "nccl")`` -> ``(["ddp", "tp"], ["float32",
+    "bfloat16"])``.
+
+    Raises:
+        ValueError: bad profiles (:func:`parse_profiles`), a dtype unknown or repeated,
+            sizes not 1 to ``MAX_SIZES`` integers in 1..``MAX_SIZE_BYTES``, iters < 1
+            or warmup < 0 (or not integers).
+    """
+    names = parse_profiles(profiles if isinstance(profiles, str) else ",".join(profiles))
+    dtypes = list(dtypes) if dtypes else default_dtypes(backend)
+    for d in dtypes:
+        coll.typesize(d)
+    if len(set(dtypes)) != len(dtypes):
+        raise ValueError("dtype given twice in %s" % _show(",".join(dtypes)))
+    if not 1 <= len(sizes) <= MAX_SIZES or not all(
+            type(s) is int and 1 <= s <= MAX_SIZE_BYTES for s in sizes):
+        raise ValueError("sizes must be 1 to %d integers in 1..%d bytes, got %s"
+                         % (MAX_SIZES, MAX_SIZE_BYTES, _show(str(list(sizes)))))
+    if type(iters) is not int or type(warmup) is not int or iters < 1 or warmup < 0:
+        raise ValueError("iters must be an integer >= 1 and warmup >= 0, got %r, %r"
+                         % (iters, warmup))
+    return names, dtypes
+
+
+def _sweep(name: str, sizes, dtypes, iters, warmup, device, faults, rank, log):
+    """Rows of every dtype of one collective; ``{"unsupported"}`` when none ran."""
+    corrupt = any(f.hits("collective-corrupt", rank, name) for f in faults)
+    rows, skipped = [], {}
+    for dtype in dtypes:
+        out = coll.run_collective(name, sizes, dtype, iters, warmup, device, corrupt=corrupt,
+                                  log=log)
+        if isinstance(out, dict):
+            skipped[dtype] = out["unsupported"]
+        else:
+            rows.extend(out)
+    if not rows:
+        reasons = list(skipped.values())
+        if len(set(reasons)) == 1:
+            return {"unsupported": reasons[0]}, skipped
+        return {"unsupported": "; ".join("%s: %s" % kv for kv in skipped.items())}, skipped
+    return rows, skipped
+
+
+def _training_runner(profile: str) -> Callable:
+    from . import train_ddp
+    from . import train_fsdp
+    from . import train_moe
+    from . import train_pipeline
+    from . import train_tp
+
+    return {"ddp": train_ddp.run_ddp_check, "fsdp": train_fsdp.run_fsdp_check,
+            "tp": train_tp.run_tp_check, "pipeline": train_pipeline.run_pipeline_check,
+            "moe": train_moe.run_moe_check}[profile]
+
+
+def run_profiles(profiles, sizes: List[int], iters: int, warmup: int,
+                 dtypes: Optional[List[str]], seed: int, device: str, backend: str, *,
+                 faults=None, scaling: bool = True, features: bool = True,
+                 log: Optional[Callable[[str], None]] = None) -> Dict[str, object]:
+    """Run the collectives (each once) and training checks of ``profiles``, the scaling
+    measurement and the numpy feature checks, on the initialized default process group.
+
+    Args:
+        profiles: names of ``PROFILES`` (a list) or a comma text (:func:`parse_profiles`).
+        sizes: requested sizes in bytes (``collectives.count_and_size``); iters >= 1,
+            warmup >= 0 per size. dtypes: names of ``collectives.DTYPES``, or None for
+            :func:`default_dtypes`. seed: init/data seed of the training checks.
+        device: ``"cpu"`` or ``"cuda:<i>"``; backend: ``"gloo"`` or ``"nccl"``.
+        faults: parsed ``profile_faults`` faults; None reads ``ENVBUILD_BENCH_PROFILE_FAULT``.
+        scaling, features: run ``scaling.run_scaling`` / ``features.run_features``.
+        log: callable taking one line (rank 0 passes ``print``), or None.
+
+    Returns (the same on every rank, except this rank's ``wall_s``,
+    ``training.<profile>.check_wall_s`` and ``features.numpy.problem``)::
+
+        {"profiles": [str], "world_size": int, "backend": str, "device": str,
+         "dtypes": [str], "sizes": [int], "iters": int, "warmup": int, "seed": int,
+         "faults": [str], "fault_notes": [str],
+         "collectives": {name: [row, ...] | {"unsupported": str}},
+         "unsupported_types": {name: {dtype: reason}},   # a dtype that failed where
+                                                         # another dtype ran
+         "training": {profile: training.result(...) | {"unsupported": str, ...}},
+         "scaling": scaling.run_scaling(...) | None,
+         "features": features.run_features(...) | None,
+         "wall_s": {"collectives": {name: s}, "training": {profile: s},
+                    "scaling": s, "features": s, "total": s}}
+
+    Raises:
+        ValueError: bad options (:func:`check_options`) or fault spec, before any
+            collective, on every rank alike.
+    """
+    import torch.distributed as dist
+
+    t_start = time.perf_counter()
+    names, dtypes = check_options(profiles, sizes, iters, warmup, dtypes, backend)
+    if faults is None:
+        faults = parse_faults(os.environ.get(FAULT_ENV_VAR))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {"profiles": names, "world_size": world, "backend": backend, "device": device,
+           "dtypes": dtypes, "sizes": list(sizes), "iters": iters, "warmup": warmup,
+           "seed": seed, "faults": [str(f) for f in faults],
+           "fault_notes": ["fault %s targets no rank of a world of %d" % (f, world)
+                           for f in faults if f.rank >= world],
+           "collectives": {}, "unsupported_types": {}, "training": {}, "scaling": None,
+           "features": None,
+           "wall_s": {"collectives": {}, "training": {}, "scaling": None, "features": None}}
+    if log:
+        log(coll.HEADER)
+    for name in collectives_for(names):
+        t0 = time.perf_counter()
+        result, skipped = _sweep(name, sizes, dtypes, iters, warmup, device, faults, rank, log)
+        out["collectives"][name] = result
+        if skipped and isinstance(result, list):
+            out["unsupported_types"][name] = skipped
+        out["wall_s"]["collectives"][name] = time.perf_counter() - t0
+    _run_rest(out, names, seed, device, faults, scaling, features, log)
+    out["wall_s"]["total"] = time.perf_counter() - t_start
+    return out
+
+
+def _run_rest(out, names, seed, device, faults, scaling, features, log) -> None:
+    """The training checks, scaling and features, into ``out`` (see run_profiles)."""
+    from . import training
+
+    for profile in names:
+        t0 = time.perf_counter()
+        runner = _training_runner(profile)
+        res = training.guarded(lambda: runner(seed, device, faults=faults))
+        out["training"][profile] = res
+        out["wall_s"]["training"][profile] = time.perf_counter() - t0
+        if log:
+            log(training_line(profile, res))
+    if scaling:
+        from .scaling import run_scaling
+
+        t0 = time.perf_counter()
+        out["scaling"] = run_scaling(seed, device)
+        out["wall_s"]["scaling"] = time.perf_counter() - t0
+        if log:
+            log("# scaling: %.2f images/s at 1 rank, %.2f at %d, efficiency %.3f"
+                % (out["scaling"]["throughput_1"], out["scaling"]["throughput_n"],
+                   out["scaling"]["world_size"], out["scaling"]["efficiency"] or 0.0))
+    if features:
+        from .features import run_features
+
+        t0 = time.perf_counter()
+        out["features"] = run_features(device)
+        out["wall_s"]["features"] = time.perf_counter() - t0
+
+
+def training_line(profile: str, res: Dict[str, object]) -> str:
+    """One summary line of a training result, e.g.
+    ``# training fsdp: reference match yes, max param diff 5.96e-08, 812.3 samples/s``."""
+    if "unsupported" in res:
+        return "# training %s: unsupported: %s" % (profile, res["unsupported"])
+    return "# training %s: reference match %s, max param diff %.3g, %.1f samples/s" % (
+        profile, "yes" if res["reference_match"] else "NO", res["max_param_diff"] or 0.0,
+        res["samples_per_s"] or 0.0)

@@ -1,0 +1,372 @@
+"""The in-node half of ``envbuild doctor``: TCP listeners and probes, compute timing and
+pairwise all-reduces, run on every node and reporting JSON lines on stdout.
+
+Runs inside images and on hosts like :mod:`builder.agent.probe`: the standard library only
+(``torch`` imported lazily by ``compute`` and ``pairs``), Python >= 3.8, started as
+``python3 - MODE ARGS < doctor_agent.py`` (ssh, srun) or ``python3 -c SOURCE MODE ARGS``
+(``docker exec``). Every mode ends by itself: each has a deadline, so a blocked port or a
+vanished peer never makes it hang. Modes:
+
+``listen --ports P,Q --sample K --range LO-HI --deadline-s S --expect-total N``
+    Listen on TCP ports P, Q, ... (all addresses) and on K free ports spread over the
+    ephemeral range LO-HI (the ports NCCL and gloo pick between ranks). Prints one line
+    ``{"ports": {"29500": "listening" | "in-use" | "error: ...", ...}, "sample": [p, ...]}``
+    as soon as they are bound, then answers every connection that sends a line
+    (``envbuild-doctor FROM``) with ``ok``, until S seconds passed or N connections in all
+    arrived (so that no port stays taken once every peer got through). Prints ``{"accepted": {"29500": ["node-1", ...], ...}}`` last.
+
+``connect --from NAME --targets JSON --timeout-s T``
+    TARGETS: ``[{"id": str, "host": str, "port": int}, ...]``. Connects to all of them at
+    once (threads), each with a T-second limit, sends ``envbuild-doctor NAME`` and waits for
+    ``ok``. Prints ``{"results": {id: {"status": "ok"|"open"|"refused"|"timeout"|
+    "unreachable"|"error", "detail": str, "seconds": float}}}``. ``open``: something
+    accepted but did not answer like the doctor's listener (another program holds the port).
+
+``compute --backend gloo|nccl --iters N --repeats R``
+    Times this node's compute alone: R repeats (after one warm-up) of N forward/backward
+    steps of a small MLP, one thread, no communication; ``torch`` on the GPU with nccl, on
+    the CPU with gloo, a pure-Python matmul loop without torch. Prints ``{"compute":
+    {"backend": "torch-cpu"|"torch-cuda"|"python", "iters": N, "seconds": [..],
+    "best_s": x}}``. The doctor runs it on nodes that share a machine one after the other.
+
+``pairs --index I --addrs A0,A1,... --port-base P --backend gloo|nccl --iters M
+--size BYTES --timeout-s T``
+    Takes part in an all-reduce with every other node, one pair at a time (round-robin
+    schedule: the pairs of a round are disjoint; pair (i, j) meets at
+    ``tcp://A_min(i,j):P+round``; M timed all-reduces of BYTES after two warm-ups), as
+    Google's cluster-health-scanner tests node pairs. Prints ``{"pairs": [{"peer": j,
+    "round": r, "seconds": x|null, "error": str|null}]}`` (plus ``"error"`` without torch).
+"""
+
+import json
+import socket
+import sys
+import threading
+import time
+
+HELLO = b"envbuild-doctor"
+ANSWER = b"ok\n"
+
+
+def _emit(doc):
+    sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def _args(argv):
+    """``--key value`` pairs into a dict (all values strings)."""
+    out = {}
+    i = 0
+    while i < len(argv):
+        key = argv[i]
+        if not key.startswith("--") or i + 1 >= len(argv):
+            raise SystemExit("doctor_agent: bad argument %r" % key)
+        out[key[2:]] = argv[i + 1]
+        i += 2
+    return out
+
+
+def sample_ports(lo, hi, k):
+    """K ports spread evenly over [lo, hi], ends included: (32768, 60999, 3) gives
+    [32768, 46883, 60999]; fewer when the range is smaller than K."""
+    if k <= 0 or hi < lo:
+        return []
+    if k == 1:
+        return [lo + (hi - lo) // 2]
+    step = (hi - lo) / float(k - 1)
+    out = []
+    for i in range(k):
+        p = int(round(lo + i * step))
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def _bind(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("0.0.0.0", port))
+        s.listen(64)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+def listen(opts):
+    """The ``listen`` mode (see the module docstring)."""
+    deadline = time.time() + float(opts.get("deadline-s", "30"))
+    expect = int(opts.get("expect-total", "0"))
+    ports = [int(p) for p in opts.get("ports", "").split(",") if p]
+    socks, status = {}, {}
+    for p in ports:
+        try:
+            socks[p] = _bind(p)
+            status[str(p)] = "listening"
+        except OSError as e:
+            status[str(p)] = "in-use" if e.errno == 98 else "error: %s" % (e.strerror or e)
+    sample = []
+    k = int(opts.get("sample", "0"))
+    if k:
+        lo, hi = (int(x) for x in opts.get("range", "32768-60999").split("-"))
+        # Try the evenly spread ports first, then their neighbours, until K are bound.
+        for base in sample_ports(lo, hi, k):
+            for p in [base + d for d in range(0, 64)] + [base - d for d in range(1, 64)]:
+                if p < lo or p > hi or p in socks:
+                    continue
+                try:
+                    socks[p] = _bind(p)
+                except OSError:
+                    continue
+                sample.append(p)
+                status[str(p)] = "listening"
+                break
+    _emit({"ports": status, "sample": sample})
+    accepted = dict((str(p), []) for p in socks)
+    lock = threading.Lock()
+    enough = threading.Event()
+
+    def serve(port, sock):
+        sock.settimeout(0.2)
+        while time.time() < deadline and not enough.is_set():
+            try:
+                conn, _ = sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            try:
+                conn.settimeout(max(0.1, deadline - time.time()))
+                data = b""
+                while not data.endswith(b"\n") and len(data) < 512:
+                    chunk = conn.recv(512)
+                    if not chunk:
+                        break
+                    data += chunk
+                if data.startswith(HELLO):
+                    conn.sendall(ANSWER)
+                    who = data[len(HELLO):].strip().decode("utf-8", "replace")
+                    with lock:
+                        accepted[str(port)].append(who)
+                        if expect and sum(len(v) for v in accepted.values()) >= expect:
+                            enough.set()
+            except OSError:
+                pass
+            finally:
+                conn.close()
+
+    threads = [threading.Thread(target=serve, args=(p, s)) for p, s in socks.items()]
+    for t in threads:
+        t.daemon = True
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline - time.time()) + 1)
+    for s in socks.values():
+        s.close()
+    _emit({"accepted": accepted})
+    return 0
+
+
+def probe_port(host, port, name, timeout_s):
+    """Connect to host:port within timeout_s, say hello, wait for the answer.
+
+    Returns ``{"status", "detail", "seconds"}``; status ``ok`` (the doctor's listener
+    answered), ``open`` (connected, no proper answer), ``refused`` (RST: nothing listens
+    or a REJECT rule), ``timeout`` (no answer: a DROP rule or a black hole),
+    ``unreachable`` (no route), ``error`` (anything else, e.g. a name that does not resolve).
+    """
+    t0 = time.time()
+
+    def result(status, detail):
+        return {"status": status, "detail": detail, "seconds": round(time.time() - t0, 3)}
+
+    try:
+        s = socket.create_connection((host, port), timeout=timeout_s)
+    except socket.timeout:
+        return result("timeout", "no answer within %g s" % timeout_s)
+    except ConnectionRefusedError:
+        return result("refused", "connection refused")
+    except OSError as e:
+        if e.errno in (101, 113):  # ENETUNREACH, EHOSTUNREACH
+            return result("unreachable", e.strerror or str(e))
+        return result("error", e.strerror or str(e))
+    try:
+        s.settimeout(max(0.1, timeout_s - (time.time() - t0)))
+        s.sendall(HELLO + b" " + name.encode("utf-8") + b"\n")
+        data = s.recv(16)
+        if data.startswith(ANSWER.strip()):
+            return result("ok", "connected")
+        return result("open", "connected, but the answer was %r" % data[:16])
+    except socket.timeout:
+        return result("open", "connected, but no answer within %g s" % timeout_s)
+    except OSError as e:
+        return result("open", "connected, then %s" % (e.strerror or e))
+    finally:
+        s.close()
+
+
+def connect(opts):
+    """The ``connect`` mode (see the module docstring)."""
+    targets = json.loads(opts["targets"])
+    timeout_s = float(opts.get("timeout-s", "3"))
+    name = opts.get("from", "?")
+    results = {}
+
+    def run(t):
+        results[t["id"]] = probe_port(t["host"], int(t["port"]), name, timeout_s)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in targets]
+    for t in threads:
+        t.daemon = True
+        t.start()
+    for t in threads:
+        t.join(timeout_s + 5)
+    for t in targets:
+        results.setdefault(t["id"], {"status": "timeout", "detail": "probe thread did not end",
+                                     "seconds": None})
+    _emit({"results": results})
+    return 0
+
+
+def round_robin(n):
+    """Rounds of disjoint pairs covering every pair of n nodes once (circle method).
+
+    ``round_robin(4)`` gives ``[[(0, 3), (1, 2)], [(0, 2), (1, 3)], [(0, 1), (2, 3)]]``
+    (pairs sorted; with odd n one node sits out each round)."""
+    ids = list(range(n)) + ([None] if n % 2 else [])
+    m = len(ids)
+    rounds = []
+    for _ in range(m - 1):
+        pairs = []
+        for i in range(m // 2):
+            a, b = ids[i], ids[m - 1 - i]
+            if a is not None and b is not None:
+                pairs.append((min(a, b), max(a, b)))
+        rounds.append(sorted(pairs))
+        ids = [ids[0]] + [ids[-1]] + ids[1:-1]
+    return rounds
+
+
+def _compute_python(iters):
+    n = 24
+    a = [[(i * n + j) % 7 / 7.0 for j in range(n)] for i in range(n)]
+    b = [[(i + j) % 5 / 5.0 for j in range(n)] for i in range(n)]
+    for _ in range(iters):
+        c = [[sum(a[i][k] * b[k][j] for k in range(n)) for j in range(n)] for i in range(n)]
+        a = [[c[i][j] / (1.0 + c[i][j]) for j in range(n)] for i in range(n)]
+    return a[0][0]
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def compute(opts):
+    """The ``compute`` mode (see the module docstring)."""
+    backend = opts.get("backend", "gloo")
+    iters = int(opts.get("iters", "100"))
+    repeats = int(opts.get("repeats", "5"))
+    torch = _torch()
+    seconds = []
+    if torch is None:
+        label = "python"
+        for r in range(repeats + 1):  # the first is a warm-up
+            t0 = time.perf_counter()
+            _compute_python(iters)
+            if r:
+                seconds.append(time.perf_counter() - t0)
+    else:
+        torch.manual_seed(0)
+        torch.set_num_threads(1)
+        device = "cuda" if backend == "nccl" else "cpu"
+        width = 2048 if device == "cuda" else 256
+        model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)]).to(device)
+        x = torch.randn(64, width, device=device)
+        label = "torch-" + device
+        for r in range(repeats + 1):  # the first is a warm-up
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                model.zero_grad()
+                model(x).sum().backward()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if r:
+                seconds.append(time.perf_counter() - t0)
+    _emit({"compute": {"backend": label, "iters": iters, "seconds": [round(s, 6) for s in seconds],
+                       "best_s": round(min(seconds), 6) if seconds else None}})
+    return 0
+
+
+def pairs(opts):
+    """The ``pairs`` mode (see the module docstring)."""
+    index = int(opts["index"])
+    addrs = opts["addrs"].split(",")
+    backend = opts.get("backend", "gloo")
+    iters = int(opts.get("iters", "20"))
+    size = int(opts.get("size", str(4 << 20)))
+    timeout_s = float(opts.get("timeout-s", "60"))
+    port_base = int(opts.get("port-base", "29600"))
+    torch = _torch()
+    if torch is None:
+        _emit({"pairs": [], "error": "torch is not importable here: no pairwise all-reduce"})
+        return 0
+    import datetime
+
+    import torch.distributed as dist
+
+    device = "cuda" if backend == "nccl" else "cpu"
+    numel = max(1, size // 4)
+    out = []
+    for rnd, chosen in enumerate(round_robin(len(addrs))):
+        for a, b in chosen:
+            if index not in (a, b):
+                continue
+            peer = b if index == a else a
+            entry = {"peer": peer, "round": rnd, "seconds": None, "error": None}
+            try:
+                dist.init_process_group(
+                    backend, init_method="tcp://%s:%d" % (addrs[a], port_base + rnd),
+                    rank=0 if index == a else 1, world_size=2,
+                    timeout=datetime.timedelta(seconds=timeout_s))
+                try:
+                    t = torch.ones(numel, device=device)
+                    for _ in range(2):
+                        dist.all_reduce(t)
+                    dist.barrier()
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(iters):
+                        dist.all_reduce(t)
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    entry["seconds"] = round(time.perf_counter() - t0, 6)
+                finally:
+                    dist.destroy_process_group()
+            except Exception as e:  # a failed pair is a finding, not a crash
+                entry["error"] = ("%s: %s" % (type(e).__name__, e)).splitlines()[0][:300]
+            out.append(entry)
+    _emit({"pairs": out})
+    return 0
+
+
+def main(argv):
+    """Dispatch ``argv[0]`` (``listen``, ``connect``, ``compute``, ``pairs``); returns the
+    exit status."""
+    if not argv:
+        raise SystemExit("doctor_agent: give a mode: listen, connect, compute, pairs")
+    modes = {"listen": listen, "connect": connect, "compute": compute, "pairs": pairs}
+    if argv[0] not in modes:
+        raise SystemExit("doctor_agent: unknown mode %r" % argv[0])
+    return modes[argv[0]](_args(argv[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

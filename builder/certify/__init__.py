@@ -1,0 +1,2 @@
+"""Certification: settings, run, verdict and certificate.
+"""

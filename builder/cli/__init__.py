@@ -1,0 +1,6 @@
+"""The command line: arguments and printing only.
+"""
+
+from builder.cli.app import main
+
+__all__ = ["main"]

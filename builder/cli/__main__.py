@@ -1,0 +1,7 @@
+"""``python -m builder.cli``: the envbuild command."""
+
+import sys
+
+from builder.cli.app import main
+
+sys.exit(main())

@@ -1,0 +1,424 @@
+"""Untrusted input, read with bounds: files, YAML, JSON, and values shown in one escaped line.
+
+Everything envbuild reads from a user, a node or an image (recipes, node reports, image
+labels, rank results, command-line values) is hostile until checked. This module holds the
+one way to read such input:
+
+* :func:`read_regular` opens a path without blocking (a FIFO or a device never hangs it),
+  refuses anything but a regular file and anything over a byte limit *before* reading it
+  whole. Failures are :class:`~builder.core.errors.Unreachable` (exit 3: "could not check").
+* :func:`load_yaml` parses with a bounded composer: at most :data:`MAX_YAML_NODES` nodes
+  after alias expansion (a "billion laughs" document is refused before it is expanded),
+  nesting at most :data:`MAX_DEPTH`, scalar mapping keys only, duplicate keys refused,
+  integers of more than :data:`MAX_INT_DIGITS` digits left as strings so that the schema
+  names the field. Failures are :class:`~builder.core.errors.EnvbuildError` (exit 2).
+* :func:`load_json` likewise for JSON: NaN/Infinity refused, integers bounded, nesting
+  bounded, lone surrogates refused. Its exit code is the caller's (node reports: 3).
+* :func:`show` renders any value as one escaped line of at most ~200 characters without
+  ever walking more than a few levels of it; :func:`one_line` does the same for free text
+  (messages of other programs, node-reported strings) about to reach a terminal.
+* :func:`control_char_paths` finds every string in loaded data that holds a control
+  character (C0/C1, DEL, line/paragraph separators, bidi overrides), with its field path.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import reprlib
+import stat
+import unicodedata
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import EnvbuildError, ExitCode, Unreachable
+
+#: Largest recipe file read, in bytes (1 MiB).
+MAX_RECIPE_BYTES = 1 << 20
+#: Largest node report, rank result or certificate read, in bytes (16 MiB).
+MAX_REPORT_BYTES = 16 << 20
+#: Deepest nesting of mappings/lists accepted in YAML or JSON input.
+MAX_DEPTH = 64
+#: Most YAML nodes a document may expand to (aliases counted at every use).
+MAX_YAML_NODES = 100_000
+#: Longest integer literal accepted, in digits (a 64-bit value has at most 20).
+MAX_INT_DIGITS = 30
+#: Characters :func:`show` keeps of a value's escaped form.
+SHOW_LIMIT = 200
+
+
+# ------------------------------------------------------------------------------ showing
+_repr = reprlib.Repr()
+_repr.maxlevel = 3
+_repr.maxdict = 6
+_repr.maxlist = 6
+_repr.maxtuple = 6
+_repr.maxset = 6
+_repr.maxstring = SHOW_LIMIT
+_repr.maxlong = 40
+_repr.maxother = 60
+
+
+def show(value: object, limit: int = SHOW_LIMIT) -> str:
+    """``value`` as one escaped line of at most ``limit`` (+3) characters.
+
+    Strings are shown with Python's ``repr`` (control characters, bidi overrides and lone
+    surrogates escaped, so nothing reaches the terminal raw); containers are shown a few
+    levels and items deep only (bounded work on any input, also a shared-alias "billion
+    laughs" structure). Never raises.
+    """
+    try:
+        if isinstance(value, str):
+            text = repr(value[: limit + 1])
+        else:
+            text = _repr.repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__ must not break an error message
+        text = f"<{type(value).__name__}>"
+    text = one_line(text, limit=None)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def is_control(ch: str) -> bool:
+    """True for characters that must not reach a file line or a terminal raw: C0/C1
+    controls and DEL (Cc), format characters such as bidi overrides (Cf), surrogates (Cs),
+    private-use and unassigned code points, line and paragraph separators (Zl, Zp)."""
+    if " " <= ch <= "~":
+        return False
+    return unicodedata.category(ch) in _CONTROL_CATEGORIES
+
+
+def has_control(text: str) -> bool:
+    """True when ``text`` holds a character :func:`is_control` refuses."""
+    if text.isascii() and text.isprintable():
+        return False
+    return any(is_control(c) for c in text)
+
+
+def _escape_char(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def escape(text: object, limit: int | None = 300) -> str:
+    """``text`` with every control character (newlines and tabs too) escaped as
+    ``\\xNN``/``\\uNNNN``, cut to ``limit`` characters: for names that must stay exact
+    (file paths, field paths, hostnames). Never raises."""
+    s = text if isinstance(text, str) else str(text)
+    if limit is not None and len(s) > limit:
+        s = s[:limit]
+    if s.isascii() and s.isprintable():
+        return s if limit is None or len(s) < limit else s[: limit - 3] + "..."
+    out = "".join(_escape_char(ch) if is_control(ch) else ch for ch in s)
+    return out if limit is None or len(out) <= limit else out[: limit - 3] + "..."
+
+
+def one_line(text: object, limit: int | None = 300) -> str:
+    """``text`` (a message of another program, a node-reported string) as one terminal-safe
+    line: whitespace runs collapsed to one space, every other control character escaped as
+    ``\\xNN``/``\\uNNNN``, cut to ``limit`` characters (None: no cut). Never raises."""
+    s = text if isinstance(text, str) else str(text)
+    if limit is not None and len(s) > 4 * limit:
+        s = s[: 4 * limit]
+    out: list[str] = []
+    for ch in s:
+        if ch in _SPACES:
+            if out and out[-1] != " ":
+                out.append(" ")
+        else:
+            out.append(_escape_char(ch) if is_control(ch) else ch)
+    line = "".join(out).strip()
+    if limit is not None and len(line) > limit:
+        line = line[: limit - 3] + "..."
+    return line
+
+
+_SPACES = frozenset(" \t\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
+
+
+def control_char_paths(data: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """``(field path, string)`` for every string (mapping keys included) in ``data`` that
+    holds a control character; paths as ``packages.apt[0]``, ``env.FOO``. ``data`` must be
+    bounded already (:func:`load_yaml`/:func:`load_json` output)."""
+    stack: list[tuple[str, Any]] = [(prefix, data)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, str):
+            if has_control(node):
+                yield path or "(top level)", node
+        elif isinstance(node, dict):
+            items = list(node.items())
+            for key, value in reversed(items):
+                sub = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and has_control(key):
+                    yield sub, key
+                stack.append((sub, value))
+        elif isinstance(node, (list, tuple)):
+            for i in range(len(node) - 1, -1, -1):
+                stack.append((f"{path}[{i}]", node[i]))
+
+
+# ------------------------------------------------------------------------------ files
+def read_regular(path: str | os.PathLike, limit: int, what: str = "file") -> bytes:
+    """The bytes of the regular file at ``path``, at most ``limit`` bytes.
+
+    Opens with ``O_NONBLOCK`` (a FIFO without a writer does not block), checks the opened
+    file with ``fstat`` (no race between check and read) and reads at most ``limit + 1``
+    bytes. Raises :class:`~builder.core.errors.Unreachable` (exit 3) naming the file for: no such
+    file, permission denied, a directory, a FIFO/socket/device ("not a regular file"), a
+    file over ``limit`` bytes, any other OS error.
+    """
+    name = str(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise Unreachable(f"no such {what}", file=name) from None
+    except PermissionError:
+        raise Unreachable(f"cannot read {what}: permission denied", file=name) from None
+    except OSError as e:
+        raise Unreachable(f"cannot read {what}: {e.strerror or e}", file=name) from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise Unreachable(f"is a directory, not a {what}", file=name)
+        if not stat.S_ISREG(st.st_mode):
+            raise Unreachable(f"is not a regular file (a {_kind_of(st.st_mode)}); give a {what}", file=name)
+        if st.st_size > limit:
+            raise Unreachable(f"is {st.st_size} bytes, over the {limit}-byte limit of a {what}", file=name)
+        chunks, total = [], 0
+        while total <= limit:
+            try:
+                chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            except BlockingIOError:  # pragma: no cover - regular files do not block
+                continue
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limit:
+            raise Unreachable(f"is over the {limit}-byte limit of a {what}", file=name)
+        return b"".join(chunks)
+    except OSError as e:
+        if e.errno == errno.EISDIR:
+            raise Unreachable(f"is a directory, not a {what}", file=name) from None
+        raise Unreachable(f"cannot read {what}: {e.strerror or e}", file=name) from None
+    finally:
+        os.close(fd)
+
+
+def _kind_of(mode: int) -> str:
+    for test, word in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return word
+    return "special file"
+
+
+def read_text(path: str | os.PathLike, limit: int, what: str = "file") -> str:
+    """:func:`read_regular`, decoded as UTF-8. Raises :class:`Unreachable` (exit 3) as
+    :func:`read_regular`; :class:`EnvbuildError` (exit 2) when the bytes are not UTF-8."""
+    data = read_regular(path, limit, what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise EnvbuildError(f"is not UTF-8 text (byte {e.start})", file=str(path)) from None
+
+
+# ------------------------------------------------------------------------------ YAML
+def _yaml_loader_class():
+    import yaml
+    from yaml.nodes import MappingNode, ScalarNode, SequenceNode
+
+    class BoundedLoader(yaml.SafeLoader):
+        """pyyaml's SafeLoader with bounded composition (see the module docstring)."""
+
+        def __init__(self, stream) -> None:
+            super().__init__(stream)
+            self._depth = 0
+
+        def compose_node(self, parent, index):
+            self._depth += 1
+            try:
+                if self._depth > MAX_DEPTH:
+                    mark = self.peek_event().start_mark
+                    raise yaml.composer.ComposerError(None, None, f"nesting deeper than {MAX_DEPTH} levels", mark)
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+
+        def get_single_node(self):
+            node = super().get_single_node()
+            if node is not None:
+                _check_node_graph(node)
+            return node
+
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {show(key, 60)}",
+                                                            key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+        def construct_yaml_int(self, node):
+            digits = sum(c.isdigit() for c in str(node.value))
+            if digits > MAX_INT_DIGITS:
+                return str(node.value)  # the schema refuses it, naming the field
+            return super().construct_yaml_int(node)
+
+    def _check_node_graph(root) -> None:
+        """Expanded node count and key kinds over the composed graph, each node visited once."""
+        sizes: dict[int, int] = {}
+        active: set[int] = set()
+
+        def size(node) -> int:
+            key = id(node)
+            if key in sizes:
+                return sizes[key]
+            if key in active:
+                raise yaml.composer.ComposerError(None, None, "a recursive alias", node.start_mark)
+            active.add(key)
+            total = 1
+            if isinstance(node, SequenceNode):
+                for child in node.value:
+                    total += size(child)
+                    if total > MAX_YAML_NODES:
+                        break
+            elif isinstance(node, MappingNode):
+                for k, v in node.value:
+                    if not isinstance(k, ScalarNode):
+                        raise yaml.composer.ComposerError(
+                            None, None, "a mapping key must be a plain value (no '? [a, b]' complex keys)", k.start_mark)
+                    total += 1 + size(v)
+                    if total > MAX_YAML_NODES:
+                        break
+            active.discard(key)
+            if total > MAX_YAML_NODES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"expands to more than {MAX_YAML_NODES} values (aliases counted at each use)",
+                    node.start_mark)
+            sizes[key] = total
+            return total
+
+        size(root)
+
+    BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
+    return BoundedLoader
+
+
+_LOADER = None
+
+
+def load_yaml(text: str, file: str) -> Any:
+    """Parse one YAML document from ``text`` with the bounds of the module docstring.
+
+    Returns plain data (dict/list/str/int/float/bool/None). Raises
+    :class:`~builder.core.errors.EnvbuildError` (exit 2) naming ``file``, the line and the problem.
+    """
+    global _LOADER
+    import yaml
+
+    if _LOADER is None:
+        _LOADER = _yaml_loader_class()
+    loader = _LOADER(text)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise EnvbuildError(f"malformed YAML: {where}{one_line(problem, 160)}", file=file) from None
+    except RecursionError:
+        raise EnvbuildError(f"malformed YAML: nesting deeper than {MAX_DEPTH} levels", file=file) from None
+    finally:
+        loader.dispose()
+
+
+# ------------------------------------------------------------------------------ JSON
+class _JsonProblem(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _JsonProblem(f"{name} is not a number (NaN and Infinity are refused)")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _JsonProblem(f"an integer of {len(text)} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _JsonProblem(f"{show(text, 40)} is out of range for a number")
+    return value
+
+
+def load_json(data: bytes | str, file: str, exit_code: ExitCode = ExitCode.CHECK_FAILED,
+              max_depth: int = MAX_DEPTH) -> Any:
+    """Parse JSON ``data`` with bounds: NaN/Infinity and integers of over
+    :data:`MAX_INT_DIGITS` digits refused, nesting at most ``max_depth``, no lone
+    surrogate in any string. Raises :class:`~builder.core.errors.EnvbuildError` with
+    ``exit_code``, naming ``file`` and where."""
+    import json
+
+    try:
+        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+    except UnicodeDecodeError as e:
+        raise EnvbuildError(f"is not UTF-8 text (byte {e.start})", file=file, exit_code=exit_code) from None
+    try:
+        doc = json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int, parse_float=_finite_float)
+    except _JsonProblem as e:
+        raise EnvbuildError(f"not valid JSON: {e}", file=file, exit_code=exit_code) from None
+    except RecursionError:
+        raise EnvbuildError(f"not valid JSON: nesting deeper than {max_depth} levels", file=file,
+                            exit_code=exit_code) from None
+    except ValueError as e:
+        raise EnvbuildError(f"not valid JSON: {one_line(e, 160)}", file=file, exit_code=exit_code) from None
+    problem = _json_problem(doc, max_depth)
+    if problem:
+        raise EnvbuildError(f"not valid JSON: {problem}", file=file, exit_code=exit_code)
+    return doc
+
+
+def _json_problem(doc: Any, max_depth: int) -> str | None:
+    stack: list[tuple[Any, int, str]] = [(doc, 1, "")]
+    while stack:
+        node, depth, path = stack.pop()
+        if isinstance(node, str):
+            if _has_surrogate(node):
+                return f"{path or '(top level)'}: a lone surrogate in a string (not valid Unicode)"
+            continue
+        if not isinstance(node, (dict, list)):
+            continue
+        if depth > max_depth:
+            return f"nesting deeper than {max_depth} levels at {path or '(top level)'}"
+        if isinstance(node, dict):
+            for k, v in node.items():
+                sub = f"{path}.{one_line(k, 40)}" if path else one_line(k, 40)
+                if _has_surrogate(k):
+                    return f"{sub}: a lone surrogate in a key (not valid Unicode)"
+                stack.append((v, depth + 1, sub))
+        else:
+            stack.extend((v, depth + 1, f"{path}[{i}]") for i, v in enumerate(node))
+    return None
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def read_json(path: str | os.PathLike, limit: int, what: str, exit_code: ExitCode) -> Any:
+    """:func:`read_regular` then :func:`load_json`: a bounded JSON document from a file."""
+    return load_json(read_regular(Path(path), limit, what), str(path), exit_code=exit_code)

@@ -1,0 +1,2 @@
+"""The Docker engine: build, base bootstrap, site options, content hash, probe vs lock.
+"""

@@ -1,0 +1,480 @@
+"""Build a rendered recipe into an image and check the image against its lock.
+
+Input: the renderer's output ``images/<recipe>/Dockerfile`` and
+``images/<recipe>/envbuild.lock.json`` (this module never imports the renderer).
+Contract of the rendered Dockerfile:
+
+* its first instruction is ``ARG BASE_IMAGE=<official base>``; the build passes
+  ``--build-arg BASE_IMAGE=<resolved base>`` (see :func:`builder.image.bootstrap.resolve_base`);
+* ``RUN --mount=type=secret,id=pip_ca`` reads the site's CA bundle, when there is one, at
+  ``/run/secrets/pip_ca`` (absent otherwise);
+* ``RUN --mount=type=bind,source=wheels,target=/run/envbuild/wheels`` sees the site's
+  wheels: the build context holds a ``wheels/`` folder with the ``*.whl`` files of the
+  site wheel folder (empty without one).
+
+Neither the CA bundle nor the wheels end up in the image. The image is tagged
+``envbuild/<recipe>:<first 12 hex of sha256(lock bytes + Dockerfile bytes + base image
+ID)>`` and labelled (OCI ``org.opencontainers.image.created``/``revision``, the base used).
+Afterwards the probe runs in the image and its findings are compared with the lock
+(:func:`builder.image.lockcheck.compare_probe_to_lock`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Mapping
+
+import docker
+import docker.errors
+
+from builder.image import bootstrap
+from builder.image import engine
+from builder.core import inputs
+from builder.core.errors import EnvbuildError, ExitCode
+from builder.image.lockcheck import PROBE_SCHEMA, compare_probe_to_lock
+from builder.image.site import SiteOptions
+
+DOCKERFILE = "Dockerfile"
+LOCKFILE = "envbuild.lock.json"
+#: Repository of built images; the tag is the inputs hash.
+IMAGE_REPO_PREFIX = "envbuild/"
+#: The CA bundle's BuildKit secret id (``RUN --mount=type=secret,id=pip_ca``).
+CA_SECRET_ID = "pip_ca"
+#: The build-context folder bind-mounted by the Dockerfile (``source=wheels``).
+WHEELS_DIR = "wheels"
+#: Default probe: ``builder/agent/probe.py`` next to this module.
+DEFAULT_PROBE = Path(__file__).resolve().parents[1] / "agent" / "probe.py"
+
+LABEL_CREATED = "org.opencontainers.image.created"
+LABEL_REVISION = "org.opencontainers.image.revision"
+LABEL_RECIPE = "envbuild.recipe"
+LABEL_BASE_USED = "envbuild.base.used"
+LABEL_BASE_ID = "envbuild.base.image-id"
+LABEL_LOCK_SHA = "envbuild.lock.sha256"
+LABEL_INPUTS_SHA = "envbuild.inputs.sha256"
+
+# Docker repository path component: lowercase alphanumerics separated by . _ - (or __).
+_RECIPE_NAME = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
+_REQUIRED_LOCK = ("recipe", "python", "torch", "cuda", "nccl", "os")
+
+
+@dataclass
+class BuildResult:
+    """Outcome of :func:`build`.
+
+    Attributes:
+        tag: ``"envbuild/<recipe>:<12 hex>"``.
+        image_id: ``"sha256:<64 hex>"``.
+        base_used: the base image ref built FROM (official, pulled, bootstrapped stand-in
+            or explicit).
+        base_image_id: that base's image ID.
+        lock_hash: 64 hex, sha256(lock bytes + Dockerfile bytes + base image ID); the tag
+            is its first 12.
+        probe: the probe's document from inside the image.
+        mismatches: lock/probe differences (``[]`` in a returned result: differences
+            raise :class:`LockMismatch`).
+        base_how: ``"local"``, ``"pulled"``, ``"bootstrapped"`` or ``"explicit"``.
+        labels: the image's labels.
+        reused: True when an image with this tag already existed and was checked again
+            instead of rebuilt.
+    """
+
+    tag: str
+    image_id: str
+    base_used: str
+    base_image_id: str
+    lock_hash: str
+    probe: dict
+    mismatches: list[str]
+    base_how: str = "local"
+    labels: dict[str, str] = field(default_factory=dict)
+    reused: bool = False
+
+
+class LockMismatch(EnvbuildError):
+    """The built image does not match its lock (exit 2); ``.result`` holds the build."""
+
+    def __init__(self, message: str, *, result: BuildResult, **kw) -> None:
+        self.result = result
+        self.mismatches = result.mismatches
+        super().__init__(message, **kw)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def read_rendered(recipe_name: str, images_dir: str | os.PathLike) -> tuple[bytes, bytes, dict, str]:
+    """Read ``images_dir/<recipe>/{Dockerfile,envbuild.lock.json}``.
+
+    Returns:
+        ``(dockerfile_bytes, lock_bytes, lock_dict, official_base_ref)``.
+
+    Raises:
+        EnvbuildError: (exit 2) a file is missing (run ``envbuild render``), the lock is
+            not (bounded, :func:`builder.core.inputs.load_json`) a JSON object with ``recipe``, ``python``, ``torch.local``, ``cuda``,
+            ``nccl``, ``os``, or the Dockerfile does not start with ``ARG BASE_IMAGE=``.
+    """
+    folder = Path(images_dir) / recipe_name
+    dockerfile = folder / DOCKERFILE
+    lockfile = folder / LOCKFILE
+    for path in (dockerfile, lockfile):
+        if not path.is_file():
+            raise EnvbuildError(
+                f"missing; run `envbuild render {recipe_name}` first", file=str(path)
+            )
+    df_bytes = inputs.read_regular(dockerfile, inputs.MAX_RECIPE_BYTES, "Dockerfile")
+    lock_bytes = inputs.read_regular(lockfile, inputs.MAX_REPORT_BYTES, "lock file")
+    lock = inputs.load_json(lock_bytes, str(lockfile))
+    if not isinstance(lock, dict):
+        raise EnvbuildError("not a JSON object", file=str(lockfile))
+    for key in _REQUIRED_LOCK:
+        if key not in lock:
+            raise EnvbuildError("missing", file=str(lockfile), field=key)
+    if not isinstance(lock["torch"], dict) or not lock["torch"].get("local"):
+        raise EnvbuildError("missing", file=str(lockfile), field="torch.local")
+    if not isinstance(lock["os"], dict):
+        raise EnvbuildError("not an object", file=str(lockfile), field="os")
+    if lock["recipe"] != recipe_name:
+        raise EnvbuildError(
+            f"lock is for another recipe than {recipe_name!r}; run `envbuild render "
+            f"{recipe_name}` again",
+            file=str(lockfile),
+            field="recipe",
+            value=lock["recipe"],
+        )
+    return df_bytes, lock_bytes, lock, official_base(df_bytes, str(dockerfile))
+
+
+def official_base(dockerfile: bytes, origin: str = DOCKERFILE) -> str:
+    """The default of the first instruction ``ARG BASE_IMAGE=<ref>`` of a Dockerfile.
+
+    Comment lines (including parser directives) and blank lines before it are skipped.
+
+    Raises:
+        EnvbuildError: (exit 2) the first instruction is something else.
+    """
+    for line in dockerfile.decode("utf-8", "replace").splitlines():
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        m = re.match(r"^ARG\s+BASE_IMAGE=(\S+)\s*$", text, re.IGNORECASE)
+        if m:
+            return m.group(1).strip("\"'")
+        break
+    raise EnvbuildError(
+        "the first instruction must be ARG BASE_IMAGE=<image>", file=origin, field="ARG BASE_IMAGE"
+    )
+
+
+def image_tag(recipe_name: str, lock_bytes: bytes, dockerfile_bytes: bytes, base_image_id: str) -> tuple[str, str]:
+    """``(tag, full_hash)``: ``envbuild/<recipe>:<12 hex>`` and the 64-hex sha256 of
+    lock bytes + Dockerfile bytes + base image ID (UTF-8).
+
+    Raises:
+        EnvbuildError: (exit 2) the recipe name is not a valid image repository name.
+    """
+    if not _RECIPE_NAME.match(recipe_name):
+        raise EnvbuildError(
+            "not usable in an image name (lowercase letters, digits, '.', '_', '-')",
+            field="recipe",
+            value=recipe_name,
+        )
+    digest = hashlib.sha256(lock_bytes + dockerfile_bytes + base_image_id.encode()).hexdigest()
+    return f"{IMAGE_REPO_PREFIX}{recipe_name}:{digest[:12]}", digest
+
+
+def git_revision(path: str | os.PathLike) -> str | None:
+    """The commit checked out in the git work tree containing ``path``, or None."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--verify", "--quiet", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rev = out.stdout.strip()
+    return rev if out.returncode == 0 and re.fullmatch(r"[0-9a-f]{40,64}", rev) else None
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOTSUP):
+            raise
+        shutil.copy2(src, dst)
+
+
+def stage_context(dockerfile_bytes: bytes, wheel_dir: Path | None, into: Path) -> list[str]:
+    """Fill the (empty) folder ``into`` with ``Dockerfile`` and ``wheels/``.
+
+    ``wheels/`` gets hard links to (or, across filesystems, copies of) the regular
+    ``*.whl`` files of ``wheel_dir``, nothing else; it is empty without ``wheel_dir``.
+
+    Returns:
+        The staged wheel file names, sorted.
+    """
+    (into / DOCKERFILE).write_bytes(dockerfile_bytes)
+    wheels = into / WHEELS_DIR
+    wheels.mkdir()
+    staged = []
+    if wheel_dir is not None:
+        for whl in sorted(Path(wheel_dir).glob("*.whl")):
+            if whl.is_file():
+                _link_or_copy(whl.resolve(), wheels / whl.name)
+                staged.append(whl.name)
+    return staged
+
+
+# --------------------------------------------------------------------------- check
+
+
+def check_image(
+    client: docker.DockerClient,
+    image: str,
+    lock: dict,
+    *,
+    probe_path: str | os.PathLike | None = None,
+    labels: Mapping[str, str] | None = None,
+    timeout_s: float = 300,
+) -> tuple[dict, list[str]]:
+    """Probe ``image`` and compare its environment with ``lock``.
+
+    Runs the probe (default ``builder/agent/probe.py``) in a throwaway container
+    (:func:`builder.image.engine.run_probe`); the image's labels play no part.
+
+    Returns:
+        ``(probe_document, mismatches)``; see
+        :func:`builder.image.lockcheck.compare_probe_to_lock`.
+
+    Raises:
+        EnvbuildError: (exit 3) the probe failed or its document is not
+            ``envbuild.probe/1``; see :func:`builder.image.engine.run_probe`.
+    """
+    probe = engine.run_probe(
+        client, image, probe_path or DEFAULT_PROBE, labels=labels, timeout_s=timeout_s
+    )
+    if probe.get("schema") != PROBE_SCHEMA:
+        raise EnvbuildError(
+            f"probe document has schema {probe.get('schema')!r}, expected {PROBE_SCHEMA!r}",
+            field="image",
+            value=image,
+            exit_code=ExitCode.UNREACHABLE,
+        )
+    return probe, compare_probe_to_lock(probe, lock)
+
+
+# --------------------------------------------------------------------------- build
+
+
+class _ConsoleProgress:
+    """A rich live status line: the phase, the current BuildKit step and its last line."""
+
+    def __init__(self, console, on_line: engine.OnLine | None) -> None:
+        self.console = console
+        self.forward = on_line
+        self.title = ""
+        self.step = ""
+        self.status = None
+
+    @contextlib.contextmanager
+    def phase(self, title: str):
+        self.title, self.step = title, ""
+        if self.console is None:
+            yield
+            return
+        from rich.text import Text
+
+        self._text = Text
+        with self.console.status(Text(title)) as status:
+            self.status = status
+            try:
+                yield
+            finally:
+                self.status = None
+
+    def on_line(self, line: str) -> None:
+        if self.forward:
+            self.forward(line)
+        if self.status is None:
+            return
+        m = re.match(r"^#\d+ (\[.*)$", line)
+        if m:
+            self.step = m.group(1)
+        last = " ".join(line.split())
+        text = f"{self.title}: {self.step}" if self.step else self.title
+        width = max(20, self.console.width - 4)
+        self.status.update(self._text(f"{text[:width]}\n  {last[:width - 2]}"))
+
+
+def build(
+    recipe_name: str,
+    images_dir: str | os.PathLike,
+    site: SiteOptions,
+    client: docker.DockerClient,
+    *,
+    base_mode: str = "auto",
+    console=None,
+    on_line: engine.OnLine | None = None,
+    warn: bootstrap.Warn | None = None,
+    probe_path: str | os.PathLike | None = None,
+    labels: Mapping[str, str] | None = None,
+    run_id: str | None = None,
+    rebuild: bool = False,
+    cli: engine.BuildkitCLI | None = None,
+    pull_timeout_s: float = bootstrap.PULL_TIMEOUT_S,
+    build_timeout_s: float | None = None,
+    workdir: str | os.PathLike | None = None,
+) -> BuildResult:
+    """Build ``images_dir/<recipe_name>`` and check the image against its lock.
+
+    Steps: read the rendered files (:func:`read_rendered`); resolve the base
+    (``base_mode`` and ``site.base_override``, :func:`builder.image.bootstrap.resolve_base`);
+    compute the tag (:func:`image_tag`); unless that tag exists already (and not
+    ``rebuild``), stage a temporary build context (:func:`stage_context`, removed
+    afterwards) and build it with ``--build-arg BASE_IMAGE=<base>``, ``--secret
+    id=pip_ca,src=<site.ca_bundle>`` when known, and labels ``envbuild=1``,
+    ``envbuild.recipe``, ``org.opencontainers.image.created`` (UTC),
+    ``org.opencontainers.image.revision`` (git commit of ``images_dir``, if any),
+    ``envbuild.base.used``, ``envbuild.base.image-id``, ``envbuild.lock.sha256``,
+    ``envbuild.inputs.sha256``, ``envbuild.bootstrap.stands-for`` when the base is a
+    bootstrapped stand-in, plus ``labels``; then probe the image (:func:`check_image`).
+
+    Args:
+        recipe_name: folder name under ``images_dir`` and the lock's ``recipe``.
+        images_dir: the renderer's output root (``images/``).
+        site: CA bundle, wheel folder and base override (:class:`SiteOptions`).
+        client: the engine (:func:`builder.image.engine.connect`).
+        base_mode: ``"auto"``, ``"local"``, ``"pull"`` or ``"bootstrap"`` (see
+            :func:`builder.image.bootstrap.resolve_base`).
+        console: a ``rich.console.Console``: shows a live status line (current build
+            step and its latest output line) and prints warnings; None for no display.
+        on_line: build/debootstrap output lines (in addition to ``console``).
+        warn: warnings (a bootstrapped base stands in); default: ``console`` if given,
+            else stderr.
+        probe_path: probe script (default ``builder/agent/probe.py``).
+        labels: extra labels for the image and the probe container.
+        run_id: value of ``envbuild.run`` (default a new id).
+        rebuild: build even when the tag exists.
+        cli: BuildKit client (default :func:`builder.image.engine.buildkit_cli`).
+        pull_timeout_s: seconds allowed for pulling the base in ``auto`` mode.
+        build_timeout_s: seconds allowed for the build (default: no limit).
+        workdir: where to create the temporary build context (default ``$TMPDIR``;
+            on the wheel folder's filesystem, wheels are hard-linked instead of copied).
+
+    Returns:
+        :class:`BuildResult` with ``mismatches == []``.
+
+    Raises:
+        EnvbuildError: (exit 2) rendered files missing or invalid; the build failed
+            (:class:`builder.image.engine.BuildFailed`, no tag left behind).
+        LockMismatch: (exit 2) the image differs from the lock; every difference is
+            listed, and the image stays tagged for inspection.
+        Unreachable: (exit 3) engine or base image unreachable.
+    """
+    df_bytes, lock_bytes, lock, official = read_rendered(recipe_name, images_dir)
+    folder = Path(images_dir) / recipe_name
+    run_id = run_id or engine.new_run_id()
+
+    progress = _ConsoleProgress(console, on_line)
+    if warn is None and console is not None:
+
+        def warn(message: str) -> None:
+            console.print(f"warning: {message}", style="yellow", markup=False, soft_wrap=True)
+
+    with progress.phase(f"resolving base {official}"):
+        base_ref, base_id, how = bootstrap.resolve_base(
+            client,
+            official,
+            base_mode,
+            override=site.base_override,
+            pull_timeout_s=pull_timeout_s,
+            warn=warn,
+            on_line=progress.on_line,
+        )
+    tag, digest = image_tag(recipe_name, lock_bytes, df_bytes, base_id)
+
+    all_labels = {
+        # No envbuild=1 / envbuild.run on images: containers inherit image labels, and
+        # cleanup by those labels must only ever touch what envbuild itself started.
+        LABEL_RECIPE: recipe_name,
+        LABEL_CREATED: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        LABEL_BASE_USED: base_ref,
+        LABEL_BASE_ID: base_id,
+        LABEL_LOCK_SHA: hashlib.sha256(lock_bytes).hexdigest(),
+        LABEL_INPUTS_SHA: digest,
+    }
+    revision = git_revision(folder)
+    if revision:
+        all_labels[LABEL_REVISION] = revision
+    if how == "bootstrapped":
+        stands = engine.image_labels(client, base_ref).get(bootstrap.LABEL_STANDS_FOR, official)
+        all_labels[bootstrap.LABEL_STANDS_FOR] = stands
+    all_labels.update(labels or {})
+
+    image_id = None
+    reused = False
+    if not rebuild:
+        try:
+            image_id = client.images.get(tag).id
+            reused = True
+        except docker.errors.ImageNotFound:
+            pass
+    if image_id is None:
+        secrets = {CA_SECRET_ID: str(site.ca_bundle)} if site.ca_bundle else {}
+        ctx = Path(tempfile.mkdtemp(prefix="envbuild-ctx-", dir=workdir))
+        try:
+            stage_context(df_bytes, site.wheel_dir, ctx)
+            with progress.phase(f"building {tag}"):
+                image_id = engine.build_image(
+                    ctx,
+                    tag,
+                    build_args={"BASE_IMAGE": base_ref},
+                    labels=all_labels,
+                    secrets=secrets,
+                    on_line=progress.on_line,
+                    client=client,
+                    cli=cli,
+                    origin=str(folder / DOCKERFILE),
+                    timeout_s=build_timeout_s,
+                )
+        finally:
+            shutil.rmtree(ctx, ignore_errors=True)
+
+    with progress.phase(f"probing {tag}"):
+        probe, mismatches = check_image(
+            client, tag, lock, probe_path=probe_path, labels={**engine.run_labels(run_id), **(labels or {})}
+        )
+    result = BuildResult(
+        tag=tag,
+        image_id=image_id,
+        base_used=base_ref,
+        base_image_id=base_id,
+        lock_hash=digest,
+        probe=probe,
+        mismatches=mismatches,
+        base_how=how,
+        labels=engine.image_labels(client, tag),
+        reused=reused,
+    )
+    if mismatches:
+        raise LockMismatch(
+            f"image {tag} does not match the lock ({len(mismatches)} difference"
+            f"{'s' if len(mismatches) != 1 else ''}): {'; '.join(mismatches)}; the image is "
+            f"kept for inspection (docker run --rm -it {tag} bash)",
+            result=result,
+            file=str(folder / LOCKFILE),
+        )
+    return result

@@ -1,0 +1,205 @@
+"""Site options: what this machine's network setup needs inside image builds.
+
+A site behind a TLS-intercepting proxy configures pip with the proxy's CA bundle
+(``cert``); a site with pre-downloaded wheels points pip at a folder (``find-links``).
+:meth:`SiteOptions.detect` reads both from pip's own configuration, so builds work where
+pip works; the CLI flags ``--ca-cert FILE``, ``--wheels DIR``, ``--base IMAGE`` and
+``--no-site-detect`` override or disable the detection.
+
+Sources: pip's configuration files and ``PIP_<OPTION>`` environment variables
+(https://pip.pypa.io/en/stable/topics/configuration/); ``pip config list`` prints the
+merged settings as ``section.key='value'`` lines, environment variables as
+``:env:.key='value'``.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+from urllib.parse import unquote, urlparse
+
+from builder.core.errors import EnvbuildError
+
+# pip's option precedence, highest first: environment variable, command section, global.
+_SECTIONS = (":env:", "install", "global")
+
+
+@dataclass(frozen=True)
+class SiteOptions:
+    """How builds on this site reach package indexes.
+
+    Attributes:
+        ca_bundle: PEM CA bundle handed to the build as the ``pip_ca`` secret, or None.
+        wheel_dir: local folder whose ``*.whl`` files are staged into the build context
+            as ``wheels/``, or None.
+        base_override: ``--base IMAGE``: an image used instead of the recipe's official
+            base (see :func:`builder.image.bootstrap.resolve_base`), or None.
+        notes: human-readable remarks from detection (ignored settings and why).
+    """
+
+    ca_bundle: Path | None = None
+    wheel_dir: Path | None = None
+    base_override: str | None = None
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    @classmethod
+    def detect(
+        cls,
+        *,
+        ca_cert: str | os.PathLike | None = None,
+        wheels: str | os.PathLike | None = None,
+        base: str | None = None,
+        no_detect: bool = False,
+        env: Mapping[str, str] | None = None,
+        python: str | None = None,
+    ) -> "SiteOptions":
+        """Site options from explicit values, else from pip's configuration.
+
+        Args:
+            ca_cert: ``--ca-cert FILE``; must be an existing file.
+            wheels: ``--wheels DIR``; must be an existing folder.
+            base: ``--base IMAGE`` (passed through as ``base_override``).
+            no_detect: True for ``--no-site-detect``: only explicit values count.
+            env: environment to read ``PIP_CERT``/``PIP_FIND_LINKS``/``PIP_CONFIG_FILE``
+                from and to run pip with (default ``os.environ``).
+            python: interpreter whose pip is asked (default ``sys.executable``).
+
+        Detected values are used only when they are local and exist: a URL find-links,
+        a missing folder or a missing CA file is skipped with a note in ``notes``.
+
+        Raises:
+            EnvbuildError: (exit 2) an explicit ``--ca-cert``/``--wheels`` does not exist
+                or is of the wrong kind; the message names the option and value.
+        """
+        env = dict(os.environ if env is None else env)
+        notes: list[str] = []
+
+        ca: Path | None = None
+        if ca_cert is not None:
+            ca = Path(ca_cert).expanduser()
+            if not ca.is_file():
+                raise EnvbuildError("no such file", field="--ca-cert", value=str(ca_cert))
+        wheel_dir: Path | None = None
+        if wheels is not None:
+            wheel_dir = Path(wheels).expanduser()
+            if not wheel_dir.is_dir():
+                raise EnvbuildError("no such folder", field="--wheels", value=str(wheels))
+
+        if not no_detect and (ca is None or wheel_dir is None):
+            config = pip_config(env=env, python=python, notes=notes)
+            if ca is None:
+                ca = _detect_cert(config, env, notes)
+            if wheel_dir is None:
+                wheel_dir = _detect_find_links(config, env, notes)
+
+        if wheel_dir is not None and not any(wheel_dir.glob("*.whl")):
+            notes.append(f"wheel folder {wheel_dir} holds no *.whl files")
+        return cls(
+            ca_bundle=ca.absolute() if ca else None,
+            wheel_dir=wheel_dir.absolute() if wheel_dir else None,
+            base_override=base,
+            notes=tuple(notes),
+        )
+
+
+def pip_config(
+    *,
+    env: Mapping[str, str] | None = None,
+    python: str | None = None,
+    notes: list[str] | None = None,
+) -> dict[str, str]:
+    """pip's merged configuration: ``python -m pip config list`` as a dict.
+
+    Returns:
+        ``{"global.cert": "/etc/ssl/certs/ca-certificates.crt", ":env:.find-links": ...}``;
+        ``{}`` (with a note appended to ``notes``) when pip cannot be run.
+    """
+    python = python or sys.executable
+    try:
+        out = subprocess.run(
+            [python, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ if env is None else env),
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        if notes is not None:
+            notes.append(f"could not read pip's configuration: {e}")
+        return {}
+    if out.returncode != 0:
+        if notes is not None:
+            last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+            notes.append(f"could not read pip's configuration: {last}")
+        return {}
+    config: dict[str, str] = {}
+    for line in out.stdout.splitlines():
+        key, sep, raw = line.partition("=")
+        if not sep:
+            continue
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw.strip("'\"")
+        config[key.strip()] = str(value)
+    return config
+
+
+def _lookup(config: Mapping[str, str], env: Mapping[str, str], name: str) -> tuple[str, str] | None:
+    """(value, where) of pip option ``name`` by pip's precedence, or None."""
+    env_name = "PIP_" + name.upper().replace("-", "_")
+    if env.get(env_name):
+        return env[env_name], env_name
+    for section in _SECTIONS:
+        key = f"{section}.{name}"
+        if config.get(key):
+            return config[key], f"pip config {key}"
+    return None
+
+
+def _local_path(value: str) -> Path | None:
+    """A local filesystem path for a pip path/URL value, or None for a remote URL."""
+    parsed = urlparse(value)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme and len(parsed.scheme) > 1:  # http, https, ... (not "C:")
+        return None
+    return Path(value).expanduser()
+
+
+def _detect_cert(config: Mapping[str, str], env: Mapping[str, str], notes: list[str]) -> Path | None:
+    found = _lookup(config, env, "cert")
+    if not found:
+        return None
+    value, where = found
+    path = _local_path(value)
+    if path is None or not path.is_file():
+        notes.append(f"{where}={value!r} ignored: not an existing local file")
+        return None
+    return path
+
+
+def _detect_find_links(
+    config: Mapping[str, str], env: Mapping[str, str], notes: list[str]
+) -> Path | None:
+    found = _lookup(config, env, "find-links")
+    if not found:
+        return None
+    value, where = found
+    chosen: Path | None = None
+    for item in value.split():
+        path = _local_path(item)
+        if path is None:
+            notes.append(f"{where}: find-links {item!r} ignored: a URL, not a local folder")
+        elif not path.is_dir():
+            notes.append(f"{where}: find-links {item!r} ignored: not an existing folder")
+        elif chosen is None:
+            chosen = path
+        else:
+            notes.append(f"{where}: find-links {item!r} ignored: only the first folder is used")
+    return chosen

@@ -1,0 +1,2 @@
+"""Node reports: gathering, verify and doctor.
+"""

@@ -1,0 +1,2 @@
+"""Image references (the one grammar), the registry client and referrers.
+"""

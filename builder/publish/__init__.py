@@ -1,0 +1,2 @@
+"""Publish and pull by digest with the certificate as an in-toto attestation.
+"""

@@ -1,0 +1,2 @@
+"""Recipes: load the YAML, the strict schema, the compatibility rules and the lock.
+"""

@@ -1,0 +1,2 @@
+"""Render a lock into a Dockerfile and an Apptainer/Singularity definition.
+"""

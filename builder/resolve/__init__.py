@@ -1,0 +1,2 @@
+"""`envbuild lock`: resolve pip hashes, apt versions and the base digest.
+"""
