@@ -319,15 +319,21 @@ def test_objects_refer_to_each_other():
 
 
 def test_configmap_carries_the_real_code():
+    """The ConfigMap carries exactly what builder/agent/payload.py ships (every file of
+    builder/agent/, read here from the folder itself), byte for byte, and the volume puts
+    each back at its path."""
+    from builder.agent import payload
+
     files = render_case("cpu-torch2-gloo", code=None)
     o = objects_of(files)
     pkg = ROOT / "builder" / "agent"
-    want = {"probe.py": (pkg / "probe.py").read_text()}
-    want.update({f"bench.{p.name}": p.read_text() for p in sorted((pkg / "bench").glob("*.py"))})
-    assert o["ConfigMap"]["data"] == want
+    on_disk = {p.relative_to(pkg).as_posix(): p.read_text() for p in sorted(pkg.rglob("*.py"))
+               if "__pycache__" not in p.parts}
+    assert {"probe.py", "doctor_agent.py", "bench/__main__.py", "bench/ddp.py"} <= set(on_disk)
+    assert set(on_disk) == set(payload.files())
+    assert o["ConfigMap"]["data"] == {p.replace("/", "."): text for p, text in on_disk.items()}
     items = next(v for v in o["Job"]["spec"]["template"]["spec"]["volumes"] if "configMap" in v)["configMap"]["items"]
-    assert {i["key"]: i["path"] for i in items} == {k: ("probe.py" if k == "probe.py" else "bench/" + k[6:])
-                                                    for k in want}
+    assert {i["path"]: i["key"] for i in items} == {p: p.replace("/", ".") for p in on_disk}
 
 
 # --------------------------------------------------------------------------- refusals and errors

@@ -23,24 +23,19 @@ _CM_KEY_RE = re.compile(r"[-._a-zA-Z0-9]+")
 
 
 def in_image_code() -> dict[str, str]:
-    """envbuild's in-image code from the installed package: ``{path: text}`` with paths
-    ``probe.py`` and ``bench/<file>.py`` (sorted; no caches).
+    """:func:`builder.agent.payload.files` as text: ``{relative path: UTF-8 text}``, sorted.
 
     Raises:
-        EnvbuildError: (exit 2) a file is missing or not UTF-8.
+        EnvbuildError: (exit 2) a file is not UTF-8.
     """
-    from pathlib import Path
+    from builder.agent import payload
 
-    from builder import agent
-
-    root = Path(agent.__file__).resolve().parent
-    files = sorted({root / "probe.py", root / "bench" / "__main__.py", *(root / "bench").glob("*.py")})
     out: dict[str, str] = {}
-    for p in files:
+    for path, data in payload.files().items():
         try:
-            out[p.relative_to(root).as_posix()] = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise EnvbuildError(f"cannot be read: {e}", file=str(p)) from None
+            out[path] = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise EnvbuildError(f"is not UTF-8: {e}", file=str(payload.AGENT_DIR / path)) from None
     return out
 
 

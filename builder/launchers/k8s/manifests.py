@@ -49,8 +49,9 @@ class Manifest:
 
 MANIFESTS: dict[str, Manifest] = {m.file: m for m in (
     Manifest("configmap.yaml", lambda ctx: [
-        "envbuild's in-image code (builder/agent/probe.py, builder/agent/bench/*.py), mounted read-only at",
-        f"{pod.CODE_MOUNT} in every node; keys cannot contain '/', the volume's items give the paths.",
+        "envbuild's in-image code (every file of builder/agent/, as builder/agent/payload.py ships it),",
+        f"mounted read-only at {pod.CODE_MOUNT} in every node; keys cannot contain '/', the volume's items",
+        "give the paths.",
     ], objects.configmap),
     Manifest("service.yaml", lambda ctx: [
         f"Headless Service: gives node 0 the DNS name {ctx.master_addr} (the rendezvous address).",
