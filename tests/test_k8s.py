@@ -803,6 +803,21 @@ def test_apply_unpullable_image_is_an_error_after_cleanup():
     assert [c for c in api.calls if c[0].startswith("delete")] == ALL_DELETED
 
 
+def test_apply_job_deleted_from_outside_is_an_error_after_cleanup():
+    """Someone deletes the Job while it runs (the watch says DELETED): exit 3, named, and the
+    cleanup still runs; the passing twin is every other apply test."""
+    class Deleted(ScriptedApi):
+        def watch(self, job, tick_s):
+            yield [JobState(job), *self._pods()]
+            yield [JobState(job, deleted=True)]
+
+    api = Deleted([([], [(0, "Running", None), (1, "Running", None)])], {})
+    with pytest.raises(Unreachable) as e:
+        launcher(api).run(small_spec())
+    assert str(e.value) == "Kubernetes API: Job envbuild-0123456789ab was deleted before it finished"
+    assert [c for c in api.calls if c[0].startswith("delete")] == ALL_DELETED
+
+
 def test_apply_refused_create_does_not_delete_what_is_not_ours():
     """A Service that already exists (409) belongs to someone else: only the ConfigMap we
     created is deleted."""
