@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import http.server
 import importlib.resources
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from pathlib import Path
@@ -859,6 +861,93 @@ DISCOVERY = {
 }
 
 
+def fake_pod(n: int) -> dict:
+    """Pod ``n`` of the run as the fake API server has it: exited 0 on ``gpu-host-<n>``."""
+    return {"kind": "Pod", "apiVersion": "v1",
+            "metadata": {"name": f"envbuild-{RUN_ID}-{n}-abcde", "resourceVersion": "5",
+                         "annotations": {"batch.kubernetes.io/job-completion-index": str(n)}},
+            "spec": {"nodeName": f"gpu-host-{n}", "containers": [{"name": "node"}]},
+            "status": {"phase": "Succeeded", "containerStatuses": [{
+                "name": "node", "ready": False, "restartCount": 0, "image": "i", "imageID": "i",
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}}
+
+
+class _FakeApiHandler(http.server.BaseHTTPRequestHandler):
+    """The requests of :class:`FakeApiServer` (``self.server.fake``)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):  # quiet
+        pass
+
+    def _send(self, code, body, ctype="application/json"):
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _watch(self, events, hold, query):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for kind, obj in events:
+                line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                self.wfile.flush()
+            if hold:
+                self.server.fake.closing.wait(float(query["timeoutSeconds"][0]))
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:  # the client ended the watch
+            pass
+        self.close_connection = True
+
+    def _record(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(n)) if n else None
+        path, _, query = urllib.parse.unquote(self.path).partition("?")
+        query = "&".join(sorted(query.split("&"))) if query else ""
+        self.server.fake.requests.append((self.command, path + ("?" + query if query else ""),
+                                          (body or {}).get("kind")))
+        return body
+
+    def do_POST(self):
+        body = self._record()
+        self._send(201, body)
+
+    def do_DELETE(self):
+        self._record()
+        self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+
+    def do_GET(self):
+        self._record()
+        fake = self.server.fake
+        path, _, raw_query = self.path.partition("?")
+        query = urllib.parse.parse_qs(raw_query)
+        watch = query.get("watch") == ["true"]
+        if path in DISCOVERY:
+            self._send(200, DISCOVERY[path])
+        elif path.endswith("/jobs") and watch:
+            self._watch(*(fake.job_streams.pop(0) if fake.job_streams else ([], True)), query)
+        elif path.endswith("/pods") and watch and fake.pods_watch_status:
+            self._send(fake.pods_watch_status, {"kind": "Status", "code": fake.pods_watch_status,
+                                                "reason": "Forbidden", "message": "pods is forbidden: cannot watch"})
+        elif path.endswith("/pods") and watch:
+            events = [] if "resourceVersion" in query else [("ADDED", fake_pod(0)), ("ADDED", fake_pod(1))]
+            self._watch(events, True, query)
+        elif path.endswith("/pods"):
+            items = [fake_pod(0), fake_pod(1)]
+            self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+        elif path.endswith("/log"):
+            n = int(path.split("/")[-2].split("-")[2])
+            self._send(200, fake.logs[n], "text/plain")
+        else:
+            self._send(404, {"kind": "Status", "code": 404})
+
+
 class FakeApiServer:
     """A loopback HTTP/1.1 server answering the Kubernetes API requests KubeApi makes, with
     canned objects: API discovery (:data:`DISCOVERY`), a Job that is Complete, two pods that
@@ -874,95 +963,13 @@ class FakeApiServer:
     instead (e.g. 403)."""
 
     def __init__(self, logs: dict[int, str], job_streams=None, pods_watch_status=None):
-        import http.server
-        import threading
-
-        server_self = self
+        self.logs = logs
+        self.job_streams = list(job_streams or [([("ADDED", job_object("7", "Complete"))], True)])
+        self.pods_watch_status = pods_watch_status
         self.requests: list[tuple[str, str, str | None]] = []
         self.closing = threading.Event()
-
-        def pod(n):
-            return {"kind": "Pod", "apiVersion": "v1",
-                    "metadata": {"name": f"envbuild-{RUN_ID}-{n}-abcde", "resourceVersion": "5",
-                                 "annotations": {"batch.kubernetes.io/job-completion-index": str(n)}},
-                    "spec": {"nodeName": f"gpu-host-{n}", "containers": [{"name": "node"}]},
-                    "status": {"phase": "Succeeded", "containerStatuses": [{
-                        "name": "node", "ready": False, "restartCount": 0, "image": "i", "imageID": "i",
-                        "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}}
-
-        streams = list(job_streams or [([("ADDED", job_object("7", "Complete"))], True)])
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):  # quiet
-                pass
-
-            def _send(self, code, body, ctype="application/json"):
-                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _watch(self, events, hold, query):
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-                try:
-                    for kind, obj in events:
-                        line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
-                        self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-                        self.wfile.flush()
-                    if hold:
-                        server_self.closing.wait(float(query["timeoutSeconds"][0]))
-                    self.wfile.write(b"0\r\n\r\n")
-                except OSError:  # the client ended the watch
-                    pass
-                self.close_connection = True
-
-            def _record(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(n)) if n else None
-                path, _, query = urllib.parse.unquote(self.path).partition("?")
-                query = "&".join(sorted(query.split("&"))) if query else ""
-                server_self.requests.append((self.command, path + ("?" + query if query else ""),
-                                             (body or {}).get("kind")))
-                return body
-
-            def do_POST(self):
-                body = self._record()
-                self._send(201, body)
-
-            def do_DELETE(self):
-                self._record()
-                self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
-
-            def do_GET(self):
-                self._record()
-                path, _, raw_query = self.path.partition("?")
-                query = urllib.parse.parse_qs(raw_query)
-                if path in DISCOVERY:
-                    self._send(200, DISCOVERY[path])
-                elif path.endswith("/jobs") and query.get("watch") == ["true"]:
-                    self._watch(*(streams.pop(0) if streams else ([], True)), query)
-                elif path.endswith("/pods") and query.get("watch") == ["true"] and pods_watch_status:
-                    self._send(pods_watch_status, {"kind": "Status", "code": pods_watch_status, "reason": "Forbidden",
-                                                   "message": "pods is forbidden: cannot watch"})
-                elif path.endswith("/pods") and query.get("watch") == ["true"]:
-                    self._watch([] if "resourceVersion" in query else [("ADDED", pod(0)), ("ADDED", pod(1))],
-                                True, query)
-                elif path.endswith("/pods"):
-                    self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [pod(0), pod(1)]})
-                elif path.endswith("/log"):
-                    n = int(path.split("/")[-2].split("-")[2])
-                    self._send(200, logs[n], "text/plain")
-                else:
-                    self._send(404, {"kind": "Status", "code": 404})
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeApiHandler)
+        self.httpd.fake = self
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
