@@ -1,7 +1,8 @@
 """A stand-in for a Kubernetes cluster on the local Docker engine, for tests only.
 
-:class:`DockerKubeApi` has the methods of :class:`builder.launchers.k8s.KubeApi`, so the
-real :class:`~builder.launchers.k8s.K8sLauncher` can apply rendered manifests to it. It
+:class:`DockerKubeApi` has the methods of :class:`builder.launchers.k8s.api.KubeApi` (the
+:class:`~builder.launchers.k8s.cluster.ClusterApi` seam), so the real
+:class:`~builder.launchers.k8s.launcher.K8sLauncher` can apply rendered manifests to it. It
 plays the parts of the API server, the Job controller and the kubelet for what envbuild's
 manifests use, read from the rendered objects (nothing is taken from envbuild's code):
 
@@ -19,7 +20,9 @@ manifests use, read from the rendered objects (nothing is taken from envbuild's 
   the running pods are deleted; ``activeDeadlineSeconds``: then ``Failed``
   (``DeadlineExceeded``), running pods deleted; all succeeded: ``Complete``.
 
-Everything it creates carries the labels given (the test session's) and the pods' own.
+Its watch looks at the containers every ``tick_s`` and reports the Job's state and every
+pod's (a pod whose container is gone as deleted). Everything it creates carries the labels
+given (the test session's) and the pods' own.
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ import re
 import shutil
 import tempfile
 import time
-from typing import Any, Mapping
+from collections.abc import Generator, Mapping
+from typing import Any
 
 import docker.errors
 
-from builder.launchers.k8s import INDEX_ANNOTATION, JOB_NAME_LABEL, PodState
+from builder.launchers.k8s.cluster import JobState, PodState, Update
+from builder.launchers.k8s.pod import INDEX_ANNOTATION, JOB_NAME_LABEL
 
 _VAR_RE = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
 
@@ -85,7 +90,8 @@ class DockerKubeApi:
         else:
             raise AssertionError(f"the stand-in does not run {kind}")
 
-    def delete(self, kind: str, name: str) -> None:
+    def delete(self, obj: Mapping[str, Any]) -> None:
+        kind, name = obj["kind"], obj["metadata"]["name"]
         if kind == "Job" and name in self.jobs:
             for c in self.jobs.pop(name)["containers"]:
                 self._remove(c)
@@ -108,7 +114,18 @@ class DockerKubeApi:
 
     # -- Job controller
 
-    def job_conditions(self, name: str) -> list[dict[str, str]]:
+    def watch(self, job: str, tick_s: float) -> Generator[list[Update], None, None]:
+        previous: dict[str, PodState] = {}
+        while True:
+            state = self._job_state(job)  # first: a failed Job's controller deletes the running pods
+            pods = {p.name: p for p in self.pods(job)}
+            gone = [PodState(name=n, node=p.node, phase=p.phase, deleted=True)
+                    for n, p in previous.items() if n not in pods]
+            previous = pods
+            yield [state, *pods.values(), *gone]
+            time.sleep(tick_s)
+
+    def _job_state(self, name: str) -> JobState:
         job = self.jobs[name]
         if name not in self.status:
             spec = job["obj"]["spec"]
@@ -125,14 +142,13 @@ class DockerKubeApi:
                         self._remove(c)
                         job["containers"].remove(c)
         if name not in self.status:
-            return []
+            return JobState(name)
         kind, reason = self.status[name]
-        return [{"type": kind, "status": "True", "reason": reason, "message": ""}]
+        return JobState(name, {kind: reason})
 
-    def pods(self, selector: str) -> list[PodState]:
-        key, _, value = selector.partition("=")
+    def pods(self, job: str) -> list[PodState]:
         out = []
-        for c in sorted(self.client.containers.list(all=True, filters={"label": f"{key}={value}"}),
+        for c in sorted(self.client.containers.list(all=True, filters={"label": f"{JOB_NAME_LABEL}={job}"}),
                         key=lambda c: c.name):
             status, code = self._state(c)
             phase = {"created": "Pending", "running": "Running"}.get(status)

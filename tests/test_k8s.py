@@ -1,4 +1,4 @@
-"""Kubernetes launcher (builder/launchers/k8s.py) and `envbuild k8s render`.
+"""Kubernetes launcher (builder/launchers/k8s/) and `envbuild k8s render`.
 
 Golden files for the rendered manifests (2 nodes x 1 GPU nccl from the cuda12-torch2 lock,
 2 CPU nodes gloo from cpu-torch2, and the Kubeflow TrainJob), validation of every rendered
@@ -6,8 +6,10 @@ object against the Kubernetes 1.30 OpenAPI schemas offline (kubernetes-validate,
 unknown fields are errors) with broken twins that must be rejected, the TrainJob against a
 hand-written schema (tests/schemas/), references between the objects, the tag-only image
 refused, byte-determinism across processes, `--apply` without a kubeconfig, the in-pod
-wrapper script run for real with /bin/sh, and the apply path (create, wait, collect from
-logs, delete; also on failure and Ctrl-C) against a scripted API.
+wrapper script run for real with /bin/sh, and the apply path (create, watch, collect from
+logs, delete; also on failure and Ctrl-C) against a scripted API, through the real
+`kubernetes` client (dynamic client and watch) against a loopback fake API server, and on a
+Docker stand-in for a cluster (tests/k8s_docker.py).
 
 The goldens are rendered with a small stand-in for the in-image code (STUB_CODE), so that
 they do not change with every edit of builder/agent/bench; a separate test checks that the real
@@ -21,11 +23,15 @@ and review the diff.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import http.server
 import importlib.resources
 import json
 import os
 import subprocess
 import sys
+import threading
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -37,8 +43,19 @@ from referencing import Registry, Resource
 
 from builder.certify import certify
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
-from builder.launchers import k8s
 from builder.launchers.base import LaunchSpec
+from builder.launchers.k8s.api import KubeApi
+from builder.launchers.k8s.cluster import JobState, PodState
+from builder.launchers.k8s.code import code_key, in_image_code
+from builder.launchers.k8s.kubeconfig import find_kubeconfig
+from builder.launchers.k8s.launcher import K8sLauncher
+from builder.launchers.k8s.manifests import dump, load_objects, render_manifests, write_manifests
+from builder.launchers.k8s.naming import manifest_labels
+from builder.launchers.k8s.options import K8sOptions
+from builder.launchers.k8s.pod import NODE_SCRIPT, RESULT_BEGIN, RESULT_END, pod_env, shm_quantity
+from builder.launchers.k8s.reference import ImageReference, parse_image_ref
+from builder.launchers.k8s.results import parse_result_blocks
+from builder.launchers.k8s.source import lock_from_file
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "k8s"
@@ -57,12 +74,12 @@ CASES = {
 }
 #: Stand-in for the in-image code in the goldens: the real file names (they appear in the
 #: Job's volume items), one line of content each.
-STUB_CODE = {path: f"# {path}: stand-in for envbuild's in-image code\n" for path in k8s.in_image_code()}
+STUB_CODE = {path: f"# {path}: stand-in for envbuild's in-image code\n" for path in in_image_code()}
 
 
 def spec_for(recipe: str, image: str | None = None, run_id: str = RUN_ID, env=None) -> tuple[LaunchSpec, dict]:
     """The LaunchSpec `envbuild k8s render RECIPE --image ...` builds (same steps as cli.py)."""
-    lock, labels = k8s.lock_from_file(ROOT / "images", recipe)
+    lock, labels = lock_from_file(ROOT / "images", recipe)
     s = certify.resolve_settings(lock, gpu_visible=True, recipe_backend=labels.get("envbuild.backend"))
     spec = LaunchSpec(image=image or IMAGES[recipe], nodes=s.nodes, gpus_per_node=s.gpus_per_node,
                       backend=s.backend, port=s.port, shm_size=s.shm_size, timeout_s=s.timeout_s,
@@ -74,8 +91,8 @@ def spec_for(recipe: str, image: str | None = None, run_id: str = RUN_ID, env=No
 def render_case(case: str, code=STUB_CODE) -> dict[str, str]:
     recipe, kubeflow = CASES[case]
     spec, labels = spec_for(recipe)
-    opts = k8s.K8sOptions(kubeflow=kubeflow, annotations={"envbuild.lock-hash": labels["envbuild.lock-hash"]})
-    return k8s.render_manifests(spec, opts, code=code, environ={})
+    opts = K8sOptions(kubeflow=kubeflow, annotations={"envbuild.lock-hash": labels["envbuild.lock-hash"]})
+    return render_manifests(spec, opts, code=code, environ={})
 
 
 def cli(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -87,7 +104,7 @@ def cli(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.Com
 
 
 def objects_of(files: dict[str, str]) -> dict[str, dict]:
-    return {o["kind"]: o for o in k8s.load_objects(files)}
+    return {o["kind"]: o for o in load_objects(files)}
 
 
 # --------------------------------------------------------------------------- schemas
@@ -198,7 +215,7 @@ def test_golden_values_nccl():
     assert svc["spec"]["ports"] == [{"name": "rendezvous", "port": 29500, "targetPort": 29500, "protocol": "TCP"}]
     assert cm["immutable"] is True
     assert cm["data"]["bench.__main__.py"] == "# bench/__main__.py: stand-in for envbuild's in-image code\n"
-    assert cm["data"] == {k8s.code_key(p): text for p, text in STUB_CODE.items()}
+    assert cm["data"] == {code_key(p): text for p, text in STUB_CODE.items()}
 
 
 def test_golden_values_cpu_gloo():
@@ -235,8 +252,8 @@ def test_golden_values_trainjob():
 def all_rendered() -> list[tuple[str, dict]]:
     out = []
     for case in sorted(CASES):
-        out += [(f"{case}/{o['kind']}", o) for o in k8s.load_objects(render_case(case))]
-        out += [(f"{case}/{o['kind']}/real-code", o) for o in k8s.load_objects(render_case(case, code=None))]
+        out += [(f"{case}/{o['kind']}", o) for o in load_objects(render_case(case))]
+        out += [(f"{case}/{o['kind']}/real-code", o) for o in load_objects(render_case(case, code=None))]
     return out
 
 
@@ -304,15 +321,21 @@ def test_objects_refer_to_each_other():
 
 
 def test_configmap_carries_the_real_code():
+    """The ConfigMap carries exactly what builder/agent/payload.py ships (every file of
+    builder/agent/, read here from the folder itself), byte for byte, and the volume puts
+    each back at its path."""
+    from builder.agent import payload
+
     files = render_case("cpu-torch2-gloo", code=None)
     o = objects_of(files)
     pkg = ROOT / "builder" / "agent"
-    want = {"probe.py": (pkg / "probe.py").read_text()}
-    want.update({f"bench.{p.name}": p.read_text() for p in sorted((pkg / "bench").glob("*.py"))})
-    assert o["ConfigMap"]["data"] == want
+    on_disk = {p.relative_to(pkg).as_posix(): p.read_text() for p in sorted(pkg.rglob("*.py"))
+               if "__pycache__" not in p.parts}
+    assert {"probe.py", "doctor_agent.py", "bench/__main__.py", "bench/ddp.py"} <= set(on_disk)
+    assert set(on_disk) == set(payload.files())
+    assert o["ConfigMap"]["data"] == {p.replace("/", "."): text for p, text in on_disk.items()}
     items = next(v for v in o["Job"]["spec"]["template"]["spec"]["volumes"] if "configMap" in v)["configMap"]["items"]
-    assert {i["key"]: i["path"] for i in items} == {k: ("probe.py" if k == "probe.py" else "bench/" + k[6:])
-                                                    for k in want}
+    assert {i["path"]: i["key"] for i in items} == {p: p.replace("/", ".") for p in on_disk}
 
 
 # --------------------------------------------------------------------------- refusals and errors
@@ -321,7 +344,7 @@ def test_configmap_carries_the_real_code():
 def test_tag_only_image_is_refused(tmp_path):
     spec, _ = spec_for("cpu-torch2", image="registry.example.org/envbuild/cpu-torch2:latest")
     with pytest.raises(EnvbuildError) as e:
-        k8s.render_manifests(spec, code=STUB_CODE, environ={})
+        render_manifests(spec, code=STUB_CODE, environ={})
     assert e.value.exit_code == ExitCode.CHECK_FAILED
     assert str(e.value) == ("image: 'registry.example.org/envbuild/cpu-torch2:latest' is not pinned by digest: "
                             "pods would run whatever the tag points to then; push it and use "
@@ -336,7 +359,8 @@ def test_tag_only_image_is_refused(tmp_path):
             "--allow-tag", "--out", str(tmp_path / "m"))
     assert r.returncode == 0, r.stderr
     job = yaml.safe_load((tmp_path / "m/job.yaml").read_text())
-    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example.org/envbuild/cpu-torch2:latest"
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.example.org/envbuild/cpu-torch2:latest"
 
 
 def test_recipe_needs_image_and_usage_errors(tmp_path):
@@ -347,7 +371,8 @@ def test_recipe_needs_image_and_usage_errors(tmp_path):
     r = cli("k8s", "render", "cpu-torch2", "--image", IMAGES["cpu-torch2"], "--out", str(tmp_path),
             "--kubeflow", "--apply")
     assert r.returncode == 64
-    r = cli("k8s", "render", "cpu-torch2", "--image", IMAGES["cpu-torch2"], "--out", str(tmp_path), "--run-id", "Bad_Id")
+    r = cli("k8s", "render", "cpu-torch2", "--image", IMAGES["cpu-torch2"], "--out", str(tmp_path),
+            "--run-id", "Bad_Id")
     assert r.returncode == 64
     assert r.stderr.splitlines() == [
         "error: run_id: 'Bad_Id' is not a run id (1 to 40 of [a-z0-9-], alphanumeric at both ends)"]
@@ -378,18 +403,18 @@ def test_apply_without_kubeconfig_exits_3_with_one_line(tmp_path):
 def test_find_kubeconfig(tmp_path):
     kc = tmp_path / "config"
     kc.write_text("apiVersion: v1\nkind: Config\n")
-    assert k8s.find_kubeconfig({"KUBECONFIG": f"{tmp_path}/missing{os.pathsep}{kc}"}) == str(kc)
+    assert find_kubeconfig({"KUBECONFIG": f"{tmp_path}/missing{os.pathsep}{kc}"}) == str(kc)
     (tmp_path / ".kube").mkdir()
     (tmp_path / ".kube/config").write_text("apiVersion: v1\n")
-    assert k8s.find_kubeconfig({}, home=str(tmp_path)) == str(tmp_path / ".kube/config")
+    assert find_kubeconfig({}, home=str(tmp_path)) == str(tmp_path / ".kube/config")
     with pytest.raises(Unreachable) as e:  # a KUBECONFIG that names nothing is not overridden
-        k8s.find_kubeconfig({"KUBECONFIG": str(tmp_path / "nope")}, home=str(tmp_path))
+        find_kubeconfig({"KUBECONFIG": str(tmp_path / "nope")}, home=str(tmp_path))
     assert e.value.exit_code == ExitCode.UNREACHABLE
 
 
 def test_apply_refuses_trainjob():
     with pytest.raises(EnvbuildError) as e:
-        k8s.K8sLauncher(k8s.K8sOptions(kubeflow=True))
+        K8sLauncher(K8sOptions(kubeflow=True))
     assert e.value.exit_code == ExitCode.USAGE
 
 
@@ -422,13 +447,13 @@ def test_rerender_removes_manifests_of_the_other_mode(tmp_path):
     ("100b", "100"), ("2Gi", "2Gi"), (None, None), ("", None),
 ])
 def test_shm_quantity(docker, quantity):
-    assert k8s.shm_quantity(docker) == quantity
+    assert shm_quantity(docker) == quantity
 
 
 @pytest.mark.parametrize("bad", ["8x", "-1g", "0g", "1.5g", "g"])
 def test_shm_quantity_rejects(bad):
     with pytest.raises(EnvbuildError):
-        k8s.shm_quantity(bad)
+        shm_quantity(bad)
 
 
 @pytest.mark.parametrize("ref,name,tag,digest", [
@@ -439,13 +464,13 @@ def test_shm_quantity_rejects(bad):
     ("envbuild/cpu-torch2", "envbuild/cpu-torch2", None, None),
 ])
 def test_parse_image_ref(ref, name, tag, digest):
-    assert k8s.parse_image_ref(ref) == k8s.ImageReference(name, tag, digest)
+    assert parse_image_ref(ref) == ImageReference(name, tag, digest)
 
 
 @pytest.mark.parametrize("bad", ["", "UPPER/case", "repo@sha256:abc", f"repo@sha512:{'0' * 128}", "a b", "repo:@x"])
 def test_parse_image_ref_rejects(bad):
     with pytest.raises(EnvbuildError) as e:
-        k8s.parse_image_ref(bad)
+        parse_image_ref(bad)
     assert e.value.exit_code == ExitCode.USAGE
 
 
@@ -456,32 +481,49 @@ def test_parse_image_ref_rejects(bad):
     ("a: b", '"a: b"'), ("1e3", '"1e3"'), ("-1", '"-1"'), (2, "2"), (True, "true"),
 ])
 def test_yaml_scalar(value, text):
-    assert k8s.yaml_scalar(value) == text
+    """Plain only when every YAML 1.1 reader (Kubernetes') reads the same string back."""
+    assert dump({"k": value}) == f"k: {text}\n"
     assert yaml.safe_load(f"k: {text}") == {"k": value}
 
 
 @pytest.mark.parametrize("text", ["a\n", "a\nb", "a\n\n\n", "x = 1\n\n\n\ty = 2\n", "  indented\n", "\nlead\n",
                                   "cr\r\nlf\n", "nul\x00\n", "tab\tand trailing  \n"])
 def test_yaml_block_reads_back_exactly(text):
-    doc = "data:\n  k: " + k8s.yaml_block(text, 4) + "\n"
+    doc = dump({"data": {"k": text}})
     assert yaml.safe_load(doc) == {"data": {"k": text}}
+
+
+@pytest.mark.parametrize("text,block", [("a\n", "|\n    a\n"), ("a\nb", "|-\n    a\n    b\n"),
+                                        ("a\n\n\n", "|+\n    a\n\n\n...\n"), ("  indented\n", "|2\n      indented\n")])
+def test_multi_line_text_is_a_literal_block(text, block):
+    assert dump({"data": {"k": text}}) == "data:\n  k: " + block
+
+
+def test_file_mode_is_octal_and_a_bad_comment_is_refused():
+    from builder.launchers.k8s.pod import FileMode
+
+    assert dump({"defaultMode": FileMode(0o444)}) == "defaultMode: 0444\n"
+    assert yaml.safe_load("defaultMode: 0444\n") == {"defaultMode": 292}
+    with pytest.raises(EnvbuildError):
+        dump({"k": "v"}, ["line\nkind: Secret"])
+    assert dump({"k": "v"}, ["one", "two"]) == "# one\n# two\nk: v\n"
 
 
 def test_labels_are_checked():
     spec, _ = spec_for("cpu-torch2")
-    labels = k8s.manifest_labels(spec, {"ENVBUILD_EXTRA_LABELS": "envbuild.test-session=abc123"})
+    labels = manifest_labels(spec, {"ENVBUILD_EXTRA_LABELS": "envbuild.test-session=abc123"})
     assert labels["envbuild.test-session"] == "abc123"
     with pytest.raises(EnvbuildError) as e:
-        k8s.manifest_labels(spec, {"ENVBUILD_EXTRA_LABELS": "team=a b"})
+        manifest_labels(spec, {"ENVBUILD_EXTRA_LABELS": "team=a b"})
     assert e.value.exit_code == ExitCode.USAGE
     bad = LaunchSpec(**{**spec.__dict__, "labels": {"x" * 64: "1"}})
     with pytest.raises(EnvbuildError):
-        k8s.render_manifests(bad, code=STUB_CODE, environ={})
+        render_manifests(bad, code=STUB_CODE, environ={})
 
 
 def test_env_overrides_and_additions():
     spec, _ = spec_for("cuda12-torch2", env={"NCCL_SOCKET_IFNAME": "net1", "NCCL_IB_HCA": "mlx5_0"})
-    env = k8s.pod_env(spec)
+    env = pod_env(spec)
     names = [e["name"] for e in env]
     assert names.count("NCCL_SOCKET_IFNAME") == 1
     assert env[names.index("NCCL_SOCKET_IFNAME")] == {"name": "NCCL_SOCKET_IFNAME", "value": "net1"}
@@ -490,12 +532,12 @@ def test_env_overrides_and_additions():
 
 def test_required_spread_and_no_spread():
     spec, _ = spec_for("cpu-torch2")
-    job = objects_of(k8s.render_manifests(spec, k8s.K8sOptions(spread="required"), code=STUB_CODE, environ={}))["Job"]
+    job = objects_of(render_manifests(spec, K8sOptions(spread="required"), code=STUB_CODE, environ={}))["Job"]
     aff = job["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
     assert aff == {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"envbuild.run": RUN_ID}}}]}
     validate(job)
-    job = objects_of(k8s.render_manifests(spec, k8s.K8sOptions(spread="none"), code=STUB_CODE, environ={}))["Job"]
+    job = objects_of(render_manifests(spec, K8sOptions(spread="none"), code=STUB_CODE, environ={}))["Job"]
     assert "affinity" not in job["spec"]["template"]["spec"]
     validate(job)
 
@@ -512,37 +554,38 @@ def test_node_script_prints_results_and_keeps_the_exit_status(tmp_path):
         "import json, os, sys\n"
         "d = os.environ['ENVBUILD_RESULTS']\n"
         "for r in (2, 3):\n"
-        "    json.dump(dict(schema='envbuild.rank-result/1', rank=r, note='x\\ny'), open(f'{d}/rank-{r}.json', 'w'), indent=2)\n"
+        "    json.dump(dict(schema='envbuild.rank-result/1', rank=r, note='x\\ny'),\n"
+        "              open(f'{d}/rank-{r}.json', 'w'), indent=2)\n"
         "print('torchrun output without a final newline', end='')\n"
         "sys.exit(3)\n"
     )
-    r = subprocess.run(["/bin/sh", "-c", k8s.NODE_SCRIPT, "envbuild-node", sys.executable, "-c", writer],
+    r = subprocess.run(["/bin/sh", "-c", NODE_SCRIPT, "envbuild-node", sys.executable, "-c", writer],
                        env={"ENVBUILD_RESULTS": str(tmp_path), "PATH": os.environ["PATH"]},
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 3
-    results, problems = k8s.parse_result_blocks(r.stdout)
+    results, problems = parse_result_blocks(r.stdout)
     assert problems == {}
     assert results == {2: {"schema": "envbuild.rank-result/1", "rank": 2, "note": "x\ny"},
                        3: {"schema": "envbuild.rank-result/1", "rank": 3, "note": "x\ny"}}
     # no results at all: nothing printed, the status still comes through
     empty = tmp_path / "empty"
     empty.mkdir()
-    r = subprocess.run(["/bin/sh", "-c", k8s.NODE_SCRIPT, "envbuild-node", "false"],
+    r = subprocess.run(["/bin/sh", "-c", NODE_SCRIPT, "envbuild-node", "false"],
                        env={"ENVBUILD_RESULTS": str(empty), "PATH": os.environ["PATH"]},
                        capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout) == (1, "")
 
 
 def block(rank: int, body: str, end: bool = True) -> str:
-    return (f"\n{k8s.RESULT_BEGIN} rank-{rank}.json\n{body}\n"
-            + (f"{k8s.RESULT_END} rank-{rank}.json\n" if end else ""))
+    return (f"\n{RESULT_BEGIN} rank-{rank}.json\n{body}\n"
+            + (f"{RESULT_END} rank-{rank}.json\n" if end else ""))
 
 
 def test_parse_result_blocks_problems():
     good = json.dumps(RESULT, indent=2)
     log = ("noise\n" + block(0, good) + block(1, "{not json") + block(2, json.dumps({**RESULT, "rank": 5}))
            + block(3, json.dumps({**RESULT, "rank": 3, "schema": "other/1"})) + block(4, good, end=False))
-    results, problems = k8s.parse_result_blocks(log)
+    results, problems = parse_result_blocks(log)
     assert results == {0: RESULT}
     assert sorted(problems) == [1, 2, 3, 4]
     assert problems[1] == ("result in the pod log: not valid JSON: Expecting property name enclosed in "
@@ -561,7 +604,7 @@ def test_parse_result_blocks_checks_the_run_and_bounds():
            + block(2, json.dumps({**mine, "rank": 2, "world_size": 3}))
            + block(3, '{"schema": "envbuild.rank-result/1", "rank": 3, "x": NaN}')
            + block(4, '{"rank": ' + "9" * 5000 + "}"))
-    results, problems = k8s.parse_result_blocks(log, "0123456789ab", 2)
+    results, problems = parse_result_blocks(log, "0123456789ab", 2)
     assert results == {0: mine}
     assert problems == {
         1: "result of rank 1 is from run 'ffffffffffff', not this run 0123456789ab: refused (stale or planted)",
@@ -575,11 +618,13 @@ def test_parse_result_blocks_checks_the_run_and_bounds():
 
 
 class ScriptedApi:
-    """Stands in for KubeApi: records calls; pods and Job conditions follow a script.
+    """Stands in for KubeApi: records calls; the Job and its pods follow a script.
 
-    ``script`` is a list of steps; each poll consumes one: ``(conditions, pods)`` where
-    pods is ``[(node, phase, exit code or None)]``; the last step repeats. Logs are
-    ``logs[node]``.
+    ``script`` is a list of steps; each batch of updates the watch yields is one step:
+    ``(conditions, pods)`` where conditions is ``[(type, reason)]`` and pods is ``[(node,
+    phase, exit code or None)]``; the last step repeats; a pod of the previous step that
+    is not in this one is reported deleted. ``pods()`` gives the current step's pods.
+    Logs are ``logs[node]``.
     """
 
     namespace = "ns-test"
@@ -597,27 +642,37 @@ class ScriptedApi:
         if self.fail_create and obj["kind"] == self.fail_create[0]:
             raise self.fail_create[1]
 
-    def delete(self, kind, name):
-        self.calls.append(("delete", kind, name))
+    def delete(self, obj):
+        self.calls.append(("delete", obj["kind"], obj["metadata"]["name"]))
 
     def delete_pods(self, selector):
         self.calls.append(("delete pods", selector))
 
     def _step(self):
-        return self.script[min(self.polls, len(self.script) - 1)]
+        return self.script[min(max(self.polls - 1, 0), len(self.script) - 1)]
 
-    def job_conditions(self, name):
-        self.polls += 1
-        if self.interrupt_at is not None and self.polls >= self.interrupt_at:
-            raise KeyboardInterrupt("SIGINT")
-        conds, _ = self._step()
-        return [{"type": t, "status": "True", "reason": reason, "message": ""} for t, reason in conds]
-
-    def pods(self, selector):
-        assert selector == "batch.kubernetes.io/job-name=envbuild-0123456789ab"
+    def _pods(self):
         _, pods = self._step()
-        return [k8s.PodState(name=f"envbuild-0123456789ab-{n}-x", node=n, phase=ph, exit_code=code, host=f"host{n}")
+        return [PodState(name=f"envbuild-0123456789ab-{n}-x", node=n, phase=ph, exit_code=code, host=f"host{n}")
                 for n, ph, code in pods]
+
+    def watch(self, job, tick_s):
+        assert job == "envbuild-0123456789ab"
+        previous: dict[str, PodState] = {}
+        while True:
+            self.polls += 1
+            if self.interrupt_at is not None and self.polls >= self.interrupt_at:
+                raise KeyboardInterrupt("SIGINT")
+            conds, _ = self._step()
+            pods = {p.name: p for p in self._pods()}
+            gone = [dataclasses.replace(p, deleted=True) for name, p in previous.items() if name not in pods]
+            previous = pods
+            yield [JobState(job, dict(conds)), *pods.values(), *gone]
+            time.sleep(tick_s)
+
+    def pods(self, job):
+        assert job == "envbuild-0123456789ab"
+        return self._pods()
 
     def log(self, pod):
         self.calls.append(("log", pod))
@@ -630,13 +685,45 @@ def small_spec(nodes=2, timeout_s=30.0):
 
 
 def launcher(api):
-    return k8s.K8sLauncher(api=api, poll_s=0.0, log_every_s=0.0, code=STUB_CODE)
+    return K8sLauncher(api=api, tick_s=0.0, log_every_s=0.0, code=STUB_CODE)
 
 
 ALL_DELETED = [
     ("delete", "Job", "envbuild-0123456789ab"), ("delete", "Service", "envbuild-0123456789ab"),
     ("delete", "ConfigMap", "envbuild-0123456789ab-code"), ("delete pods", f"envbuild.run={RUN_ID}"),
 ]
+
+
+def test_pod_and_job_states_from_api_objects():
+    """What a watch or a list gives is read field by field; a malformed field (a server's
+    bug, or hostile) reads as absent, never as another value; the passing twins are the
+    well-formed objects."""
+    from builder.launchers.k8s.cluster import job_state, pod_state
+
+    good = {"metadata": {"name": "p-1", "annotations": {"batch.kubernetes.io/job-completion-index": "1"}},
+            "spec": {"nodeName": "h1"},
+            "status": {"phase": "Failed", "containerStatuses": [
+                {"name": "sidecar", "state": {"terminated": {"exitCode": 9}}},
+                {"name": "node", "state": {"terminated": {"exitCode": 3, "reason": "Error"}}}]}}
+    assert pod_state(good) == PodState(name="p-1", node=1, phase="Failed", exit_code=3, message="Error", host="h1")
+    waiting = {"metadata": {"name": "p-0"}, "status": {"phase": "Pending", "containerStatuses": [
+        {"name": "node", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off"}}}]}}
+    assert pod_state(waiting, deleted=True) == PodState(name="p-0", node=None, phase="Pending",
+                                                        waiting_reason="ImagePullBackOff", message="Back-off",
+                                                        deleted=True)
+    for bad_index in ("-1", "1e3", "\u0663", "9" * 10, 1, None):
+        obj = {"metadata": {"name": "p", "annotations": {"batch.kubernetes.io/job-completion-index": bad_index}}}
+        assert pod_state(obj).node is None, bad_index
+    for bad_code in ("0", True, None, 1.5):
+        obj = {"status": {"containerStatuses": [{"name": "node", "state": {"terminated": {"exitCode": bad_code}}}]}}
+        assert pod_state(obj).exit_code is None, bad_code
+    assert pod_state({"metadata": [], "spec": "x", "status": {"phase": 7, "containerStatuses": {"a": 1}}}) == \
+        PodState(name="", node=None, phase="Unknown")
+    job = {"metadata": {"name": "j"}, "status": {"conditions": [
+        {"type": "Failed", "status": "True", "reason": "DeadlineExceeded"},
+        {"type": "Complete", "status": "False"}, {"type": 5, "status": "True"}, "junk"]}}
+    assert job_state(job) == JobState("j", {"Failed": "DeadlineExceeded"})
+    assert job_state(job).done and not job_state({"status": {"conditions": {"x": 1}}}).done
 
 
 def test_apply_collects_results_and_deletes_everything():
@@ -655,7 +742,8 @@ def test_apply_collects_results_and_deletes_everything():
     assert res.node_exit_codes == {0: 0, 1: 0}
     assert (res.timed_out, res.killed_after_s) == (False, None)
     assert res.node_logs[1].startswith("[envbuild] pod envbuild-0123456789ab-1-x on host1\ntorchrun says hi\n")
-    assert progress[0] == "run 0123456789ab: created Job envbuild-0123456789ab in namespace ns-test: 2 pod(s) x 1 rank(s)"
+    assert progress[0] == ("run 0123456789ab: created Job envbuild-0123456789ab in namespace ns-test: "
+                           "2 pod(s) x 1 rank(s)")
     assert progress[-1] == "run 0123456789ab: 2/2 rank result(s)"
 
 
@@ -689,7 +777,7 @@ def test_apply_deadline_exceeded_is_a_timeout():
 
 def test_apply_own_deadline_when_the_job_never_ends():
     api = ScriptedApi([([], [(0, "Pending", None), (1, "Pending", None)])], {})
-    lz = k8s.K8sLauncher(api=api, poll_s=0.01, log_every_s=0.0, slack_s=0.0, code=STUB_CODE)
+    lz = K8sLauncher(api=api, tick_s=0.01, log_every_s=0.0, slack_s=0.0, code=STUB_CODE)
     res = lz.run(small_spec(timeout_s=0.05))
     assert res.timed_out is True and res.missing_ranks == [0, 1]
     assert [c for c in api.calls if c[0].startswith("delete")] == ALL_DELETED
@@ -704,16 +792,31 @@ def test_apply_ctrl_c_deletes_everything_and_passes_it_on():
 
 def test_apply_unpullable_image_is_an_error_after_cleanup():
     class Stuck(ScriptedApi):
-        def pods(self, selector):
-            return [k8s.PodState(name="envbuild-0123456789ab-0-x", node=0, phase="Pending",
-                                 waiting_reason="ImagePullBackOff", message="Back-off pulling image")]
+        def _pods(self):
+            return [PodState(name="envbuild-0123456789ab-0-x", node=0, phase="Pending",
+                             waiting_reason="ImagePullBackOff", message="Back-off pulling image")]
 
     api = Stuck([([], [])], {})
-    lz = k8s.K8sLauncher(api=api, poll_s=0.0, pull_grace_s=0.0, code=STUB_CODE)
+    lz = K8sLauncher(api=api, tick_s=0.0, pull_grace_s=0.0, code=STUB_CODE)
     with pytest.raises(Unreachable) as e:
         lz.run(small_spec())
     assert str(e.value) == (f"pod envbuild-0123456789ab-0-x: ImagePullBackOff: Back-off pulling image "
                             f"(image {IMAGES['cpu-torch2']})")
+    assert [c for c in api.calls if c[0].startswith("delete")] == ALL_DELETED
+
+
+def test_apply_job_deleted_from_outside_is_an_error_after_cleanup():
+    """Someone deletes the Job while it runs (the watch says DELETED): exit 3, named, and the
+    cleanup still runs; the passing twin is every other apply test."""
+    class Deleted(ScriptedApi):
+        def watch(self, job, tick_s):
+            yield [JobState(job), *self._pods()]
+            yield [JobState(job, deleted=True)]
+
+    api = Deleted([([], [(0, "Running", None), (1, "Running", None)])], {})
+    with pytest.raises(Unreachable) as e:
+        launcher(api).run(small_spec())
+    assert str(e.value) == "Kubernetes API: Job envbuild-0123456789ab was deleted before it finished"
     assert [c for c in api.calls if c[0].startswith("delete")] == ALL_DELETED
 
 
@@ -731,66 +834,142 @@ def test_apply_refused_create_does_not_delete_what_is_not_ours():
 # --------------------------------------------------------------------------- the kubernetes client, over HTTP
 
 
+def job_object(version: str, condition: str | None) -> dict:
+    """The run's Job as the API server has it, at resource version ``version``."""
+    return {"kind": "Job", "apiVersion": "batch/v1",
+            "metadata": {"name": f"envbuild-{RUN_ID}", "resourceVersion": version},
+            "status": {"conditions": [{"type": condition, "status": "True"}] if condition else []}}
+
+
+#: What the dynamic client reads to find the resources (API discovery).
+DISCOVERY = {
+    "/version": {"major": "1", "minor": "30", "gitVersion": "v1.30.0"},
+    "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+        {"name": "batch", "versions": [{"groupVersion": "batch/v1", "version": "v1"}],
+         "preferredVersion": {"groupVersion": "batch/v1", "version": "v1"}}]},
+    "/api/v1": {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+        {"name": "configmaps", "singularName": "configmap", "namespaced": True, "kind": "ConfigMap",
+         "verbs": ["create", "delete", "get", "list", "watch"]},
+        {"name": "services", "singularName": "service", "namespaced": True, "kind": "Service",
+         "verbs": ["create", "delete", "get", "list", "watch"]},
+        {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod",
+         "verbs": ["create", "delete", "deletecollection", "get", "list", "watch"]},
+        {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]}]},
+    "/apis/batch/v1": {"kind": "APIResourceList", "groupVersion": "batch/v1", "resources": [
+        {"name": "jobs", "singularName": "job", "namespaced": True, "kind": "Job",
+         "verbs": ["create", "delete", "get", "list", "watch"]}]},
+}
+
+
+def fake_pod(n: int) -> dict:
+    """Pod ``n`` of the run as the fake API server has it: exited 0 on ``gpu-host-<n>``."""
+    return {"kind": "Pod", "apiVersion": "v1",
+            "metadata": {"name": f"envbuild-{RUN_ID}-{n}-abcde", "resourceVersion": "5",
+                         "annotations": {"batch.kubernetes.io/job-completion-index": str(n)}},
+            "spec": {"nodeName": f"gpu-host-{n}", "containers": [{"name": "node"}]},
+            "status": {"phase": "Succeeded", "containerStatuses": [{
+                "name": "node", "ready": False, "restartCount": 0, "image": "i", "imageID": "i",
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}}
+
+
+class _FakeApiHandler(http.server.BaseHTTPRequestHandler):
+    """The requests of :class:`FakeApiServer` (``self.server.fake``)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):  # quiet
+        pass
+
+    def _send(self, code, body, ctype="application/json"):
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _watch(self, events, hold, query):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for kind, obj in events:
+                line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                self.wfile.flush()
+            if hold:
+                self.server.fake.closing.wait(float(query["timeoutSeconds"][0]))
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:  # the client ended the watch
+            pass
+        self.close_connection = True
+
+    def _record(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(n)) if n else None
+        path, _, query = urllib.parse.unquote(self.path).partition("?")
+        query = "&".join(sorted(query.split("&"))) if query else ""
+        self.server.fake.requests.append((self.command, path + ("?" + query if query else ""),
+                                          (body or {}).get("kind")))
+        return body
+
+    def do_POST(self):
+        body = self._record()
+        self._send(201, body)
+
+    def do_DELETE(self):
+        self._record()
+        self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+
+    def do_GET(self):
+        self._record()
+        fake = self.server.fake
+        path, _, raw_query = self.path.partition("?")
+        query = urllib.parse.parse_qs(raw_query)
+        watch = query.get("watch") == ["true"]
+        if path in DISCOVERY:
+            self._send(200, DISCOVERY[path])
+        elif path.endswith("/jobs") and watch:
+            self._watch(*(fake.job_streams.pop(0) if fake.job_streams else ([], True)), query)
+        elif path.endswith("/pods") and watch and fake.pods_watch_status:
+            self._send(fake.pods_watch_status, {"kind": "Status", "code": fake.pods_watch_status,
+                                                "reason": "Forbidden", "message": "pods is forbidden: cannot watch"})
+        elif path.endswith("/pods") and watch:
+            events = [] if "resourceVersion" in query else [("ADDED", fake_pod(0)), ("ADDED", fake_pod(1))]
+            self._watch(events, True, query)
+        elif path.endswith("/pods"):
+            items = [fake_pod(0), fake_pod(1)]
+            self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+        elif path.endswith("/log"):
+            n = int(path.split("/")[-2].split("-")[2])
+            self._send(200, fake.logs[n], "text/plain")
+        else:
+            self._send(404, {"kind": "Status", "code": 404})
+
+
 class FakeApiServer:
-    """A loopback HTTP server answering the Kubernetes API requests KubeApi makes, with
-    canned objects: a Job that is Complete, two pods that exited 0 with result blocks in
-    their logs. Records every request as (method, path with query, body kind)."""
+    """A loopback HTTP/1.1 server answering the Kubernetes API requests KubeApi makes, with
+    canned objects: API discovery (:data:`DISCOVERY`), a Job that is Complete, two pods that
+    exited 0 with result blocks in their logs, as a list and as watch streams (chunked, as
+    the API server sends them: the current objects as ADDED events, then nothing until the
+    watch's timeoutSeconds or the server's end). Records every request as (method, path
+    with the query parameters sorted, body kind).
 
-    def __init__(self, logs: dict[int, str]):
-        import http.server
-        import threading
+    ``job_streams``: what successive watches of the Job get, each ``(events, hold)``:
+    ``[(type, object)]`` sent as they are, then held open (``hold``) or ended at once (as
+    the API server ends a watch at its timeout); default one stream, the Complete Job as
+    ADDED, held. ``pods_watch_status``: an HTTP status that answers the pods' watches
+    instead (e.g. 403)."""
 
-        server_self = self
+    def __init__(self, logs: dict[int, str], job_streams=None, pods_watch_status=None):
+        self.logs = logs
+        self.job_streams = list(job_streams or [([("ADDED", job_object("7", "Complete"))], True)])
+        self.pods_watch_status = pods_watch_status
         self.requests: list[tuple[str, str, str | None]] = []
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *a):  # quiet
-                pass
-
-            def _send(self, code, body, ctype="application/json"):
-                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _record(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(n)) if n else None
-                server_self.requests.append((self.command, urllib.parse.unquote(self.path), (body or {}).get("kind")))
-                return body
-
-            def do_POST(self):
-                body = self._record()
-                self._send(201, body)
-
-            def do_DELETE(self):
-                self._record()
-                self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
-
-            def do_GET(self):
-                self._record()
-                path = self.path.split("?")[0]
-                if path.endswith("/status"):
-                    self._send(200, {"kind": "Job", "apiVersion": "batch/v1", "metadata": {"name": "j"},
-                                     "status": {"conditions": [{"type": "Complete", "status": "True"}]}})
-                elif path.endswith("/pods"):
-                    self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [
-                        {"metadata": {"name": f"envbuild-{RUN_ID}-{n}-abcde",
-                                      "annotations": {"batch.kubernetes.io/job-completion-index": str(n)}},
-                         "spec": {"nodeName": f"gpu-host-{n}", "containers": [{"name": "node"}]},
-                         "status": {"phase": "Succeeded", "containerStatuses": [{
-                             "name": "node", "ready": False, "restartCount": 0, "image": "i", "imageID": "i",
-                             "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}}
-                        for n in (0, 1)]})
-                elif path.endswith("/log"):
-                    n = int(path.split("/")[-2].split("-")[2])
-                    self._send(200, logs[n], "text/plain")
-                else:
-                    self._send(404, {"kind": "Status", "code": 404})
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.closing = threading.Event()
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeApiHandler)
+        self.httpd.fake = self
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -799,13 +978,15 @@ class FakeApiServer:
         return self
 
     def __exit__(self, *exc):
+        self.closing.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
 
 def test_apply_through_the_kubernetes_client(tmp_path):
     """KubeApi (the real `kubernetes` client, from a kubeconfig) against a loopback fake API
-    server: the requests it makes, and the LaunchResult built from what it reads."""
+    server: the requests it makes (API discovery aside, and the watches apart: they run in
+    threads of their own), and the LaunchResult built from what it reads."""
     logs = {n: block(n, json.dumps({**RESULT, "rank": n})) for n in (0, 1)}
     with FakeApiServer(logs) as server:
         kubeconfig = tmp_path / "kubeconfig"
@@ -815,28 +996,106 @@ def test_apply_through_the_kubernetes_client(tmp_path):
             "users": [{"name": "fake", "user": {"token": "t"}}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "team-a"}}],
         }))
-        api = k8s.KubeApi(str(kubeconfig))
+        api = KubeApi(str(kubeconfig))
         assert api.namespace == "team-a"
-        res = k8s.K8sLauncher(api=api, poll_s=0.0, code=STUB_CODE).run(small_spec())
+        res = K8sLauncher(api=api, tick_s=0.0, code=STUB_CODE).run(small_spec())
     assert res.rank_results == {0: {**RESULT, "rank": 0}, 1: {**RESULT, "rank": 1}}
     assert res.node_exit_codes == {0: 0, 1: 0} and res.cleanup_errors == []
     assert res.node_logs[0].startswith(f"[envbuild] pod envbuild-{RUN_ID}-0-abcde on gpu-host-0\n")
     job, sel = f"envbuild-{RUN_ID}", "labelSelector=batch.kubernetes.io/job-name=envbuild-0123456789ab"
-    reqs = [(m, p) for m, p, _ in server.requests]
-    assert server.requests[:3] == [
+    discovery = [r for r in server.requests if r[1] in DISCOVERY]
+    assert {(m, p) for m, p, _ in discovery} == {("GET", p) for p in ("/version", "/apis", "/api/v1", "/apis/batch/v1")}
+    calls = [r for r in server.requests if r[1] not in DISCOVERY]
+    watches = [(m, p) for m, p, _ in calls if "watch=true" in p]
+    reqs = [(m, p) for m, p, _ in calls if "watch=true" not in p]
+    assert calls[:3] == [
         ("POST", "/api/v1/namespaces/team-a/configmaps", "ConfigMap"),
         ("POST", "/api/v1/namespaces/team-a/services", "Service"),
         ("POST", "/apis/batch/v1/namespaces/team-a/jobs", "Job"),
     ]
-    assert reqs[3:6] == [("GET", f"/apis/batch/v1/namespaces/team-a/jobs/{job}/status"),
-                         ("GET", f"/api/v1/namespaces/team-a/pods?{sel}"),
-                         ("GET", f"/api/v1/namespaces/team-a/pods/{job}-0-abcde/log?container=node&limitBytes=33554432")]
+    # one watch of the Job and one of its pods, from their current states (no resource version)
+    assert sorted(watches) == [
+        ("GET", f"/api/v1/namespaces/team-a/pods?{sel}&timeoutSeconds=120&watch=true"),
+        ("GET", f"/apis/batch/v1/namespaces/team-a/jobs?fieldSelector=metadata.name={job}"
+                "&timeoutSeconds=120&watch=true"),
+    ]
+    middle = reqs[3:-4]
+    log = f"/api/v1/namespaces/team-a/pods/{job}-%d-abcde/log?container=node&limitBytes=33554432"
+    # the pods listed once when the Job is done; each log read when its pod ended (and at the end)
+    assert middle.count(("GET", f"/api/v1/namespaces/team-a/pods?{sel}")) == 1
+    assert {r for r in middle if "/log?" in r[1]} == {("GET", log % 0), ("GET", log % 1)}
+    assert len(middle) <= 5
     assert reqs[-4:] == [
         # without propagationPolicy, deleting a batch/v1 Job orphans its pods
         ("DELETE", f"/apis/batch/v1/namespaces/team-a/jobs/{job}?propagationPolicy=Background"),
         ("DELETE", f"/api/v1/namespaces/team-a/services/{job}"),
         ("DELETE", f"/api/v1/namespaces/team-a/configmaps/{job}-code"),
         ("DELETE", f"/api/v1/namespaces/team-a/pods?gracePeriodSeconds=0&labelSelector=envbuild.run={RUN_ID}"),
+    ]
+
+
+def fake_kubeconfig(tmp_path, port: int, namespace: str | None = None) -> str:
+    context = {"cluster": "fake", "user": "fake", **({"namespace": namespace} if namespace else {})}
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "fake", "user": {"token": "t"}}],
+        "contexts": [{"name": "fake", "context": context}],
+    }))
+    return str(path)
+
+
+def job_watches(server) -> list[str]:
+    return [p.partition("?")[2] for m, p, _ in server.requests if "/jobs?" in p and "watch=true" in p]
+
+
+def test_apply_resumes_an_ended_watch_from_its_resource_version(tmp_path):
+    """A Job watch the server ends (its timeout) is resumed from the last resource version
+    seen, and the Job's end comes in on the resumed watch."""
+    logs = {n: block(n, json.dumps({**RESULT, "rank": n})) for n in (0, 1)}
+    streams = [([("ADDED", job_object("6", None))], False), ([("MODIFIED", job_object("7", "Complete"))], True)]
+    with FakeApiServer(logs, job_streams=streams) as server:
+        res = K8sLauncher(api=KubeApi(fake_kubeconfig(tmp_path, server.port)), tick_s=0.0,
+                          code=STUB_CODE).run(small_spec())
+    assert sorted(res.rank_results) == [0, 1] and res.node_exit_codes == {0: 0, 1: 0}
+    sel = f"fieldSelector=metadata.name=envbuild-{RUN_ID}"
+    assert job_watches(server) == [f"{sel}&timeoutSeconds=120&watch=true",
+                                   f"{sel}&resourceVersion=6&timeoutSeconds=120&watch=true"]
+
+
+def test_apply_restarts_an_expired_watch_from_the_current_state(tmp_path):
+    """410 Gone (the resource version is too old): the watch starts over without one."""
+    logs = {n: block(n, json.dumps({**RESULT, "rank": n})) for n in (0, 1)}
+    gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410, "reason": "Expired",
+            "message": "too old resource version: 6 (9)"}
+    streams = [([("ADDED", job_object("6", None))], False), ([("ERROR", gone)], False),
+               ([("ADDED", job_object("9", "Complete"))], True)]
+    with FakeApiServer(logs, job_streams=streams) as server:
+        res = K8sLauncher(api=KubeApi(fake_kubeconfig(tmp_path, server.port)), tick_s=0.0,
+                          code=STUB_CODE).run(small_spec())
+    assert sorted(res.rank_results) == [0, 1]
+    sel = f"fieldSelector=metadata.name=envbuild-{RUN_ID}"
+    assert job_watches(server) == [f"{sel}&timeoutSeconds=120&watch=true",
+                                   f"{sel}&resourceVersion=6&timeoutSeconds=120&watch=true",
+                                   f"{sel}&timeoutSeconds=120&watch=true"]
+
+
+def test_apply_watch_refused_is_an_error_after_cleanup(tmp_path):
+    """The pods cannot be watched (403): one line, exit 2, and everything created is deleted."""
+    with FakeApiServer({0: "", 1: ""}, job_streams=[([("ADDED", job_object("6", None))], True)],
+                       pods_watch_status=403) as server:
+        with pytest.raises(EnvbuildError) as e:
+            K8sLauncher(api=KubeApi(fake_kubeconfig(tmp_path, server.port)), tick_s=0.0,
+                        code=STUB_CODE).run(small_spec())
+    assert e.value.exit_code == ExitCode.CHECK_FAILED
+    assert str(e.value).startswith(f"Kubernetes API: watch pods of Job envbuild-{RUN_ID}: 403 ")
+    assert "pods is forbidden: cannot watch" in str(e.value) and "\n" not in str(e.value)
+    assert [p for m, p, _ in server.requests if m == "DELETE"] == [
+        f"/apis/batch/v1/namespaces/default/jobs/envbuild-{RUN_ID}?propagationPolicy=Background",
+        f"/api/v1/namespaces/default/services/envbuild-{RUN_ID}",
+        f"/api/v1/namespaces/default/configmaps/envbuild-{RUN_ID}-code",
+        f"/api/v1/namespaces/default/pods?gracePeriodSeconds=0&labelSelector=envbuild.run={RUN_ID}",
     ]
 
 
@@ -884,7 +1143,7 @@ def test_unreachable_api_server_is_exit_3(tmp_path):
         "users": [{"name": "u", "user": {"token": "t"}}],
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
     }))
-    api = k8s.KubeApi(str(kubeconfig))
+    api = KubeApi(str(kubeconfig))
     assert api.namespace == "default"
     with pytest.raises(Unreachable) as e:
         api.create({"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "x"}, "data": {}})
@@ -899,8 +1158,9 @@ def test_unreachable_api_server_is_exit_3(tmp_path):
 def run_on_docker(client, image, labels, extra_env=None):
     """`--apply`'s path (K8sLauncher.run) against tests/k8s_docker.py: the rendered Job,
     Service and ConfigMap run the real bench in the image; judged by certify.judge."""
-    from builder.image import engine
     from k8s_docker import DockerKubeApi
+
+    from builder.image import engine
 
     image_labels, lock = certify.read_image(client, image)
     s = certify.resolve_settings(lock, gpu_visible=True, sizes=[8, 1024, 65536], iters=3, warmup=1, ddp_steps=1,
@@ -910,7 +1170,7 @@ def run_on_docker(client, image, labels, extra_env=None):
                       env=dict(extra_env or {}), run_id=engine.new_run_id(),
                       labels={"envbuild.recipe": image_labels["envbuild.recipe"]})
     api = DockerKubeApi(client, labels)
-    res = k8s.K8sLauncher(k8s.K8sOptions(allow_tag=True), api=api, poll_s=0.5, log_every_s=2.0).run(spec)
+    res = K8sLauncher(K8sOptions(allow_tag=True), api=api, tick_s=0.5, log_every_s=2.0).run(spec)
     left = client.containers.list(all=True, filters={"label": f"envbuild.run={spec.run_id}"})
     assert left == [] and api.networks == {} and api.dirs == [], "the launcher left something behind"
     return s, spec, res, certify.judge(s, res, lock)
@@ -946,7 +1206,7 @@ def test_apply_on_docker_stand_in_failing_rank(docker_client, torch_image, test_
 def regenerate() -> None:
     """Write the golden files (`make golden`)."""
     for case in sorted(CASES):
-        k8s.write_manifests(render_case(case), GOLDEN / case)
+        write_manifests(render_case(case), GOLDEN / case)
         print(f"wrote {GOLDEN.relative_to(ROOT) / case}/")
 
 

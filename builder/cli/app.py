@@ -327,9 +327,10 @@ def _launcher(args, client, image: str):
 
     run_id = engine.new_run_id()
     if kind == "k8s":
-        from builder.launchers import k8s
+        from builder.launchers.k8s.launcher import K8sLauncher
+        from builder.launchers.k8s.options import K8sOptions
 
-        return k8s.K8sLauncher(k8s.K8sOptions()), run_id
+        return K8sLauncher(K8sOptions()), run_id
     from builder.launchers import slurm
 
     labels, lock = certify.read_image(client, image)
@@ -526,9 +527,9 @@ def _check_args(args) -> None:
 
         registry.parse_target(args.target, args.registry, args.namespace)
     if args.command == "k8s" and getattr(args, "run_id", None):
-        from builder.launchers import k8s
+        from builder.launchers.k8s.naming import check_run_id
 
-        k8s.check_run_id(args.run_id)
+        check_run_id(args.run_id)
     _check_input_files(args)
 
 
@@ -631,14 +632,14 @@ def _k8s_source(args):
     config ``Env``). Usage errors come before the engine is contacted."""
     import re
 
-    from builder.launchers import k8s
+    from builder.launchers.k8s import naming, reference, source
 
     name = args.source
     if re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name) and (Path(args.images_dir) / name / "envbuild.lock.json").is_file():
         if not args.image:
             raise UsageError(f"envbuild k8s render: recipe {name} needs --image REPO@sha256:DIGEST (the image the pods run)")
-        ref = k8s.require_digest(args.image, args.allow_tag)
-        lock, labels = k8s.lock_from_file(args.images_dir, name)
+        ref = naming.require_digest(args.image, args.allow_tag)
+        lock, labels = source.lock_from_file(args.images_dir, name)
         env = lock.get("env") if isinstance(lock.get("env"), dict) else {}
         return ref, lock, labels, None, {str(k): str(v) for k, v in env.items()}
     if args.image:
@@ -646,17 +647,18 @@ def _k8s_source(args):
     from builder.certify import certify
     from builder.image import engine
 
-    k8s.parse_image_ref(name)
+    reference.parse_image_ref(name)
     client = engine.connect()
     labels, lock = certify.read_image(client, name)
     img = client.images.get(name)
-    ref = k8s.require_digest(name, args.allow_tag, candidates=list(img.attrs.get("RepoDigests") or []))
+    ref = naming.require_digest(name, args.allow_tag, candidates=list(img.attrs.get("RepoDigests") or []))
     return ref, lock, labels, img.id, engine.image_env(client, name)
 
 
 def _k8s_options(args):
     """The K8sOptions of the command line, checked (exit 64) before anything is contacted."""
-    from builder.launchers import k8s
+    from builder.launchers.k8s.naming import check_run_id
+    from builder.launchers.k8s.options import K8sOptions, check_options
 
     if args.apply and args.kubeflow:
         raise UsageError("envbuild k8s render: --apply runs the Indexed Job; apply a TrainJob with kubectl apply -f DIR")
@@ -666,11 +668,11 @@ def _k8s_options(args):
         if not sep or not key:
             raise UsageError(f"envbuild k8s render: --env wants NAME=VALUE, got {item!r}")
         env[key] = value
-    opts = k8s.K8sOptions(kubeflow=args.kubeflow, runtime=args.runtime, allow_tag=args.allow_tag, ttl_s=args.ttl,
-                          spread=args.spread, socket_ifname=args.socket_ifname)
-    k8s.check_options(opts)
+    opts = K8sOptions(kubeflow=args.kubeflow, runtime=args.runtime, allow_tag=args.allow_tag, ttl_s=args.ttl,
+                      spread=args.spread, socket_ifname=args.socket_ifname)
+    check_options(opts)
     if args.run_id:
-        k8s.check_run_id(args.run_id)
+        check_run_id(args.run_id)
     return opts, env
 
 
@@ -682,8 +684,10 @@ def cmd_k8s_render(args) -> int:
 
     from builder.certify import certify
     from builder.image import engine
-    from builder.launchers import k8s
     from builder.launchers.base import LaunchSpec
+    from builder.launchers.k8s.kubeconfig import find_kubeconfig
+    from builder.launchers.k8s.launcher import K8sLauncher
+    from builder.launchers.k8s.manifests import render_manifests, write_manifests
 
     opts, env = _k8s_options(args)
     ref, lock, labels, image_id, image_env = _k8s_source(args)
@@ -700,13 +704,13 @@ def cmd_k8s_render(args) -> int:
                       labels={"envbuild.recipe": recipe_name} if recipe_name else {}, socket_ifname=args.socket_ifname)
     annotations = {k: labels[k] for k in ("envbuild.lock-hash",) if labels.get(k)}
     opts = dataclasses.replace(opts, annotations=annotations)
-    for path in k8s.write_manifests(k8s.render_manifests(spec, opts), args.out):
+    for path in write_manifests(render_manifests(spec, opts), args.out):
         out.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
     if not args.apply:
         out.print(f"run {run_id}: apply with `kubectl apply -f {args.out}`", markup=False, highlight=False, soft_wrap=True)
         return ExitCode.OK
-    launcher = k8s.K8sLauncher(opts, kubeconfig=args.kubeconfig or k8s.find_kubeconfig(manifests=str(args.out)),
-                               context=args.context, namespace=args.namespace)
+    launcher = K8sLauncher(opts, kubeconfig=args.kubeconfig or find_kubeconfig(manifests=str(args.out)),
+                           context=args.context, namespace=args.namespace)
     head = f"k8s run {run_id}: {s.nodes} pod(s) x {s.nproc_per_node} rank(s), backend {s.backend}, image {ref}"
     console.print(head, markup=False, highlight=False, soft_wrap=True)
     with console.status(head) as status:

@@ -1,0 +1,278 @@
+"""The Kubernetes API as :class:`~.launcher.K8sLauncher` uses it, over the ``kubernetes``
+client: its ``DynamicClient`` creates, reads and deletes objects of any kind the cluster
+serves (found by API discovery), and ``kubernetes.watch.Watch`` streams the changes of a
+Job and its pods (:meth:`KubeApi.watch`) instead of polling them.
+
+The ``kubernetes`` package is imported when a :class:`KubeApi` is made, so the other
+commands do not pay for it. Errors become one line: the API refused (400, 403, 409, 422:
+exit 2), anything else, the cluster unreachable included (exit 3).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import queue
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Generator, Mapping
+from typing import Any, TypeVar
+
+from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.core.inputs import load_json, one_line
+
+from .cluster import JobState, PodState, Update, job_state, pod_state
+from .kubeconfig import api_client
+from .pod import CONTAINER_NAME, JOB_NAME_LABEL
+
+#: Most bytes of a pod's log read (``limitBytes``, and no more of the answer); a run's log
+#: holds the results and the progress lines (about 100 bytes per rank every 2 s).
+LOG_MAX_BYTES = 32 << 20
+#: Most bytes of a list of objects read.
+LIST_MAX_BYTES = 64 << 20
+#: Seconds one watch request lasts (the API server's ``timeoutSeconds``); then it is
+#: resumed from the last resource version seen.
+WATCH_TIMEOUT_S = 120
+#: Seconds to connect, and of silence after which a request counts as lost (a watch is
+#: silent until its server ends it, at :data:`WATCH_TIMEOUT_S`).
+CONNECT_TIMEOUT_S = 30.0
+READ_TIMEOUT_S = WATCH_TIMEOUT_S + 30.0
+#: Shortest wait between two batches of :meth:`KubeApi.watch` without updates (seconds).
+MIN_TICK_S = 0.05
+#: Kinds whose dependents an API delete orphans unless told otherwise (batch/v1 Jobs
+#: keep their pods).
+_BACKGROUND_DELETE = frozenset({"Job"})
+
+T = TypeVar("T")
+
+
+def api_error(what: str, e: BaseException) -> EnvbuildError:
+    """The one-line error of a failed API call ``what`` (e.g. ``"create Job x"``)."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.dynamic.exceptions import ResourceNotFoundError
+
+    if isinstance(e, ApiException):
+        body = e.body.decode("utf-8", "replace") if isinstance(e.body, bytes) else e.body
+        reason = one_line(body or e.reason or e, 200)
+        code = ExitCode.CHECK_FAILED if e.status in (400, 403, 409, 422) else ExitCode.UNREACHABLE
+        return EnvbuildError(f"Kubernetes API: {what}: {e.status} {reason}", exit_code=code)
+    if isinstance(e, ResourceNotFoundError):
+        return EnvbuildError(f"Kubernetes API: {what}: the cluster does not serve this kind ({one_line(e, 200)})")
+    return Unreachable(f"Kubernetes API: {what}: {one_line(e, 200)}")
+
+
+def _call(what: str, fn: Callable[[], T], missing_ok: bool = False) -> T | None:
+    """``fn()``, its errors as :func:`api_error`; None for a 404 when ``missing_ok``."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - urllib3/OS errors: cluster unreachable
+        if missing_ok and getattr(e, "status", None) == 404:
+            return None
+        raise api_error(what, e) from None
+
+
+def _read(response: Any, limit: int) -> bytes:
+    """At most ``limit`` bytes of an unread HTTP answer; the connection is closed."""
+    try:
+        return bytes(response.read(limit))
+    finally:
+        response.close()
+        response.release_conn()
+
+
+@functools.cache
+def _discoverer() -> type:
+    """The ``kubernetes`` lazy discoverer, without its cache file (by default a predictable
+    file in the temporary folder that any local user could plant): discovery is a few
+    requests per run."""
+    from kubernetes.dynamic.discovery import LazyDiscoverer
+
+    class MemoryDiscoverer(LazyDiscoverer):  # type: ignore[misc]
+        def _write_cache(self) -> None:
+            pass
+
+    return MemoryDiscoverer
+
+
+class KubeApi:
+    """The Kubernetes API calls of :class:`~.launcher.K8sLauncher` (a
+    :class:`~.cluster.ClusterApi`).
+
+    Args:
+        kubeconfig: a file, or :data:`~.kubeconfig.IN_CLUSTER`.
+        context: the kubeconfig context (None: the current one).
+        namespace: None: the context's namespace, else ``default``.
+
+    Raises:
+        Unreachable: (exit 3) the ``kubernetes`` package is missing or the configuration
+            cannot be loaded. Nothing is contacted before the first call.
+    """
+
+    def __init__(self, kubeconfig: str, context: str | None = None, namespace: str | None = None) -> None:
+        self._client, context_namespace = api_client(kubeconfig, context)
+        self.namespace: str = namespace or context_namespace or "default"
+        self._dynamic: Any = None
+
+    def _resource(self, api_version: str, kind: str) -> Any:
+        """The dynamic client's resource of ``kind`` in ``api_version`` (discovery on first use)."""
+        if self._dynamic is None:
+            from kubernetes.dynamic import DynamicClient
+
+            with tempfile.TemporaryDirectory(prefix="envbuild-k8s-") as private:  # no cache file is read
+                self._dynamic = DynamicClient(self._client, cache_file=os.path.join(private, "discovery.json"),
+                                              discoverer=_discoverer())
+        prefix = "apis" if "/" in api_version else "api"
+        return self._dynamic.resources.get(prefix=prefix, api_version=api_version, kind=kind)
+
+    def create(self, obj: Mapping[str, Any]) -> None:
+        """Create one rendered object in the namespace."""
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        _call(f"create {kind} {name}", lambda: _read(self._resource(obj["apiVersion"], kind).create(
+            body=dict(obj), namespace=self.namespace, serialize=False), 1 << 20))
+
+    def delete(self, obj: Mapping[str, Any]) -> None:
+        """Delete a rendered object (a Job with its pods, in the background); a missing one
+        is fine."""
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        extra = {"propagation_policy": "Background"} if kind in _BACKGROUND_DELETE else {}
+        _call(f"delete {kind} {name}", lambda: _read(self._resource(obj["apiVersion"], kind).delete(
+            name=name, namespace=self.namespace, serialize=False, **extra), 1 << 20), missing_ok=True)
+
+    def delete_pods(self, selector: str) -> None:
+        """Delete every pod matching the label ``selector`` (immediately)."""
+        _call(f"delete pods {selector}", lambda: _read(self._resource("v1", "Pod").delete(
+            namespace=self.namespace, label_selector=selector, grace_period_seconds=0, serialize=False), 1 << 20))
+
+    def pods(self, job: str) -> list[PodState]:
+        """The pods of Job ``job``, as :class:`~.cluster.PodState`, sorted by name."""
+        what = f"list pods {JOB_NAME_LABEL}={job}"
+        data = _call(what, lambda: _read(self._resource("v1", "Pod").get(
+            namespace=self.namespace, label_selector=f"{JOB_NAME_LABEL}={job}", serialize=False), LIST_MAX_BYTES))
+        doc = load_json(data or b"{}", f"Kubernetes API: {what}", ExitCode.UNREACHABLE)
+        items = doc.get("items") if isinstance(doc, dict) else None
+        return sorted((pod_state(p) for p in (items if isinstance(items, list) else []) if isinstance(p, dict)),
+                      key=lambda p: p.name)
+
+    def log(self, pod: str) -> str:
+        """The log (stdout and stderr) of the pod's container, at most
+        :data:`LOG_MAX_BYTES`; ``""`` when there is none (pod gone, container never
+        started: the API answers 404 or 400).
+
+        Raises:
+            EnvbuildError: (exit 3) the API cannot be reached.
+        """
+        what = f"read log of pod {pod}"
+        try:
+            data = _call(what, lambda: _read(self._resource("v1", "Pod").log.get(
+                name=pod, namespace=self.namespace, serialize=False,
+                query_params=[("container", CONTAINER_NAME), ("limitBytes", LOG_MAX_BYTES)]), LOG_MAX_BYTES),
+                missing_ok=True)
+        except EnvbuildError as e:
+            if e.exit_code == ExitCode.CHECK_FAILED:
+                return ""
+            raise
+        return (data or b"").decode("utf-8", "replace")
+
+    def watch(self, job: str, tick_s: float) -> Generator[list[Update], None, None]:
+        """Watch the Job ``job`` and its pods (one ``Watch`` each, in a thread): yields the
+        updates that arrived, at least every ``tick_s`` seconds (an empty list when none
+        did), starting with the current states. Closing the generator stops the watches.
+
+        Raises:
+            EnvbuildError: a watch failed (:func:`api_error`).
+        """
+        events: queue.Queue[Update | EnvbuildError] = queue.Queue()
+        watchers = [
+            _Watcher(f"watch Job {job}", _call(f"watch Job {job}", lambda: self._resource("batch/v1", "Job")),
+                     self.namespace, events, job_state, field_selector=f"metadata.name={job}"),
+            _Watcher(f"watch pods of Job {job}", _call(f"watch pods of Job {job}", lambda: self._resource("v1", "Pod")),
+                     self.namespace, events, pod_state, label_selector=f"{JOB_NAME_LABEL}={job}"),
+        ]
+        try:
+            for w in watchers:
+                w.start()
+            while True:
+                batch = _drain(events, max(tick_s, MIN_TICK_S))
+                for item in batch:
+                    if isinstance(item, EnvbuildError):
+                        raise item
+                yield [item for item in batch if not isinstance(item, EnvbuildError)]
+        finally:
+            for w in watchers:
+                w.stop()
+
+
+def _drain(events: queue.Queue[T], wait_s: float, limit: int = 1000) -> list[T]:
+    """What ``events`` holds, after waiting at most ``wait_s`` for the first; at most ``limit``."""
+    batch: list[T] = []
+    try:
+        batch.append(events.get(timeout=wait_s))
+        while len(batch) < limit:
+            batch.append(events.get_nowait())
+    except queue.Empty:
+        pass
+    return batch
+
+
+class _Watcher(threading.Thread):
+    """Streams the events of one resource (``kubernetes.watch.Watch``) into ``events`` as
+    :class:`~.cluster.JobState`/:class:`~.cluster.PodState` (``convert``), resuming each
+    ended watch from the last resource version seen (from scratch after 410 Gone); a
+    failure is put as an :class:`EnvbuildError` and ends it. A daemon thread: a watch
+    still connecting when stopped ends with its request, at the latest after
+    :data:`WATCH_TIMEOUT_S`."""
+
+    def __init__(self, what: str, resource: Any, namespace: str, events: queue.Queue[Any],
+                 convert: Callable[..., JobState | PodState], **selectors: str) -> None:
+        super().__init__(name=f"envbuild {what}", daemon=True)
+        self.what, self.resource, self.namespace = what, resource, namespace
+        self.events, self.convert, self.selectors = events, convert, selectors
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._watch: Any = None
+
+    def stop(self) -> None:
+        """End the watch (its connection is shut down)."""
+        with self._lock:
+            self._stopped.set()
+            if self._watch is not None:
+                self._watch.stop()
+
+    def run(self) -> None:
+        from kubernetes import watch
+
+        version: str | None = None
+        while not self._stopped.is_set():
+            with self._lock:
+                if self._stopped.is_set():
+                    return
+                self._watch = w = watch.Watch()
+            began, seen = time.monotonic(), 0
+            try:
+                for event in w.stream(self.resource.get, namespace=self.namespace, resource_version=version,
+                                      timeout_seconds=WATCH_TIMEOUT_S, serialize=False,
+                                      _request_timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S), **self.selectors):
+                    obj = event.get("raw_object")
+                    if not isinstance(obj, dict):
+                        continue
+                    seen += 1
+                    version = _resource_version(obj) or version
+                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        self.events.put(self.convert(obj, deleted=event["type"] == "DELETED"))
+            except Exception as e:  # noqa: BLE001 - reported to the launcher
+                if self._stopped.is_set():
+                    return
+                if getattr(e, "status", None) == 410:  # expired: start over from the current state
+                    version = None
+                    continue
+                self.events.put(api_error(self.what, e))
+                return
+            if not seen and time.monotonic() - began < 1.0:
+                self._stopped.wait(1.0)  # a server that ends watches at once: not in a tight loop
+
+
+def _resource_version(obj: Mapping[str, Any]) -> str | None:
+    meta = obj.get("metadata")
+    version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    return version if isinstance(version, str) and 0 < len(version) <= 64 else None

@@ -1,0 +1,172 @@
+"""The manifest files of a run: each object of :mod:`.objects` written with
+``yaml.safe_dump`` under a comment header, one object per file.
+
+Files (:data:`MODES`): ``configmap.yaml``, ``service.yaml``, ``job.yaml`` for the Indexed
+Job, or ``configmap.yaml``, ``trainjob.yaml`` with ``kubeflow``. A kind is added with its
+builder in :mod:`.objects`, one :class:`Manifest` in :data:`MANIFESTS` and its file in a
+mode.
+
+Strings are written plain only when every YAML 1.1 reader (Kubernetes' included, which
+reads ``on``, ``y`` or ``1e3`` as other types) reads them back as the same string, else
+double-quoted; multi-line strings (the in-image code) as literal blocks where YAML can
+carry them exactly. Rendering is deterministic: the same spec, options and code give the
+same bytes (the run id is part of the spec); every file is read back and must give the
+object it was written from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from builder.core.errors import EnvbuildError, ExitCode
+from builder.core.files import write_atomic
+
+from ..base import LaunchSpec
+from . import objects, pod
+from .objects import RenderContext
+from .options import DEFAULT_OPTIONS, TRAINJOB_API, K8sOptions
+
+#: The first lines of every file.
+HEADER = ("envbuild run {run_id}, rendered by `envbuild k8s render`.",
+          "Apply the folder with `kubectl apply -f DIR`; remove it with `kubectl delete -f DIR`.")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One manifest file: its name, the comment lines after :data:`HEADER`, its object."""
+
+    file: str
+    comment: Callable[[RenderContext], list[str]]
+    build: Callable[[RenderContext], dict[str, Any]]
+
+
+MANIFESTS: dict[str, Manifest] = {m.file: m for m in (
+    Manifest("configmap.yaml", lambda ctx: [
+        "envbuild's in-image code (every file of builder/agent/, as builder/agent/payload.py ships it),",
+        f"mounted read-only at {pod.CODE_MOUNT} in every node; keys cannot contain '/', the volume's items",
+        "give the paths.",
+    ], objects.configmap),
+    Manifest("service.yaml", lambda ctx: [
+        f"Headless Service: gives node 0 the DNS name {ctx.master_addr} (the rendezvous address).",
+    ], objects.service),
+    Manifest("job.yaml", lambda ctx: [
+        f"Indexed Job: {ctx.spec.nodes} pod(s), one per node; pod i runs torchrun with --node-rank i.",
+    ], objects.job),
+    Manifest("trainjob.yaml", lambda ctx: [
+        f"Kubeflow Trainer v2 TrainJob ({TRAINJOB_API}, Trainer v2.1 field names): the runtime",
+        f"{ctx.options.runtime} sets PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and",
+        "PET_MASTER_PORT (29400), which torchrun reads; the security context comes from the runtime.",
+    ], objects.trainjob),
+)}
+#: The files of each mode, in the order they are applied.
+MODES = {"job": ("configmap.yaml", "service.yaml", "job.yaml"), "kubeflow": ("configmap.yaml", "trainjob.yaml")}
+
+_PLAIN_SAFE = re.compile(r"(?:[A-Za-z_/]|-+[A-Za-z])[A-Za-z0-9_./-]*")
+_YAML11_SPECIAL = re.compile(r"y|n|yes|no|on|off|true|false|null|nan|inf", re.I)
+
+
+class _Dumper(yaml.SafeDumper):
+    """``yaml.SafeDumper`` with envbuild's string styles (see the module doc) and
+    :class:`~.pod.FileMode` in octal."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    if "\n" in value:
+        style = "|"  # PyYAML falls back to double quotes for text a block cannot carry
+    elif _PLAIN_SAFE.fullmatch(value) and not _YAML11_SPECIAL.fullmatch(value):
+        style = None
+    else:
+        style = '"'
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+def _represent_mode(dumper: yaml.SafeDumper, value: pod.FileMode) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:int", f"0{int(value):o}")
+
+
+_Dumper.add_representer(str, _represent_str)
+_Dumper.add_representer(pod.FileMode, _represent_mode)
+
+
+def dump(obj: Mapping[str, Any], comments: Sequence[str] = ()) -> str:
+    """``obj`` as YAML (``yaml.dump`` with :class:`_Dumper`: block style, keys in the dict's
+    order, no line folding, UTF-8 text as is) after ``# `` comment lines.
+
+    Raises:
+        EnvbuildError: (exit 2) a comment line holds a line break, or the text does not
+            read back (``yaml.safe_load``) as ``obj``.
+    """
+    if any("\n" in c or "\r" in c for c in comments):
+        raise EnvbuildError("a manifest comment holds a line break", field="comment", value=list(comments))
+    body = yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True,
+                     width=1 << 30, indent=2)
+    if yaml.safe_load(body) != obj:
+        raise EnvbuildError("does not read back as the object it was written from", field="manifest",
+                            value=f"{obj.get('kind')} {(obj.get('metadata') or {}).get('name')}")
+    return "".join(f"# {c}\n" for c in comments) + body
+
+
+def render_manifests(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, code: Mapping[str, str] | None = None,
+                     environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Render the manifests of ``spec``.
+
+    Args:
+        spec: what to launch; ``spec.image`` must be ``repo@sha256:...`` unless
+            ``options.allow_tag``; ``spec.run_id`` names the objects.
+        options: how (:class:`~.options.K8sOptions`).
+        code: ``{path: text}`` of the in-image code (default
+            :func:`~.code.in_image_code`).
+        environ: where ``ENVBUILD_EXTRA_LABELS`` is read (default ``os.environ``).
+
+    Returns:
+        ``{file name: YAML text}`` in apply order (:data:`MODES`); one object each.
+
+    Raises:
+        EnvbuildError: (exit 2) a tag-only image, code that does not fit a ConfigMap;
+            (exit 64) values out of range, invalid labels, run id or env names.
+    """
+    ctx = objects.render_context(spec, options, code, environ)
+    out = {}
+    for name in MODES["kubeflow" if options.kubeflow else "job"]:
+        m = MANIFESTS[name]
+        header = [line.format(run_id=spec.run_id) for line in HEADER]
+        out[name] = dump(m.build(ctx), header + m.comment(ctx))
+    return out
+
+
+def write_manifests(files: Mapping[str, str], out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Write ``files`` into ``out_dir`` (created), each atomically; returns the paths.
+
+    Manifests of an earlier render in that folder that are not part of this one
+    (``job.yaml`` after ``--kubeflow``...: any file of :data:`MANIFESTS`) are removed, so
+    ``kubectl apply -f DIR`` applies exactly this render.
+
+    Raises:
+        EnvbuildError: (exit 3) the folder cannot be written.
+    """
+    out = Path(out_dir)
+    paths = []
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in sorted(set(MANIFESTS) - set(files)):
+            (out / stale).unlink(missing_ok=True)
+        for name, text in files.items():
+            paths.append(write_atomic(out / name, text.encode("utf-8")))
+    except OSError as e:
+        raise EnvbuildError(f"cannot write manifests: {e}", file=str(out), exit_code=ExitCode.UNREACHABLE) from None
+    return paths
+
+
+def load_objects(files: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Parse rendered files into their objects (``yaml.safe_load_all``), in file order."""
+    objs: list[dict[str, Any]] = []
+    for text in files.values():
+        objs.extend(o for o in yaml.safe_load_all(text) if o)
+    return objs
