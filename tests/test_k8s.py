@@ -39,6 +39,7 @@ from builder.certify import certify
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
 from builder.launchers import k8s
 from builder.launchers.base import LaunchSpec
+from builder.oci import reference
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "k8s"
@@ -439,13 +440,14 @@ def test_shm_quantity_rejects(bad):
     ("envbuild/cpu-torch2", "envbuild/cpu-torch2", None, None),
 ])
 def test_parse_image_ref(ref, name, tag, digest):
-    assert k8s.parse_image_ref(ref) == k8s.ImageReference(name, tag, digest)
+    parsed = reference.parse(ref, field="image")
+    assert (parsed.name, parsed.tag, parsed.digest) == (name, tag, digest)
 
 
 @pytest.mark.parametrize("bad", ["", "UPPER/case", "repo@sha256:abc", f"repo@sha512:{'0' * 128}", "a b", "repo:@x"])
 def test_parse_image_ref_rejects(bad):
     with pytest.raises(EnvbuildError) as e:
-        k8s.parse_image_ref(bad)
+        reference.parse(bad, field="image")
     assert e.value.exit_code == ExitCode.USAGE
 
 

@@ -89,6 +89,7 @@ import yaml
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
 from builder.core.files import template_environment
 from builder.core.inputs import MAX_REPORT_BYTES, load_json, one_line, read_json
+from builder.oci import reference
 
 from .base import MAX_RESULT_BYTES, SOCKET_IFNAME_RE, LaunchResult, LaunchSpec, OnProgress, progress_from_logs, result_problem, socket_env
 
@@ -151,63 +152,8 @@ _LABEL_NAME_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$"
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _ENV_NAME_RE = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 
-# Image references (grammar of the distribution project's ``reference`` package).
-_ALNUM = r"[a-z0-9]+"
-_COMPONENT = rf"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"
-_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN = rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
-_IMAGE_REF_RE = re.compile(
-    rf"^(?P<name>(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*)"
-    r"(?::(?P<tag>[\w][\w.-]{0,127}))?"
-    r"(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}))?$"
-)
-_SHA256_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-
 
 # --------------------------------------------------------------------------- references
-
-
-@dataclass(frozen=True)
-class ImageReference:
-    """A parsed image reference ``[host[:port]/]path[:tag][@sha256:<64 hex>]``.
-
-    Attributes:
-        name: ``[host[:port]/]path``, e.g. ``"registry.example/envbuild/cpu-torch2"``.
-        tag: e.g. ``"fbe68042d4fa"``, or None.
-        digest: ``"sha256:<64 lowercase hex>"``, or None.
-    """
-
-    name: str
-    tag: Optional[str]
-    digest: Optional[str]
-
-    @property
-    def by_digest(self) -> bool:
-        """Whether the reference pins a digest (the only immutable kind of reference)."""
-        return self.digest is not None
-
-
-def parse_image_ref(text: str) -> ImageReference:
-    """Parse an image reference (the ``reference`` grammar of the distribution project,
-    as used by Docker and Kubernetes); only ``sha256`` digests are accepted.
-
-    Raises:
-        EnvbuildError: (exit 64) not an image reference, or a digest other than
-            ``sha256:<64 lowercase hex>``.
-    """
-    m = _IMAGE_REF_RE.fullmatch(text or "")
-    first, sep, _ = (m.group("name") if m else "").partition("/")
-    if m and sep and not ("." in first or ":" in first or first == "localhost") \
-            and not re.fullmatch(_COMPONENT, first):
-        m = None  # not a registry host (Docker's rule), so a path component: lowercase only
-    if not m:
-        raise EnvbuildError("is not an image reference ([host/]path[:tag][@sha256:digest])",
-                            field="image", value=text, exit_code=ExitCode.USAGE)
-    digest = m.group("digest")
-    if digest is not None and not _SHA256_RE.fullmatch(digest):
-        raise EnvbuildError("digest is not sha256:<64 lowercase hex>", field="image", value=text,
-                            exit_code=ExitCode.USAGE)
-    return ImageReference(m.group("name"), m.group("tag"), digest)
 
 
 def require_digest(text: str, allow_tag: bool = False, candidates: Sequence[str] = ()) -> str:
@@ -225,7 +171,7 @@ def require_digest(text: str, allow_tag: bool = False, candidates: Sequence[str]
         EnvbuildError: (exit 2) a reference without digest and ``allow_tag`` false;
             (exit 64) not an image reference.
     """
-    ref = parse_image_ref(text)
+    ref = reference.parse(text, field="image")
     if ref.by_digest or allow_tag:
         return text
     hint = f"use {candidates[0]}" if candidates else "push it and use REPO@sha256:<digest>"
