@@ -523,9 +523,9 @@ def _check_args(args) -> None:
             given = [flag for flag, value in (("--output", args.output), ("--print-only", args.print_only)) if value]
             if given:
                 raise UsageError(f"envbuild pull: {', '.join(given)} go(es) with --format sif")
-        from builder.publish import registry
+        from builder.publish import naming
 
-        registry.parse_target(args.target, args.registry, args.namespace)
+        naming.parse_target(args.target, args.registry, args.namespace)
     if args.command == "k8s" and getattr(args, "run_id", None):
         from builder.launchers import k8s
 
@@ -538,14 +538,13 @@ def cmd_push(args) -> int:
     certificate (an in-toto attestation referring to the image); 2 refused, 3 unreachable."""
     import os
 
-    from builder.publish import attest
     from builder.image import engine
-    from builder.publish import registry
+    from builder.publish import attest, push
 
     key_path = args.sign_key or os.environ.get(attest.ENV_SIGN_KEY)
     key = attest.load_private_key(key_path) if key_path else None
     client = engine.connect()
-    result = registry.push(client, args.recipe, args.registry, images_dir=args.images_dir, image=args.image,
+    result = push.push(client, args.recipe, args.registry, images_dir=args.images_dir, image=args.image,
                            namespace=args.namespace, sign_key=key, fs_hash=not args.no_fs_hash,
                            on_progress=lambda m: console.print(m, markup=False, soft_wrap=True),
                            **_registry_opts(args))
@@ -567,14 +566,13 @@ def cmd_pull(args) -> int:
     checking its certificate and this node; 2 refused, 3 unreachable."""
     import os
 
-    from builder.publish import attest
     from builder.image import engine
-    from builder.publish import registry
+    from builder.publish import attest, pull
 
     key_path = args.verify_key or os.environ.get(attest.ENV_VERIFY_KEY)
     key = attest.load_public_key(key_path) if key_path else None
     client = engine.connect() if args.format == "docker" else None
-    result = registry.pull(client, args.target, args.registry, namespace=args.namespace, public_key=key,
+    result = pull.pull(client, args.target, args.registry, namespace=args.namespace, public_key=key,
                            key_name=str(key_path) if key_path else "the key",
                            allow_uncertified_hw=args.allow_uncertified_hw, fmt=args.format,
                            sif_output=args.output, run_apptainer=not args.print_only,

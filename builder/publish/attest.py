@@ -43,6 +43,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from builder.core.errors import EnvbuildError, ExitCode
+from builder.oci.manifest import canonical_json
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 #: envbuild's predicate type (a URI naming the predicate schema ``envbuild.attestation/1``).
@@ -68,11 +69,6 @@ class SignatureMismatch(EnvbuildError):
 
 
 # --------------------------------------------------------------------------- statement
-
-
-def canonical_json(doc: Any) -> bytes:
-    """Compact JSON with sorted keys, UTF-8: the bytes that are published and signed."""
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def statement(
