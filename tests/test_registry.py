@@ -472,3 +472,20 @@ def test_registry_client_errors_are_one_line(registry):
     assert "has no blob" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(Unreachable):
         oci.RegistryClient(f"127.0.0.1:{free_port()}", timeout_s=2).ping()
+
+
+def test_blob_reads_are_bounded_whatever_the_descriptor_says(registry, namespace):
+    """A descriptor comes from a manifest, which is registry input: one that understates a
+    blob's size does not make envbuild read past its limit; the honest descriptor reads."""
+    client = oci.RegistryClient(registry.host)
+    repo = f"{namespace}/blobs"
+    data = b"x" * (1 << 20)
+    desc = client.push_blob(repo, data)
+    assert client.get_blob(repo, desc, limit=2 << 20) == data
+    lying = manifest.Descriptor(desc.media_type, desc.digest, 10)
+    with pytest.raises(EnvbuildError) as e:
+        client.get_blob(repo, lying, limit=1000)
+    assert str(e.value) == (f"registry {registry.host}: blob {desc.digest} is 1048576 bytes, over the 1000-byte "
+                            "limit")
+    with pytest.raises(EnvbuildError, match="altered in the registry"):
+        client.get_blob(repo, lying)

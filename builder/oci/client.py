@@ -164,7 +164,7 @@ class _Session(requests.Session):
         super().__init__()
         self.timeout_s = timeout_s
 
-    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:
         kwargs.setdefault("timeout", self.timeout_s)
         return super().request(method, url, *args, **kwargs)
 
@@ -189,7 +189,7 @@ class _Oras(oras.provider.Registry):
         self.session = owner.session
         self._owner = owner
 
-    def do_request(self, url: str, method: str = "GET", data: Any = None, headers: dict | None = None,
+    def do_request(self, url: str, method: str = "GET", data: Any = None, headers: dict[str, str] | None = None,
                    json: Any = None, stream: bool = False) -> requests.Response:
         return self._owner.request(method, url, data=data, headers=headers, json=json, stream=stream)
 
@@ -228,7 +228,7 @@ class RegistryClient:
         credentials: default (True): :func:`docker_credentials` for ``host``; None/False: none.
     """
 
-    def __init__(self, host: str, *, plain_http: bool | None = None, ca_cert: str | os.PathLike | None = None,
+    def __init__(self, host: str, *, plain_http: bool | None = None, ca_cert: str | os.PathLike[str] | None = None,
                  timeout_s: float = 30.0, credentials: Credentials | None | bool = True) -> None:
         self.host = host
         self.timeout_s = timeout_s
@@ -249,8 +249,8 @@ class RegistryClient:
 
     # -- transport
 
-    def request(self, method: str, url: str, *, data: Any = None, headers: dict | None = None, json: Any = None,
-                stream: bool = False, params: dict | None = None) -> requests.Response:
+    def request(self, method: str, url: str, *, data: Any = None, headers: dict[str, str] | None = None,
+                json: Any = None, stream: bool = False, params: dict[str, str] | None = None) -> requests.Response:
         """One HTTP request with authentication (Basic or Bearer token, as the registry's
         ``WWW-Authenticate`` asks) and one retry after a 401.
 

@@ -177,7 +177,7 @@ def statement(
     return msgspec.to_builtins(stmt)
 
 
-def check_statement(doc: Any, subject_digest: str | None = None, *, origin: str = "attestation") -> dict:
+def check_statement(doc: Any, subject_digest: str | None = None, *, origin: str = "attestation") -> dict[str, Any]:
     """Check the shape of a statement and (optionally) that it certifies ``subject_digest``.
 
     Returns:
@@ -218,7 +218,7 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def load_private_key(path: str | os.PathLike, password: bytes | None = None) -> PrivateKey:
+def load_private_key(path: str | os.PathLike[str], password: bytes | None = None) -> PrivateKey:
     """Load a PEM private key (Ed25519 or ECDSA P-256/P-384) for signing.
 
     ``password`` defaults to ``$ENVBUILD_SIGN_KEY_PASSWORD`` when that is set.
@@ -244,7 +244,7 @@ def load_private_key(path: str | os.PathLike, password: bytes | None = None) -> 
     return key
 
 
-def load_public_key(path: str | os.PathLike) -> PublicKey:
+def load_public_key(path: str | os.PathLike[str]) -> PublicKey:
     """Load a PEM public key (SubjectPublicKeyInfo) for verifying.
 
     Raises:
@@ -264,7 +264,7 @@ def load_public_key(path: str | os.PathLike) -> PublicKey:
     return key
 
 
-def _check_curve(key: PrivateKey | PublicKey, path: str | os.PathLike) -> None:
+def _check_curve(key: PrivateKey | PublicKey, path: str | os.PathLike[str]) -> None:
     if isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)):
         if not isinstance(key.curve, (ec.SECP256R1, ec.SECP384R1)):
             raise EnvbuildError(f"ECDSA curve {key.curve.name} is not supported (P-256 or P-384)",

@@ -90,9 +90,9 @@ class Attestation:
     digest: str
     manifest: str
     found_by: str
-    statement: dict
-    predicate: dict
-    certificate: dict
+    statement: dict[str, Any]
+    predicate: dict[str, Any]
+    certificate: dict[str, Any]
     signer: str | None
     signed: bool
 

@@ -135,12 +135,12 @@ class PushResult:
     attestation: str
     referrers: str
     signed_by: str | None
-    filesystem: dict | None
+    filesystem: dict[str, Any] | None
     warnings: list[str] = field(default_factory=list)
 
 
 def _filesystem(client: docker.DockerClient, img: Any, cert: Mapping[str, Any], labels: Mapping[str, str] | None,
-                say: Callable[[str], None]) -> dict:
+                say: Callable[[str], None]) -> dict[str, Any]:
     """The image's filesystem hash: the certificate's own when it recorded one, else computed."""
     from builder.image import fshash
 
@@ -163,7 +163,7 @@ def _annotations(recipe: str, cert: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def _stale_lock_warnings(images_dir: str | os.PathLike, recipe: str, cert: Mapping[str, Any]) -> list[str]:
+def _stale_lock_warnings(images_dir: str | os.PathLike[str], recipe: str, cert: Mapping[str, Any]) -> list[str]:
     lockfile = Path(images_dir) / recipe / "envbuild.lock.json"
     if lockfile.is_file() and sha256_digest(lockfile.read_bytes()) != cert.get("lock_hash"):
         return [f"{lockfile} has changed since this image was built (image lock {cert.get('lock_hash')}); "
@@ -171,7 +171,7 @@ def _stale_lock_warnings(images_dir: str | os.PathLike, recipe: str, cert: Mappi
     return []
 
 
-def push(client: docker.DockerClient, recipe: str, registry: str, *, images_dir: str | os.PathLike = "images",
+def push(client: docker.DockerClient, recipe: str, registry: str, *, images_dir: str | os.PathLike[str] = "images",
          image: str | None = None, namespace: str = DEFAULT_NAMESPACE, sign_key: PrivateKey | None = None,
          plain_http: bool | None = None, ca_cert: str | None = None, fs_hash: bool = True,
          labels: Mapping[str, str] | None = None, on_progress: Callable[[str], None] | None = None) -> PushResult:

@@ -25,11 +25,11 @@ CERTIFICATE_SCHEMA = "envbuild.certificate/1"
 _LABELS = (("envbuild.recipe", "recipe"), ("envbuild.lock-hash", "lock_hash"))
 
 
-def _newest_first(items: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
+def _newest_first(items: list[tuple[Path, dict[str, Any]]]) -> list[tuple[Path, dict[str, Any]]]:
     return sorted(items, key=lambda pc: (str(pc[1].get("finished_at") or ""), pc[0].name), reverse=True)
 
 
-def certificates(images_dir: str | os.PathLike, recipe: str) -> list[tuple[Path, dict]]:
+def certificates(images_dir: str | os.PathLike[str], recipe: str) -> list[tuple[Path, dict[str, Any]]]:
     """``(path, certificate)`` of every readable ``images_dir/<recipe>/certificates/*.json``
     with schema ``envbuild.certificate/1``, newest first (by ``finished_at``)."""
     folder = Path(images_dir) / recipe / "certificates"
@@ -54,8 +54,8 @@ def failures(cert: Mapping[str, Any]) -> str:
     return "; ".join((cert.get("verdict") or {}).get("failures") or []) or "verdict failed"
 
 
-def _of_image(client: docker.DockerClient, certs: list[tuple[Path, dict]], folder: Path, image: str
-              ) -> tuple[Any, dict, Path]:
+def _of_image(client: docker.DockerClient, certs: list[tuple[Path, dict[str, Any]]], folder: Path, image: str
+              ) -> tuple[Any, dict[str, Any], Path]:
     """``image`` and its newest passing certificate (by image ID)."""
     try:
         img = client.images.get(image)
@@ -74,8 +74,8 @@ def _of_image(client: docker.DockerClient, certs: list[tuple[Path, dict]], folde
     return img, cert, path
 
 
-def _newest_present(client: docker.DockerClient, certs: list[tuple[Path, dict]], folder: Path, recipe: str
-                    ) -> tuple[Any, dict, Path]:
+def _newest_present(client: docker.DockerClient, certs: list[tuple[Path, dict[str, Any]]], folder: Path, recipe: str
+                    ) -> tuple[Any, dict[str, Any], Path]:
     """The newest passing certificate of ``recipe`` whose image is still in the engine."""
     good = [(p, c) for p, c in certs if passed(c)]
     if not good:
@@ -91,8 +91,8 @@ def _newest_present(client: docker.DockerClient, certs: list[tuple[Path, dict]],
                         "the engine (removed or rebuilt); build and certify again", file=str(path))
 
 
-def find_certified(client: docker.DockerClient, images_dir: str | os.PathLike, recipe: str,
-                   image: str | None = None) -> tuple[Any, dict, Path]:
+def find_certified(client: docker.DockerClient, images_dir: str | os.PathLike[str], recipe: str,
+                   image: str | None = None) -> tuple[Any, dict[str, Any], Path]:
     """The local image to publish and its passing certificate.
 
     With ``image``: that image, which needs a passing certificate whose ``image.id`` is its
