@@ -6,6 +6,7 @@ openssl command line over the DSSE pre-authentication encoding."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import subprocess
@@ -15,8 +16,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from builder.publish import attest
 from builder.core.errors import EnvbuildError, ExitCode
+from builder.publish import attest
 
 DIGEST = "sha256:" + "ab" * 32
 OTHER = "sha256:" + "cd" * 32
@@ -107,7 +108,8 @@ def test_tampered_payload_and_other_key_are_refused(tmp_path):
     blob, mt = attest.encode(stmt(), key)
     env = json.loads(blob)
     forged = dict(stmt())
-    forged["predicate"] = {**forged["predicate"], "certificate": {**CERT, "verdict": {"passed": True, "note": "forged"}}}
+    forged["predicate"] = {**forged["predicate"],
+                           "certificate": {**CERT, "verdict": {"passed": True, "note": "forged"}}}
     env_tampered = {**env, "payload": base64.b64encode(attest.canonical_json(forged)).decode()}
     with pytest.raises(attest.SignatureMismatch, match="does not verify"):
         attest.decode(attest.canonical_json(env_tampered), mt, public_key=key.public_key())
@@ -187,3 +189,44 @@ def test_openssl_keys_and_openssl_verifies_the_signature(tmp_path):
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
     assert attest.decode(blob, mt, public_key=attest.load_public_key(pub))[1] is not None
+
+
+def test_published_schema_is_current_and_a_statement_validates():
+    """schemas/attestation.schema.json is the model's schema; envbuild's statement validates
+    against it, and a statement with an unknown key or another subject digest shape does not."""
+    import jsonschema
+
+    published = json.loads((Path(__file__).resolve().parents[1] / "schemas/attestation.schema.json").read_text())
+    assert published == attest.attestation_schema()
+    validator = jsonschema.Draft202012Validator(published)
+    assert list(validator.iter_errors(stmt())) == []
+    assert [e.validator for e in validator.iter_errors({**stmt(), "extra": 1})] == ["additionalProperties"]
+    bad = {**stmt(), "subject": [{"name": "x", "digest": {"sha256": "abc"}}]}
+    assert [e.validator for e in validator.iter_errors(bad)] == ["pattern"]
+
+
+def test_envelopes_are_the_ones_published_before():
+    """A fixed Ed25519 key signs deterministically: the envelope is byte for byte the one the
+    hand-written DSSE code published (sha256 recorded before the move to securesystemslib),
+    and it verifies."""
+    key = ed25519.Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+    s = attest.statement(subject_name="127.0.0.1:5000/envbuild/cpu-torch2", subject_digest=DIGEST,
+                         certificate={"schema": "envbuild.certificate/1", "verdict": {"passed": True}},
+                         certificate_sha256="3" * 64, image={"id": "sha256:" + "2" * 64})
+    blob, mt = attest.encode(s, key)
+    assert hashlib.sha256(blob).hexdigest() == "a748220b91054d067f54b317bddf5b45e381b2197e3d672ffb03b265267bee90"
+    assert attest.decode(blob, mt, public_key=key.public_key()) == (s, attest.key_id(key))
+
+
+def test_a_signature_verifies_whatever_key_id_it_carries():
+    """DSSE makes keyid an unauthenticated hint: a signature under another (or no) keyid still
+    verifies with the right key, and still fails with the wrong one."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    env = json.loads(attest.encode(stmt(), key)[0])
+    env["signatures"] = [{"keyid": "sha256:" + "0" * 64, "sig": env["signatures"][0]["sig"]},
+                         {"sig": env["signatures"][0]["sig"]}]
+    blob = attest.canonical_json(env)
+    assert attest.decode(blob, attest.MEDIA_TYPE_DSSE, public_key=key.public_key())[1] == attest.key_id(key)
+    other = ec.generate_private_key(ec.SECP256R1()).public_key()
+    with pytest.raises(attest.SignatureMismatch, match="does not verify"):
+        attest.decode(blob, attest.MEDIA_TYPE_DSSE, public_key=other)

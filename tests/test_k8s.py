@@ -53,9 +53,9 @@ from builder.launchers.k8s.manifests import dump, load_objects, render_manifests
 from builder.launchers.k8s.naming import manifest_labels
 from builder.launchers.k8s.options import K8sOptions
 from builder.launchers.k8s.pod import NODE_SCRIPT, RESULT_BEGIN, RESULT_END, pod_env, shm_quantity
-from builder.launchers.k8s.reference import ImageReference, parse_image_ref
 from builder.launchers.k8s.results import parse_result_blocks
 from builder.launchers.k8s.source import lock_from_file
+from builder.oci import reference
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "k8s"
@@ -464,13 +464,14 @@ def test_shm_quantity_rejects(bad):
     ("envbuild/cpu-torch2", "envbuild/cpu-torch2", None, None),
 ])
 def test_parse_image_ref(ref, name, tag, digest):
-    assert parse_image_ref(ref) == ImageReference(name, tag, digest)
+    parsed = reference.parse(ref, field="image")
+    assert (parsed.name, parsed.tag, parsed.digest) == (name, tag, digest)
 
 
 @pytest.mark.parametrize("bad", ["", "UPPER/case", "repo@sha256:abc", f"repo@sha512:{'0' * 128}", "a b", "repo:@x"])
 def test_parse_image_ref_rejects(bad):
     with pytest.raises(EnvbuildError) as e:
-        parse_image_ref(bad)
+        reference.parse(bad, field="image")
     assert e.value.exit_code == ExitCode.USAGE
 
 

@@ -38,6 +38,7 @@ from builder.recipe import schema as recipe
 from builder.render import rendered as render
 from builder.core.errors import EnvbuildError
 from builder.image.site import SiteOptions
+from builder.oci import reference
 
 ROOT = Path(__file__).resolve().parent.parent
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -179,8 +180,10 @@ def test_platform_tags_and_apt_policy():
     policy = "python3:\n  Installed: (none)\n  Candidate: 3.11.2-1+b1\n  Version table:\n" \
              "nothere:\n  Installed: (none)\n  Candidate: (none)\n"
     assert lock.parse_policy(policy) == {"python3": "3.11.2-1+b1"}
-    assert lock._split_ref("debian:bookworm-slim") == ("registry-1.docker.io", "library/debian", "bookworm-slim", None)
-    assert lock._split_ref("reg:5000/a/b@sha256:" + "0" * 64)[3] == "sha256:" + "0" * 64
+    base = reference.parse("debian:bookworm-slim")
+    assert (base.registry, base.repository, base.tag, base.digest) == ("registry-1.docker.io", "library/debian",
+                                                                       "bookworm-slim", None)
+    assert reference.parse("reg:5000/a/b@sha256:" + "0" * 64).digest == "sha256:" + "0" * 64
 
 
 def test_fshash_exclusions():

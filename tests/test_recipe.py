@@ -8,6 +8,7 @@ import pytest
 
 from builder.recipe import schema as recipe
 from builder.core.errors import EnvbuildError, ManyErrors
+from builder.oci import reference
 from helpers import CPU, CUDA, merge, write_recipe
 
 
@@ -186,7 +187,7 @@ def test_control_characters_are_refused_in_every_field(tmp_path, changes, field,
 
 
 @pytest.mark.parametrize("pattern, good", [
-    (recipe.IMAGE_REF, "debian:bookworm-slim"), (recipe.APT_NAME, "python3"), (recipe.SHM_SIZE, "1g"),
+    (reference.REFERENCE, "debian:bookworm-slim"), (recipe.APT_NAME, "python3"), (recipe.SHM_SIZE, "1g"),
     (recipe.VARIANT, "cu128"), (recipe.RECIPE_NAME, "cpu-torch2"), (recipe.PIP_NAME, "numpy"),
     (recipe.SHA256, "sha256:" + "a" * 64), (recipe._URL, "https://pypi.org/simple"), (recipe._RELEASE, "2.8.0"),
     (recipe._ENV_VALUE, "x"), (recipe._ENV_NAME, "X"), (recipe._APT, "curl=7.88.1-10+deb12u5"),

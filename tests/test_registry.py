@@ -1,4 +1,5 @@
-"""builder/publish/registry.py and ``envbuild push``/``pull`` against a real registry.
+"""builder/publish (push, pull, store, hardware) and builder/oci (client, referrers) against a real
+registry, through ``envbuild push``/``pull`` and their functions.
 
 The registry is Debian's docker-registry 2.8 with htpasswd auth (``registry_server``,
 tests/fixtures_registry.py), reached through the Docker config in ``DOCKER_CONFIG``. It
@@ -20,13 +21,16 @@ import docker.errors
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
+from fixtures_registry import free_port, recipe_labels, recorded_certificate, small_image, write_docker_config
 
-from builder.publish import attest
 from builder.certify import certify
-from builder.publish import registry as reg
 from builder.cli.app import main
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
-from fixtures_registry import free_port, recipe_labels, recorded_certificate, small_image, write_docker_config
+from builder.oci import client as oci
+from builder.oci import manifest, referrers
+from builder.publish import attest, hardware, naming
+from builder.publish import pull as pulling
+from builder.publish import push as pushing
 
 INDEX = "application/vnd.oci.image.index.v1+json"
 GPU = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-00000000-0000-0000-0000-000000000001"}
@@ -58,7 +62,7 @@ def make_certified(docker_client, bootstrap_image, test_labels, tmp_path):
                                               gpus=gpus, driver=driver)
             assert cert["verdict"]["passed"], cert["verdict"]
         return SimpleNamespace(tag=tag, id=image_id, cert=cert, path=path, images_dir=tmp_path / "images",
-                               recipe=recipe, lock12=reg.lock12(recipe_labels(recipe)["envbuild.lock-hash"]))
+                               recipe=recipe, lock12=naming.lock12(recipe_labels(recipe)["envbuild.lock-hash"]))
 
     return make
 
@@ -102,12 +106,12 @@ def test_push_then_pull_by_digest_on_a_clean_engine(registry, namespace, make_ce
     s = registry.session()
     api = f"http://{registry.host}/v2/{namespace}/cpu-torch2"
     for tag in (img.lock12, "certified"):
-        r = s.head(f"{api}/manifests/{tag}", headers={"Accept": reg.MANIFEST_ACCEPT})
+        r = s.head(f"{api}/manifests/{tag}", headers={"Accept": manifest.MANIFEST_ACCEPT})
         assert r.headers["Docker-Content-Digest"] == digest
-    index = s.get(f"{api}/manifests/{reg.fallback_tag(digest)}", headers={"Accept": INDEX}).json()
+    index = s.get(f"{api}/manifests/{referrers.fallback_tag(digest)}", headers={"Accept": INDEX}).json()
     [entry] = index["manifests"]
     assert entry["artifactType"] == "application/vnd.in-toto+json"
-    artifact = s.get(f"{api}/manifests/{entry['digest']}", headers={"Accept": reg.MT_OCI_MANIFEST}).json()
+    artifact = s.get(f"{api}/manifests/{entry['digest']}", headers={"Accept": manifest.MT_OCI_MANIFEST}).json()
     assert artifact["subject"]["digest"] == digest
     assert artifact["config"]["mediaType"] == "application/vnd.oci.empty.v1+json"
     statement = s.get(f"{api}/blobs/{artifact['layers'][0]['digest']}").json()
@@ -130,12 +134,13 @@ def test_push_then_pull_by_digest_on_a_clean_engine(registry, namespace, make_ce
     # by digest alone: the certificate is found through the fallback tag sha256-<hex>
     code, out, err = run_cli(capsys, "pull", f"{name}@{digest}")
     assert code == 0, err
-    assert f"(tag {reg.fallback_tag(digest)})" in out
+    assert f"(tag {referrers.fallback_tag(digest)})" in out
 
 
-def test_pull_format_sif_prints_the_apptainer_pull_by_digest(registry, namespace, make_certified, docker_client, capsys):
+def test_pull_format_sif_prints_the_apptainer_pull_by_digest(registry, namespace, make_certified, docker_client,
+                                                             capsys):
     img = make_certified()
-    pushed = reg.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
+    pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
                       fs_hash=False)
     docker_client.images.remove(img.id, force=True)
     code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace,
@@ -149,7 +154,8 @@ def test_pull_format_sif_prints_the_apptainer_pull_by_digest(registry, namespace
 # --------------------------------------------------------------------------- refusals
 
 
-def test_push_refused_without_a_passing_certificate(registry, namespace, make_certified, docker_client, capsys, tmp_path):
+def test_push_refused_without_a_passing_certificate(registry, namespace, make_certified, docker_client, capsys,
+                                                    tmp_path):
     img = make_certified(certified=False)
     base = ("--images-dir", img.images_dir, "push", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
     code, out, err = run_cli(capsys, *base, "--image", img.tag)
@@ -172,13 +178,14 @@ def test_push_refused_without_a_passing_certificate(registry, namespace, make_ce
     assert r.status_code == 404
 
 
-def test_pull_refused_when_the_tag_moved_after_certification(registry, namespace, make_certified, docker_client, capsys):
+def test_pull_refused_when_the_tag_moved_after_certification(registry, namespace, make_certified, docker_client,
+                                                             capsys):
     img = make_certified()
-    pushed = reg.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
+    pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
                       fs_hash=False)
     other = make_certified(certified=False)
-    creds = reg.docker_credentials(registry.host)
-    moved = reg.engine_push(docker_client, other.id, pushed.repository, "certified", creds)
+    creds = oci.docker_credentials(registry.host)
+    moved = pushing.engine_push(docker_client, other.id, pushed.repository, "certified", creds)
     assert moved != pushed.digest
     docker_client.images.remove(other.id, force=True)
 
@@ -197,24 +204,24 @@ def test_pull_refused_when_the_tag_moved_after_certification(registry, namespace
 def test_pull_refused_when_no_certificate_is_published(registry, namespace, make_certified, docker_client, capsys):
     img = make_certified(certified=False)
     name = f"{registry.host}/{namespace}/cpu-torch2"
-    digest = reg.engine_push(docker_client, img.id, name, "certified", reg.docker_credentials(registry.host))
+    digest = pushing.engine_push(docker_client, img.id, name, "certified", oci.docker_credentials(registry.host))
     docker_client.images.remove(img.id, force=True)
     code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
     assert code == ExitCode.CHECK_FAILED
     [line] = error_lines(err)
-    assert f"no certificate is published for {name}@{digest}" in line and reg.fallback_tag(digest) in line
+    assert f"no certificate is published for {name}@{digest}" in line and referrers.fallback_tag(digest) in line
     assert names_of(docker_client, img.id) == set() and refs_under(docker_client, name) == []
 
 
 def test_pull_refused_when_the_certificate_was_altered_in_the_registry(registry, namespace, make_certified,
                                                                         docker_client, capsys):
     img = make_certified()
-    pushed = reg.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
-                      fs_hash=False)
+    pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
+                 fs_hash=False)
     docker_client.images.remove(img.id, force=True)
     s = registry.session()
     api = f"http://{registry.host}/v2/{namespace}/cpu-torch2"
-    artifact = s.get(f"{api}/manifests/certified.cert", headers={"Accept": reg.MT_OCI_MANIFEST}).json()
+    artifact = s.get(f"{api}/manifests/certified.cert", headers={"Accept": manifest.MT_OCI_MANIFEST}).json()
     blob = registry.blob_path(artifact["layers"][0]["digest"])
     data = blob.read_bytes()
     altered = data.replace(b'"exit_code":0', b'"exit_code":1', 1)
@@ -230,24 +237,26 @@ def test_pull_refused_when_the_certificate_was_altered_in_the_registry(registry,
     assert names_of(docker_client, img.id) == set()
 
 
-def test_forged_certificate_pull_leaves_no_half_tagged_image(registry, namespace, make_certified, docker_client, capsys):
+def test_forged_certificate_pull_leaves_no_half_tagged_image(registry, namespace, make_certified, docker_client,
+                                                             capsys):
     """A tag moved to another image *and* a certificate copied onto it: the statement names
     the new digest, but the pulled image is not the certified image: refused after the
     pull, and the pulled image is removed again (no tag, no digest reference)."""
     img = make_certified()
-    pushed = reg.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
+    pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
                       fs_hash=False)
     other = make_certified(certified=False)
-    client = reg.RegistryClient(registry.host)
+    client = oci.RegistryClient(registry.host)
     repo = f"{namespace}/cpu-torch2"
-    moved = reg.engine_push(docker_client, other.id, pushed.repository, "certified", client.credentials)
+    moved = pushing.engine_push(docker_client, other.id, pushed.repository, "certified", client.credentials)
     docker_client.images.remove(other.id, force=True)
     subject_body, subject = client.get_manifest(repo, moved)
     forged = attest.statement(subject_name=pushed.repository, subject_digest=moved, certificate=img.cert,
                               image={"id": img.id})
     blob, mt = attest.encode(forged)
-    _, body, _ = client.attach(repo, subject, blob, mt, annotations={reg.ANN_PREDICATE: attest.PREDICATE_TYPE})
-    client.put_manifest(repo, "certified.cert", body, reg.MT_OCI_MANIFEST)
+    _, body, _ = referrers.attach(client, repo, subject, blob, mt, artifact_type=naming.ARTIFACT_TYPE,
+                                  annotations={naming.ANN_PREDICATE: attest.PREDICATE_TYPE})
+    client.put_manifest(repo, "certified.cert", body, manifest.MT_OCI_MANIFEST)
 
     code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
     assert code == ExitCode.CHECK_FAILED
@@ -306,22 +315,22 @@ def test_signed_certificate_is_verified_on_pull(registry, namespace, make_certif
 
 def test_node_hardware_is_checked_against_the_certificate(registry, namespace, make_certified, docker_client):
     img = make_certified("cuda12-torch2", gpus=[GPU], driver="570.124.06")
-    pushed = reg.push(docker_client, "cuda12-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
-                      fs_hash=False)
+    pushing.push(docker_client, "cuda12-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
+                 fs_hash=False)
     docker_client.images.remove(img.id, force=True)
     floor = img.cert["lock"]["driver"]["min"]
 
     def pull(host, **kw):
-        return reg.pull(docker_client, "cuda12-torch2", registry.host, namespace=namespace, host_report=host, **kw)
+        return pulling.pull(docker_client, "cuda12-torch2", registry.host, namespace=namespace, host_report=host, **kw)
 
-    with pytest.raises(reg.Refused) as e:
+    with pytest.raises(pulling.Refused) as e:
         pull({"driver": "535.104.05", "gpus": [GPU]})
     assert f"driver 535.104.05 is below the image's floor {floor}" in str(e.value)
-    with pytest.raises(reg.Refused) as e:
+    with pytest.raises(pulling.Refused) as e:
         pull({"driver": None, "gpus": []})
     assert f"needs an NVIDIA driver >= {floor}" in str(e.value)
     a100 = {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-2"}
-    with pytest.raises(reg.Refused) as e:
+    with pytest.raises(pulling.Refused) as e:
         pull({"driver": "575.57.08", "gpus": [a100]})
     assert "GPU NVIDIA A100-SXM4-80GB is not covered by the certificate (NVIDIA H100 80GB HBM3)" in str(e.value)
     assert names_of(docker_client, img.id) == set()  # refused before pulling
@@ -333,10 +342,10 @@ def test_node_hardware_is_checked_against_the_certificate(registry, namespace, m
 
 def test_check_hardware_rules():
     cpu_cert = {"lock": {"cuda": None, "driver": {"min": None}}, "probe": {}}
-    assert reg.check_hardware(cpu_cert, {"driver": None, "gpus": [GPU]}) == []
+    assert hardware.check_hardware(cpu_cert, {"driver": None, "gpus": [GPU]}) == []
     gpu_cert = {"lock": {"cuda": "12.8", "driver": {"min": "570.26"}}, "backend": {"used": "gloo"},
                 "probe": {"0": {"gpus": []}}}
-    [issue] = reg.check_hardware(gpu_cert, {"driver": "580.65.06", "gpus": [GPU]})
+    [issue] = hardware.check_hardware(gpu_cert, {"driver": "580.65.06", "gpus": [GPU]})
     assert "covers no GPU (certified with gloo on CPUs)" in issue
 
 
@@ -371,7 +380,8 @@ def test_credentials_come_from_the_docker_config_only(registry, namespace, make_
     monkeypatch.setenv("DOCKER_CONFIG", str(empty))
     code, out, err = run_cli(capsys, *push)
     assert code == ExitCode.UNREACHABLE
-    assert f"asks for credentials and {empty / 'config.json'} has none for it; run `docker login {registry.host}`" in err
+    assert (f"asks for credentials and {empty / 'config.json'} has none for it; "
+            f"run `docker login {registry.host}`") in err
     assert list(empty.iterdir()) == []  # nothing written into the Docker config folder
 
     monkeypatch.setenv("DOCKER_CONFIG", str(registry.docker_config))
@@ -385,18 +395,18 @@ def test_credentials_come_from_the_docker_config_only(registry, namespace, make_
 
 
 def test_references_parse():
-    r = reg.parse_target("cpu-torch2", "reg.example:5000")
+    r = naming.parse_target("cpu-torch2", "reg.example:5000")
     assert str(r) == "reg.example:5000/envbuild/cpu-torch2:certified"
-    r = reg.parse_target("reg.example:5000/a/b@sha256:" + "0" * 64, None)
+    r = naming.parse_target("reg.example:5000/a/b@sha256:" + "0" * 64, None)
     assert (r.host, r.repository, r.tag, r.digest) == ("reg.example:5000", "a/b", None, "sha256:" + "0" * 64)
-    assert reg.parse_target("team/x:1.0", "h:1").name == "h:1/team/x"
+    assert naming.parse_target("team/x:1.0", "h:1").name == "h:1/team/x"
     with pytest.raises(EnvbuildError) as e:
-        reg.parse_target("cpu-torch2", None)
+        naming.parse_target("cpu-torch2", None)
     assert e.value.exit_code == ExitCode.USAGE
     with pytest.raises(EnvbuildError):
-        reg.parse_ref("h:1/Bad Repo", None)
-    assert reg.is_loopback("127.0.0.1:5000") and reg.is_loopback("localhost") and not reg.is_loopback("10.0.0.1:5000")
-    assert reg.fallback_tag("sha256:" + "a" * 64) == "sha256-" + "a" * 64
+        naming.parse_ref("h:1/Bad Repo", None)
+    assert oci.is_loopback("127.0.0.1:5000") and oci.is_loopback("localhost") and not oci.is_loopback("10.0.0.1:5000")
+    assert referrers.fallback_tag("sha256:" + "a" * 64) == "sha256-" + "a" * 64
 
 
 @pytest.mark.parametrize("target, message", [
@@ -414,9 +424,9 @@ def test_references_are_matched_whole(target, message):
     """A trailing newline (which ``$`` lets through) or a malformed registry host is a usage
     error (64); the well-formed twins are in test_references_parse."""
     with pytest.raises(EnvbuildError) as e:
-        reg.parse_target(target, "h:1")
+        naming.parse_target(target, "h:1")
     assert (e.value.exit_code, str(e.value)) == (ExitCode.USAGE, message)
-    assert str(reg.parse_target("[::1]:5000/team/x:1", None)) == "[::1]:5000/team/x:1"
+    assert str(naming.parse_target("[::1]:5000/team/x:1", None)) == "[::1]:5000/team/x:1"
 
 
 # --------------------------------------------------------------------------- a real certification
@@ -434,9 +444,10 @@ def test_real_certificate_of_the_torch_image_is_published_and_pulled(registry, n
     name = f"{registry.host}/{namespace}/cpu-torch2"
     added = []
     try:
-        pushed = reg.push(docker_client, "cpu-torch2", registry.host, images_dir=tmp_path / "images",
+        pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=tmp_path / "images",
                           image=torch_image, namespace=namespace, fs_hash=False)
-        result = reg.pull(docker_client, "cpu-torch2", registry.host, namespace=namespace, host_report=no_gpu_host())
+        result = pulling.pull(docker_client, "cpu-torch2", registry.host, namespace=namespace,
+                              host_report=no_gpu_host())
         added = result.local_tags + [result.reference]
         assert result.image_id == docker_client.images.get(torch_image).id == cert["image"]["id"]
         assert result.attestation.certificate == json.loads(path.read_text())
@@ -452,12 +463,29 @@ def test_real_certificate_of_the_torch_image_is_published_and_pulled(registry, n
 
 
 def test_registry_client_errors_are_one_line(registry):
-    client = reg.RegistryClient(registry.host)
+    client = oci.RegistryClient(registry.host)
     client.ping()
     assert client.scheme == "http"
     assert client.head_manifest("nothing/here", "latest") is None
     with pytest.raises(EnvbuildError) as e:
-        client.get_blob("nothing/here", reg.Descriptor("application/octet-stream", "sha256:" + "0" * 64, 2))
+        client.get_blob("nothing/here", manifest.Descriptor("application/octet-stream", "sha256:" + "0" * 64, 2))
     assert "has no blob" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(Unreachable):
-        reg.RegistryClient(f"127.0.0.1:{free_port()}", timeout_s=2).ping()
+        oci.RegistryClient(f"127.0.0.1:{free_port()}", timeout_s=2).ping()
+
+
+def test_blob_reads_are_bounded_whatever_the_descriptor_says(registry, namespace):
+    """A descriptor comes from a manifest, which is registry input: one that understates a
+    blob's size does not make envbuild read past its limit; the honest descriptor reads."""
+    client = oci.RegistryClient(registry.host)
+    repo = f"{namespace}/blobs"
+    data = b"x" * (1 << 20)
+    desc = client.push_blob(repo, data)
+    assert client.get_blob(repo, desc, limit=2 << 20) == data
+    lying = manifest.Descriptor(desc.media_type, desc.digest, 10)
+    with pytest.raises(EnvbuildError) as e:
+        client.get_blob(repo, lying, limit=1000)
+    assert str(e.value) == (f"registry {registry.host}: blob {desc.digest} is 1048576 bytes, over the 1000-byte "
+                            "limit")
+    with pytest.raises(EnvbuildError, match="altered in the registry"):
+        client.get_blob(repo, lying)

@@ -74,9 +74,6 @@ def _float_in(lo: float, hi: float, *, lo_open: bool = False):
     return parse
 
 
-_IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{12,64}")
-_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_REGISTRY = re.compile(rf"(?:{_HOST_LABEL}(?:\.{_HOST_LABEL})*|\[[0-9A-Fa-f:.]{{2,45}}\])(?::([0-9]{{1,5}}))?")
 _SUITE = re.compile(r"[a-z][a-z0-9-]{0,31}")
 #: Kubernetes names: an RFC 1123 label (namespaces) and subdomain (object names); source:
 #: https://kubernetes.io/docs/concepts/overview/working-with-objects/names/
@@ -87,9 +84,10 @@ _ENV_ITEM = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}=.{0,4096}", re.S)
 
 
 def _image_ref(text: str) -> str:
-    """argparse type: an image reference (``name[:tag][@sha256:digest]``) or image ID."""
-    ok = len(text) <= 1000 and (recipe.IMAGE_REF.fullmatch(text) or _IMAGE_ID.fullmatch(text))
-    if not ok:
+    """argparse type: an image reference (:mod:`builder.oci.reference`) or image ID."""
+    from builder.oci import reference
+
+    if not (reference.is_valid(text) or reference.IMAGE_ID.fullmatch(text)):
         raise argparse.ArgumentTypeError(f"{show(text)} is not an image reference (lower-case name[:tag][@sha256:digest]) or image ID")
     return text
 
@@ -138,23 +136,26 @@ def _slurm_value(checker: str):
 
 def _registry_component(what: str, *, path: bool = False):
     """argparse type: a repository name component (a recipe) or path (``--namespace``) of
-    the registry's grammar (:data:`builder.publish.registry._COMPONENT`)."""
+    the reference grammar (:data:`builder.oci.reference.COMPONENT`, ``PATH``)."""
     def parse(text: str) -> str:
-        from builder.publish import registry
+        from builder.oci import reference
 
-        regex = rf"{registry._COMPONENT}(?:/{registry._COMPONENT})*" if path else registry._COMPONENT
-        if len(text) > 255 or not re.fullmatch(regex, text):
+        regex = reference.PATH if path else reference.COMPONENT
+        if len(text) > 255 or not regex.fullmatch(text):
             raise argparse.ArgumentTypeError(f"{show(text)} is not {what}")
         return text
     return parse
 
 
-def _port_ok(text: str) -> bool:
-    m = _REGISTRY.fullmatch(text)
-    return bool(m) and (m.group(1) is None or 1 <= int(m.group(1)) <= 65535)
+def _registry_arg(text: str) -> str:
+    """argparse type: a registry ``HOST[:PORT]`` (:func:`builder.oci.reference.is_host`)."""
+    from builder.oci import reference
+
+    if len(text) > 255 or has_control(text) or not reference.is_host(text):
+        raise argparse.ArgumentTypeError(f"{show(text)} is not a registry HOST[:PORT]")
+    return text
 
 
-_registry_arg = _pattern(_REGISTRY, "a registry HOST[:PORT]", check=_port_ok)
 _suite_arg = _pattern(_SUITE, "a Debian suite name such as bookworm")
 _size_arg = _pattern(recipe.SHM_SIZE, "a size such as 256m or 1g", limit=20)
 _label_arg = _pattern(_LABEL, "a label KEY[=VALUE]", limit=1256)
@@ -523,9 +524,9 @@ def _check_args(args) -> None:
             given = [flag for flag, value in (("--output", args.output), ("--print-only", args.print_only)) if value]
             if given:
                 raise UsageError(f"envbuild pull: {', '.join(given)} go(es) with --format sif")
-        from builder.publish import registry
+        from builder.publish import naming
 
-        registry.parse_target(args.target, args.registry, args.namespace)
+        naming.parse_target(args.target, args.registry, args.namespace)
     if args.command == "k8s" and getattr(args, "run_id", None):
         from builder.launchers.k8s.naming import check_run_id
 
@@ -538,14 +539,13 @@ def cmd_push(args) -> int:
     certificate (an in-toto attestation referring to the image); 2 refused, 3 unreachable."""
     import os
 
-    from builder.publish import attest
     from builder.image import engine
-    from builder.publish import registry
+    from builder.publish import attest, push
 
     key_path = args.sign_key or os.environ.get(attest.ENV_SIGN_KEY)
     key = attest.load_private_key(key_path) if key_path else None
     client = engine.connect()
-    result = registry.push(client, args.recipe, args.registry, images_dir=args.images_dir, image=args.image,
+    result = push.push(client, args.recipe, args.registry, images_dir=args.images_dir, image=args.image,
                            namespace=args.namespace, sign_key=key, fs_hash=not args.no_fs_hash,
                            on_progress=lambda m: console.print(m, markup=False, soft_wrap=True),
                            **_registry_opts(args))
@@ -567,14 +567,13 @@ def cmd_pull(args) -> int:
     checking its certificate and this node; 2 refused, 3 unreachable."""
     import os
 
-    from builder.publish import attest
     from builder.image import engine
-    from builder.publish import registry
+    from builder.publish import attest, pull
 
     key_path = args.verify_key or os.environ.get(attest.ENV_VERIFY_KEY)
     key = attest.load_public_key(key_path) if key_path else None
     client = engine.connect() if args.format == "docker" else None
-    result = registry.pull(client, args.target, args.registry, namespace=args.namespace, public_key=key,
+    result = pull.pull(client, args.target, args.registry, namespace=args.namespace, public_key=key,
                            key_name=str(key_path) if key_path else "the key",
                            allow_uncertified_hw=args.allow_uncertified_hw, fmt=args.format,
                            sif_output=args.output, run_apptainer=not args.print_only,
@@ -646,8 +645,9 @@ def _k8s_source(args):
         raise UsageError(f"envbuild k8s render: --image goes with a recipe name; {name!r} is read as an image")
     from builder.certify import certify
     from builder.image import engine
+    from builder.oci import reference
 
-    reference.parse_image_ref(name)
+    reference.parse(name, field="image")
     client = engine.connect()
     labels, lock = certify.read_image(client, name)
     img = client.images.get(name)

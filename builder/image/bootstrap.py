@@ -68,20 +68,6 @@ def _default_warn(message: str) -> None:
 # --------------------------------------------------------------------------- naming
 
 
-def _normalize(ref: str) -> tuple[str, str | None]:
-    """(repository without docker.io/library/, tag or None) of an image ref."""
-    name = ref.split("@", 1)[0]
-    repo, sep, tag = name.rpartition(":")
-    if not sep or "/" in tag:
-        repo, tag = name, None
-    for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
-        if repo.startswith(prefix):
-            repo = repo[len(prefix):]
-    if repo.startswith("library/"):
-        repo = repo[len("library/"):]
-    return repo, tag
-
-
 def debian_suite(ref: str) -> str | None:
     """The Debian suite an official Debian image ref stands for, else None.
 
@@ -89,9 +75,12 @@ def debian_suite(ref: str) -> str | None:
     ``"bookworm"``; ``"debian:bookworm-20240110-slim"`` -> ``"bookworm"``;
     ``"ubuntu:22.04"``, ``"debian:latest"`` -> None.
     """
-    repo, tag = _normalize(ref)
-    if repo != "debian" or not tag:
+    from builder.oci import reference
+
+    parsed = reference.try_parse(ref)
+    if parsed is None or parsed.familiar != "debian" or not parsed.tag:
         return None
+    tag = parsed.tag
     head = re.split(r"[.\-]", tag, maxsplit=1)[0]
     if head in DEBIAN_SUITES:
         return DEBIAN_SUITES[head]

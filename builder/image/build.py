@@ -43,6 +43,7 @@ from builder.core import inputs
 from builder.core.errors import EnvbuildError, ExitCode
 from builder.image.lockcheck import PROBE_SCHEMA, compare_probe_to_lock
 from builder.image.site import SiteOptions
+from builder.oci import reference
 
 DOCKERFILE = "Dockerfile"
 LOCKFILE = "envbuild.lock.json"
@@ -63,8 +64,6 @@ LABEL_BASE_ID = "envbuild.base.image-id"
 LABEL_LOCK_SHA = "envbuild.lock.sha256"
 LABEL_INPUTS_SHA = "envbuild.inputs.sha256"
 
-# Docker repository path component: lowercase alphanumerics separated by . _ - (or __).
-_RECIPE_NAME = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
 _REQUIRED_LOCK = ("recipe", "python", "torch", "cuda", "nccl", "os")
 
 
@@ -161,7 +160,8 @@ def official_base(dockerfile: bytes, origin: str = DOCKERFILE) -> str:
     Comment lines (including parser directives) and blank lines before it are skipped.
 
     Raises:
-        EnvbuildError: (exit 2) the first instruction is something else.
+        EnvbuildError: (exit 2) the first instruction is something else, or its default is
+            not an image reference (:mod:`builder.oci.reference`).
     """
     for line in dockerfile.decode("utf-8", "replace").splitlines():
         text = line.strip()
@@ -169,7 +169,10 @@ def official_base(dockerfile: bytes, origin: str = DOCKERFILE) -> str:
             continue
         m = re.match(r"^ARG\s+BASE_IMAGE=(\S+)\s*$", text, re.IGNORECASE)
         if m:
-            return m.group(1).strip("\"'")
+            base = m.group(1).strip("\"'")
+            if not reference.is_valid(base):
+                raise EnvbuildError("is not an image reference", file=origin, field="ARG BASE_IMAGE", value=base)
+            return base
         break
     raise EnvbuildError(
         "the first instruction must be ARG BASE_IMAGE=<image>", file=origin, field="ARG BASE_IMAGE"
@@ -183,7 +186,7 @@ def image_tag(recipe_name: str, lock_bytes: bytes, dockerfile_bytes: bytes, base
     Raises:
         EnvbuildError: (exit 2) the recipe name is not a valid image repository name.
     """
-    if not _RECIPE_NAME.match(recipe_name):
+    if not reference.COMPONENT.match(recipe_name):
         raise EnvbuildError(
             "not usable in an image name (lowercase letters, digits, '.', '_', '-')",
             field="recipe",

@@ -286,10 +286,16 @@ class _ProgressLog:
 
 
 def _split_tag(tag: str) -> tuple[str, str]:
-    repo, sep, name = tag.rpartition(":")
-    if not sep or "/" in name:
-        return tag, "latest"
-    return repo, name
+    """``(repository, tag)`` of an image name (:mod:`builder.oci.reference`; tag ``latest``
+    when none).
+
+    Raises:
+        EnvbuildError: (exit 64) not an image reference.
+    """
+    from builder.oci import reference
+
+    ref = reference.parse(tag, field="tag")
+    return ref.name, ref.tag or "latest"
 
 
 def build_image(

@@ -1,6 +1,6 @@
 """A certificate as an in-toto attestation, optionally signed in a DSSE envelope.
 
-The certificate (``envbuild.certificate/1``, :mod:`builder.certify.certify`) is published next to
+The certificate (``envbuild.certificate/1``, :mod:`builder.certify`) is published next to
 the image it certifies as an **in-toto Statement v1**
 (https://github.com/in-toto/attestation/blob/main/spec/v1/statement.md)::
 
@@ -15,9 +15,10 @@ the image it certifies as an **in-toto Statement v1**
                              "tags": [...], "recipe": "...", "lock_hash": "sha256:..."},
                    "filesystem": {...builder.image.fshash result...} or null}}
 
-so that supply-chain tools can read it (the subject is the image by digest; the predicate
-is envbuild's certification). A site may sign it with its own key: the statement becomes
-the payload of a **DSSE envelope**
+(:class:`Statement`; its JSON Schema is ``schemas/attestation.schema.json``) so that
+supply-chain tools can read it (the subject is the image by digest; the predicate is
+envbuild's certification). A site may sign it with its own key: the statement becomes the
+payload of a **DSSE envelope**
 (https://github.com/secure-systems-lab/dsse/blob/master/envelope.md, protocol.md)::
 
     {"payloadType": "application/vnd.in-toto+json",
@@ -25,24 +26,43 @@ the payload of a **DSSE envelope**
      "signatures": [{"keyid": "sha256:<hex of the DER public key>", "sig": "<base64>"}]}
 
 signed over the pre-authentication encoding ``PAE(type, body) = "DSSEv1" SP LEN(type) SP
-type SP LEN(body) SP body`` (lengths as ASCII decimal). Keys are PEM files (PKCS#8 private,
-SubjectPublicKeyInfo public) of Ed25519 (signature: 64 raw bytes) or ECDSA P-256/P-384
-(signature: ASN.1 DER, SHA-256/SHA-384), e.g. ``openssl genpkey -algorithm ed25519``.
+type SP LEN(body) SP body``. Keys are PEM files (PKCS#8 private, possibly encrypted with a
+passphrase; SubjectPublicKeyInfo public) of Ed25519 (signature: 64 raw bytes) or ECDSA
+P-256/P-384 (signature: ASN.1 DER over SHA-256/SHA-384), e.g. ``openssl genpkey -algorithm
+ed25519``.
+
+Libraries: the envelope, its PAE, signing and verifying are **securesystemslib**'s
+(``securesystemslib.dsse.Envelope``, ``signer.CryptoSigner``, ``signer.SSlibKey``): it
+supports exactly these key types and schemes (``ed25519``, ``ecdsa-sha2-nistp256``,
+``ecdsa-sha2-nistp384``) on pyca/cryptography, and takes a key object, so envbuild loads the
+PEM itself (bounded read, passphrase from the environment) and keeps its key id, which keeps
+the envelopes published before verifiable. Its ``Envelope.verify`` matches signatures to
+keys by key id, while DSSE makes the key id an unauthenticated hint: envbuild offers each
+signature to the configured key under that key's id, so a signature verifies whatever key
+id it carries (as before). The statement is built from plain data: **in-toto-attestation**
+(protobuf bindings, last release 0.9.3 in 2023) would add a protobuf runtime for a
+five-key document that :class:`Statement` already types.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
-import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Annotated, Any, TypeAlias
 
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import hashes, serialization
+import msgspec
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from msgspec import Meta
 
+from builder.core import inputs
 from builder.core.errors import EnvbuildError, ExitCode
+from builder.core.model import json_schema
+from builder.oci.manifest import canonical_json
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 #: envbuild's predicate type (a URI naming the predicate schema ``envbuild.attestation/1``).
@@ -61,6 +81,11 @@ ENV_SIGN_KEY = "ENVBUILD_SIGN_KEY"
 ENV_VERIFY_KEY = "ENVBUILD_VERIFY_KEY"
 #: Passphrase of an encrypted private key (never stored by envbuild).
 ENV_SIGN_KEY_PASSWORD = "ENVBUILD_SIGN_KEY_PASSWORD"
+#: Largest key file read, in bytes (a PEM key is a few hundred bytes).
+MAX_KEY_BYTES = 1 << 20
+
+PrivateKey: TypeAlias = "ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey"
+PublicKey: TypeAlias = "ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey"
 
 
 class SignatureMismatch(EnvbuildError):
@@ -69,10 +94,50 @@ class SignatureMismatch(EnvbuildError):
 
 # --------------------------------------------------------------------------- statement
 
+_Hex64 = Annotated[str, Meta(pattern=r"\A[0-9a-f]{64}\Z")]
 
-def canonical_json(doc: Any) -> bytes:
-    """Compact JSON with sorted keys, UTF-8: the bytes that are published and signed."""
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+class SubjectDigest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    sha256: _Hex64
+
+
+class Subject(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The image the statement is about: its repository and manifest digest."""
+
+    name: Annotated[str, Meta(max_length=1000)]
+    digest: SubjectDigest
+
+
+class Predicate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """envbuild's certification (``envbuild.attestation/1``)."""
+
+    schema: Annotated[str, Meta(pattern=r"\Aenvbuild\.attestation/1\Z")]
+    certificate: dict[str, Any]
+    certificate_sha256: _Hex64 | None
+    image: dict[str, Any]
+    filesystem: dict[str, Any] | None
+
+
+class Statement(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An in-toto Statement v1 with envbuild's predicate."""
+
+    type: Annotated[str, Meta(pattern=r"\Ahttps://in-toto\.io/Statement/v1\Z")] = msgspec.field(name="_type")
+    subject: Annotated[list[Subject], Meta(min_length=1)]
+    predicate_type: Annotated[str, Meta(pattern=r"\Ahttps://envbuild\.dev/attestation/certification/v1\Z")] = (
+        msgspec.field(name="predicateType"))
+    predicate: Predicate
+
+
+def schemas() -> dict[str, tuple[Any, str, str]]:
+    """The published document of this package: ``{name: (model, $id, title)}``."""
+    return {"attestation": (Statement, "https://envbuild.dev/schemas/attestation.schema.json",
+                            "envbuild attestation: in-toto Statement v1 of a certification")}
+
+
+def attestation_schema() -> dict[str, Any]:
+    """The JSON Schema of :class:`Statement` (``schemas/attestation.schema.json``)."""
+    model, schema_id, title = schemas()["attestation"]
+    return json_schema(model, schema_id, title)
 
 
 def statement(
@@ -84,7 +149,8 @@ def statement(
     image: Mapping[str, Any] | None = None,
     filesystem: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The in-toto Statement v1 certifying the image ``subject_name@subject_digest``.
+    """The in-toto Statement v1 certifying the image ``subject_name@subject_digest``, as
+    JSON data (:class:`Statement`).
 
     Args:
         subject_name: the repository, e.g. ``"127.0.0.1:5000/envbuild/cpu-torch2"``.
@@ -100,21 +166,18 @@ def statement(
     algo, _, hexd = subject_digest.partition(":")
     if algo != "sha256" or len(hexd) != 64 or any(c not in "0123456789abcdef" for c in hexd):
         raise EnvbuildError("is not sha256:<64 hex>", field="subject digest", value=subject_digest)
-    return {
-        "_type": STATEMENT_TYPE,
-        "subject": [{"name": subject_name, "digest": {"sha256": hexd}}],
-        "predicateType": PREDICATE_TYPE,
-        "predicate": {
-            "schema": PREDICATE_SCHEMA,
-            "certificate": dict(certificate),
-            "certificate_sha256": certificate_sha256,
-            "image": dict(image or {}),
-            "filesystem": dict(filesystem) if filesystem else None,
-        },
-    }
+    stmt = Statement(
+        type=STATEMENT_TYPE,
+        subject=[Subject(name=subject_name, digest=SubjectDigest(sha256=hexd))],
+        predicate_type=PREDICATE_TYPE,
+        predicate=Predicate(schema=PREDICATE_SCHEMA, certificate=dict(certificate),
+                            certificate_sha256=certificate_sha256, image=dict(image or {}),
+                            filesystem=dict(filesystem) if filesystem else None),
+    )
+    return msgspec.to_builtins(stmt)
 
 
-def check_statement(doc: Any, subject_digest: str | None = None, *, origin: str = "attestation") -> dict:
+def check_statement(doc: Any, subject_digest: str | None = None, *, origin: str = "attestation") -> dict[str, Any]:
     """Check the shape of a statement and (optionally) that it certifies ``subject_digest``.
 
     Returns:
@@ -151,37 +214,22 @@ def check_statement(doc: Any, subject_digest: str | None = None, *, origin: str 
 # --------------------------------------------------------------------------- keys
 
 
-#: Largest key file read, in bytes (a PEM key is a few hundred bytes).
-MAX_KEY_BYTES = 1 << 20
-
-
-def _read_key_file(path: str | os.PathLike, what: str) -> bytes:
-    """The bytes of a key file, read bounded (:func:`builder.core.inputs.read_regular`).
-
-    Raises:
-        Unreachable: (exit 3) missing, not a regular file (a FIFO, a device, a directory),
-            over :data:`MAX_KEY_BYTES`, unreadable.
-    """
-    from builder.core.inputs import read_regular
-
-    return read_regular(path, MAX_KEY_BYTES, what)
-
-
 def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def load_private_key(path: str | os.PathLike, password: bytes | None = None):
+def load_private_key(path: str | os.PathLike[str], password: bytes | None = None) -> PrivateKey:
     """Load a PEM private key (Ed25519 or ECDSA P-256/P-384) for signing.
 
     ``password`` defaults to ``$ENVBUILD_SIGN_KEY_PASSWORD`` when that is set.
 
     Raises:
-        Unreachable: (exit 3) the file cannot be read (:func:`_read_key_file`).
+        Unreachable: (exit 3) missing, not a regular file (a FIFO, a device, a directory),
+            over :data:`MAX_KEY_BYTES`, unreadable (:func:`builder.core.inputs.read_regular`).
         EnvbuildError: (exit 64) not a PEM private key, wrong password, or an unsupported
             key type.
     """
-    data = _read_key_file(path, "signing key")
+    data = inputs.read_regular(path, MAX_KEY_BYTES, "signing key")
     if password is None and os.environ.get(ENV_SIGN_KEY_PASSWORD):
         password = os.environ[ENV_SIGN_KEY_PASSWORD].encode()
     try:
@@ -196,14 +244,14 @@ def load_private_key(path: str | os.PathLike, password: bytes | None = None):
     return key
 
 
-def load_public_key(path: str | os.PathLike):
+def load_public_key(path: str | os.PathLike[str]) -> PublicKey:
     """Load a PEM public key (SubjectPublicKeyInfo) for verifying.
 
     Raises:
-        Unreachable: (exit 3) the file cannot be read (:func:`_read_key_file`).
+        Unreachable: (exit 3) the file cannot be read (see :func:`load_private_key`).
         EnvbuildError: (exit 64) not a PEM public key, unsupported type.
     """
-    data = _read_key_file(path, "public key")
+    data = inputs.read_regular(path, MAX_KEY_BYTES, "public key")
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError, UnsupportedAlgorithm) as e:
@@ -216,25 +264,28 @@ def load_public_key(path: str | os.PathLike):
     return key
 
 
-def _check_curve(key, path) -> None:
+def _check_curve(key: PrivateKey | PublicKey, path: str | os.PathLike[str]) -> None:
     if isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)):
         if not isinstance(key.curve, (ec.SECP256R1, ec.SECP384R1)):
             raise EnvbuildError(f"ECDSA curve {key.curve.name} is not supported (P-256 or P-384)",
                                 file=str(path), exit_code=ExitCode.USAGE)
 
 
-def _public(key):
-    return key.public_key() if hasattr(key, "public_key") else key
+def _public(key: PrivateKey | PublicKey) -> PublicKey:
+    return key.public_key() if isinstance(key, (ed25519.Ed25519PrivateKey, ec.EllipticCurvePrivateKey)) else key
 
 
-def key_id(key) -> str:
+def key_id(key: PrivateKey | PublicKey) -> str:
     """``"sha256:<hex>"`` of the DER SubjectPublicKeyInfo of ``key`` (private or public)."""
     der = _public(key).public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     return "sha256:" + hashlib.sha256(der).hexdigest()
 
 
-def _ec_hash(key):
-    return hashes.SHA384() if isinstance(key.curve, ec.SECP384R1) else hashes.SHA256()
+def _sslib_key(key: PrivateKey | PublicKey) -> Any:
+    """securesystemslib's public key of ``key`` under envbuild's :func:`key_id`."""
+    from securesystemslib.signer import SSlibKey
+
+    return SSlibKey.from_crypto(_public(key), keyid=key_id(key))
 
 
 # --------------------------------------------------------------------------- DSSE
@@ -242,37 +293,51 @@ def _ec_hash(key):
 
 def pae(payload_type: str, payload: bytes) -> bytes:
     """DSSE pre-authentication encoding: ``b"DSSEv1 <len type> <type> <len body> <body>"``."""
-    t = payload_type.encode("utf-8")
-    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(payload), payload)
+    from securesystemslib.dsse import Envelope
+
+    return Envelope(payload, payload_type, {}).pae()
 
 
-def sign(payload: bytes, key, payload_type: str = PAYLOAD_TYPE) -> dict[str, Any]:
+def sign(payload: bytes, key: PrivateKey, payload_type: str = PAYLOAD_TYPE) -> dict[str, Any]:
     """A DSSE envelope of ``payload`` signed with ``key`` (see the module doc for the shape)."""
-    msg = pae(payload_type, payload)
-    if isinstance(key, ed25519.Ed25519PrivateKey):
-        sig = key.sign(msg)
-    else:
-        sig = key.sign(msg, ec.ECDSA(_ec_hash(key)))
-    return {
-        "payloadType": payload_type,
-        "payload": base64.b64encode(payload).decode("ascii"),
-        "signatures": [{"keyid": key_id(key), "sig": base64.b64encode(sig).decode("ascii")}],
-    }
+    from securesystemslib.dsse import Envelope
+    from securesystemslib.signer import CryptoSigner
+
+    envelope = Envelope(payload, payload_type, {})
+    envelope.sign(CryptoSigner(key, _sslib_key(key)))
+    return envelope.to_dict()
 
 
 def _b64(text: Any) -> bytes:
+    """Standard or URL-safe base64 (DSSE accepts both)."""
     if not isinstance(text, str):
         raise ValueError("not a string")
     try:
         return base64.b64decode(text, validate=True)
-    except ValueError:
+    except (ValueError, binascii.Error):
         return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def verify_envelope(envelope: Any, public_key, *, origin: str = "attestation", key_name: str = "the key") -> bytes:
+def _verifies(payload: bytes, payload_type: str, sig: bytes, key: Any) -> bool:
+    """Whether ``sig`` verifies over ``PAE(payload_type, payload)`` with ``key``."""
+    from securesystemslib.dsse import Envelope
+    from securesystemslib.exceptions import VerificationError
+    from securesystemslib.signer import Signature
+
+    envelope = Envelope(payload, payload_type, {key.keyid: Signature(key.keyid, sig.hex())})
+    try:
+        envelope.verify([key], 1)
+    except VerificationError:
+        return False
+    return True
+
+
+def verify_envelope(envelope: Any, public_key: PublicKey, *, origin: str = "attestation",
+                    key_name: str = "the key") -> bytes:
     """Verify a DSSE envelope with ``public_key``; returns the payload bytes.
 
-    Passes when any signature verifies over ``PAE(payloadType, payload)``.
+    Passes when any signature verifies over ``PAE(payloadType, payload)`` (a signature's
+    ``keyid`` is only a hint, DSSE protocol).
 
     Raises:
         SignatureMismatch: (exit 2) malformed envelope, no signature, or none verifies.
@@ -289,20 +354,14 @@ def verify_envelope(envelope: Any, public_key, *, origin: str = "attestation", k
     sigs = envelope.get("signatures")
     if not isinstance(sigs, list) or not sigs:
         raise SignatureMismatch("the attestation is not signed", file=origin, field="signatures")
-    msg = pae(ptype, payload)
+    key = _sslib_key(public_key)
     for s in sigs:
         try:
             sig = _b64((s or {}).get("sig"))
         except (ValueError, AttributeError):
             continue
-        try:
-            if isinstance(public_key, ed25519.Ed25519PublicKey):
-                public_key.verify(sig, msg)
-            else:
-                public_key.verify(sig, msg, ec.ECDSA(_ec_hash(public_key)))
+        if _verifies(payload, ptype, sig, key):
             return payload
-        except InvalidSignature:
-            continue
     ids = ", ".join(str((s or {}).get("keyid")) for s in sigs if isinstance(s, dict))
     raise SignatureMismatch(
         f"signature does not verify with {key_name} ({key_id(public_key)}); signed by {ids or 'unknown keys'}",
@@ -312,7 +371,7 @@ def verify_envelope(envelope: Any, public_key, *, origin: str = "attestation", k
 # --------------------------------------------------------------------------- blobs
 
 
-def encode(stmt: Mapping[str, Any], key=None) -> tuple[bytes, str]:
+def encode(stmt: Mapping[str, Any], key: PrivateKey | None = None) -> tuple[bytes, str]:
     """The published blob and its media type: the canonical statement
     (``application/vnd.in-toto+json``) or, with ``key``, its DSSE envelope
     (``application/vnd.dsse.envelope.v1+json``)."""
@@ -322,9 +381,18 @@ def encode(stmt: Mapping[str, Any], key=None) -> tuple[bytes, str]:
     return canonical_json(sign(body, key)), MEDIA_TYPE_DSSE
 
 
-def decode(blob: bytes, media_type: str, *, public_key=None, key_name: str = "the key",
+def _json(data: bytes, origin: str, field: str | None = None, what: str = "is not JSON") -> Any:
+    try:
+        return inputs.load_json(data, origin)
+    except EnvbuildError as e:
+        raise EnvbuildError(f"{what} ({e.message.removeprefix('not valid JSON: ')})", file=origin,
+                            field=field) from None
+
+
+def decode(blob: bytes, media_type: str, *, public_key: PublicKey | None = None, key_name: str = "the key",
            origin: str = "attestation") -> tuple[dict[str, Any], str | None]:
-    """Parse a published attestation blob; verify its signature when ``public_key`` is given.
+    """Parse a published attestation blob (bounded JSON); verify its signature when
+    ``public_key`` is given.
 
     Returns:
         ``(statement, signer)``: ``signer`` is the verified key id, or None when not checked.
@@ -334,11 +402,9 @@ def decode(blob: bytes, media_type: str, *, public_key=None, key_name: str = "th
             signature verifies.
         EnvbuildError: (exit 2) not JSON, unknown media type.
     """
-    try:
-        doc = json.loads(blob)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise EnvbuildError(f"is not JSON ({e})", file=origin) from None
+    doc = _json(blob, origin)
     if media_type == MEDIA_TYPE_DSSE:
+        signer = None
         if public_key is not None:
             payload = verify_envelope(doc, public_key, origin=origin, key_name=key_name)
             signer = key_id(public_key)
@@ -347,11 +413,7 @@ def decode(blob: bytes, media_type: str, *, public_key=None, key_name: str = "th
                 payload = _b64(doc.get("payload") if isinstance(doc, dict) else None)
             except ValueError:
                 raise EnvbuildError("payload is not base64", file=origin, field="payload") from None
-            signer = None
-        try:
-            return json.loads(payload), signer
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise EnvbuildError(f"payload is not JSON ({e})", file=origin, field="payload") from None
+        return _json(payload, origin, "payload", "payload is not JSON"), signer
     if media_type == MEDIA_TYPE_STATEMENT:
         if public_key is not None:
             raise SignatureMismatch(f"the attestation is not signed, and {key_name} is configured to check it",

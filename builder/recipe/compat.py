@@ -189,13 +189,12 @@ _CUDA_TAG = re.compile(r"\A(?P<cuda>[0-9]+\.[0-9]+\.[0-9]+)-(?P<flavour>[a-z0-9-
 
 
 def _base_tag(image: str) -> tuple[str, str | None]:
-    """Split ``nvidia/cuda:12.8.1-base-ubuntu24.04@sha256:..`` into (repository, tag)."""
-    ref = image.split("@", 1)[0]
-    last = ref.rsplit("/", 1)[-1]
-    if ":" in last:
-        repo, tag = ref.rsplit(":", 1)
-        return repo, tag
-    return ref, None
+    """Split ``nvidia/cuda:12.8.1-base-ubuntu24.04@sha256:..`` into (repository, tag)
+    (:mod:`builder.oci.reference`; the whole text and no tag when it is not a reference)."""
+    from builder.oci import reference
+
+    ref = reference.try_parse(image)
+    return (ref.name, ref.tag) if ref else (image, None)
 
 
 # --------------------------------------------------------------------------- rules

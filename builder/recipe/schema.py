@@ -35,20 +35,11 @@ from packaging.version import InvalidVersion, Version
 
 from builder.core import inputs
 from builder.core.errors import EnvbuildError, ExitCode, ManyErrors
+from builder.oci import reference
 
 # Closed patterns, each matching a whole value (\A...\Z; use .fullmatch or .match alike).
 #: Release-style versions only (no local labels, no epochs): "2.8.0", "12.8", "570.124.06".
 _RELEASE = re.compile(r"\A[0-9]{1,6}(?:\.[0-9]{1,6}){0,3}\Z")
-#: Docker image reference: [registry[:port]/]path[:tag][@sha256:64hex] (distribution/reference grammar, lower-case path).
-IMAGE_REF = re.compile(
-    # a first component is a registry only with a '.' or ':' or as 'localhost' (as docker reads it)
-    r"\A(?:(?P<registry>(?:[a-zA-Z0-9-]+\.)+[a-zA-Z0-9-]+(?::[0-9]{1,5})?|[a-zA-Z0-9-]+:[0-9]{1,5}|localhost)/)?"
-    r"(?P<path>[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)"
-    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
-    r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?\Z"
-)
-#: Longest image reference accepted (docker's limit on a repository name is 255).
-MAX_IMAGE_REF = 512
 #: Debian package name (Debian policy 5.6.1) and version (5.6.12), ``name[=version]``.
 APT_NAME = re.compile(r"\A[a-z0-9][a-z0-9+.-]{1,127}\Z")
 APT_VERSION = re.compile(r"\A[A-Za-z0-9.+~:-]{1,128}\Z")
@@ -372,7 +363,7 @@ def _k_release(ld: _Loader, value: Any, kind: str, path: str) -> Any:
 
 
 def _k_image(ld: _Loader, value: Any, kind: str, path: str) -> Any:
-    if not _fits(IMAGE_REF, value, MAX_IMAGE_REF):
+    if not reference.is_valid(value):
         ld.err(path, value, "is not an image reference (name[:tag][@sha256:digest])")
         return None
     return value

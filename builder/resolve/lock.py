@@ -77,25 +77,6 @@ class LockResult:
 # --------------------------------------------------------------------------- base
 
 
-def _split_ref(ref: str) -> tuple[str, str, str | None, str | None]:
-    """``(registry host, repository, tag, digest)`` of an image ref, Docker Hub rules
-    (``debian:x`` -> ``registry-1.docker.io``, ``library/debian``)."""
-    name, _, digest = ref.partition("@")
-    repo, sep, tag = name.rpartition(":")
-    if not sep or "/" in tag:
-        repo, tag = name, None
-    first, slash, rest = repo.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost"):
-        host, path = first, rest
-    else:
-        host, path = "registry-1.docker.io", repo
-        if "/" not in path:
-            path = f"library/{path}"
-    if host in ("docker.io", "index.docker.io"):
-        host = "registry-1.docker.io"
-    return host, path, tag or "latest", digest or None
-
-
 def resolve_base(ref: str, client=None, *, timeout_s: float = 10.0) -> tuple[str | None, str, str | None]:
     """Resolve a base image ref to a manifest digest.
 
@@ -104,28 +85,32 @@ def resolve_base(ref: str, client=None, *, timeout_s: float = 10.0) -> tuple[str
         ``"engine"`` (the local image's ``RepoDigests``), ``"registry"`` (HEAD manifest)
         or ``"none"``; ``note`` says why it is unresolved.
     """
-    host, path, tag, digest = _split_ref(ref)
-    if digest:
-        return digest, "recipe", None
+    from builder.oci import reference
+
+    image = reference.try_parse(ref)
+    if image is None:
+        return None, "none", f"base {ref}: not resolved to a digest (not an image reference)"
+    if image.digest:
+        return image.digest, "recipe", None
+    tag = image.tag or "latest"
     if client is not None:
         try:
             img = client.images.get(ref)
-            repo_name = ref.rsplit(":", 1)[0] if tag and ref.endswith(f":{tag}") else ref
             for rd in img.attrs.get("RepoDigests") or []:
-                name, _, d = rd.partition("@")
-                if name in (repo_name, f"docker.io/{repo_name}", f"docker.io/library/{repo_name}"):
-                    return d, "engine", None
+                pinned = reference.try_parse(rd)
+                if pinned and pinned.digest and pinned.same_repository(image):
+                    return pinned.digest, "engine", None
         except Exception:  # noqa: BLE001 - the engine is only one of the sources
             pass
-    from builder.publish.registry import RegistryClient
+    from builder.oci.client import RegistryClient
 
     try:
-        reg = RegistryClient(host, timeout_s=timeout_s)
-        desc = reg.head_manifest(path, tag)
+        reg = RegistryClient(image.registry, timeout_s=timeout_s)
+        desc = reg.head_manifest(image.repository, tag)
     except EnvbuildError as e:
         return None, "none", f"base {ref}: not resolved to a digest ({e})"
     if desc is None:
-        return None, "none", f"base {ref}: the registry {host} has no tag {tag}"
+        return None, "none", f"base {ref}: the registry {image.registry} has no tag {tag}"
     return desc.digest, "registry", None
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from builder.core.errors import EnvbuildError, ExitCode
 
 from ..base import LaunchSpec
-from .reference import parse_image_ref
+from builder.oci import reference
 
 _RUN_ID_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
 _LABEL_NAME_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
@@ -120,7 +120,7 @@ def require_digest(text: str, allow_tag: bool = False, candidates: Sequence[str]
         EnvbuildError: (exit 2) a reference without digest and ``allow_tag`` false;
             (exit 64) not an image reference.
     """
-    ref = parse_image_ref(text)
+    ref = reference.parse(text, field="image")
     if ref.by_digest or allow_tag:
         return text
     hint = f"use {candidates[0]}" if candidates else "push it and use REPO@sha256:<digest>"
