@@ -631,7 +631,7 @@ def _k8s_source(args):
     config ``Env``). Usage errors come before the engine is contacted."""
     import re
 
-    from builder.launchers.k8s import naming, reference, source
+    from builder.launchers.k8s import naming, source
 
     name = args.source
     if re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name) and (Path(args.images_dir) / name / "envbuild.lock.json").is_file():
