@@ -113,9 +113,15 @@ def _leftovers(p: Pins, comments: list[tuple[int, str]]) -> None:
     for key, pin in (("NCCL", p.nccl), ("cuDNN", p.cudnn)):
         if pin:
             comments.append(_c(pin[0].line, pin[0].value, f"the {key} torch pins is resolved by envbuild from the facts"))
-    if p.python_from not in ("system", None) and p.python:
+    system = compat.facts()["os"][p.os[0]][p.os[1]]["python"] if p.os else None
+    if p.python_from not in ("system", None) and p.python and p.python.value != str(system):
         comments.append(_c(p.python.line, f"Python {p.python.value} ({p.python_from})",
-                           "envbuild installs the OS release's system Python in a venv"))
+                           f"envbuild installs the OS release's system Python ({system}) in a venv"))
+    root = p.stack.stages[-1]
+    for st in p.stack.stages:
+        if st.parent is None and st is not root and st.base.word.text != p.stack.base.image:
+            comments.append(_c(st.line, st.base.word.text or st.base.word.raw,
+                               "the base of a build stage: envbuild builds every stage on the recipe's base"))
     for pip in p.stack.pip:
         for f in pip.files:
             comments.append(_c(f.line, f"-r {f.value}", "a requirements file: not followed"))
@@ -131,14 +137,15 @@ def _leftovers(p: Pins, comments: list[tuple[int, str]]) -> None:
         comments.append(_c(line, what, "not carried over"))
 
 
-def recipe_text(p: Pins, name: str, driver: str | None) -> tuple[str, dict]:
+def recipe_text(p: Pins, out: str, driver: str | None) -> tuple[str, dict]:
     """The recipe YAML (comments first) of ``p`` and its data. Raises
     :class:`~builder.core.errors.EnvbuildError` (2) when a recipe cannot hold the stack."""
     t, os_ = p.torch, p.os
     missing = [what for what, ok in (("the OS of the base image", os_), ("a torch release", t and t.release),
                                      ("the torch build (its variant)", t and t.variant)) if not ok]
     if missing:
-        raise EnvbuildError(f"cannot write a recipe: the file does not say {' and '.join(missing)}")
+        raise EnvbuildError(f"cannot write a recipe: {inputs.escape(p.stack.file, 200)} does not say {' and '.join(missing)}",
+                            file=out)
     comments: list[tuple[int, str]] = []
     base = _base(p, comments)
     apt, pip = _packages(p, comments)
@@ -162,7 +169,7 @@ def recipe_text(p: Pins, name: str, driver: str | None) -> tuple[str, dict]:
         else:
             data["env"][name_] = value
     data = _fit(data, where, comments)
-    head = [f"# Recipe {name}: written by `envbuild audit {inputs.escape(p.stack.file, 200)} --to-recipe`.",
+    head = [f"# Recipe {inputs.escape(Path(out).stem, 80)}: written by `envbuild audit {inputs.escape(p.stack.file, 200)} --to-recipe`.",
             "# Not carried over (by line of the audited file):"]
     comments.sort(key=lambda c: c[0])
     shown = [text for _line, text in comments[:MAX_COMMENTS]] or ["(nothing)"]
@@ -183,8 +190,7 @@ def write(audited: Audited, out: str, driver: str | None = None) -> Path:
     """
     if audited.pins is None or audited.result.exit_code >= 2:
         raise EnvbuildError(f"not written: {inputs.escape(audited.result.file, 200)} has errors (fix them first)", file=out)
-    name = Path(out).stem
-    text, data = recipe_text(audited.pins, name, driver)
+    text, _data = recipe_text(audited.pins, out, driver)
     spec = judge.check_data(inputs.load_yaml(text, out), out)
     if spec.failed:
         lines = [str(e) for e in spec.schema_errors] + [f"{', '.join(f.fields)}: {f.message}" for f in spec.errors]
