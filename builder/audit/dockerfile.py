@@ -48,9 +48,11 @@ class _Heredoc:
     bodies: list[tuple[str, bool, list[tuple[int, str]]]] = field(default_factory=list)
 
 
-def _prepare(lines: list[str]) -> tuple[list[str], dict[int, _Heredoc]]:
+def _prepare(file: str, lines: list[str]) -> tuple[list[str], dict[int, _Heredoc]]:
     """The text dockerfile-parse reads (same line count) and the here-documents by the
-    0-based line of their instruction."""
+    0-based line of their instruction. Continuation lines reach dockerfile-parse as stubs
+    (it only has to see that they continue: it joins them by repeated string addition,
+    quadratic in an instruction's length); the text is read from ``lines`` here."""
     feed = list(lines)
     heredocs: dict[int, _Heredoc] = {}
     i, cont, current = 0, False, None
@@ -67,7 +69,11 @@ def _prepare(lines: list[str]) -> tuple[list[str], dict[int, _Heredoc]]:
                 continue
             m = _KEYWORD.match(line)
             current = (m.group(1).upper() if m else "", i)
+            if len(stripped.split(None, 1)) == 1 and not stripped.endswith("\\"):
+                raise Malformed(file, i + 1, f"{stripped[:40]!r} has no arguments")
         cont = line.rstrip().endswith("\\")
+        if current and current[1] != i:
+            feed[i] = " \\" if cont else " x"
         i += 1
         if current and current[0] in ("RUN", "COPY", "ADD") and not cont:
             marks = _HEREDOC.findall(" ".join(lines[current[1]: i]))
@@ -97,6 +103,7 @@ class _Reader:
         self.stages: list[Stage] = []
         self.notes: list[Note] = []
         self.others: list[tuple[int, str]] = []
+        self.names: dict[str, int] = {}
         self.args: dict[str, Var] = {}
         self.env: dict[str, Var] = {}
         self.env_by_stage: list[dict[str, Var]] = []
@@ -199,13 +206,17 @@ class _Reader:
         self.env = dict(self.env_by_stage[parent]) if parent is not None else {}
         stage = Stage(len(self.stages), name, line, Base(image, line, "docker", platform), parent)
         self.stages.append(stage)
+        if name:
+            if name in self.names:
+                first = self.stages[self.names[name]].line
+                raise Malformed(self.file, line, f"duplicate stage name {name[:60]!r} (first at line {first})")
+            self.names[name] = stage.index
         self.env_by_stage.append(self.env)
 
     def stage_index(self, ref: str) -> int | None:
         low = ref.lower()
-        for st in self.stages:
-            if st.name == low:
-                return st.index
+        if low in self.names:
+            return self.names[low]
         if re.fullmatch(r"[0-9]{1,4}", ref) and int(ref) < len(self.stages):
             return int(ref)
         return None
@@ -292,7 +303,7 @@ def parse(file: str, build_args: dict[str, str] | None = None) -> Parsed:
         FROM, an instruction before the first FROM other than ARG, an unknown instruction.
     """
     lines = read_lines(file)
-    feed, heredocs = _prepare(lines)
+    feed, heredocs = _prepare(file, lines)
     parser = DockerfileParser(fileobj=io.BytesIO("\n".join(feed).encode("utf-8")))
     reader = _Reader(file, lines, dict(build_args or {}))
     structure = parser.structure
@@ -305,7 +316,7 @@ def parse(file: str, build_args: dict[str, str] | None = None) -> Parsed:
         if name == "COMMENT":
             continue
         if name not in INSTRUCTIONS:
-            raise Malformed(file, line, f"unknown instruction {item['content'].split()[0][:40]!r}")
+            raise Malformed(file, line, f"unknown instruction {lines[line - 1].split()[0][:40]!r}")
         if name == "FROM":
             reader.from_(item)
         elif not reader.stages and name != "ARG":
@@ -319,5 +330,6 @@ def parse(file: str, build_args: dict[str, str] | None = None) -> Parsed:
         else:
             if name in ("COPY", "ADD"):
                 reader.copy(item)
-            reader.others.append((line, " ".join(item["content"].split())))
+            text = " ".join(lines[line - 1: min(item["endline"] + 1, line + 3)])
+            reader.others.append((line, " ".join(text.split())[:300]))
     return Parsed(file, "dockerfile", reader.stages, reader.notes, reader.others)

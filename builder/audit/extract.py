@@ -25,6 +25,8 @@ from .parsed import EnvSet, Note, Parsed, Stage
 from .shell import Command, Var, Word
 
 PYPI_HOSTS = ("pypi.org", "pypi.python.org", "files.pythonhosted.org")
+#: Most requirements read from one install command (a recipe holds at most 1000 packages).
+MAX_REQUIREMENTS = 1000
 _VARIANT = re.compile(r"cpu|cu[0-9]{2,3}")
 _PIP = re.compile(r"pip(?:3(?:\.[0-9]{1,2})?)?")
 _PYTHON = re.compile(r"python(?:3(?:\.(?P<minor>[0-9]{1,2}))?)?")
@@ -280,6 +282,10 @@ def pip_install(cmd: Command, stage: int, notes: list[Note]) -> PipInstall | Non
             got.no_index = True
         if text.startswith("-"):
             continue
+        if len(got.requirements) >= MAX_REQUIREMENTS:
+            notes.append(Note("warning", "not-read", w.line, text, f"more than {MAX_REQUIREMENTS} requirements in one "
+                              "install: the rest are not read"))
+            break
         got.requirements.append((Item.of(w), _requirement(text)))
     env = _env_indexes(cmd)
     roles = {i.role for i in own}

@@ -136,12 +136,11 @@ def read_lines(path: str) -> list[str]:
     sequence or a bidi override has no business in a build file) and no unresolved
     merge conflict. Raises :class:`~builder.core.errors.Unreachable` (3) for an unreadable
     file, :class:`Malformed` (3) naming the line."""
+    data = inputs.read_regular(path, MAX_FILE_BYTES, "file to audit")
     try:
-        text = inputs.read_text(path, MAX_FILE_BYTES, "file to audit")
-    except EnvbuildError as e:
-        if e.exit_code == ExitCode.UNREACHABLE:
-            raise
-        raise Malformed(path, 1, e.message) from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise Malformed(path, data.count(b"\n", 0, e.start) + 1, f"is not UTF-8 text (byte {e.start})") from None
     lines = text.replace("\r\n", "\n").split("\n")
     if lines and lines[-1] == "":
         lines.pop()

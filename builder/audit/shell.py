@@ -282,6 +282,8 @@ class Scanner:
 
     def _fields(self, parts: list[_Part], raw: str, line: int, uses: tuple[Var, ...]) -> list[Word]:
         bad = next((p for p in parts if p.text is None), None)
+        if bad is None and sum(len(p.text) for p in parts) > MAX_VALUE:  # before anything is joined
+            bad = _Part(None, why=f"expands to more than {MAX_VALUE} characters")
         if bad is not None:
             return [Word(None, raw, line, bad.why, uses)]
         fields: list[str] = []
@@ -302,9 +304,6 @@ class Scanner:
                     started = True
         if started:
             fields.append("".join(cur))
-        total = sum(len(f) for f in fields)
-        if total > MAX_VALUE:
-            return [Word(None, raw, line, f"expands to more than {MAX_VALUE} characters", uses)]
         return [Word(f, raw, line, None, uses) for f in fields]
 
     def _dquote(self, parts: list[_Part], uses: list[Var]) -> None:
@@ -315,7 +314,10 @@ class Scanner:
             c = s[self.i]
             if c == '"':
                 self.i += 1
-                parts.append(_Part("".join(buf), keep=True))
+                if sum(len(b) for b in buf) > MAX_VALUE:
+                    parts.append(_Part(None, why=f"expands to more than {MAX_VALUE} characters"))
+                else:
+                    parts.append(_Part("".join(buf), keep=True))
                 return
             if c == "\\":
                 nxt = s[self.i + 1: self.i + 2]
@@ -485,10 +487,9 @@ class Scanner:
         bad = next((p for p in parts if p.text is None), None)
         if bad is not None:
             raise _Unknown(bad.why or "cannot be expanded")
-        out = "".join(p.text for p in parts)
-        if len(out) > MAX_VALUE:
+        if sum(len(p.text) for p in parts) > MAX_VALUE:
             raise _Unknown(f"expands to more than {MAX_VALUE} characters")
-        return out
+        return "".join(p.text for p in parts)
 
     # ------------------------------------------------------------------ commands
     def commands(self) -> list[Command]:
