@@ -263,3 +263,28 @@ def test_kind_of_file_by_name():
                                      "Singularity.gpu", "Apptainer", "gpu.def", "a/b/recipe.DEF")] == [
         "dockerfile", "dockerfile", "dockerfile", "dockerfile", "definition", "definition", "definition",
         "definition", "definition"]
+
+
+@pytest.mark.parametrize("install, variant, variant_from, python", [
+    ("pip install torch==2.5.1+cu121", "cu121", "the local version +cu121", "3.10"),
+    ("pip install torch==2.5.1 --index-url https://download.pytorch.org/whl/cu118/", "cu118",
+     "--index-url https://download.pytorch.org/whl/cu118/", "3.10"),
+    ("pip install torch==2.5.1 -f https://download.pytorch.org/whl/cu121/torch_stable.html", "cu121",
+     "--find-links https://download.pytorch.org/whl/cu121/torch_stable.html", "3.10"),
+    ("PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu pip install torch==2.5.1", "cpu",
+     "--extra-index-url https://download.pytorch.org/whl/cpu", "3.10"),
+    ("pip install torch==2.5.1", "cu124", "PyPI's build of torch 2.5.1", "3.10"),
+    ("pip install -i https://mirror.example/simple torch==2.5.1", "cu124",
+     "PyPI's build of torch 2.5.1 (assuming https://mirror.example/simple mirrors PyPI)", "3.10"),
+    ("pip install https://download.pytorch.org/whl/cu121/torch-2.1.0%2Bcu121-cp311-cp311-linux_x86_64.whl",
+     "cu121", "the local version +cu121", "3.10"),
+    ("python3.11 -m pip install torch==2.5.1+cpu", "cpu", "the local version +cpu", "3.11"),
+    ("pip install torch==2.5.1 --index-url https://download.pytorch.org/whl", None,
+     "https://download.pytorch.org/whl (every variant: pip picks one)", "3.10"),
+])
+def test_where_the_torch_variant_comes_from(tmp_path, install, variant, variant_from, python):
+    path = tmp_path / "Dockerfile"
+    path.write_text(f"FROM ubuntu:22.04\nRUN {install}\n")
+    done = run.audit_file(str(path))
+    torch = done.result.stack.torch
+    assert (torch.variant, torch.variant_from, done.result.stack.python) == (variant, variant_from, python)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from dockerfile_parse import DockerfileParser
 
-from .parsed import Base, EnvSet, Malformed, Note, Parsed, Stage, platform_var, read_lines
+from .parsed import PLATFORM_ARGS, Base, EnvSet, Malformed, Note, Parsed, Stage, platform_var, read_lines
 from .shell import Command, Scanner, Source, Var, Word
 
 #: Instructions of the Dockerfile reference (plus dockerfile-parse's COMMENT).
@@ -134,8 +134,8 @@ class _Reader:
     def lookup_global(self, name: str) -> Var | None:
         return self.global_args.get(name) or platform_var(name)
 
-    def words(self, item: dict, lookup) -> list[Word]:
-        return Scanner(self.source(item), lookup, shell=False).words()
+    def words(self, item: dict, lookup, undeclared: str = "is not set by this file (the base image may set it)") -> list[Word]:
+        return Scanner(self.source(item), lookup, shell=False, undeclared=undeclared).words()
 
     def note_unknown(self, word: Word, what: str) -> None:
         self.notes.append(Note("warning", "unexpanded", word.line, word.raw,
@@ -186,13 +186,16 @@ class _Reader:
             self.stages[-1].env.append(EnvSet(name, value, line, None if value is not None else w.why, w.raw))
 
     def from_(self, item: dict) -> None:
-        words = self.words(item, self.lookup_global)
+        words = self.words(item, self.lookup_global, "is not declared by an ARG before the first FROM")
         line = item["startline"] + 1
         platform = None
         while words and (words[0].text or "").startswith("--"):
             flag = words.pop(0).text or ""
             if flag.startswith("--platform="):
                 platform = flag.split("=", 1)[1]
+                if platform != PLATFORM_ARGS["TARGETPLATFORM"]:
+                    self.notes.append(Note("note", "platform", line, flag, "audit's facts are for linux/amd64 wheels "
+                                           f"and images; this stage is built for {platform}"))
         if not words:
             raise Malformed(self.file, line, "FROM names no image")
         image = words[0]
