@@ -155,7 +155,8 @@ def _twice(p: Pins, out: _Out) -> None:
     """torch installed more than once with different pins: the last install wins."""
     distinct = {(t.installer, t.spec, t.variant) for t in p.all_torch}
     if len(distinct) > 1 and p.torch:
-        lines = ", ".join(f"line {t.item.line}: {t.item.value}" for t in p.all_torch[:5])
+        lines = ", ".join(f"line {t.item.line}: {t.item.value}" + (f" from {t.variant_from}" if t.variant_from else "")
+                          for t in p.all_torch[:5])
         out.add(WARNING, "torch-twice", p.torch.item,
                 f"torch is installed {len(p.all_torch)} times with different pins ({lines}); the image gets the last one",
                 "audit")

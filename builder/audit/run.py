@@ -112,8 +112,9 @@ def summary(result: model.FileAudit) -> str:
     t = st.torch
     torch = "no torch"
     if t is not None:
-        what = f"{t.version}+{t.variant}" if t.version and t.variant else t.version or t.requirement
-        torch = f"torch {what} ({t.installer})"
+        what = f"torch {t.version}+{t.variant}" if t.version and t.variant else f"torch {t.version}" if t.version \
+            else t.requirement
+        torch = f"{what} ({t.installer})"
     facts = [st.os or "OS unknown", f"python {st.python or '?'}", f"cuda {st.cuda or 'none'}"]
     line = f"{result.file}: {said}: {torch} on {st.base.image or '?'} ({', '.join(facts)})"
     return inputs.one_line(line, 600)
