@@ -15,3 +15,4 @@ golden:         ## regenerate golden files and the committed rendered files; rev
 	.venv/bin/envbuild render --all
 	.venv/bin/python tests/test_k8s.py --regen   # tests/golden/k8s/: Kubernetes manifests
 	.venv/bin/python tests/test_slurm.py --regen # tests/golden/slurm/: sbatch scripts
+	.venv/bin/python tests/test_audit_schema.py --regen # schemas/audit.schema.json

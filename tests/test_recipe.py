@@ -290,10 +290,10 @@ def test_parse_keeps_valid_fields_and_names_invalid_ones(tmp_path):
 
 
 @pytest.mark.parametrize("arg, expected", [
-    ("images/x/Dockerfile", "images/x/Dockerfile: is not a recipe: a recipe is a .yaml or .yml file; a Dockerfile or "
-     "Singularity definition will be audited by `envbuild audit` (not available yet)"),
-    ("images/x/Singularity.def", "images/x/Singularity.def: is not a recipe: a recipe is a .yaml or .yml file; a "
-     "Dockerfile or Singularity definition will be audited by `envbuild audit` (not available yet)"),
+    ("images/x/Dockerfile", "images/x/Dockerfile: is not a recipe: a recipe is a .yaml or .yml file; audit a "
+     "Dockerfile or Singularity definition with `envbuild audit images/x/Dockerfile`"),
+    ("images/x/Singularity.def", "images/x/Singularity.def: is not a recipe: a recipe is a .yaml or .yml file; audit "
+     "a Dockerfile or Singularity definition with `envbuild audit images/x/Singularity.def`"),
     ("notes.txt", "notes.txt: is not a recipe: a recipe is a .yaml or .yml file; give a recipe name such as "
      "cpu-torch2 or a path ending in .yaml"),
 ])

@@ -1,6 +1,6 @@
 """The ``envbuild`` command: the only module that knows every stage.
 
-Commands: ``check``, ``render``, ``build``, ``certify``, ``make`` (check -> render -> build
+Commands: ``check``, ``audit``, ``render``, ``build``, ``certify``, ``make`` (check -> render -> build
 -> certify), ``probe``, ``verify``, ``doctor``, ``base``, ``lock``, ``push``, ``pull``, ``k8s render``. Errors from any stage are :class:`EnvbuildError` values
 printed as one line each (no traceback) with the exit code of the shared table
 (``builder/core/errors.py``); usage errors exit 64, found before anything is contacted
@@ -200,6 +200,47 @@ def cmd_check(args) -> int:
     out.print(Text(f"{inputs.escape(spec.recipe.path)}: ok: torch {spec.torch_local}, python {spec.recipe.python}, "
                    f"cuda {spec.cuda or 'none'}, nccl {spec.nccl or 'none'}"), soft_wrap=True)
     return ExitCode.WARNINGS if spec.warnings else ExitCode.OK
+
+
+_DRIVER_ARG = _pattern(re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,6}){0,3}"), "a driver version such as 570.124.06", limit=40)
+_BUILD_ARG = _pattern(re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}=[^\x00]{0,4096}", re.S), "NAME=VALUE", limit=4300)
+
+
+def cmd_audit(args) -> int:
+    """``envbuild audit FILE... [--json] [--to-recipe OUT.yaml] [--driver V] [--build-arg N=V]``:
+    audit Dockerfiles and Apptainer/Singularity definitions with the recipe rules
+    (:mod:`builder.audit`). 0 clean, 1 warnings, 2 errors, 3 malformed or unreadable (the
+    worst file); ``--to-recipe`` refused: 2."""
+    from builder.audit import run, torecipe
+
+    if args.to_recipe is not None:
+        target = Path(args.to_recipe)
+        if len(args.files) != 1:
+            raise UsageError("envbuild audit: --to-recipe takes exactly one FILE")
+        if target.suffix not in recipe.SUFFIXES or not (len(target.stem) <= recipe.MAX_RECIPE_NAME
+                                                         and recipe.RECIPE_NAME.fullmatch(target.stem)):
+            raise UsageError(f"envbuild audit: --to-recipe: {show(args.to_recipe)} is not a recipe file name "
+                             "(<name>.yaml, <name> lower-case [a-z0-9] joined by '.', '_' or '-')")
+    build_args = dict(item.split("=", 1) for item in args.build_arg)
+    report, done = run.audit(args.files, driver=args.driver, build_args=build_args)
+    if args.json:
+        sys.stdout.write(report.to_json().decode())
+    else:
+        style = {"error": "red", "warning": "yellow", "note": "cyan"}
+        for result in report.files:
+            for f in result.findings:
+                console.print(Text.assemble((f.level, style[f.level]), ": ", f.text()), soft_wrap=True)
+            if result.stack is not None:
+                out.print(Text(run.summary(result)), soft_wrap=True)
+    code = report.exit_code
+    if args.to_recipe is not None:
+        try:
+            written = torecipe.write(done[0], args.to_recipe, args.driver)
+        except EnvbuildError as e:
+            _say(f"error: {escape(str(e), 1000)}")
+            return max(code, int(e.exit_code))
+        _say(f"wrote {escape(str(written), 1000)}: check it with `envbuild check {escape(str(written), 1000)}`")
+    return code
 
 
 def _render(args, spec: compat.Spec) -> int:
@@ -923,6 +964,16 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="validate a recipe and its version compatibility (offline)")
     c.add_argument("recipe", type=_RECIPE, help="a name under --recipes-dir or a path to a YAML file")
     c.set_defaults(func=cmd_check)
+
+    au = sub.add_parser("audit", help="audit Dockerfiles and Apptainer/Singularity definitions with the recipe rules (offline)")
+    au.add_argument("files", nargs="+", metavar="FILE", type=_path("a file"), help="Dockerfile, Containerfile or definition file")
+    au.add_argument("--json", action="store_true", help="print the report as JSON (schemas/audit.schema.json)")
+    au.add_argument("--to-recipe", metavar="OUT.yaml", type=_path("a file name", no_dash=True),
+                    help="write the recipe of the same stack (one FILE without errors)")
+    au.add_argument("--driver", metavar="VERSION", type=_DRIVER_ARG, help="the cluster's NVIDIA driver: check the floors of the wheel's CUDA")
+    au.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE", type=_BUILD_ARG,
+                    help="a build argument, as docker build --build-arg (or apptainer build --build-arg)")
+    au.set_defaults(func=cmd_audit)
 
     r = sub.add_parser("render", help="render Dockerfile, Singularity.def and lock under images/RECIPE/")
     r.add_argument("recipe", nargs="?", type=_RECIPE)

@@ -613,7 +613,7 @@ def find(name_or_path: str, recipes_dir: str | Path = "recipes") -> Path:
     is_name = "/" not in name_or_path and RECIPE_NAME.fullmatch(name_or_path) is not None
     if not is_name or (p.is_file() and not any(c.exists() for c in candidates)):
         lower = p.name.lower()
-        what = ("a Dockerfile or Singularity definition will be audited by `envbuild audit` (not available yet)"
+        what = (f"audit a Dockerfile or Singularity definition with `envbuild audit {inputs.escape(name_or_path, 200)}`"
                 if lower.endswith(("dockerfile", "containerfile", ".def")) or lower.startswith("dockerfile") else
                 "give a recipe name such as cpu-torch2 or a path ending in .yaml")
         raise EnvbuildError(f"is not a recipe: a recipe is a .yaml or .yml file; {what}", file=name_or_path)

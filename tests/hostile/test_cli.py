@@ -27,7 +27,7 @@ from hostile.harness import ROOT, Case, assert_held, run_cases
 SEED = 20260801
 IMAGE = "envbuild/cpu-torch2:0123456789ab"
 SUBCOMMANDS = {"check", "render", "build", "certify", "make", "probe", "verify", "doctor", "base", "lock", "push",
-               "pull", "k8s"}
+               "pull", "k8s", "audit"}
 
 #: (command line before the option, option or None for the last positional, value class,
 #:  a valid value, command line after the option).
@@ -84,6 +84,10 @@ OPTIONS: list[tuple[list[str], str | None, str, str, list[str]]] = [
     (["k8s", "render", "cpu-torch2"], "--out", "path", "k8s", []),
     (["base", "bootstrap"], "--suite", "pattern", "bookworm", []),
     (["base", "bootstrap"], "--stands-for", "pattern", "debian:bookworm-slim", []),
+    (["audit"], None, "path", "Dockerfile", []),
+    (["audit", "Dockerfile"], "--to-recipe", "dashless", "x.yaml", []),
+    (["audit", "Dockerfile"], "--driver", "pattern", "570.26", []),
+    (["audit", "Dockerfile"], "--build-arg", "text", "A=1", []),
 ]
 
 #: Values each class refuses whatever the option (a number class refuses number-like junk).
@@ -228,7 +232,7 @@ def test_malformed_values_are_shown_escaped(outcomes):
                                            "repository path",
         "certify--nodes:nan": "envbuild certify: argument --nodes: 'nan' is not an integer in 1..1024",
         "usage:1": r"envbuild: argument command: invalid choice: 'frob\x1b[31mnicate' (choose from 'check', "
-                   "'render', 'build', 'certify', 'make', 'probe', 'verify', 'doctor', 'push', 'pull', 'lock', "
+                   "'audit', 'render', 'build', 'certify', 'make', 'probe', 'verify', 'doctor', 'push', 'pull', 'lock', "
                    "'k8s', 'base')",
         "usage:8": r"envbuild: unrecognized arguments: --no-such=\x1b]0;t\x07",
     }
@@ -248,6 +252,8 @@ def test_valid_values_twin():
              expect=(64,), files={"k.pem": "not a key\n"}),  # read (a file), but no key: a usage error
         Case(id="twin:build-ca", argv=[*dirs, "build", "cpu-torch2", "--ca-cert", "ca.pem"], expect=(3,),
              files={"ca.pem": "-----BEGIN CERTIFICATE-----\n"}),
+        Case(id="twin:audit", argv=["audit", str(ROOT / "images/cuda12-torch2/Dockerfile"), "--driver", "570.26",
+                                    "--build-arg", "A=1", "--to-recipe", "x.yaml"], expect=(0,), max_stderr_lines=None),
     ]
     got = run_cases(cases)
     for case in cases:

@@ -1,0 +1,156 @@
+"""The one adapter between the audit and recipe's rules: the file's pins as a recipe, run
+through the recipe schema and ``compat.check`` (the very code ``envbuild check`` runs),
+each finding mapped back to the file and line of the value it came from.
+
+One rule set, not a copy: the rules live in :mod:`builder.recipe.compat`; this module only
+builds the recipe-shaped mapping (:func:`recipe_data`), runs it (:func:`check_data`) and
+maps the results (:func:`judge`). It is the only audit module that knows the recipe's
+schema and rule ids, so when recipe's models and rules move, only this module changes.
+
+Recipe findings that do not apply to a file are dropped, each for a reason
+(:func:`_applies`): the note that torch comes from the derived index (a file names its
+own), "Python is not the system Python" when the file's Python is another one (a
+``python:3.12`` image, conda, ``python3.11 -m pip``), "the base already ships PyTorch" when
+the file installs none of its own, and the minor-CUDA warning (the audit's
+``wheel-cuda-base`` says it, as an error). Schema errors on a value the file holds become
+notes: that value is not judged (it cannot be one a recipe holds).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from builder.core import inputs
+from builder.core.errors import EnvbuildError
+from builder.recipe import compat
+from builder.recipe import schema as recipe_schema
+
+from .extract import Item
+from .model import Finding, cut
+from .pins import Pins, variant_cuda
+
+#: Environment variables the recipe rules read (socket-ifname-loopback).
+RULE_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def recipe_data(p: Pins, driver: str | None) -> tuple[dict[str, Any], dict[str, Item], frozenset[str]]:
+    """The recipe mapping of ``p`` (as ``envbuild check`` would load it from YAML), the
+    origin of each recipe field (``torch.version`` -> the requirement and its line) and the
+    fields the file leaves unknown (``torch.variant`` when no index or pin names it: the
+    rules must not derive one)."""
+    data: dict[str, Any] = {}
+    at: dict[str, Item] = {}
+    unknown = frozenset({"torch.variant"}) if p.torch and not p.torch.variant else frozenset()
+    st, t = p.stack, p.torch
+    if st.base.image and st.base.repo:  # a valid image reference
+        data["base"] = {"image": st.base.image}
+        at["base.image"] = st.base_item
+    if p.os:
+        data["os"] = {"id": p.os[0], "version": p.os[1]}
+        at["os.id"] = at["os.version"] = st.base_item
+    if p.python:  # the base image's or system Python: its origin is the base image
+        data["python"] = p.python.value
+        at["python"] = st.base_item if p.python_from in ("system", "base") else p.python
+    vcuda = variant_cuda(t.variant) if t else None
+    if st.base.cuda:
+        data["cuda"] = {"version": ".".join(st.base.cuda.split(".")[:2])}
+        at["cuda.version"] = at["cuda"] = st.base_item
+    elif vcuda:
+        data["cuda"] = {"version": vcuda}
+        at["cuda.version"] = at["cuda"] = t.item
+    elif t and t.variant == "cpu":
+        data["cuda"] = None
+    if driver and data.get("cuda"):
+        data["cuda"]["driver"] = driver
+        at["cuda.driver"] = Item(t.item.value, t.item.line, f"--driver {driver}") if t else Item(driver, 1, "--driver")
+    if t:
+        torch = {k: v for k, v in (("version", t.release), ("variant", t.variant)) if v}
+        if torch:
+            data["torch"] = torch
+        at["torch"] = at["torch.version"] = at["torch.variant"] = t.item
+        if t.index is not None:
+            data["index"] = {"torch_url": t.index.url.value}
+            at["index.torch_url"] = t.index.url
+        elif t.local and t.installer in ("pip", "uv"):  # a +cuXYZ pin with no PyTorch index: pip reads PyPI
+            data["index"] = {"torch_url": "https://pypi.org/simple"}
+            at["index.torch_url"] = t.item
+        data["certify"] = {"backend": "gloo" if t.variant == "cpu" or not data.get("cuda") else "nccl"}
+    for key, pin in (("nccl", p.nccl), ("cudnn", p.cudnn)):
+        if pin:
+            data[key], at[key] = pin[1], pin[0]
+    apt_items = {}
+    for a in st.apt:
+        apt_items.setdefault(f"{a.name}={a.version}" if a.version else a.name, a.item)
+    apt = list(apt_items)
+    pip = [str(req) for _item, req, _tool in p.pip]
+    data["packages"] = {"apt": apt, "pip": pip}
+    for i, item in enumerate(apt_items.values()):
+        at[f"packages.apt[{i}]"] = item
+    for i, (item, _req, _tool) in enumerate(p.pip):
+        at[f"packages.pip[{i}]"] = item
+    env = {e.name: e.value for e in st.env if e.name in RULE_ENV and e.value is not None}
+    if env:
+        data["env"] = env
+        for e in st.env:
+            if e.name in env:
+                at[f"env.{e.name}"] = Item(f"{e.name}={e.value}", e.line)
+    return data, at, unknown
+
+
+def check_data(data: dict[str, Any], file: str, unknown: frozenset[str] = frozenset()) -> compat.Spec:
+    """``data`` (a recipe as loaded YAML) through the recipe schema and every rule: what
+    :func:`builder.recipe.schema.parse` and :func:`builder.recipe.compat.check` do with a
+    file, without the file. ``file`` names it in the results; the rules leave the
+    ``unknown`` fields alone (as fields that failed the schema)."""
+    loader = recipe_schema._Loader(file, dict(inputs.control_char_paths(data)))
+    raw = loader.mapping(data, recipe_schema._SCHEMA, "", recipe_schema._REQUIRED_TOP)
+    recipe = recipe_schema._build("audit", file, raw, frozenset(loader.invalid) | unknown)
+    return compat.check(recipe, loader.errors)
+
+
+def _applies(f: compat.Finding, p: Pins) -> bool:
+    if f.rule in ("torch-index", "cuda-minor"):
+        return False
+    if f.rule == "os-python" and p.python_from != "system":
+        return False
+    if f.rule == "second-stack" and f.fields == ("base.image",) and p.torch and p.torch.installer == "base":
+        return False
+    return True
+
+
+def _origin(fields: tuple[str, ...] | list[str], at: dict[str, Item]) -> Item | None:
+    for name in fields:
+        for key in (name, name.split("[", 1)[0], name.split(".", 1)[0]):
+            if key in at:
+                return at[key]
+    return None
+
+
+def _finding(level: str, rule: str, fields: tuple[str, ...], message: str, source: str, file: str,
+             origin: Item | None) -> Finding:
+    return Finding(level=level, rule=rule, file=file, line=origin.line if origin else None,
+                   value=cut(origin.value) if origin else None, via=origin.via if origin else None,
+                   message=message, source=source, fields=fields)
+
+
+def judge(p: Pins, driver: str | None = None) -> tuple[list[Finding], compat.Spec]:
+    """Recipe's schema and rules on ``p``: their findings, each at the file and line of its
+    value, and the :class:`~builder.recipe.compat.Spec` (the resolved pins)."""
+    data, at, unknown = recipe_data(p, driver)
+    file = p.stack.file
+    spec = check_data(data, file, unknown)
+    out: list[Finding] = []
+    for e in spec.schema_errors:
+        origin = _origin([e.field or ""], at)
+        if origin is None or e.message == "is required":  # a field the file does not give (an unpinned torch)
+            continue
+        out.append(_finding("note", "not-judged", (e.field or "",), f"{_error_text(e)}; not judged by envbuild's rules",
+                            "recipe schema", file, origin))
+    for f in spec.findings:
+        if _applies(f, p):
+            out.append(_finding(f.level, f.rule, f.fields, f.message, f.source, file, _origin(f.fields, at)))
+    return out, spec
+
+
+def _error_text(e: EnvbuildError) -> str:
+    return f"as the recipe field {e.field} it {e.message}"

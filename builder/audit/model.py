@@ -1,0 +1,150 @@
+"""The audit's typed result (``envbuild audit --json``): one :class:`Report` of one
+:class:`FileAudit` per file, each with its findings and the stack it read.
+
+The JSON Schema is generated from these models into ``schemas/audit.schema.json``
+(:func:`schema`; a test fails when the committed file is stale; regenerate with
+``python tests/test_audit_schema.py --regen`` or ``make golden``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from builder.core import inputs
+from builder.core.model import Model, json_schema
+
+SCHEMA = "envbuild.audit/1"
+SCHEMA_ID = "https://envbuild.dev/schemas/audit.schema.json"
+Level = Literal["error", "warning", "note"]
+Verdict = Literal["clean", "warnings", "errors", "malformed", "unreadable"]
+#: Longest value kept in a finding (characters); the text line shows at most ~200.
+MAX_VALUE = 1000
+Text = Annotated[str, Meta(max_length=2000)]
+Value = Annotated[str, Meta(max_length=MAX_VALUE)]
+Line = Annotated[int, Meta(ge=1, le=10_000_000)]
+Name = Annotated[str, Meta(max_length=300)]
+
+
+class Finding(Model, kw_only=True):
+    """One finding: ``level``, the ``rule`` id (a recipe rule such as ``torch-variant``
+    or an audit rule such as ``torch-unpinned``), where (``file``, ``line``), the ``value``
+    as the file has it (expanded), ``via`` the variables that gave it (``TORCH: ARG at
+    line 3``), the ``message``, the ``source`` of the fact and, for a recipe rule, the
+    recipe ``fields`` it concerns."""
+
+    level: Level
+    rule: Name
+    file: Text
+    line: Line | None = None
+    value: Value | None = None
+    via: Text | None = None
+    message: Text
+    source: Text = ""
+    fields: tuple[Name, ...] = ()
+
+    def text(self) -> str:
+        """``FILE: line N: 'value' (via): message [source]``: one escaped line."""
+        where = f"{inputs.escape(self.file, 200)}: " + (f"line {self.line}: " if self.line else "")
+        value = f"{inputs.show(self.value, 120)}" if self.value is not None else ""
+        via = f" ({inputs.one_line(self.via, 120)})" if self.via else ""
+        head = f"{value}{via}: " if value or via else ""
+        source = f" [{inputs.one_line(self.source, 120)}]" if self.source else ""
+        return f"{where}{head}{inputs.one_line(self.message, 600)}{source}"
+
+
+class Base(Model, kw_only=True):
+    """The base image of the final image and what its name says (None: not said)."""
+
+    image: Value | None
+    line: Line
+    kind: Name
+    cuda: Name | None = None
+    flavour: Name | None = None
+    os_id: Name | None = None
+    os_version: Name | None = None
+    python: Name | None = None
+    torch: Name | None = None
+
+
+class Torch(Model, kw_only=True):
+    """The torch the image gets: the requirement as written, the exact release (None:
+    not pinned to one), the wheel ``variant`` and where it comes from (``variant_from``),
+    the ``installer`` (pip, uv, conda or the base image) and the PyTorch ``index``."""
+
+    requirement: Value
+    line: Line
+    installer: Literal["pip", "uv", "conda", "base"]
+    version: Name | None = None
+    variant: Name | None = None
+    variant_from: Text | None = None
+    index: Value | None = None
+
+
+class Package(Model, kw_only=True):
+    """An installed package beside torch: its ``manager`` and ``spec`` (``numpy==2.1.0``)."""
+
+    manager: Literal["pip", "uv", "conda", "apt"]
+    spec: Value
+    line: Line
+
+
+class EnvVar(Model, kw_only=True):
+    """An environment variable of the image (ENV, ``%environment``); value None when it
+    cannot be expanded."""
+
+    name: Name
+    value: Value | None
+    line: Line
+
+
+class Stack(Model, kw_only=True):
+    """What the file builds: base, OS, Python (and where it comes from), CUDA, torch,
+    the NCCL/cuDNN wheel pins, the other packages and the environment."""
+
+    base: Base
+    os: Name | None = None
+    python: Name | None = None
+    python_from: Name | None = None
+    cuda: Name | None = None
+    torch: Torch | None = None
+    nccl: Name | None = None
+    cudnn: Name | None = None
+    packages: tuple[Package, ...] = ()
+    env: tuple[EnvVar, ...] = ()
+
+
+class FileAudit(Model, kw_only=True):
+    """The audit of one file: its ``kind``, ``verdict`` and ``exit_code`` (0 clean, 1
+    warnings, 2 errors, 3 malformed or unreadable), every finding, and the stack read
+    (None when the file could not be parsed)."""
+
+    file: Text
+    kind: Literal["dockerfile", "definition"]
+    verdict: Verdict
+    exit_code: Annotated[int, Meta(ge=0, le=3)]
+    findings: tuple[Finding, ...] = ()
+    stack: Stack | None = None
+
+
+class Report(Model, kw_only=True):
+    """``envbuild audit --json``: every file's audit; ``exit_code`` the worst of them."""
+
+    schema: Literal["envbuild.audit/1"] = SCHEMA
+    exit_code: Annotated[int, Meta(ge=0, le=3)]
+    files: tuple[FileAudit, ...]
+
+    def to_json(self) -> bytes:
+        return msgspec.json.format(msgspec.json.encode(self), indent=2) + b"\n"
+
+
+def schema() -> dict:
+    """The JSON Schema of :class:`Report` (``schemas/audit.schema.json``)."""
+    return json_schema(Report, SCHEMA_ID, "envbuild audit report")
+
+
+def cut(value: str | None) -> str | None:
+    """``value`` cut to :data:`MAX_VALUE` characters (None stays None)."""
+    return value if value is None or len(value) <= MAX_VALUE else value[: MAX_VALUE - 3] + "..."

@@ -1,0 +1,227 @@
+"""What the extracted stack comes to: the torch the image gets (release, wheel variant and
+where that variant comes from), its Python, the base's CUDA, the NCCL/cuDNN wheel pins.
+
+The variant of a pip torch, in order: the local version of the pin (``==2.5.1+cu121``);
+the variant of the PyTorch index in ``--index-url``, else in ``--extra-index-url`` or
+``--find-links`` (pip takes the highest version among all indexes, and ``2.5.1+cu121``
+sorts above ``2.5.1``); else PyPI's own build of that release, which is the release's
+default CUDA variant (compat.yaml ``default`` [S2]; PyPI has no ``+cpu``/``+cuXYZ``
+builds [PT-IDX]). A conda pytorch's variant comes from ``pytorch-cuda``, ``cudatoolkit``,
+``cuda-version``, ``cpuonly`` or the build string. The Python: the interpreter of the pip
+that installs torch (``python3.11 -m pip``), else conda's ``python=``, else the base
+image's own (``python:3.11``, NGC), else the OS release's system Python.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from builder.recipe import compat
+
+from .extract import CondaInstall, Index, Item, PipInstall, Stack
+
+_VARIANT = re.compile(r"cpu|cu[0-9]{2,3}")
+_RELEASE = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,6}){0,3}")
+#: apt packages envbuild installs itself (the system Python and its venv module).
+ENVBUILD_APT = frozenset({"python3", "python3-venv", "python3-pip", "python-is-python3"})
+
+
+@dataclass
+class TorchPin:
+    """The torch of the image. ``item`` the requirement (or base image) with its line;
+    ``installer`` pip, uv, conda or base; ``version`` the exact version pinned (None:
+    unpinned or ranged), ``local`` its local label; ``variant`` and ``variant_from`` (a
+    phrase: ``the local version +cu121``, ``--index-url ...``); ``index`` the PyTorch index
+    used (None: PyPI); ``pypi_in_play`` True when pip also reads PyPI."""
+
+    item: Item
+    installer: str
+    version: str | None = None
+    local: str | None = None
+    variant: str | None = None
+    variant_from: str = ""
+    index: Index | None = None
+    pypi_in_play: bool = False
+    spec: str = ""
+    pip: PipInstall | None = None
+    conda: CondaInstall | None = None
+    channel: str | None = None
+
+    @property
+    def release(self) -> str | None:
+        """The version when it is a plain release (``2.5.1``), else None."""
+        return self.version if self.version and _RELEASE.fullmatch(self.version) else None
+
+
+@dataclass
+class Pins:
+    """The stack's pins (see the module docstring); ``all_torch`` every torch install
+    found, the effective one (the last) in ``torch``."""
+
+    stack: Stack
+    torch: TorchPin | None
+    all_torch: list[TorchPin] = field(default_factory=list)
+    python: Item | None = None
+    python_from: str | None = None
+    cuda: str | None = None
+    nccl: tuple[Item, str, str] | None = None
+    cudnn: tuple[Item, str, str] | None = None
+    pip: list[tuple[Item, Requirement, str]] = field(default_factory=list)
+    others: list[Item] = field(default_factory=list)
+
+    @property
+    def os(self) -> tuple[str, str] | None:
+        b = self.stack.base
+        return (b.os_id, b.os_version) if b.os_id and b.os_version else None
+
+
+def variant_cuda(variant: str | None) -> str | None:
+    """The CUDA of a wheel variant: ``cu128`` -> ``12.8``, ``cu90`` -> ``9.0``; None for
+    ``cpu`` or no variant (PyTorch's variant naming, PT-IDX)."""
+    if not variant or not re.fullmatch(r"cu[0-9]{2,3}", variant):
+        return None
+    digits = variant[2:]
+    return f"{digits[:-1]}.{digits[-1]}"
+
+
+def _pip_torch(pip: PipInstall, item: Item, req: Requirement) -> TorchPin:
+    specs = list(req.specifier)
+    pin = TorchPin(item, pip.tool, spec=str(req.specifier), pip=pip)
+    if len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version:
+        try:
+            v = Version(specs[0].version)
+            pin.version, pin.local = v.public, v.local
+        except InvalidVersion:
+            pin.version = specs[0].version
+    main = pip.main
+    pytorch = [i for i in pip.indexes if i.pytorch]
+    pin.pypi_in_play = not pip.no_index and (main is None or main.pypi or any(i.pypi for i in pip.indexes if i.role == "extra"))
+    unknown = next((i for i in pip.indexes if not i.known), None)
+    if pin.local and _VARIANT.fullmatch(pin.local):
+        pin.variant, pin.variant_from = pin.local, f"the local version +{pin.local}"
+        pin.index = next((i for i in pytorch if i.variant == pin.local), pytorch[0] if pytorch else None)
+        return pin
+    if pin.local:
+        pin.variant_from = f"the local version +{pin.local} (not a variant envbuild knows)"
+        return pin
+    if unknown is not None:
+        pin.variant_from = f"the index {unknown.url.value} cannot be expanded"
+        return pin
+    with_variant = [i for i in pytorch if i.variant]
+    if with_variant:
+        idx = next((i for i in with_variant if i.role == "index"), with_variant[0])
+        option = {"index": "--index-url", "extra": "--extra-index-url", "find": "--find-links"}[idx.role]
+        pin.variant, pin.variant_from, pin.index = idx.variant, f"{option} {idx.url.value}", idx
+        return pin
+    if pytorch:
+        pin.index, pin.variant_from = pytorch[0], f"{pytorch[0].url.value} (every variant: pip picks one)"
+        return pin
+    rel = compat.facts()["torch"].get(pin.version or "")
+    if rel:
+        mirror = "" if main is None or main.pypi else f" (assuming {main.url.value} mirrors PyPI)"
+        pin.variant, pin.variant_from = rel["default"], f"PyPI's build of torch {pin.version}{mirror}"
+    return pin
+
+
+def _conda_torch(conda: CondaInstall, spec) -> TorchPin:
+    item, _name, op, version, build = spec
+    pin = TorchPin(item, "conda", spec=f"{op or ''}{version or ''}", conda=conda)
+    exact = op == "==" or (op == "=" and version and version.count(".") >= 2)
+    if exact and version and "*" not in version:
+        pin.version = version
+    pin.channel = next((c for c in conda.channels if c), None)
+    for _it, name, _op, ver, _b in conda.specs:
+        mm = ".".join((ver or "").split(".")[:2])
+        if name in ("pytorch-cuda", "cudatoolkit", "cuda-version") and re.fullmatch(r"[0-9]+\.[0-9]+", mm):
+            pin.variant, pin.variant_from = compat.cuda_variant(mm), f"{name}={ver}"
+        elif name == "cpuonly":
+            pin.variant, pin.variant_from = "cpu", "cpuonly"
+    m = re.search(r"cuda([0-9]+)\.([0-9]+)", build or "")
+    if pin.variant is None and m:
+        pin.variant, pin.variant_from = f"cu{m.group(1)}{m.group(2)}", f"the build {build}"
+    return pin
+
+
+def _python(stack: Stack, torch: TorchPin | None) -> tuple[Item | None, str | None]:
+    if torch and torch.pip and torch.pip.python:
+        return torch.pip.python, "interpreter"
+    for conda in stack.conda:
+        for item, name, _op, version, _b in conda.specs:
+            if name == "python" and version and re.fullmatch(r"3\.[0-9]{1,2}(?:\.[0-9*]+)?", version):
+                return Item(".".join(version.split(".")[:2]), item.line, item.via), "conda"
+    b = stack.base
+    if b.python:
+        return Item(b.python, stack.base_item.line, stack.base_item.via), "base"
+    if b.os_id and b.os_version:
+        rel = compat.facts()["os"].get(b.os_id, {}).get(b.os_version)
+        if rel:
+            return Item(str(rel["python"]), stack.base_item.line, stack.base_item.via), "system"
+    return None, None
+
+
+#: torch's companions: their ``==X+cu121`` pins name the variant of the same release.
+COMPANIONS = frozenset({"torchvision", "torchaudio"})
+
+
+def _without_local(req: Requirement) -> Requirement:
+    """``torchvision==0.16.0+cu121`` as ``torchvision==0.16.0``: the release the recipe
+    rules pair with torch (a recipe's packages name releases; the local label is the
+    variant, which follows torch's)."""
+    specs = [f"{s.operator}{s.version.split('+', 1)[0]}" for s in req.specifier]
+    extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+    return Requirement(f"{req.name}{extras}{','.join(specs)}")
+
+
+def _wheel_pin(req: Requirement, stem: str) -> tuple[str, str] | None:
+    """``(major, version)`` of an exact ``nvidia-<stem>-cuNN==V`` pin, else None."""
+    m = re.fullmatch(rf"nvidia-{stem}-cu([0-9]+)", canonicalize_name(req.name))
+    specs = list(req.specifier)
+    if m and len(specs) == 1 and specs[0].operator == "==" and _RELEASE.fullmatch(specs[0].version):
+        return m.group(1), specs[0].version
+    return None
+
+
+def pins(stack: Stack) -> Pins:
+    """The :class:`Pins` of ``stack``."""
+    found: list[TorchPin] = [_pip_torch(p, it, r) for p, it, r in stack.torch_requirements()]
+    for conda in stack.conda:
+        for spec in conda.specs:
+            if spec[1] == "pytorch":
+                found.append(_conda_torch(conda, spec))
+    found.sort(key=lambda t: (next(i for i, s in enumerate(stack.stages) if s.index == (t.pip or t.conda).stage), t.item.line))
+    torch = found[-1] if found else None
+    b = stack.base
+    if torch is None and b.torch:
+        torch = TorchPin(stack.base_item, "base", version=b.torch, variant=b.variant,
+                         variant_from=f"the base image {b.image}", spec=b.torch)
+    out = Pins(stack, torch, found)
+    out.python, out.python_from = _python(stack, torch)
+    out.cuda = b.cuda
+    major = (variant_cuda(torch.variant) or "").split(".")[0] or None if torch and torch.variant else None
+    seen: dict[str, int] = {}
+    for p in stack.pip:
+        for item, req in p.requirements:
+            if req is None:
+                out.others.append(item)
+                continue
+            name = canonicalize_name(req.name)
+            if name == "torch":
+                continue
+            nccl, cudnn = _wheel_pin(req, "nccl"), _wheel_pin(req, "cudnn")
+            if nccl and nccl[0] == major:
+                out.nccl = (item, nccl[1], name)
+            elif cudnn and cudnn[0] == major:
+                out.cudnn = (item, cudnn[1], name)
+            else:
+                req = _without_local(req) if name in COMPANIONS else req
+                if name in seen:
+                    out.pip[seen[name]] = (item, req, p.tool)
+                else:
+                    seen[name] = len(out.pip)
+                    out.pip.append((item, req, p.tool))
+    return out

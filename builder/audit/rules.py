@@ -1,0 +1,202 @@
+"""Audit-only rules: what a file can get wrong that a recipe cannot, worded like the recipe
+rules (:mod:`builder.recipe.compat`), each naming the source of its fact.
+
+Errors: an unpinned or ranged torch (``torch-unpinned``: which CUDA build PyPI's newest
+release is changes from release to release, compat.md §5.1); a wheel variant whose CUDA
+minor differs from the base image's CUDA (``wheel-cuda-base``; a major difference is the
+recipe's ``cuda-major``); a pytorch from the ``pytorch`` conda channel newer than its last
+release (``conda-torch``, PT-CONDA); any other ``*_SOCKET_IFNAME`` that selects only
+loopback (``socket-ifname-loopback``, as the recipe rule for NCCL/gloo). Warnings: an
+extra index that lets PyPI win (``pypi-wins``: pip takes the highest matching version of
+every index it reads, compat.md §5.1; an exact ``+local`` pin is safe, and so is uv, which
+takes a package from the first index that has it, UV-IDX); a torch from conda
+(``conda-torch``); torch installed twice with different pins (``torch-twice``); no torch
+found (``no-torch``); a build of torch that cannot be told (``variant-unknown``); a base
+whose OS or CUDA the name does not say (``base-unread``). Notes: requirement files and
+paths not followed, find-links wheels.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from packaging.version import InvalidVersion, Version
+
+from builder.recipe import compat
+
+from . import bases
+from .extract import Item
+from .model import Finding, cut
+from .pins import Pins, TorchPin, variant_cuda
+
+ERROR, WARNING, NOTE = "error", "warning", "note"
+
+
+class _Out:
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.items: list[Finding] = []
+
+    def add(self, level: str, rule: str, item: Item | None, message: str, source: str) -> None:
+        self.items.append(Finding(level=level, rule=rule, file=self.file, line=item.line if item else None,
+                                  value=cut(item.value) if item else None, via=item.via if item else None,
+                                  message=message, source=source))
+
+
+def _what(t: TorchPin) -> str:
+    return f"torch {t.version}+{t.variant}" if t.version and t.variant else f"torch{t.spec}" if t.spec else "torch"
+
+
+def _notes(p: Pins, out: _Out) -> None:
+    """What the parser and the extraction could not read."""
+    for n in p.stack.notes:
+        out.add(n.level, n.rule, Item(n.value or "", n.line) if n.value is not None else None, n.message, "audit")
+
+
+def _base(p: Pins, out: _Out) -> None:
+    """What the base image's name does not say [NV-IMG, NGC-RN, PT-IMG, PY-IMG, DISTRO]."""
+    b = p.stack.base
+    if b.why:
+        level = NOTE if p.os or (b.kind == "ngc-pytorch" and b.cuda) else WARNING
+        out.add(level, "base-unread", p.stack.base_item, f"base image: {b.why}; the rules on what it does not say are skipped",
+                b.source or "audit")
+    if p.torch and p.torch.installer == "base":
+        out.add(NOTE, "torch-from-base", p.stack.base_item,
+                f"torch {b.torch} comes with the base image (no pip or conda install of torch in this file)", b.source or "audit")
+
+
+def _torch(p: Pins, out: _Out) -> None:
+    """torch found, pinned, its build known [compat.md §5.1]."""
+    t = p.torch
+    if t is None:
+        out.add(WARNING, "no-torch", p.stack.base_item, "no torch install found in the stages the final image uses "
+                "(audit reads pip, uv and conda installs; requirement files are not followed)", "audit")
+        return
+    if t.installer == "base":
+        return
+    tool = "conda" if t.installer == "conda" else "pip"
+    if t.version is None:
+        out.add(ERROR, "torch-unpinned", t.item,
+                f"torch{t.spec or ''} is not pinned to one release: {tool} installs the newest matching one, and which "
+                f"CUDA build that is changes from release to release; pin torch==X.Y.Z+<variant> "
+                f"{'from the PyTorch index of the variant (--index-url)' if tool == 'pip' else ''}".rstrip(),
+                "compat.md §5.1 (V)")
+    elif t.variant is None:
+        out.add(WARNING, "variant-unknown", t.item,
+                f"cannot tell which build of torch {t.version} this installs ({t.variant_from or 'no index names a variant'}); "
+                "the rules on its CUDA are skipped", "PT-IDX (V)")
+
+
+def _pypi_wins(p: Pins, out: _Out) -> None:
+    """An extra index beside PyPI: pip takes the highest matching version of every index
+    [compat.md §5.1]; uv takes the first index that has the package [UV-IDX]."""
+    t = p.torch
+    if t is None or t.index is None or not t.pypi_in_play or t.installer not in ("pip", "uv"):
+        return
+    if t.installer == "uv" and (t.pip.strategy or "first-index") != "unsafe-best-match":
+        return
+    rel = compat.facts()["torch"].get(t.version or "")
+    if (t.version and t.local) or (rel and t.version and rel["default"] == t.variant):
+        return  # an exact +local pin; or PyPI's build of that release is the very variant
+    url, variant = t.index.url.value, t.index.variant or t.variant or "<variant>"
+    option = {"index": "--index-url", "extra": "--extra-index-url", "find": "--find-links"}[t.index.role]
+    pypi = f"PyPI's torch {t.version} (its {rel['default']} build)" if rel else "PyPI's torch"
+    tool = "pip" if t.installer == "pip" else "uv with --index-strategy unsafe-best-match"
+    out.add(WARNING, "pypi-wins", t.item,
+            f"torch{t.spec} comes from {option} {url} with PyPI still read: {tool} takes the highest matching version of "
+            f"every index, so {pypi} can be installed instead of +{variant}; pin torch=={t.version or 'X.Y.Z'}+{variant} "
+            f"or use --index-url {url}", "compat.md §5.1 (V)")
+
+
+def _wheel_cuda(p: Pins, out: _Out) -> None:
+    """The wheel's CUDA vs the base image's CUDA: minor versions differ [compat.md §5.5, NV-IMG]."""
+    t, b = p.torch, p.stack.base
+    vc = variant_cuda(t.variant) if t else None
+    if not (t and vc and b.cuda and t.installer != "base"):
+        return
+    base_mm = ".".join(b.cuda.split(".")[:2])
+    if vc != base_mm and vc.split(".")[0] == base_mm.split(".")[0]:
+        alt = compat.cuda_variant(base_mm)
+        rel = compat.facts()["torch"].get(t.version or "")
+        fix = (f"use torch +{alt} or a CUDA {vc} base" if rel and alt in rel["variants"]["list"]
+               else f"use a CUDA {vc} base (torch {t.version} has no {alt} build)" if rel else f"use a CUDA {vc} base")
+        out.add(ERROR, "wheel-cuda-base", t.item,
+                f"{_what(t)} (from {t.variant_from}) is built for CUDA {vc} but the base image {b.image} has CUDA {b.cuda}: "
+                f"two CUDA runtimes in one image, and extensions built with the base's nvcc get a CUDA mismatch; {fix}",
+                "compat.md §5.5, NV-IMG (V)")
+
+
+def _conda(p: Pins, out: _Out) -> None:
+    """pytorch from conda; the pytorch channel's last release [PT-CONDA]."""
+    row = bases.facts()["conda"]["pytorch_channel_last_series"]
+    last = Version(str(row["version"]))
+    for t in p.all_torch:
+        if t.installer != "conda":
+            continue
+        version = None
+        try:
+            version = Version(t.version) if t.version else None
+        except InvalidVersion:
+            pass
+        if t.channel == "pytorch" and version and Version(f"{version.major}.{version.minor}") > last:
+            out.add(ERROR, "conda-torch", t.item,
+                    f"the pytorch conda channel has no pytorch {t.version}: {row['version']} was the last release published "
+                    "there; install the wheel (pip install torch==X.Y.Z+<variant> --index-url https://download.pytorch.org/whl/<variant>)",
+                    f"{row['source']} ({row['tag']})")
+        else:
+            out.add(WARNING, "conda-torch", t.item,
+                    f"pytorch from conda{' (-c ' + t.channel + ')' if t.channel else ''} is a conda build, not the wheel "
+                    "envbuild's rules and recipes pin; the pytorch channel publishes no release after "
+                    f"{row['version']}; --to-recipe writes the wheel of the same release and variant",
+                    f"{row['source']} ({row['tag']})")
+
+
+def _twice(p: Pins, out: _Out) -> None:
+    """torch installed more than once with different pins: the last install wins."""
+    distinct = {(t.installer, t.spec, t.variant) for t in p.all_torch}
+    if len(distinct) > 1 and p.torch:
+        lines = ", ".join(f"line {t.item.line}: {t.item.value}" + (f" from {t.variant_from}" if t.variant_from else "")
+                          for t in p.all_torch[:5])
+        out.add(WARNING, "torch-twice", p.torch.item,
+                f"torch is installed {len(p.all_torch)} times with different pins ({lines}); the image gets the last one",
+                "audit")
+
+
+def _socket(p: Pins, out: _Out) -> None:
+    """Other ``*_SOCKET_IFNAME`` variables (tensorpipe's ``TP_SOCKET_IFNAME``...) that select
+    only loopback [NCCL-ENV, multinode.md]; NCCL's and gloo's are the recipe rule's."""
+    for e in p.stack.env:
+        if e.name.endswith("_SOCKET_IFNAME") and e.name not in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") \
+                and e.value is not None and compat.loopback_only("GLOO_SOCKET_IFNAME", e.value):
+            out.add(ERROR, "socket-ifname-loopback", Item(f"{e.name}={e.value}", e.line),
+                    f"{e.name}={e.value} selects only the loopback interface; ranks on several nodes cannot reach each "
+                    "other over it (remove it, or name the interface the nodes share, e.g. eth0)", "NCCL-ENV, multinode.md (M)")
+
+
+def _not_followed(p: Pins, out: _Out) -> None:
+    """Requirement files, paths and find-links wheels: named, not followed."""
+    for pip in p.stack.pip:
+        for f in pip.files:
+            out.add(NOTE, "not-followed", f, "a requirements file is not followed (audit reads this file only); "
+                    "the pins in it are not judged", "audit")
+        for idx in pip.indexes:
+            if idx.role == "find" and not idx.pytorch:
+                out.add(NOTE, "find-links", idx.url, "wheels may also come from this find-links location: not checked", "audit")
+    for conda in p.stack.conda:
+        for f in conda.files:
+            out.add(NOTE, "not-followed", f, "a conda package list is not followed (audit reads this file only)", "audit")
+    for item in p.others:
+        out.add(NOTE, "not-read", item, "not a requirement audit reads (a path, URL or editable install): not judged", "audit")
+
+
+#: The audit-only rules, in the order their findings are listed.
+RULES: tuple[Callable[[Pins, _Out], None], ...] = (_notes, _base, _torch, _pypi_wins, _wheel_cuda, _conda, _twice,
+                                                  _socket, _not_followed)
+
+
+def audit(p: Pins) -> list[Finding]:
+    """Every audit-only finding on ``p``."""
+    out = _Out(p.stack.file)
+    for rule in RULES:
+        rule(p, out)
+    return out.items

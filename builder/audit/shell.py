@@ -1,0 +1,591 @@
+"""Words as ``/bin/sh`` and Docker read them, with every variable expanded that can be.
+
+Two modes. ``shell=True``: a ``RUN`` line or a ``%post`` script as POSIX ``sh`` reads it
+(quotes, backslash escapes, line continuations, comments, ``;``/``&&``/``||``/``|``/
+newline between commands, redirections and here-documents skipped, ``$(...)`` and
+backticks). ``shell=False``: Docker's own expansion of instruction values (``ENV``,
+``ARG``, ``FROM``, ``COPY``...): the same quoting and ``$A``/``${A}`` forms, words split on
+blanks only, ``$(`` kept as written (Docker does not run commands there).
+
+Parameter forms expanded (POSIX sh, and Docker's frontend for instructions): ``$A``,
+``${A}``, ``${A:-w}`` ``${A-w}``, ``${A:=w}`` ``${A=w}``, ``${A:+w}`` ``${A+w}``,
+``${#A}``, ``${A#p}`` ``${A##p}`` ``${A%p}`` ``${A%%p}`` (glob patterns), nested
+(``${A:-${B}}``, ``${A}${B}``). What cannot be expanded is never guessed: the word keeps
+``text=None`` and ``why`` names it -- a variable this file does not set (the base image
+may), an ``ARG`` without a default, ``$(...)``, a special parameter (``$1``, ``$@``), a
+bash-only form (``${A/x/y}``, ``${A:1:2}``, ``${!A}``).
+
+Bounds (hostile input): an expanded value holds at most :data:`MAX_VALUE` characters,
+``${...}`` nests at most :data:`MAX_DEPTH` deep, pattern removal runs on values of at most
+:data:`MAX_PATTERN_VALUE` characters; beyond them the word is "cannot be expanded". The
+scanner is linear in the text (runs of plain characters are taken by one regex match).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+#: Longest expanded value, in characters.
+MAX_VALUE = 65536
+#: Deepest ``${...}`` nesting expanded.
+MAX_DEPTH = 16
+#: Longest value ``#``/``%`` pattern removal runs on (it is quadratic in the value).
+MAX_PATTERN_VALUE = 1024
+#: Words ``sh`` reads as reserved at the start of a command; dropped before the command name.
+RESERVED = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "for", "case",
+                      "esac", "!", "{", "}", "in"})
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ASSIGN = re.compile(r"\A([A-Za-z_][A-Za-z0-9_]*)=")
+_PLAIN_SHELL = re.compile(r"[^\s\\'\"$`;&|()<>#]+")
+_PLAIN_INSTR = re.compile(r"[^\s\\'\"$]+")
+_PARAM = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(.*)\Z", re.S)
+_OPS = (":-", ":=", ":+", ":?", "##", "%%", "-", "=", "+", "?", "#", "%")
+_BLANKS = re.compile(r"[ \t\n]+")
+_TEMPLATE = re.compile(r"\{\{[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*\}\}")
+
+
+@dataclass(frozen=True)
+class Var:
+    """A variable's value where it was set: ``value`` None when not known (then ``why``
+    says why), ``line`` the 1-based line that set it (None: the command line or a
+    predefined platform argument), ``kind`` ``ARG``, ``ENV``, ``--build-arg``, ``shell``,
+    ``%arguments`` or ``platform``."""
+
+    value: str | None
+    line: int | None
+    kind: str
+    why: str | None = None
+    name: str = ""
+
+
+Lookup = Callable[[str], "Var | None"]
+
+
+@dataclass
+class Word:
+    """One word: ``text`` after quote removal and expansion (None: cannot be expanded,
+    ``why`` says what), ``raw`` as written, ``line`` (1-based) where it starts, ``uses``
+    the variables it expanded."""
+
+    text: str | None
+    raw: str
+    line: int
+    why: str | None = None
+    uses: tuple[Var, ...] = ()
+
+
+@dataclass
+class Command:
+    """One simple command: its ``words`` (prefix assignments and reserved words removed),
+    the ``line`` it starts on, its prefix ``assigns`` (``PIP_INDEX_URL=... pip``) and
+    ``lookup``, the variables visible to it (the file's, then the script's own
+    assignments before it)."""
+
+    words: list[Word]
+    line: int
+    assigns: dict[str, Var] = field(default_factory=dict)
+    lookup: Lookup = lambda name: None
+
+
+class Source:
+    """Text with the line each piece came from: ``pieces`` is ``[(line, text), ...]``,
+    joined with newlines. :meth:`line_at` maps an offset back to its 1-based line."""
+
+    def __init__(self, pieces: list[tuple[int, str]]) -> None:
+        self.offsets: list[int] = []
+        self.lines: list[int] = []
+        parts, pos = [], 0
+        for line, text in pieces:
+            self.offsets.append(pos)
+            self.lines.append(line)
+            parts.append(text)
+            pos += len(text) + 1
+        self.text = "\n".join(parts)
+
+    def line_at(self, offset: int) -> int:
+        k = bisect.bisect_right(self.offsets, offset) - 1
+        return self.lines[max(k, 0)] if self.lines else 1
+
+
+class _Unknown(Exception):
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+@dataclass
+class _Part:
+    text: str | None
+    split: bool = False
+    keep: bool = False  # a quoted part makes a word even when empty
+    why: str | None = None
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _glob_regex(pattern: str) -> re.Pattern:
+    """A shell glob (``*``, ``?``, ``[...]``, ``[!...]``, ``\\x``) as a regex matching it whole."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "\\" and i + 1 < n:
+            i += 1
+            out.append(re.escape(pattern[i]))
+        elif c == "[":
+            j = pattern.find("]", i + 2 if pattern[i + 1: i + 2] in ("!", "^", "]") else i + 1)
+            if j < 0:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1: j]
+                neg = body[:1] in ("!", "^")
+                body = body[1:] if neg else body
+                out.append("[" + ("^" if neg else "") + body.replace("\\", "\\\\") + "]")
+                i = j
+        else:
+            out.append(re.escape(c))
+        i += 1
+    try:
+        return re.compile("".join(out), re.S)
+    except re.error:
+        return re.compile(re.escape(pattern), re.S)
+
+
+def remove_pattern(value: str, op: str, pattern: str) -> str:
+    """``${V#p}`` (shortest prefix), ``##`` (longest prefix), ``%`` (shortest suffix),
+    ``%%`` (longest suffix) of sh, ``pattern`` a glob. ``value`` is at most
+    :data:`MAX_PATTERN_VALUE` characters (the caller checks)."""
+    rx = _glob_regex(pattern)
+    n = len(value)
+    if op in ("#", "##"):
+        order = range(0, n + 1) if op == "#" else range(n, -1, -1)
+        for k in order:
+            if rx.fullmatch(value, 0, k):
+                return value[k:]
+        return value
+    order = range(n, -1, -1) if op == "%" else range(0, n + 1)
+    for k in order:
+        if rx.fullmatch(value, k, n):
+            return value[:k]
+    return value
+
+
+class Scanner:
+    """Splits a :class:`Source` into commands (shell mode) or words (instruction mode),
+    expanding with ``lookup``; ``undeclared`` says what an unset variable is (the reason
+    given when a word uses one)."""
+
+    def __init__(self, src: Source, lookup: Lookup, *, shell: bool,
+                 undeclared: str = "is not set by this file (the base image may set it)",
+                 templates: Lookup | None = None) -> None:
+        self.src = src
+        self.s = src.text
+        self.n = len(self.s)
+        self.i = 0
+        self.shell = shell
+        self.file_lookup = lookup
+        self.local: dict[str, Var] = {}
+        self.undeclared = undeclared
+        self.plain = _PLAIN_SHELL if shell else _PLAIN_INSTR
+        self.templates = templates
+        if templates is not None:  # Apptainer build arguments: {{ NAME }}
+            self.plain = re.compile(self.plain.pattern.replace("]+", "{]+"))
+        self.heredocs: list[tuple[str, bool]] = []
+
+    # ------------------------------------------------------------------ lookups
+    def lookup(self, name: str) -> Var | None:
+        if name in self.local:
+            return self.local[name]
+        return self.file_lookup(name)
+
+    def _value(self, name: str, uses: list[Var]) -> str:
+        var = self.lookup(name)
+        if var is None:
+            raise _Unknown(f"${name} {self.undeclared}")
+        uses.append(var)
+        if var.value is None:
+            raise _Unknown(var.why or f"${name} has no known value")
+        return var.value
+
+    # ------------------------------------------------------------------ words
+    def words(self) -> list[Word]:
+        """Every word of the text (instruction mode: blanks separate words)."""
+        out: list[Word] = []
+        while True:
+            self._blanks()
+            if self.i >= self.n:
+                return out
+            if self.shell and self.s[self.i] in ";&|()<>\n#":
+                self.i += 1
+                continue
+            out.extend(self._word())
+
+    def _blanks(self) -> None:
+        s, n = self.s, self.n
+        while self.i < n:
+            c = s[self.i]
+            if c in " \t" or (c == "\n" and not self.shell):
+                self.i += 1
+            elif c == "\\" and self.i + 1 < n and s[self.i + 1] == "\n":
+                self.i += 2
+            else:
+                return
+
+    def _word(self) -> list[Word]:
+        start = self.i
+        parts: list[_Part] = []
+        uses: list[Var] = []
+        s, n = self.s, self.n
+        stop = " \t\n;&|()<>" if self.shell else " \t\n"
+        while self.i < n:
+            c = s[self.i]
+            if c in stop:
+                break
+            m = self.plain.match(s, self.i)
+            if m:
+                parts.append(_Part(m.group()))
+                self.i = m.end()
+            elif c == "\\":
+                nxt = s[self.i + 1: self.i + 2]
+                self.i += 2
+                if nxt != "\n":
+                    parts.append(_Part(nxt, keep=True))
+            elif c == "'":
+                j = s.find("'", self.i + 1)
+                if j < 0:
+                    parts.append(_Part(None, why="an unterminated single quote"))
+                    self.i = n
+                else:
+                    parts.append(_Part(s[self.i + 1: j], keep=True))
+                    self.i = j + 1
+            elif c == '"':
+                self._dquote(parts, uses)
+            elif c == "$":
+                parts.append(self._dollar(uses, quoted=False, depth=0))
+            elif c == "`" and self.shell:
+                parts.append(self._backtick())
+            elif c == "{" and self.templates is not None and (t := _TEMPLATE.match(s, self.i)):
+                parts.append(self._template(t, uses))
+            else:  # '#' inside a word, '`' in instruction mode, '{'
+                parts.append(_Part(c))
+                self.i += 1
+        raw = s[start: self.i]
+        return self._fields(parts, raw, self.src.line_at(start), tuple(uses))
+
+    def _fields(self, parts: list[_Part], raw: str, line: int, uses: tuple[Var, ...]) -> list[Word]:
+        bad = next((p for p in parts if p.text is None), None)
+        if bad is None and sum(len(p.text) for p in parts) > MAX_VALUE:  # before anything is joined
+            bad = _Part(None, why=f"expands to more than {MAX_VALUE} characters")
+        if bad is not None:
+            return [Word(None, raw, line, bad.why, uses)]
+        fields: list[str] = []
+        cur: list[str] = []
+        started = False
+        for p in parts:
+            if not p.split:
+                cur.append(p.text)
+                started = started or p.keep or bool(p.text)
+                continue
+            pieces = _BLANKS.split(p.text)
+            for k, piece in enumerate(pieces):
+                if k > 0 and (started or cur):
+                    fields.append("".join(cur))
+                    cur, started = [], False
+                if piece:
+                    cur.append(piece)
+                    started = True
+        if started:
+            fields.append("".join(cur))
+        return [Word(f, raw, line, None, uses) for f in fields]
+
+    def _dquote(self, parts: list[_Part], uses: list[Var]) -> None:
+        s, n = self.s, self.n
+        self.i += 1
+        buf: list[str] = []
+        while self.i < n:
+            c = s[self.i]
+            if c == '"':
+                self.i += 1
+                if sum(len(b) for b in buf) > MAX_VALUE:
+                    parts.append(_Part(None, why=f"expands to more than {MAX_VALUE} characters"))
+                else:
+                    parts.append(_Part("".join(buf), keep=True))
+                return
+            if c == "\\":
+                nxt = s[self.i + 1: self.i + 2]
+                self.i += 2
+                if nxt == "\n":
+                    continue
+                buf.append(nxt if nxt in '$`"\\' else "\\" + nxt)
+            elif c == "$":
+                part = self._dollar(uses, quoted=True, depth=0)
+                if part.text is None:
+                    parts.append(part)
+                else:
+                    buf.append(part.text)
+            elif c == "`" and self.shell:
+                parts.append(self._backtick())
+            elif c == "{" and self.templates is not None and (t := _TEMPLATE.match(s, self.i)):
+                part = self._template(t, uses)
+                if part.text is None:
+                    parts.append(part)
+                else:
+                    buf.append(part.text)
+            else:
+                stops = '"\\$`{' if self.templates is not None else '"\\$`'
+                j = self.i + 1
+                while j < n and s[j] not in stops:
+                    j += 1
+                buf.append(s[self.i: j])
+                self.i = j
+        parts.append(_Part(None, why="an unterminated double quote"))
+
+    def _template(self, m: re.Match, uses: list[Var]) -> _Part:
+        """``{{ NAME }}``: an Apptainer build argument (``%arguments`` default or
+        ``--build-arg``), substituted in the text before the shell reads it."""
+        self.i = m.end()
+        var = self.templates(m.group(1)) if self.templates else None
+        if var is None:
+            return _Part(None, why=f"{{{{ {m.group(1)} }}}} is not a build argument of %arguments (give it with --build-arg)")
+        uses.append(var)
+        return _Part(var.value, why=var.why) if var.value is not None else _Part(None, why=var.why)
+
+    def _backtick(self) -> _Part:
+        j = self.s.find("`", self.i + 1)
+        end = self.n if j < 0 else j + 1
+        raw = self.s[self.i: end]
+        self.i = end
+        return _Part(None, why=f"{_short(raw)} is a command substitution (its output is known only when it runs)")
+
+    def _match(self, i: int, open_: str, close: str) -> int:
+        """Offset just after the ``close`` matching the ``open_`` at ``i`` (quotes and
+        nesting respected); ``self.n`` when unmatched."""
+        s, n, depth = self.s, self.n, 0
+        while i < n:
+            c = s[i]
+            if c == "\\":
+                i += 2
+                continue
+            if c == "'" and open_ == "(":
+                j = s.find("'", i + 1)
+                i = n if j < 0 else j + 1
+                continue
+            if c == open_:
+                depth += 1
+            elif c == close:
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        return n
+
+    def _dollar(self, uses: list[Var], quoted: bool, depth: int) -> _Part:
+        s, i = self.s, self.i
+        nxt = s[i + 1: i + 2]
+        if nxt == "(" and self.shell:
+            end = self._match(i + 1, "(", ")")
+            self.i = end
+            raw = s[i:end]
+            what = "an arithmetic expansion" if raw.startswith("$((") else "a command substitution"
+            return _Part(None, why=f"{_short(raw)} is {what} (its value is known only when it runs)")
+        if nxt == "{":
+            end = self._match(i + 1, "{", "}")
+            self.i = end
+            body = s[i + 2: end - 1] if end <= self.n and s[end - 1: end] == "}" else None
+            if body is None:
+                return _Part(None, why=f"{_short(s[i:end])} has no closing brace")
+            try:
+                return _Part(self._param(body, uses, depth), split=not quoted)
+            except _Unknown as e:
+                return _Part(None, why=e.why)
+        m = _NAME.match(s, i + 1)
+        if m:
+            self.i = m.end()
+            try:
+                return _Part(self._value(m.group(), uses), split=not quoted)
+            except _Unknown as e:
+                return _Part(None, why=e.why)
+        if nxt and nxt in "@*#?$!-0123456789":
+            self.i = i + 2
+            return _Part(None, why=f"${nxt} is a special parameter of the shell (known only when it runs)")
+        self.i = i + 1
+        return _Part("$")
+
+    def _param(self, body: str, uses: list[Var], depth: int) -> str:
+        """The value of ``${body}``; raises :class:`_Unknown` naming what cannot be expanded."""
+        if depth >= MAX_DEPTH:
+            raise _Unknown(f"${{...}} nests deeper than {MAX_DEPTH} levels")
+        whole = "${" + _short(body) + "}"
+        if body.startswith("#") and _NAME.fullmatch(body[1:]):
+            return str(len(self._value(body[1:], uses)))
+        m = _PARAM.match(body)
+        if not m:
+            raise _Unknown(f"{whole} is not a form sh expands")
+        name, rest = m.group(1), m.group(2)
+        if not rest:
+            return self._value(name, uses)
+        op = next((o for o in _OPS if rest.startswith(o)), None)
+        if op is None:
+            raise _Unknown(f"{whole} is a form sh does not expand (bash only)")
+        word_text = rest[len(op):]
+        var = self.lookup(name)
+        if var is None:
+            raise _Unknown(f"${name} {self.undeclared}")
+        uses.append(var)
+        if var.value is None:
+            raise _Unknown(var.why or f"${name} has no known value")
+        value = var.value
+        if op in ("#", "##", "%", "%%"):
+            if len(value) > MAX_PATTERN_VALUE:
+                raise _Unknown(f"{whole}: pattern removal on a value over {MAX_PATTERN_VALUE} characters")
+            return remove_pattern(value, op, self._inner(word_text, uses, depth))
+        empty = value == "" and op.startswith(":")
+        if op in (":-", "-", ":=", "="):
+            return self._inner(word_text, uses, depth) if empty else value
+        if op in (":+", "+"):
+            return "" if empty else self._inner(word_text, uses, depth)
+        if empty:  # :? and ? on an empty/unset value: the shell stops with an error
+            raise _Unknown(f"{whole} stops the shell when ${name} is empty")
+        return value
+
+    def _inner(self, text: str, uses: list[Var], depth: int) -> str:
+        """``text`` (the word of ``${A:-word}``) expanded, quotes removed, blanks kept."""
+        sub = Scanner(Source([(self.src.line_at(self.i), text)]), self.lookup, shell=self.shell,
+                      undeclared=self.undeclared, templates=self.templates)
+        sub.plain = re.compile(r"[^\\'\"$`]+")
+        parts: list[_Part] = []
+        while sub.i < sub.n:
+            c = sub.s[sub.i]
+            m = sub.plain.match(sub.s, sub.i)
+            if m:
+                parts.append(_Part(m.group()))
+                sub.i = m.end()
+            elif c == "\\":
+                parts.append(_Part(sub.s[sub.i + 1: sub.i + 2]))
+                sub.i += 2
+            elif c == "'":
+                j = sub.s.find("'", sub.i + 1)
+                j = sub.n if j < 0 else j
+                parts.append(_Part(sub.s[sub.i + 1: j]))
+                sub.i = j + 1
+            elif c == '"':
+                sub._dquote(parts, uses)
+            elif c == "$":
+                parts.append(sub._dollar(uses, quoted=True, depth=depth + 1))
+            else:
+                parts.append(sub._backtick() if self.shell else _Part(c))
+                if not self.shell:
+                    sub.i += 1
+        bad = next((p for p in parts if p.text is None), None)
+        if bad is not None:
+            raise _Unknown(bad.why or "cannot be expanded")
+        if sum(len(p.text) for p in parts) > MAX_VALUE:
+            raise _Unknown(f"expands to more than {MAX_VALUE} characters")
+        return "".join(p.text for p in parts)
+
+    # ------------------------------------------------------------------ commands
+    def commands(self) -> list[Command]:
+        """The simple commands of a shell script, in order, with the script's own
+        variable assignments (``A=1``, ``export A=1``) applied to the commands after them."""
+        out: list[Command] = []
+        words: list[Word] = []
+        s = self.s
+        while True:
+            self._blanks()
+            if self.i >= self.n:
+                break
+            c = s[self.i]
+            if c == "#" and not words:
+                j = s.find("\n", self.i)
+                self.i = self.n if j < 0 else j
+                continue
+            if c == "#":
+                j = s.find("\n", self.i)
+                self.i = self.n if j < 0 else j
+                continue
+            if c in "\n;&|()":
+                self._end(words, out)
+                words = []
+                self.i += 2 if s[self.i: self.i + 2] in ("&&", "||", ";;") else 1
+                if c == "\n":
+                    self._skip_heredocs()
+                continue
+            if c in "<>":
+                self._redirect()
+                continue
+            got = self._word()
+            if self.i < self.n and s[self.i] in "<>" and got and got[0].raw.isdigit():
+                continue  # a file descriptor number before a redirection
+            words.extend(got)
+        self._end(words, out)
+        return out
+
+    def _redirect(self) -> None:
+        s = self.s
+        j = self.i
+        while j < self.n and s[j] in "<>&|-":
+            j += 1
+        op = s[self.i: j]
+        self.i = j
+        self._blanks()
+        target = self._word() if self.i < self.n and s[self.i] not in "\n;&|()" else []
+        if op.startswith("<<") and not op.startswith("<<<") and target:
+            delim = re.sub(r"[\"'\\]", "", target[0].raw)
+            self.heredocs.append((delim, op.startswith("<<-")))
+
+    def _skip_heredocs(self) -> None:
+        while self.heredocs:
+            delim, tabs = self.heredocs.pop(0)
+            while self.i < self.n:
+                j = self.s.find("\n", self.i)
+                j = self.n if j < 0 else j
+                line = self.s[self.i: j]
+                self.i = min(j + 1, self.n)
+                if (line.lstrip("\t") if tabs else line) == delim:
+                    break
+
+    def _end(self, words: list[Word], out: list[Command]) -> None:
+        if not words:
+            return
+        assigns: dict[str, Var] = {}
+        k = 0
+        while k < len(words) and (m := _ASSIGN.match(words[k].raw)):
+            assigns[m.group(1)] = self._assigned(m.group(1), words[k])
+            k += 1
+        rest = words[k:]
+        while rest and rest[0].text in RESERVED:
+            rest = rest[1:]
+        if not rest:
+            self.local.update(assigns)
+            return
+        head = rest[0].text
+        if head in ("export", "readonly", "local", "declare", "typeset"):
+            for w in rest[1:]:
+                m = _ASSIGN.match(w.raw)
+                if m:
+                    self.local[m.group(1)] = self._assigned(m.group(1), w)
+        elif head == "unset":
+            for w in rest[1:]:
+                if w.text and _NAME.fullmatch(w.text):
+                    self.local[w.text] = Var(None, w.line, "shell", f"${w.text} is unset at line {w.line}", w.text)
+        local = dict(self.local)
+        file_lookup = self.file_lookup
+
+        def lookup(name: str, _local=local, _assigns=assigns) -> Var | None:
+            return _assigns.get(name) or _local.get(name) or file_lookup(name)
+
+        out.append(Command(rest, rest[0].line, assigns, lookup))
+
+    @staticmethod
+    def _assigned(name: str, word: Word) -> Var:
+        if word.text is None:
+            return Var(None, word.line, "shell", word.why, name)
+        return Var(word.text[len(name) + 1:], word.line, "shell", None, name)

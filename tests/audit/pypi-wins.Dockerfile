@@ -1,0 +1,4 @@
+# torch 2.1.0 is on PyPI too (its default build is cu121): pip may take that one
+FROM nvidia/cuda:11.8.0-base-ubuntu22.04
+RUN apt-get update && apt-get install -y python3-pip
+RUN pip install torch==2.1.0 --extra-index-url https://download.pytorch.org/whl/cu118

@@ -1,0 +1,3 @@
+FROM nvidia/cuda:12.8.1-base-ubuntu24.04
+RUN apt-get update && apt-get install -y python3 python3-venv && python3 -m venv /opt/venv
+RUN /opt/venv/bin/pip install torch==2.8.0 --index-url https://download.pytorch.org/whl/cu128

@@ -1,0 +1,3 @@
+FROM nvidia/cuda:12.4.1-base-ubuntu22.04
+RUN apt-get update && apt-get install -y --no-install-recommends python3-pip
+RUN pip install torch==2.5.1+cu124 nvidia-nccl-cu12==2.21.5 --index-url https://download.pytorch.org/whl/cu124
