@@ -29,8 +29,9 @@ import os
 import reprlib
 import stat
 import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import EnvbuildError, ExitCode, Unreachable
 
@@ -293,7 +294,8 @@ def _yaml_loader_class():
                 for k, v in node.value:
                     if not isinstance(k, ScalarNode):
                         raise yaml.composer.ComposerError(
-                            None, None, "a mapping key must be a plain value (no '? [a, b]' complex keys)", k.start_mark)
+                            None, None, "a mapping key must be a plain value (no '? [a, b]' complex keys)",
+                            k.start_mark)
                     total += 1 + size(v)
                     if total > MAX_YAML_NODES:
                         break
