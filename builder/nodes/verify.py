@@ -218,7 +218,7 @@ def driver_floor_findings(nodes: list[Node], floors: dict[str, dict] | None = No
     JIT, some APIs fail). Nodes without a driver or a CUDA torch are not checked.
     """
     if floors is None:
-        from builder.recipe.compat import facts
+        from builder.recipe.facts import facts
 
         floors = facts()["cuda_driver"]
     out = []

@@ -64,6 +64,7 @@ from packaging.version import InvalidVersion, Version
 
 from builder.publish import attest
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.core.paths import image_dir
 
 MT_OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MT_OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -660,7 +661,7 @@ def _newest_first(items: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
 def certificates(images_dir: str | os.PathLike, recipe: str) -> list[tuple[Path, dict]]:
     """``(path, certificate)`` of every readable ``images_dir/<recipe>/certificates/*.json``
     with schema ``envbuild.certificate/1``, newest first (by ``finished_at``)."""
-    folder = Path(images_dir) / recipe / "certificates"
+    folder = image_dir(images_dir, recipe).certificates
     out = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
@@ -691,7 +692,7 @@ def find_certified(client: docker.DockerClient, images_dir: str | os.PathLike, r
             the engine, or its labels (``envbuild.recipe``, ``envbuild.lock-hash``) differ
             from the certificate's.
     """
-    folder = Path(images_dir) / recipe / "certificates"
+    folder = image_dir(images_dir, recipe).certificates
     certs = certificates(images_dir, recipe)
     if image is not None:
         try:
@@ -862,7 +863,7 @@ def push(client: docker.DockerClient, recipe: str, registry: str, *, images_dir:
     say = on_progress or (lambda _msg: None)
     img, cert, cert_path = find_certified(client, images_dir, recipe, image)
     warnings = []
-    lockfile = Path(images_dir) / recipe / "envbuild.lock.json"
+    lockfile = image_dir(images_dir, recipe).lock
     if lockfile.is_file() and sha256_digest(lockfile.read_bytes()) != cert.get("lock_hash"):
         warnings.append(f"{lockfile} has changed since this image was built (image lock {cert.get('lock_hash')}); "
                         "publishing the certified image as it is")
