@@ -316,3 +316,66 @@ def test_find_takes_yml_and_names_twin(tmp_path):
     (tmp_path / "b.yml").write_text("x: 1")
     assert recipe.find("b", tmp_path) == tmp_path / "b.yml"
     assert recipe.find("any/where/x.yml", tmp_path) == Path("any/where/x.yml")
+
+
+# --------------------------------------------------------------------------- published schemas (issue 9)
+import json  # noqa: E402
+import shutil  # noqa: E402
+
+import jsonschema  # noqa: E402
+import yaml  # noqa: E402
+
+from builder.core.model import schema_files, stale_schemas  # noqa: E402
+from builder.recipe.model import schemas  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_published_schemas_are_current():
+    """Regenerate with `make golden` (scripts/schemas.py) and review the diff."""
+    assert stale_schemas(schemas(), ROOT / "schemas") == []
+    assert sorted(schema_files(schemas())) == [
+        "certify-settings.schema.json", "lock.schema.json", "recipe.schema.json", "resolved.schema.json"]
+
+
+def test_a_stale_schema_is_detected(tmp_path):
+    shutil.copytree(ROOT / "schemas", tmp_path / "schemas")
+    path = tmp_path / "schemas/lock.schema.json"
+    path.write_text(path.read_text().replace('"maxLength": 64', '"maxLength": 65', 1))
+    (tmp_path / "schemas/resolved.schema.json").unlink()
+    assert stale_schemas(schemas(), tmp_path / "schemas") == ["lock.schema.json", "resolved.schema.json"]
+
+
+def _validator(stem):
+    return jsonschema.Draft202012Validator(json.loads((ROOT / f"schemas/{stem}.schema.json").read_text()))
+
+
+DOCUMENTS = [("lock", p) for p in ("images/cpu-torch2/envbuild.lock.json", "images/cuda12-torch2/envbuild.lock.json",
+                                   "tests/golden/golden-locked/envbuild.lock.json")] + [
+    ("resolved", "tests/golden/golden-locked/envbuild.resolved.json"),
+    ("recipe", "recipes/cpu-torch2.yaml"), ("recipe", "recipes/cuda12-torch2.yaml"),
+    ("recipe", "tests/recipes/golden-extras.yaml")]
+
+
+@pytest.mark.parametrize("stem, path", DOCUMENTS)
+def test_committed_documents_validate_against_the_published_schemas(stem, path):
+    """The published schemas are valid JSON Schema 2020-12 and accept what envbuild writes."""
+    jsonschema.Draft202012Validator.check_schema(json.loads((ROOT / f"schemas/{stem}.schema.json").read_text()))
+    text = (ROOT / path).read_text()
+    doc = yaml.safe_load(text) if path.endswith(".yaml") else json.loads(text)
+    assert list(_validator(stem).iter_errors(doc)) == []
+
+
+@pytest.mark.parametrize("stem, path, change, where", [
+    ("lock", "images/cpu-torch2/envbuild.lock.json", lambda d: d["certify"].update(nodes="abc"), ["certify", "nodes"]),
+    ("lock", "images/cpu-torch2/envbuild.lock.json", lambda d: d["torch"].update(local="2.13.0"), ["torch", "local"]),
+    ("lock", "images/cpu-torch2/envbuild.lock.json", lambda d: d.update(extra=1), []),
+    ("resolved", "tests/golden/golden-locked/envbuild.resolved.json",
+     lambda d: d["base"].update(digest="sha256:abc"), ["base", "digest"]),
+    ("recipe", "recipes/cpu-torch2.yaml", lambda d: d["base"].update(image="debian:bookworm;rm"), ["base", "image"]),
+])
+def test_the_published_schemas_refuse_a_forged_value(stem, path, change, where):
+    text = (ROOT / path).read_text()
+    doc = yaml.safe_load(text) if path.endswith(".yaml") else json.loads(text)
+    change(doc)
+    assert [list(e.absolute_path) for e in _validator(stem).iter_errors(doc)] == [where]

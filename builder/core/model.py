@@ -29,16 +29,19 @@ that validated.
 
 :func:`json_schema` exports a model's JSON Schema (draft 2020-12) with patterns rewritten
 from Python's ``\\A...\\Z`` to ECMA-262's ``^...$`` (which, without the m flag, matches only
-at the very end), for the files published under ``schemas/``.
+at the very end), for the files published under ``schemas/`` (:func:`schema_files` gives
+their bytes, :func:`stale_schemas` the ones that differ from the models).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 import types
 import typing
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
@@ -374,12 +377,15 @@ def _partial(data: Any, model: Any, invalid: frozenset[str], path: str) -> Any:
 _ANCHORS = re.compile(r"^\\A(.*)\\Z$", re.S)
 
 
+_NAMED_GROUP = re.compile(r"\(\?P<[A-Za-z_][A-Za-z0-9_]*>")
+
+
 def ecma_pattern(pattern: str) -> str:
-    """A Python whole-value pattern (``\\A...\\Z``, named groups ``(?P<n>``) in ECMA-262 form
-    (``^...$``, ``(?<n>``)."""
+    """A Python whole-value pattern (``\\A...\\Z``) in the form both ECMA-262 and Python read
+    alike: ``^...$``, named groups ``(?P<n>...)`` as plain groups ``(?:...)``."""
     m = _ANCHORS.match(pattern)
     text = f"^{m.group(1)}$" if m else pattern
-    return text.replace("(?P<", "(?<")
+    return _NAMED_GROUP.sub("(?:", text)
 
 
 def _ecma(node: Any) -> Any:
@@ -395,3 +401,22 @@ def json_schema(model: Any, schema_id: str, title: str) -> dict[str, Any]:
     form (see the module docstring)."""
     doc = _ecma(msgspec.json.schema(model))
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": schema_id, "title": title, **doc}
+
+
+#: ``{file stem: (model, $id, title)}``, as each package's ``schemas()`` gives it.
+SchemaEntries = Mapping[str, tuple[Any, str, str]]
+
+
+def schema_files(entries: SchemaEntries) -> dict[str, bytes]:
+    """``{"<stem>.schema.json": bytes}`` of ``entries`` (2-space indent, trailing newline)."""
+    import json
+
+    return {f"{stem}.schema.json": (json.dumps(json_schema(model, schema_id, title), indent=2) + "\n").encode()
+            for stem, (model, schema_id, title) in entries.items()}
+
+
+def stale_schemas(entries: SchemaEntries, folder: str | os.PathLike[str]) -> list[str]:
+    """Names of the schema files of ``entries`` under ``folder`` that differ from the models (or are missing)."""
+    from .files import changed_files
+
+    return changed_files(Path(folder), schema_files(entries))
