@@ -379,3 +379,43 @@ def test_the_published_schemas_refuse_a_forged_value(stem, path, change, where):
     doc = yaml.safe_load(text) if path.endswith(".yaml") else json.loads(text)
     change(doc)
     assert [list(e.absolute_path) for e in _validator(stem).iter_errors(doc)] == [where]
+
+
+# --------------------------------------------------------------------------- the check path stays lean (issue 13)
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+HEAVY = ("rich", "docker", "jinja2", "requests", "pydantic")
+CHECK_PATH = """
+import sys
+from builder.recipe import load, rules
+spec = rules.check(load.load(sys.argv[1]))
+if sys.argv[2] == "render":
+    from builder.render import rendered
+    rendered.render(spec)
+print(sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[3].split(","))))
+"""
+
+
+def _heavy_modules(*args):
+    res = subprocess.run([sys.executable, "-c", CHECK_PATH, str(ROOT / "recipes/cpu-torch2.yaml"), *args,
+                          ",".join(HEAVY)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def test_load_and_check_import_no_heavy_module():
+    assert _heavy_modules("check") == "[]"
+
+
+def test_rendering_imports_jinja2_twin():
+    """The probe above sees a heavy module when one is imported (rendering needs jinja2)."""
+    assert _heavy_modules("render") == "['jinja2']"
+
+
+def test_facts_are_parsed_with_the_c_loader_and_read_the_same():
+    from builder.recipe import facts
+
+    assert yaml.__with_libyaml__ and facts.LOADER is yaml.CSafeLoader
+    text = (ROOT / "builder/recipe/data/compat.yaml").read_text()
+    assert facts.facts() == yaml.load(text, Loader=yaml.SafeLoader)
