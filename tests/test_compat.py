@@ -256,8 +256,8 @@ def test_companion_without_a_known_release_is_a_warning(tmp_path):
 
 def test_every_variant_of_every_release_has_a_driver_floor():
     data = facts.facts()
-    variants = {v for rel in data["torch"].values() for v in rel["variants"]["list"]}
-    missing = sorted(v for v in variants if variant_cuda(v) not in data["cuda_driver"])
+    variants = {v for rel in data.torch.values() for v in rel.variants.list}
+    missing = sorted(v for v in variants if variant_cuda(v) not in data.cuda_driver)
     assert missing == []
     assert {"cu117", "cu118", "cu121", "cu124", "cu126", "cu128", "cu129", "cu130", "cu132"} == variants
 

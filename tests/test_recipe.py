@@ -418,4 +418,8 @@ def test_facts_are_parsed_with_the_c_loader_and_read_the_same():
 
     assert yaml.__with_libyaml__ and facts.LOADER is yaml.CSafeLoader
     text = (ROOT / "builder/recipe/data/compat.yaml").read_text()
-    assert facts.facts() == yaml.load(text, Loader=yaml.SafeLoader)
+    import msgspec
+
+    assert facts.facts() == msgspec.convert(yaml.load(text, Loader=yaml.SafeLoader), facts.Facts, strict=True)
+    assert facts.facts().torch["2.8.0"].nccl["cu128"] == facts.NcclPin(package="nvidia-nccl-cu12", version="2.27.3",
+                                                                        tag="V")

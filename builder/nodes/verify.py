@@ -220,7 +220,7 @@ def driver_floor_findings(nodes: list[Node], floors: dict[str, dict] | None = No
     if floors is None:
         from builder.recipe.facts import facts
 
-        floors = facts()["cuda_driver"]
+        floors = {cuda: {"ga": row.ga, "minor_compat": row.minor_compat} for cuda, row in facts().cuda_driver.items()}
     out = []
     for n in nodes:
         if not n.ok:

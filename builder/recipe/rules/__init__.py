@@ -46,7 +46,7 @@ def check(loaded: Loaded) -> Spec:
     r = loaded.recipe
     data = facts()
     variant = derive_variant(loaded)
-    rel = data["torch"].get(r.torch.version) if r.torch.version else None
+    rel = data.torch.get(r.torch.version) if r.torch.version else None
     c = Ctx(loaded=loaded, data=data, variant=variant, rel=rel, vcuda=variant_cuda(variant) if variant else None)
     for rule in RULES:
         rule(c)

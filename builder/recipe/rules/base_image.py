@@ -49,7 +49,7 @@ def _cuda_image(c: Ctx, image: str, tag: str, m: re.Match[str]) -> None:
         c.add(ERROR, "base-os", ["base.image", "os.id", "os.version"],
               f"base image {tag} is {base_os[0]} {base_os[1]} but the recipe says {r.os.id} {r.os.version}",
               "NV-IMG (V)")
-    sys_nccl = c.data["cuda_image_nccl"].get(bcuda)
+    sys_nccl = c.data.cuda_image_nccl.get(bcuda)
     if flavour != "base" and sys_nccl and c.nccl and str(sys_nccl) != c.nccl:
         c.add(WARNING, "base-second-nccl", ["base.image", "nccl"],
               f"the {flavour} flavour ships a system libnccl2 {sys_nccl} beside torch's NCCL {c.nccl}: two NCCLs in "
@@ -61,8 +61,8 @@ def _distro_image(c: Ctx, image: str, repo: str, tag: str) -> None:
     r = c.r
     distro = repo.rsplit("/", 1)[-1]
     word = tag.split("-")[0]
-    versions = c.data["os"].get(distro, {})
-    tag_version = next((v for v, row in versions.items() if word == v or word in row.get("codenames", [])), None)
+    versions = c.data.os.get(distro, {})
+    tag_version = next((v for v, row in versions.items() if word == v or word in row.codenames), None)
     if distro != r.os.id or (tag_version and tag_version != r.os.version):
         c.add(ERROR, "base-os", ["base.image", "os.id", "os.version"],
               f"base image {image} is {distro} {tag_version or word} but the recipe says {r.os.id} {r.os.version}",

@@ -8,7 +8,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from ..facts import facts
+from ..facts import Facts, TorchRelease, facts
 from ..load import Loaded
 from ..model import Recipe
 from ..spec import ERROR, WARNING, Finding
@@ -38,7 +38,7 @@ def cuda_variant(cuda: str) -> str:
 
 def torch_index_for(variant: str) -> str:
     """The PyTorch wheel index of ``variant``: ``https://download.pytorch.org/whl/cu128`` [PT-IDX]."""
-    return str(facts()["torch_index"]["url"].format(variant=variant))
+    return facts().torch_index.url.format(variant=variant)
 
 
 def severity(tag: str) -> str:
@@ -67,9 +67,9 @@ class Ctx:
     and their findings."""
 
     loaded: Loaded
-    data: dict[str, Any]
+    data: Facts
     variant: str | None
-    rel: dict[str, Any] | None
+    rel: TorchRelease | None
     vcuda: str | None
     findings: list[Finding] = field(default_factory=list)
     nccl_pkg: str | None = None
@@ -107,7 +107,7 @@ class Ctx:
 
     def variant_list(self) -> list[str]:
         """The variants of this torch release ([] for a release without facts)."""
-        return list(self.rel["variants"]["list"]) if self.rel else []
+        return list(self.rel.variants.list) if self.rel else []
 
     def variants_for_major(self, major: str) -> list[str]:
         """The variants of this torch release whose CUDA has ``major`` (``12`` -> cu126, cu128...)."""

@@ -11,13 +11,13 @@ def driver(c: Ctx) -> None:
     """Driver floors [NV-RN Table 3, NV-MVC]."""
     if not c.vcuda:
         return
-    drv = c.data["cuda_driver"].get(c.vcuda)
+    drv = c.data.cuda_driver.get(c.vcuda)
     if drv is None:
         c.add(WARNING, "driver-unknown", ["torch.variant"], f"envbuild has no driver floor for CUDA {c.vcuda}",
               "NV-RN (U)")
         return
-    tag = drv.get("tag", "V")
-    c.dmin, c.dcompat = str(drv["ga"]), str(drv["minor_compat"])
+    tag = drv.tag
+    c.dmin, c.dcompat = drv.ga, drv.minor_compat
     c.add(NOTE, "driver-floor", ["torch.variant"],
           f"{c.variant} needs driver >= {c.dmin} (CUDA {c.vcuda} GA); >= {c.dcompat} runs under minor-version "
           "compatibility (no PTX JIT)", f"NV-RN, NV-MVC ({tag})")

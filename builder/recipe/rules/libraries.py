@@ -3,8 +3,7 @@ recipe's must match [S1, compat.md §1]."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from ..facts import CudnnPin, NcclPin
 from ..spec import ERROR, WARNING
 from .context import Ctx, severity
 
@@ -23,7 +22,7 @@ def nccl_cudnn(c: Ctx) -> None:
     c.nccl, c.cudnn = r.nccl, r.cudnn
     if not (c.rel and c.variant and c.variant in c.variant_list()):
         return
-    pin = (c.rel.get("nccl") or {}).get(c.variant)
+    pin = c.rel.nccl.get(c.variant)
     if pin is None:
         if r.nccl:
             c.add(WARNING, "nccl-unknown", ["nccl", "torch.variant"],
@@ -32,20 +31,20 @@ def nccl_cudnn(c: Ctx) -> None:
                   "compat.md §1 (U)")
     else:
         _nccl_pin(c, pin)
-    _cudnn_pin(c, (c.rel.get("cudnn") or {}).get(c.variant))
+    _cudnn_pin(c, c.rel.cudnn.get(c.variant))
 
 
-def _nccl_pin(c: Ctx, pin: dict[str, Any]) -> None:
+def _nccl_pin(c: Ctx, pin: NcclPin) -> None:
     """The NCCL wheel the torch build pins (``pin``: package, version or null, tag) vs the recipe's."""
     wanted = c.r.nccl
-    c.nccl_pkg = pin["package"]
-    pinned = str(pin["version"]) if pin["version"] else None
+    c.nccl_pkg = pin.package
+    pinned = pin.version or None
     c.nccl = pinned if pinned else wanted
     if wanted and pinned and wanted != pinned:
-        c.add(severity(pin["tag"]), "nccl-pin", ["nccl", "torch.version", "torch.variant"],
+        c.add(severity(pin.tag), "nccl-pin", ["nccl", "torch.version", "torch.variant"],
               f"torch {c.local} pins {c.nccl_pkg}=={pinned}; the recipe's NCCL {wanted} would be a second NCCL "
-              f"or a resolver conflict (use nccl: {pinned})", f"S1 ({pin['tag']})")
-        if severity(pin["tag"]) == WARNING:
+              f"or a resolver conflict (use nccl: {pinned})", f"S1 ({pin.tag})")
+        if severity(pin.tag) == WARNING:
             c.nccl = wanted
     elif pinned is None and wanted:
         c.add(WARNING, "nccl-bundled", ["nccl"],
@@ -53,12 +52,12 @@ def _nccl_pin(c: Ctx, pin: dict[str, Any]) -> None:
               "compat.md §1 (U)")
 
 
-def _cudnn_pin(c: Ctx, pin: dict[str, Any] | None) -> None:
+def _cudnn_pin(c: Ctx, pin: CudnnPin | None) -> None:
     """The cuDNN the torch build brings (``pin``: version, tag; None: unknown) vs the recipe's."""
     wanted = c.r.cudnn
-    c.cudnn = str(pin["version"]) if pin else wanted
-    if pin and wanted and wanted != str(pin["version"]):
-        c.add(severity(pin["tag"]), "cudnn-pin", ["cudnn", "torch.variant"],
-              f"torch {c.local} brings cuDNN {pin['version']}, not {wanted}", f"S1 ({pin['tag']})")
-        if severity(pin["tag"]) == WARNING:
+    c.cudnn = pin.version if pin else wanted
+    if pin and wanted and wanted != pin.version:
+        c.add(severity(pin.tag), "cudnn-pin", ["cudnn", "torch.variant"],
+              f"torch {c.local} brings cuDNN {pin.version}, not {wanted}", f"S1 ({pin.tag})")
+        if severity(pin.tag) == WARNING:
             c.cudnn = wanted

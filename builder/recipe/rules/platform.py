@@ -12,25 +12,25 @@ def python_os(c: Ctx) -> None:
     manylinux_2_28 needs glibc >= 2.28 [S1, PT141565]."""
     r = c.r
     if c.rel and r.python:
-        lo, hi = (str(x) for x in c.rel["python"])
+        lo, hi = c.rel.python
         if not (version(lo) <= version(r.python) <= version(hi)):
             c.add(ERROR, "python-wheel", ["python", "torch.version"],
                   f"torch {r.torch.version} has wheels for Python {lo} to {hi}, not {r.python}", "S1 (V)")
     if not (r.os.id and r.os.version):
         return
-    osrel = c.data["os"].get(r.os.id, {}).get(r.os.version)
+    osrel = c.data.os.get(r.os.id, {}).get(r.os.version)
     if osrel is None:
-        known = ", ".join(f"{i} {v}" for i, vs in c.data["os"].items() for v in vs)
+        known = ", ".join(f"{i} {v}" for i, vs in c.data.os.items() for v in vs)
         c.add(ERROR, "os-release", ["os.id", "os.version"],
               f"{r.os.id} {r.os.version} is not a known OS release; known: {known}", "DISTRO (V)")
         return
-    c.glibc = str(osrel["glibc"])
-    if r.python and str(osrel["python"]) != r.python:
+    c.glibc = osrel.glibc
+    if r.python and osrel.python != r.python:
         c.add(ERROR, "os-python", ["python", "os.version"],
-              f"Python {r.python} is not the system Python of {r.os.id} {r.os.version} ({osrel['python']}); "
-              f"use python: \"{osrel['python']}\" or another OS release", "DISTRO (V)")
+              f"Python {r.python} is not the system Python of {r.os.id} {r.os.version} ({osrel.python}); "
+              f"use python: \"{osrel.python}\" or another OS release", "DISTRO (V)")
     if c.rel and c.variant:
-        tag = (c.rel.get("manylinux_by_variant") or {}).get(c.variant, c.rel["manylinux"])
+        tag = c.rel.manylinux_by_variant.get(c.variant, c.rel.manylinux)
         if tag == "manylinux_2_28" and version(c.glibc) < version("2.28"):
             c.add(ERROR, "glibc", ["os.version", "torch.version"],
                   f"torch {c.local} wheels are manylinux_2_28 and need glibc >= 2.28; "

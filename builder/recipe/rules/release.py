@@ -14,14 +14,14 @@ from .context import Ctx, major_minor, severity, torch_index_for
 def release_variant(c: Ctx) -> None:
     """The torch release and variant exist [S2]."""
     r = c.r
-    releases = c.data["torch"]
+    releases = c.data.torch
     if r.torch.version and c.rel is None:
         known = ", ".join(sorted(releases, key=Version))
         c.add(ERROR, "torch-release", ["torch.version"],
               f"torch {r.torch.version} is not in envbuild's compatibility data; known releases: {known}", "S2 (V)")
     if c.rel and c.variant:
         vlist = c.variant_list()
-        tag = c.rel["variants"]["tag"]
+        tag = c.rel.variants.tag
         if c.variant != "cpu" and c.variant not in vlist:
             named = "torch.variant" if r.torch.variant else "cuda.version"
             c.add(severity(tag), "torch-variant", ["torch.version", named],
@@ -75,7 +75,7 @@ def torch_index(c: Ctx) -> None:
     given = c.r.index.torch_url
     if not (c.variant and c.valid("index.torch_url")):
         return
-    src = f"PT-IDX ({c.data['torch_index']['tag']})"
+    src = f"PT-IDX ({c.data.torch_index.tag})"
     derived = torch_index_for(c.variant)
     if not given:
         c.torch_index_url = derived

@@ -5,13 +5,14 @@ torch brings, and torchvision/torchaudio releases that pair with the torch relea
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TypeVar
 
 from packaging.requirements import Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from ..facts import BaseImageRow, PackageRow
 from ..spec import ERROR, WARNING
 from .context import Ctx, base_tag, severity
 
@@ -39,19 +40,22 @@ def _stack_reason(c: Ctx, stack: str) -> str:
     return _STACK_REASONS[stack].format_map(values)
 
 
-def _first_row(rows: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
-    return next((row for row in rows if re.fullmatch(row["pattern"], name)), None)
+Row = TypeVar("Row", BaseImageRow, PackageRow)
+
+
+def _first_row(rows: tuple[Row, ...], name: str) -> Row | None:
+    return next((row for row in rows if re.fullmatch(row.pattern, name)), None)
 
 
 def second_stack(c: Ctx) -> None:
     """No second torch, CUDA, cuDNN, NCCL or driver beside the one torch brings
     [compat.md §5.3-5.4, §5.8; S1; NV-CTK; base images that ship torch]."""
-    rules = c.data["second_stack"]
+    rules = c.data.second_stack
     for i, item in enumerate(c.r.packages.apt):
-        row = _first_row(rules["apt"], item.split("=", 1)[0])
+        row = _first_row(rules.apt, item.split("=", 1)[0])
         if row:
-            c.add(severity(row["tag"]), "second-stack", [f"packages.apt[{i}]"],
-                  f"{item} is {_stack_reason(c, row['stack'])}; remove it", f"{row['source']} ({row['tag']})")
+            c.add(severity(row.tag), "second-stack", [f"packages.apt[{i}]"],
+                  f"{item} is {_stack_reason(c, row.stack)}; remove it", f"{row.source} ({row.tag})")
     major = c.vcuda.split(".")[0] if c.vcuda else None
     for i, req in enumerate(c.r.packages.pip):
         name = canonicalize_name(Requirement(req).name)
@@ -61,16 +65,16 @@ def second_stack(c: Ctx) -> None:
                   f"{req} is a CUDA {m.group(2)} package in a CUDA {major} image (torch {c.variant}); "
                   f"use the -cu{major} package", "S1 (V)")
             continue
-        row = _first_row(rules["pip"], name)
+        row = _first_row(rules.pip, name)
         if row:
-            c.add(severity(row["tag"]), "second-stack", [f"packages.pip[{i}]"],
-                  f"{req} is {_stack_reason(c, row['stack'])}; remove it", f"{row['source']} ({row['tag']})")
+            c.add(severity(row.tag), "second-stack", [f"packages.pip[{i}]"],
+                  f"{req} is {_stack_reason(c, row.stack)}; remove it", f"{row.source} ({row.tag})")
     image = c.r.base.image
-    row = _first_row(rules["base"], base_tag(image)[0]) if image else None
-    if row:
-        c.add(severity(row["tag"]), "second-stack", ["base.image"],
+    shipped = _first_row(rules.base, base_tag(image)[0]) if image else None
+    if shipped:
+        c.add(severity(shipped.tag), "second-stack", ["base.image"],
               f"base image {image} already ships PyTorch: installing torch {c.local} makes a second one; start from "
-              "its CUDA/OS base (e.g. nvidia/cuda:X.Y.Z-base-ubuntuVER or debian)", f"{row['source']} ({row['tag']})")
+              "its CUDA/OS base (e.g. nvidia/cuda:X.Y.Z-base-ubuntuVER or debian)", f"{shipped.source} ({shipped.tag})")
 
 
 def companions(c: Ctx) -> None:
@@ -79,14 +83,14 @@ def companions(c: Ctx) -> None:
     torch_version = c.r.torch.version
     if not torch_version:
         return
-    table = c.data["companions"]
+    table = c.data.companions
     torch_v = Version(torch_version)
     for i, req_text in enumerate(c.r.packages.pip):
         req = Requirement(req_text)
         rows = table.get(canonicalize_name(req.name))
         if rows is None:
             continue
-        pairs = {v: row for v, row in rows.items() if _spec_contains(row["torch"], torch_v)}
+        pairs = {v: row for v, row in rows.items() if _spec_contains(row.torch, torch_v)}
         fields = [f"packages.pip[{i}]", "torch.version"]
         if not pairs:
             c.add(WARNING, "companion-unknown", fields,
@@ -95,13 +99,13 @@ def companions(c: Ctx) -> None:
             continue
         if any(req.specifier.contains(v, prereleases=True) for v in pairs):
             continue
-        worst = "V" if any(row["tag"] in ("V", "M") for row in pairs.values()) else "U"
+        worst = "V" if any(row.tag in ("V", "M") for row in pairs.values()) else "U"
         best = max(pairs, key=Version)
         row = pairs[best]
         c.add(severity(worst), "companion-pair", fields,
               f"{req_text} does not pair with torch {torch_version}: {req.name} {best} is the release for it "
-              f"(its wheel requires torch{row['torch']}); use {req.name}=={best}",
-              f"S1-COMP {row['wheel']} ({row['tag']})")
+              f"(its wheel requires torch{row.torch}); use {req.name}=={best}",
+              f"S1-COMP {row.wheel} ({row.tag})")
 
 
 def _spec_contains(spec: str, version: Version) -> bool:
