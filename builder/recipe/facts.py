@@ -11,7 +11,7 @@ bounded loader of :mod:`builder.core.inputs` (for untrusted files) is not needed
 from __future__ import annotations
 
 from functools import lru_cache
-from importlib import resources
+from pathlib import Path
 from typing import Literal
 
 import msgspec
@@ -19,6 +19,8 @@ import yaml
 
 from builder.core.model import Model
 
+#: The facts file, inside the package (``package-data`` in pyproject.toml).
+FILE = Path(__file__).resolve().parent / "data" / "compat.yaml"
 #: The YAML loader of the facts: libyaml's when PyYAML was built with it.
 LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -129,6 +131,6 @@ class Facts(Model):
 @lru_cache(maxsize=1)
 def facts() -> Facts:
     """The bundled facts, parsed and checked once."""
-    text = resources.files("builder.recipe").joinpath("data/compat.yaml").read_text(encoding="utf-8")
+    text = FILE.read_text(encoding="utf-8")
     data = yaml.load(text, Loader=LOADER)  # noqa: S506 - a safe loader (CSafeLoader or SafeLoader)
     return msgspec.convert(data, Facts, strict=True)

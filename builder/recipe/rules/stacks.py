@@ -7,9 +7,6 @@ from __future__ import annotations
 import re
 from typing import TypeVar
 
-from packaging.requirements import Requirement
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from ..facts import BaseImageRow, PackageRow
@@ -57,6 +54,9 @@ def second_stack(c: Ctx) -> None:
             c.add(severity(row.tag), "second-stack", [f"packages.apt[{i}]"],
                   f"{item} is {_stack_reason(c, row.stack)}; remove it", f"{row.source} ({row.tag})")
     major = c.vcuda.split(".")[0] if c.vcuda else None
+    if c.r.packages.pip:  # packaging's requirement parser costs ~20 ms to import: only when needed
+        from packaging.requirements import Requirement
+        from packaging.utils import canonicalize_name
     for i, req in enumerate(c.r.packages.pip):
         name = canonicalize_name(Requirement(req).name)
         m = re.fullmatch(r"(nvidia-[a-z0-9-]+?)-cu([0-9]+)", name)
@@ -81,8 +81,11 @@ def companions(c: Ctx) -> None:
     """torchvision/torchaudio requirements must admit a release that pairs with the torch
     release, by those wheels' own Requires-Dist [S1-COMP]."""
     torch_version = c.r.torch.version
-    if not torch_version:
+    if not (torch_version and c.r.packages.pip):
         return
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
     table = c.data.companions
     torch_v = Version(torch_version)
     for i, req_text in enumerate(c.r.packages.pip):
@@ -109,6 +112,8 @@ def companions(c: Ctx) -> None:
 
 
 def _spec_contains(spec: str, version: Version) -> bool:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
     try:
         return SpecifierSet(spec).contains(version, prereleases=True)
     except InvalidSpecifier:  # pragma: no cover - compat.yaml is ours
