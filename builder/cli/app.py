@@ -207,10 +207,10 @@ def _render(args, spec: Spec) -> int:
         stale = render_write.stale(rendered, args.images_dir)
         if stale:
             for name in stale:
-                console.print(f"{args.images_dir}/{spec.name}/{name}: stale; run `envbuild render {spec.name}`",
-                              soft_wrap=True, markup=False)
+                path = image_dir(args.images_dir, spec.name).file(name)
+                console.print(f"{path}: stale; run `envbuild render {spec.name}`", soft_wrap=True, markup=False)
             return ExitCode.CHECK_FAILED
-        out.print(f"{args.images_dir}/{spec.name}: up to date", markup=False)
+        out.print(f"{image_dir(args.images_dir, spec.name).folder}: up to date", markup=False)
         return ExitCode.OK
     where, written = render_write.write(rendered, args.images_dir)
     for name in rendered.files:
@@ -261,7 +261,7 @@ def cmd_build(args) -> int:
     stale = render_write.stale(rendered, args.images_dir)
     if stale:
         raise EnvbuildError(f"rendered files are stale ({', '.join(stale)}); run `envbuild render {spec.name}`",
-                            file=f"{args.images_dir}/{spec.name}")
+                            file=str(image_dir(args.images_dir, spec.name).folder))
     _build(args, spec)
     return ExitCode.OK
 

@@ -1,4 +1,7 @@
-"""Stage 2: compatibility rules over a loaded recipe, giving a resolved :class:`~builder.recipe.spec.Spec`.
+"""Stage 2: the compatibility rules over a loaded recipe, giving a resolved
+:class:`~builder.recipe.spec.Spec` (its pins and every finding).
+
+May import: builder.core, the rest of builder.recipe; packaging.
 
 The facts live in ``builder/recipe/data/compat.yaml`` (:mod:`builder.recipe.facts`). Each rule
 names its fact source. Facts tagged V (verified from the artifact) or M (maintainer's
