@@ -10,9 +10,10 @@ test:           ## install the test tools, then run the default test suite
 	bash scripts/setup.sh --test
 	.venv/bin/python -m pytest
 
-golden:         ## regenerate golden files and the committed rendered files; review the diff
+golden:         ## regenerate golden files, the committed rendered files and the JSON schemas; review the diff
 	.venv/bin/envbuild --recipes-dir tests/recipes --images-dir tests/golden render --all
 	.venv/bin/envbuild render --all
+	.venv/bin/python scripts/schemas.py          # schemas/: JSON Schemas of the documents (models)
 	.venv/bin/python tests/test_k8s.py --regen   # tests/golden/k8s/: Kubernetes manifests
 	.venv/bin/python tests/test_slurm.py --regen # tests/golden/slurm/: sbatch scripts
 	.venv/bin/python tests/test_audit_schema.py --regen # schemas/audit.schema.json

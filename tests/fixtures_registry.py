@@ -37,10 +37,9 @@ import pytest
 import requests
 
 from builder.certify import certify
-from builder.recipe import compat
 from builder.image import engine
-from builder.recipe import schema as recipe
-from builder.render import rendered as render
+from builder.recipe import load, rules
+from builder.render import context as render_context
 from builder.launchers.base import LaunchResult
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,8 +174,8 @@ def namespace() -> str:
 
 def recipe_labels(name: str = "cpu-torch2") -> dict[str, str]:
     """The labels the renderer gives recipe ``recipes/<name>.yaml`` (``envbuild.lock`` etc.)."""
-    spec = compat.require_ok(compat.check(recipe.load(ROOT / "recipes" / f"{name}.yaml")))
-    return dict(render.labels(spec))
+    spec = rules.require_ok(rules.check(load.load(ROOT / "recipes" / f"{name}.yaml")))
+    return dict(render_context.labels(spec, spec.lock()))
 
 
 def small_image(client, tag: str, labels: dict[str, str], marker: str, base: str) -> str:

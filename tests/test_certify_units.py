@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from builder.certify import certify
-from builder.recipe import compat
+from builder.recipe.lock import lock_hash
 from builder.certify import nccl_log
 from builder.core.errors import EnvbuildError, ExitCode
 from builder.launchers.base import LaunchResult, LaunchSpec
@@ -639,7 +639,7 @@ class FakeLauncher:
 
 
 def _labels(lock):
-    return {"envbuild.lock": json.dumps(lock), "envbuild.lock-hash": compat.lock_hash(lock),
+    return {"envbuild.lock": json.dumps(lock), "envbuild.lock-hash": lock_hash(lock),
             "envbuild.recipe": lock["recipe"], "envbuild.backend": lock["certify"]["backend"]}
 
 

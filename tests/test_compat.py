@@ -1,4 +1,4 @@
-"""Compatibility rules (builder/recipe/compat.py): one failing case per rule with its literal
+"""Compatibility rules (builder/recipe/rules/): one failing case per rule with its literal
 message, and a passing twin that differs only in the offending value."""
 
 import copy
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.recipe import compat
-from builder.recipe import schema as recipe
+from builder.recipe import facts, load, rules
+from builder.recipe import lock as lockdoc
+from builder.recipe.rules.context import variant_cuda
 from builder.core.errors import EnvbuildError, ManyErrors
 from helpers import CPU, CUDA, merge, write_recipe
 
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def spec_of(tmp_path, data):
-    return compat.check(recipe.load(write_recipe(tmp_path, data)))
+    return rules.check(load.load(write_recipe(tmp_path, data)))
 
 
 def findings(tmp_path, data, rule):
@@ -103,7 +104,7 @@ def test_rule_passing_twin(tmp_path, rule, base, bad, good, level, message, sour
 
 def test_default_recipes_are_clean():
     for name in ("cpu-torch2", "cuda12-torch2"):
-        spec = compat.check(recipe.load(f"recipes/{name}.yaml"))
+        spec = rules.check(load.load(f"recipes/{name}.yaml"))
         assert [f.level for f in spec.findings if f.level != "note"] == []
 
 
@@ -126,7 +127,7 @@ def test_variant_derived_from_cuda(tmp_path):
 def test_require_ok_lists_every_error(tmp_path):
     spec = spec_of(tmp_path, merge(CPU, {"nccl": "2.27.3", "cudnn": "9.1.0.70"}))
     with pytest.raises(ManyErrors) as info:
-        compat.require_ok(spec)
+        rules.require_ok(spec)
     assert info.value.exit_code == 2
     assert str(info.value).replace(str(tmp_path) + "/", "").splitlines() == [
         "t.yaml: nccl, torch.variant: a CPU build of torch has no NCCL; remove nccl (2.27.3) or use a CUDA variant [S1 (V)]",
@@ -166,7 +167,7 @@ def test_socket_ifname_passing_twins(tmp_path, var, value, nodes):
 def test_torch_index_is_derived_from_the_variant(tmp_path):
     spec = spec_of(tmp_path, merge(CUDA, {"index": {"url": "https://pypi.org/simple"}}))
     assert spec.torch_index_url == "https://download.pytorch.org/whl/cu128"
-    assert spec.lock()["index"] == {"url": "https://pypi.org/simple", "torch_url": "https://download.pytorch.org/whl/cu128"}
+    assert spec.lock().to_dict()["index"] == {"url": "https://pypi.org/simple", "torch_url": "https://download.pytorch.org/whl/cu128"}
     assert rule_lines(tmp_path, CUDA, "torch-index") == [
         ("note", "torch-index", ("index.torch_url",), "torch 2.8.0+cu128 comes from https://download.pytorch.org/whl/cu128 (derived from the variant)", "PT-IDX (V)")]
 
@@ -254,9 +255,9 @@ def test_companion_without_a_known_release_is_a_warning(tmp_path):
 
 
 def test_every_variant_of_every_release_has_a_driver_floor():
-    data = compat.facts()
-    variants = {v for rel in data["torch"].values() for v in rel["variants"]["list"]}
-    missing = sorted(v for v in variants if compat._variant_cuda(v) not in data["cuda_driver"])
+    data = facts.facts()
+    variants = {v for rel in data.torch.values() for v in rel.variants.list}
+    missing = sorted(v for v in variants if variant_cuda(v) not in data.cuda_driver)
     assert missing == []
     assert {"cu117", "cu118", "cu121", "cu124", "cu126", "cu128", "cu129", "cu130", "cu132"} == variants
 
@@ -282,10 +283,9 @@ def test_suggestions_name_only_variants_that_exist(tmp_path):
 
 def test_schema_errors_do_not_stop_the_rules(tmp_path):
     path = write_recipe(tmp_path, merge(CPU, {"python": "three", "nccl": "2.27.3", "packages": {"apt": ["libnccl2", "bad pkg"]}}))
-    r, errors = recipe.parse(path)
-    spec = compat.check(r, errors)
+    spec = rules.check(load.parse(path))
     with pytest.raises(ManyErrors) as info:
-        compat.require_ok(spec)
+        rules.require_ok(spec)
     assert str(info.value).replace(str(tmp_path) + "/", "").splitlines() == [
         "t.yaml: python: 'three' is not a version",
         "t.yaml: packages.apt[1]: 'bad pkg' is not a Debian package name (name or name=version)",
@@ -296,9 +296,9 @@ def test_schema_errors_do_not_stop_the_rules(tmp_path):
 
 def test_rules_skip_invalid_fields(tmp_path):
     """An invalid cuda section must not be read as a CPU recipe (no cpu/cuda findings)."""
-    r, errors = recipe.parse(write_recipe(tmp_path, merge(CUDA, {"cuda": "12.8", "torch": {"variant": ...}})))
-    spec = compat.check(r, errors)
-    assert [e.field for e in errors] == ["cuda"]
+    loaded = load.parse(write_recipe(tmp_path, merge(CUDA, {"cuda": "12.8", "torch": {"variant": ...}})))
+    spec = rules.check(loaded)
+    assert [e.field for e in loaded.errors] == ["cuda"]
     assert [f.rule for f in spec.findings if f.level == "error"] == []
 
 
@@ -332,14 +332,14 @@ def forged(path, value):
 ])
 def test_forged_lock_documents_are_refused(path, value, expected):
     with pytest.raises(EnvbuildError) as info:
-        compat.validate_lock(forged(path, value), "label envbuild.lock")
+        lockdoc.validate_lock(forged(path, value), "label envbuild.lock")
     assert (str(info.value), info.value.exit_code) == (expected, 2)
 
 
 @pytest.mark.parametrize("lock_file", sorted(str(p.relative_to(ROOT)) for p in [*ROOT.glob("images/*/envbuild.lock.json"), *ROOT.glob("tests/golden/*/envbuild.lock.json")]))
 def test_rendered_locks_validate_twin(lock_file):
     doc = json.loads((ROOT / lock_file).read_text())
-    assert compat.validate_lock(doc, lock_file) is doc
+    assert lockdoc.validate_lock(doc, lock_file).to_dict() == doc
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -350,7 +350,7 @@ def test_rendered_locks_validate_twin(lock_file):
 ])
 def test_lock_label_text_is_read_with_bounds(text, expected):
     with pytest.raises(EnvbuildError) as info:
-        compat.read_lock_text(text, "label envbuild.lock")
+        lockdoc.read_lock_text(text, "label envbuild.lock")
     assert (str(info.value), info.value.exit_code) == (expected, 2)
 
 
@@ -359,7 +359,7 @@ def _image_with_lock_label(client, labels, lock_doc, name):
 
     text = json.dumps(lock_doc, sort_keys=True, separators=(",", ":"))
     image, _ = client.images.build(fileobj=io.BytesIO(b"FROM scratch\n"), tag=f"envbuild-test/{name}:forged", rm=True,
-                                   labels={**labels, "envbuild.lock": text, "envbuild.lock-hash": compat.lock_hash(lock_doc)})
+                                   labels={**labels, "envbuild.lock": text, "envbuild.lock-hash": lockdoc.lock_hash(lock_doc)})
     return f"envbuild-test/{name}:forged"
 
 
@@ -374,4 +374,4 @@ def test_certify_reads_image_labels_through_the_lock_schema(docker_client, test_
         f"{bad}: label envbuild.lock: certify.nodes: 'abc' must be an integer in 1..1024", 2)
     good = _image_with_lock_label(docker_client, test_labels, LOCK, "good-lock")
     labels, lock = certify.read_image(docker_client, good)
-    assert lock == LOCK and labels["envbuild.lock-hash"] == compat.lock_hash(LOCK)
+    assert lock == LOCK and labels["envbuild.lock-hash"] == lockdoc.lock_hash(LOCK)

@@ -1,4 +1,4 @@
-"""builder/resolve/lock.py, the resolved pins in rendering, and reproducible builds (builder/image/fshash.py).
+"""builder/resolve/, the resolved pins in rendering, and reproducible builds (builder/image/fshash.py).
 
 Golden files: ``tests/golden/golden-locked/`` is rendered from ``tests/recipes/golden-locked.yaml``
 with the hand-written ``envbuild.resolved.json`` next to it (``make golden``).
@@ -29,23 +29,25 @@ from pathlib import Path
 
 import pytest
 
-from builder.image import build
-from builder.recipe import compat
-from builder.image import engine
-from builder.image import fshash
-from builder.resolve import lock
-from builder.recipe import schema as recipe
-from builder.render import rendered as render
 from builder.core.errors import EnvbuildError
+from builder.image import build, engine, fshash
 from builder.image.site import SiteOptions
 from builder.oci import reference
+from builder.oci.client import RegistryClient
+from builder.recipe import load, rules
+from builder.recipe.lock import lock_hash
+from builder.recipe.model import ResolvedWheel
+from builder.recipe.spec import Spec
+from builder.render import rendered as render
+from builder.render import write as render_write
+from builder.resolve import apt, base, lock, pip
 
 ROOT = Path(__file__).resolve().parent.parent
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
-def spec_of(path) -> compat.Spec:
-    return compat.require_ok(compat.check(recipe.load(path)))
+def spec_of(path) -> Spec:
+    return rules.require_ok(rules.check(load.load(path)))
 
 
 GOLDEN_SPEC = ROOT / "tests/recipes/golden-locked.yaml"
@@ -81,11 +83,11 @@ def test_resolved_pins_reach_both_formats_and_the_lock():
         assert "curl=7.88.1-10+deb12u5" in text  # the recipe's own pin is kept
     # the lock keeps every existing key and gains `resolved`; the labels carry it
     base_lock = spec_of(GOLDEN_SPEC).lock()
-    assert {k: v for k, v in lockdoc.items() if k != "resolved"} == base_lock
+    assert {k: v for k, v in lockdoc.items() if k != "resolved"} == base_lock.to_dict()
     assert lockdoc["resolved"]["base"]["digest"] == digest
     assert [p["name"] for p in lockdoc["resolved"]["pip"]] == [p["name"] for p in resolved["pip"]]
     assert f'org.opencontainers.image.base.digest="{digest}"' in docker
-    assert f'envbuild.lock-hash="{compat.lock_hash(lockdoc)}"' in docker
+    assert f'envbuild.lock-hash="{lock_hash(lockdoc)}"' in docker
 
 
 def test_hadolint_clean_with_resolved_pins():
@@ -121,7 +123,7 @@ def test_stale_resolved_file_is_an_error_naming_file_and_field(tmp_path):
 @pytest.mark.parametrize("path, value, field", [
     (("pip", 0, "name"), "filelock; rm -rf /", "pip[0].name"),
     (("pip", 0, "version"), "4.3.1 --index-url http://evil", "pip[0].version"),
-    (("pip", 0, "hashes"), ["sha256:xyz"], "pip[0].hashes"),
+    (("pip", 0, "hashes"), ["sha256:xyz"], "pip[0].hashes[0]"),
     (("pip", 0, "hashes"), [], "pip[0].hashes"),
     (("apt", "python3"), "3.11 && curl evil", "apt.python3"),
     (("base", "digest"), "sha256:abc", "base.digest"),
@@ -164,22 +166,22 @@ def test_parse_report_takes_pips_hashes():
          "download_info": {"url": "https://files/jinja2-3.1.6-py3-none-any.whl",
                            "archive_info": {"hash": "sha256=" + "b" * 64}}},
     ]}
-    assert lock.parse_report(report) == [
-        {"name": "Jinja2", "version": "3.1.6", "hashes": ["sha256:" + "b" * 64],
-         "file": "jinja2-3.1.6-py3-none-any.whl", "requested": False},
-        {"name": "torch", "version": "2.13.0+cpu", "hashes": ["sha256:" + "a" * 64],
-         "file": "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "requested": True},
+    assert pip.parse_report(report) == [
+        ResolvedWheel(name="Jinja2", version="3.1.6", hashes=("sha256:" + "b" * 64,),
+                      file="jinja2-3.1.6-py3-none-any.whl", requested=False),
+        ResolvedWheel(name="torch", version="2.13.0+cpu", hashes=("sha256:" + "a" * 64,),
+                      file="torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", requested=True),
     ]
     with pytest.raises(EnvbuildError, match="no sha256"):
-        lock.parse_report({"install": [{"metadata": {"name": "x", "version": "1"}, "download_info": {"url": "u"}}]})
+        pip.parse_report({"install": [{"metadata": {"name": "x", "version": "1"}, "download_info": {"url": "u"}}]})
 
 
 def test_platform_tags_and_apt_policy():
-    tags = lock.platform_tags("2.36")
+    tags = pip.platform_tags("2.36")
     assert tags[0] == "manylinux_2_36_x86_64" and "manylinux_2_17_x86_64" in tags and tags[-1] == "linux_x86_64"
     policy = "python3:\n  Installed: (none)\n  Candidate: 3.11.2-1+b1\n  Version table:\n" \
              "nothere:\n  Installed: (none)\n  Candidate: (none)\n"
-    assert lock.parse_policy(policy) == {"python3": "3.11.2-1+b1"}
+    assert apt.parse_policy(policy) == {"python3": "3.11.2-1+b1"}
     base = reference.parse("debian:bookworm-slim")
     assert (base.registry, base.repository, base.tag, base.digest) == ("registry-1.docker.io", "library/debian",
                                                                        "bookworm-slim", None)
@@ -242,14 +244,15 @@ def test_lock_then_two_uncached_builds_install_the_same_files(docker_client, boo
     (recipes / "repro-torch.yaml").write_text((ROOT / "recipes/cpu-torch2.yaml").read_text())
     images = tmp_path / "images"
     spec = spec_of(recipes / "repro-torch.yaml")
-    render.write(render.render(spec), images)
+    render_write.write(render.render(spec), images)
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     wheel = stand_in_torch_wheel(wheels)
     site = SiteOptions(ca_bundle=CA_BUNDLE if CA_BUNDLE.is_file() else None, wheel_dir=wheels)
 
-    result = lock.lock(spec, images, site, docker_client, base_mode="bootstrap", labels=test_labels)
-    doc = result.resolved
+    result = lock.lock(spec, images, site, docker_client, base_mode="bootstrap", labels=test_labels,
+                       registry=RegistryClient)
+    doc = result.resolved.to_dict()
     assert doc["pip"] == [{"name": "torch", "version": "2.13.0+cpu",
                            "hashes": ["sha256:" + hashlib.sha256(wheel.read_bytes()).hexdigest()],
                            "file": wheel.name, "requested": True}]
@@ -288,21 +291,21 @@ def test_lock_then_two_uncached_builds_install_the_same_files(docker_client, boo
 
 
 def test_apt_names_reach_the_query_as_argv_words():
-    assert lock.apt_query_argv(["python3", "libgomp1"]) == ["sh", "-c", lock.APT_QUERY, "sh", "python3", "libgomp1"]
-    assert lock.APT_QUERY.endswith('exec apt-cache policy "$@"')
+    assert apt.apt_query_argv(["python3", "libgomp1"]) == ["sh", "-c", apt.APT_QUERY, "sh", "python3", "libgomp1"]
+    assert apt.APT_QUERY.endswith('exec apt-cache policy "$@"')
 
 
 @pytest.mark.parametrize("name", ["python3;touch /pwned", "python3\n", "$(reboot)", "-o=Dir::Etc=/x"])
 def test_apt_query_refuses_a_name_that_is_not_a_package_name(name):
     with pytest.raises(EnvbuildError) as info:
-        lock.resolve_apt(None, "debian:bookworm-slim", ["python3", name])
+        apt.resolve_apt(None, "debian:bookworm-slim", ["python3", name])
     assert (str(info.value), info.value.exit_code) == (f"apt: {name!r} is not a Debian package name; not queried".replace("\n", "\\n"), 2)
 
 
 def test_pip_resolution_uses_the_derived_torch_index(tmp_path):
     from helpers import CUDA, write_recipe
 
-    spec = compat.require_ok(compat.check(recipe.load(write_recipe(tmp_path, CUDA))))
-    argv = lock.pip_command(spec, SiteOptions(), tmp_path / "r.json", tmp_path / "t")
+    spec = rules.require_ok(rules.check(load.load(write_recipe(tmp_path, CUDA))))
+    argv = pip.pip_command(spec, SiteOptions(), tmp_path / "r.json", tmp_path / "t")
     i = argv.index("--extra-index-url")
     assert argv[i + 1] == "https://download.pytorch.org/whl/cu128"

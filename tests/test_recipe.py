@@ -1,4 +1,4 @@
-"""Recipe loading and strict schema validation (builder/recipe/schema.py)."""
+"""Recipe loading and strict schema validation (builder/recipe/load.py, model.py, fields.py)."""
 
 import os
 import time
@@ -6,14 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from builder.recipe import schema as recipe
+from builder.recipe import fields
+from builder.recipe import load as recipe
 from builder.core.errors import EnvbuildError, ManyErrors
 from builder.oci import reference
 from helpers import CPU, CUDA, merge, write_recipe
 
 
 def load(tmp_path, data):
-    return recipe.load(write_recipe(tmp_path, data))
+    return recipe.load(write_recipe(tmp_path, data)).recipe
 
 
 def messages(tmp_path, data):
@@ -24,15 +25,16 @@ def messages(tmp_path, data):
 
 
 def test_valid_cpu_recipe_loads(tmp_path):
-    r = load(tmp_path, CPU)
-    assert (r.name, r.base_image, r.python, r.cuda, r.torch_version, r.torch_variant) == (
+    loaded = recipe.load(write_recipe(tmp_path, CPU))
+    r = loaded.recipe
+    assert (loaded.name, r.base.image, r.python, r.cuda, r.torch.version, r.torch.variant) == (
         "t", "debian:bookworm-slim", "3.11", None, "2.13.0", "cpu")
     assert r.certify.backend == "gloo" and r.certify.nodes == 2 and r.certify.port == 29500
 
 
 def test_valid_cuda_recipe_defaults_to_nccl(tmp_path):
     r = load(tmp_path, CUDA)
-    assert (r.cuda, r.nccl, r.certify.backend, r.certify.gpus_per_node) == ("12.8", "2.27.3", "nccl", 1)
+    assert (r.cuda.version, r.nccl, r.certify.backend, r.certify.gpus_per_node) == ("12.8", "2.27.3", "nccl", 1)
 
 
 def test_injection_in_version_is_rejected(tmp_path):
@@ -76,8 +78,8 @@ def test_pip_items_are_closed(tmp_path, item, expected):
 
 def test_pip_items_valid_twin(tmp_path):
     r = load(tmp_path, merge(CPU, {"packages": {"pip": ["numpy==1.26.4", "requests[socks]>=2.31,<3"], "apt": ["curl", "libgomp1=12.2.0-14"]}}))
-    assert r.pip == ("numpy==1.26.4", "requests[socks]<3,>=2.31")
-    assert r.apt == ("curl", "libgomp1=12.2.0-14")
+    assert r.packages.pip == ("numpy==1.26.4", "requests[socks]<3,>=2.31")
+    assert r.packages.apt == ("curl", "libgomp1=12.2.0-14")
 
 
 @pytest.mark.parametrize("field, value, expected", [
@@ -107,7 +109,7 @@ def test_bounded_values_valid_twin(tmp_path):
     r = load(tmp_path, merge(CPU, {"description": "ünïcode ok", "env": {"OMP_NUM_THREADS": "2"},
                                    "certify": {"nodes": 1024, "timeout_s": 604800, "allreduce": {"sizes": [68719476736]}}}))
     assert (r.description, r.env, r.certify.nodes, r.certify.timeout_s, r.certify.allreduce.sizes) == (
-        "ünïcode ok", (("OMP_NUM_THREADS", "2"),), 1024, 604800, (68719476736,))
+        "ünïcode ok", {"OMP_NUM_THREADS": "2"}, 1024, 604800, (68719476736,))
 
 
 def test_duplicate_key_is_an_error(tmp_path):
@@ -128,7 +130,7 @@ def test_binary_file_and_directory(tmp_path):
 
 def test_image_with_digest_is_valid(tmp_path):
     ref = "debian:bookworm-slim@sha256:" + "a" * 64
-    assert load(tmp_path, merge(CPU, {"base": {"image": ref}})).base_image == ref
+    assert load(tmp_path, merge(CPU, {"base": {"image": ref}})).base.image == ref
 
 
 def test_missing_required_field(tmp_path):
@@ -164,7 +166,8 @@ def test_trailing_newline_in_apt_cannot_inject_a_run_line(tmp_path):
 
 
 def test_apt_list_without_the_newline_is_valid_twin(tmp_path):
-    assert load(tmp_path, merge(CPU, {"packages": {"apt": ["python3", "run", "touch"]}})).apt == ("python3", "run", "touch")
+    assert load(tmp_path, merge(CPU, {"packages": {"apt": ["python3", "run", "touch"]}})).packages.apt == (
+        "python3", "run", "touch")
 
 
 @pytest.mark.parametrize("changes, field, shown", [
@@ -187,10 +190,13 @@ def test_control_characters_are_refused_in_every_field(tmp_path, changes, field,
 
 
 @pytest.mark.parametrize("pattern, good", [
-    (reference.REFERENCE, "debian:bookworm-slim"), (recipe.APT_NAME, "python3"), (recipe.SHM_SIZE, "1g"),
-    (recipe.VARIANT, "cu128"), (recipe.RECIPE_NAME, "cpu-torch2"), (recipe.PIP_NAME, "numpy"),
-    (recipe.SHA256, "sha256:" + "a" * 64), (recipe._URL, "https://pypi.org/simple"), (recipe._RELEASE, "2.8.0"),
-    (recipe._ENV_VALUE, "x"), (recipe._ENV_NAME, "X"), (recipe._APT, "curl=7.88.1-10+deb12u5"),
+    (reference.REFERENCE, "debian:bookworm-slim"), (fields.APT_NAME, "python3"), (fields.SHM_SIZE, "1g"),
+    (fields.VARIANT, "cu128"), (fields.RECIPE_NAME, "cpu-torch2"), (fields.PIP_NAME, "numpy"),
+    (fields.SHA256, "sha256:" + "a" * 64), (fields.URL, "https://pypi.org/simple"), (fields.RELEASE, "2.8.0"),
+    (fields.ENV_VALUE, "x"), (fields.ENV_NAME, "X"), (fields.APT, "curl=7.88.1-10+deb12u5"),
+    (fields.TORCH_LOCAL, "2.8.0+cu128"), (fields.APT_VERSION, "7.88.1-10"), (fields.PIP_VERSION, "2.2.6"),
+    (fields.SPEC_VERSION, "2.2.6"), (fields.PYTHON_MINOR, "3.11"), (fields.WHEEL_FILE, "numpy-2.2.6-py3-none-any.whl"),
+    (fields.PLATFORM_TAG, "manylinux_2_36_x86_64"),
 ])
 def test_every_pattern_matches_the_whole_value(pattern, good):
     """Python's `$` matches before a final newline: each pattern must refuse `good + "\\n"`
@@ -216,7 +222,7 @@ def test_numbers_are_bounded_and_finite(tmp_path, changes, expected):
 def test_bounds_valid_twin(tmp_path):
     r = load(tmp_path, merge(CPU, {"certify": {"port": 65535, "shm_size": "1024g", "thresholds": {"min_busbw_gbps": 1e6}}}))
     assert (r.certify.port, r.certify.shm_size, r.certify.thresholds.min_busbw_gbps) == (65535, "1024g", 1e6)
-    assert recipe.shm_bytes("1024g") == 1 << 40 and recipe.shm_bytes("256m") == 256 << 20 and recipe.shm_bytes("4096") == 4096
+    assert fields.shm_bytes("1024g") == 1 << 40 and fields.shm_bytes("256m") == 256 << 20 and fields.shm_bytes("4096") == 4096
 
 
 def test_huge_integer_is_named_not_a_traceback(tmp_path):
@@ -283,10 +289,12 @@ def test_bad_recipe_file_name_is_an_error(tmp_path):
 
 
 def test_parse_keeps_valid_fields_and_names_invalid_ones(tmp_path):
-    r, errors = recipe.parse(write_recipe(tmp_path, merge(CPU, {"torch": {"variant": "rocm6"}, "python": "three"})))
-    assert [e.field for e in errors] == ["python", "torch.variant"]
-    assert (r.python, r.torch_variant, r.torch_version, r.invalid) == (None, None, "2.13.0", frozenset({"python", "torch.variant"}))
-    assert not r.valid("torch.variant") and not r.valid("torch") and r.valid("torch.version", "os.id")
+    loaded = recipe.parse(write_recipe(tmp_path, merge(CPU, {"torch": {"variant": "rocm6"}, "python": "three"})))
+    r = loaded.recipe
+    assert [e.field for e in loaded.errors] == ["python", "torch.variant"]
+    assert (r.python, r.torch.variant, r.torch.version, loaded.invalid) == (
+        None, None, "2.13.0", frozenset({"python", "torch.variant"}))
+    assert not loaded.valid("torch.variant") and not loaded.valid("torch") and loaded.valid("torch.version", "os.id")
 
 
 @pytest.mark.parametrize("arg, expected", [
@@ -309,3 +317,110 @@ def test_find_takes_yml_and_names_twin(tmp_path):
     (tmp_path / "b.yml").write_text("x: 1")
     assert recipe.find("b", tmp_path) == tmp_path / "b.yml"
     assert recipe.find("any/where/x.yml", tmp_path) == Path("any/where/x.yml")
+
+
+# --------------------------------------------------------------------------- published schemas (issue 9)
+import json  # noqa: E402
+import shutil  # noqa: E402
+
+import jsonschema  # noqa: E402
+import yaml  # noqa: E402
+
+from builder.core.model import schema_files, stale_schemas  # noqa: E402
+from builder.recipe.model import schemas  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_published_schemas_are_current():
+    """Regenerate with `make golden` (scripts/schemas.py) and review the diff."""
+    assert stale_schemas(schemas(), ROOT / "schemas") == []
+    assert sorted(schema_files(schemas())) == [
+        "certify-settings.schema.json", "lock.schema.json", "recipe.schema.json", "resolved.schema.json"]
+
+
+def test_a_stale_schema_is_detected(tmp_path):
+    shutil.copytree(ROOT / "schemas", tmp_path / "schemas")
+    path = tmp_path / "schemas/lock.schema.json"
+    path.write_text(path.read_text().replace('"maxLength": 64', '"maxLength": 65', 1))
+    (tmp_path / "schemas/resolved.schema.json").unlink()
+    assert stale_schemas(schemas(), tmp_path / "schemas") == ["lock.schema.json", "resolved.schema.json"]
+
+
+def _validator(stem):
+    return jsonschema.Draft202012Validator(json.loads((ROOT / f"schemas/{stem}.schema.json").read_text()))
+
+
+DOCUMENTS = [("lock", p) for p in ("images/cpu-torch2/envbuild.lock.json", "images/cuda12-torch2/envbuild.lock.json",
+                                   "tests/golden/golden-locked/envbuild.lock.json")] + [
+    ("resolved", "tests/golden/golden-locked/envbuild.resolved.json"),
+    ("recipe", "recipes/cpu-torch2.yaml"), ("recipe", "recipes/cuda12-torch2.yaml"),
+    ("recipe", "tests/recipes/golden-extras.yaml")]
+
+
+@pytest.mark.parametrize("stem, path", DOCUMENTS)
+def test_committed_documents_validate_against_the_published_schemas(stem, path):
+    """The published schemas are valid JSON Schema 2020-12 and accept what envbuild writes."""
+    jsonschema.Draft202012Validator.check_schema(json.loads((ROOT / f"schemas/{stem}.schema.json").read_text()))
+    text = (ROOT / path).read_text()
+    doc = yaml.safe_load(text) if path.endswith(".yaml") else json.loads(text)
+    assert list(_validator(stem).iter_errors(doc)) == []
+
+
+@pytest.mark.parametrize("stem, path, change, where", [
+    ("lock", "images/cpu-torch2/envbuild.lock.json", lambda d: d["certify"].update(nodes="abc"), ["certify", "nodes"]),
+    ("lock", "images/cpu-torch2/envbuild.lock.json", lambda d: d["torch"].update(local="2.13.0"), ["torch", "local"]),
+    ("lock", "images/cpu-torch2/envbuild.lock.json", lambda d: d.update(extra=1), []),
+    ("resolved", "tests/golden/golden-locked/envbuild.resolved.json",
+     lambda d: d["base"].update(digest="sha256:abc"), ["base", "digest"]),
+    ("recipe", "recipes/cpu-torch2.yaml", lambda d: d["base"].update(image="debian:bookworm;rm"), ["base", "image"]),
+])
+def test_the_published_schemas_refuse_a_forged_value(stem, path, change, where):
+    text = (ROOT / path).read_text()
+    doc = yaml.safe_load(text) if path.endswith(".yaml") else json.loads(text)
+    change(doc)
+    assert [list(e.absolute_path) for e in _validator(stem).iter_errors(doc)] == [where]
+
+
+# --------------------------------------------------------------------------- the check path stays lean (issue 13)
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+HEAVY = ("rich", "docker", "jinja2", "requests", "pydantic")
+CHECK_PATH = """
+import sys
+from builder.recipe import load, rules
+spec = rules.check(load.load(sys.argv[1]))
+if sys.argv[2] == "render":
+    from builder.render import rendered
+    rendered.render(spec)
+print(sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[3].split(","))))
+"""
+
+
+def _heavy_modules(*args):
+    res = subprocess.run([sys.executable, "-c", CHECK_PATH, str(ROOT / "recipes/cpu-torch2.yaml"), *args,
+                          ",".join(HEAVY)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def test_load_and_check_import_no_heavy_module():
+    assert _heavy_modules("check") == "[]"
+
+
+def test_rendering_imports_jinja2_twin():
+    """The probe above sees a heavy module when one is imported (rendering needs jinja2)."""
+    assert _heavy_modules("render") == "['jinja2']"
+
+
+def test_facts_are_parsed_with_the_c_loader_and_read_the_same():
+    from builder.recipe import facts
+
+    assert yaml.__with_libyaml__ and facts.LOADER is yaml.CSafeLoader
+    text = (ROOT / "builder/recipe/data/compat.yaml").read_text()
+    import msgspec
+
+    assert facts.facts() == msgspec.convert(yaml.load(text, Loader=yaml.SafeLoader), facts.Facts, strict=True)
+    assert facts.facts().torch["2.8.0"].nccl["cu128"] == facts.NcclPin(package="nvidia-nccl-cu12", version="2.27.3",
+                                                                        tag="V")

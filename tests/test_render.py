@@ -1,4 +1,4 @@
-"""Rendering (builder/render/rendered.py): golden files, drift of the committed files, both formats
+"""Rendering (builder/render/): golden files, drift of the committed files, both formats
 describing the same environment, hadolint and spython, byte-determinism across processes."""
 
 import dataclasses
@@ -14,16 +14,18 @@ import pytest
 from dockerfile_parse import DockerfileParser
 from spython.main.parse.parsers import SingularityParser
 
-from builder.recipe import compat
-from builder.recipe import schema as recipe
+import msgspec
+
+from builder.recipe import load, rules
 from builder.render import rendered as render
+from builder.render import write as render_write
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
 
 
 def rendered(recipes_dir, name):
-    return render.render(compat.require_ok(compat.check(recipe.load(Path(recipes_dir) / f"{name}.yaml"))))
+    return render.render(rules.require_ok(rules.check(load.load(Path(recipes_dir) / f"{name}.yaml"))))
 
 
 def test_golden_files():
@@ -36,14 +38,14 @@ def test_golden_files():
 @pytest.mark.parametrize("name", RECIPES)
 def test_committed_files_are_not_stale(name):
     out = rendered(ROOT / "recipes", name)
-    assert render.stale(out, ROOT / "images") == [], f"run `envbuild render {name}`"
+    assert render_write.stale(out, ROOT / "images") == [], f"run `envbuild render {name}`"
 
 
 def test_stale_file_is_detected(tmp_path):
     shutil.copytree(ROOT / "images/cpu-torch2", tmp_path / "cpu-torch2")
     path = tmp_path / "cpu-torch2/Dockerfile"
     path.write_text(path.read_text().replace("torch==2.13.0+cpu", "torch==2.12.0+cpu"))
-    assert render.stale(rendered(ROOT / "recipes", "cpu-torch2"), tmp_path) == ["Dockerfile"]
+    assert render_write.stale(rendered(ROOT / "recipes", "cpu-torch2"), tmp_path) == ["Dockerfile"]
 
 
 def test_render_check_cli_exit_codes(tmp_path):
@@ -175,19 +177,23 @@ from helpers import CPU, CUDA, merge, write_recipe  # noqa: E402
 
 
 def spec_from(tmp_path, data, name="t"):
-    return compat.require_ok(compat.check(recipe.load(write_recipe(tmp_path, data, name=name))))
+    return rules.require_ok(rules.check(load.load(write_recipe(tmp_path, data, name=name))))
 
 
-@pytest.mark.parametrize("field, value, template", [
-    ("apt", ("python3\nRUN touch pwned",), "Dockerfile.j2"), ("base_image", "debian:bookworm\nRUN x", "Dockerfile.j2"),
-    ("env", (("FOO", "a\rb"),), "Dockerfile.j2"),
+_replace = msgspec.structs.replace
+
+
+@pytest.mark.parametrize("field, change, template", [
+    ("apt", lambda r: _replace(r, packages=_replace(r.packages, apt=("python3\nRUN touch pwned",))), "Dockerfile.j2"),
+    ("base_image", lambda r: _replace(r, base=_replace(r.base, image="debian:bookworm\nRUN x")), "Dockerfile.j2"),
+    ("env", lambda r: _replace(r, env={"FOO": "a\rb"}), "Dockerfile.j2"),
     # the Dockerfile's labels are JSON-quoted (ESC becomes \u001b); the definition's are raw
-    ("description", "x\x1b[2J", "Singularity.def.j2"),
+    ("description", lambda r: _replace(r, description="x\x1b[2J"), "Singularity.def.j2"),
 ])
-def test_render_refuses_control_characters_a_second_time(tmp_path, field, value, template):
+def test_render_refuses_control_characters_a_second_time(tmp_path, field, change, template):
     """The recipe loader refuses these; a Recipe made around it must still not reach a file."""
     spec = spec_from(tmp_path, CPU)
-    bad = dataclasses.replace(spec, recipe=dataclasses.replace(spec.recipe, **{field: value}))
+    bad = dataclasses.replace(spec, recipe=change(spec.recipe))
     with pytest.raises(EnvbuildError) as info:
         render.render(bad)
     assert info.value.exit_code == 2
@@ -214,7 +220,7 @@ def test_cuda_recipe_without_torch_url_renders_the_variant_index(tmp_path):
 def test_header_names_the_recipe_file(tmp_path):
     path = tmp_path / "my-recipe.yml"
     path.write_text(write_recipe(tmp_path, CPU).read_text())
-    out = render.render(compat.require_ok(compat.check(recipe.load(path))))
+    out = render.render(rules.require_ok(rules.check(load.load(path))))
     assert out.files["Dockerfile"].decode().splitlines()[0] == (
         "# Rendered by envbuild from the recipe my-recipe.yml: do not edit, run `envbuild render my-recipe`.")
     assert ("# Rendered by envbuild from the recipe my-recipe.yml: do not edit, run `envbuild render my-recipe`."

@@ -56,11 +56,12 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from builder import __version__
-from builder.recipe import compat
+from builder.recipe.lock import lock_hash, read_lock_text
 from builder.image import engine
 from builder.image import lockcheck
 from builder.certify import nccl_log
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.core.paths import image_dir
 from builder.core.inputs import one_line, show
 from builder.launchers.base import PROGRESS_PREFIX, RESULT_PREFIX, SILENT_AFTER_S, SOCKET_IFNAME_RE, SOCKET_VARS, STOPPED_STATES, LaunchResult, LaunchSpec, Launcher, result_problem, socket_env
 
@@ -395,7 +396,7 @@ def socket_findings(s: "Settings", launch: LaunchResult, sock: Mapping[str, Any]
 
 def read_image(client, image: str) -> tuple[dict[str, str], dict]:
     """``(labels, lock)`` of ``image``: the label ``envbuild.lock`` read with bounds and
-    checked with the recipe's schema (:func:`builder.recipe.compat.read_lock_text`), then against
+    checked with the recipe's schema (:func:`builder.recipe.lock.read_lock_text`), then against
     its hash label (:func:`lock_from_labels`).
 
     Raises:
@@ -405,13 +406,13 @@ def read_image(client, image: str) -> tuple[dict[str, str], dict]:
     """
     labels = engine.image_labels(client, image)
     if labels.get("envbuild.lock"):
-        compat.read_lock_text(labels["envbuild.lock"], f"{image}: label envbuild.lock")
+        read_lock_text(labels["envbuild.lock"], f"{image}: label envbuild.lock")
     return labels, lock_from_labels(labels, image)
 
 
 def lock_from_labels(labels: Mapping[str, str], image: str) -> dict:
     """The lock in the labels of ``image``: ``envbuild.lock`` parsed, checked against
-    ``envbuild.lock-hash`` (:func:`builder.recipe.compat.lock_hash` of the parsed lock, as the
+    ``envbuild.lock-hash`` (:func:`builder.recipe.lock.lock_hash` of the parsed lock, as the
     renderer wrote it), so that an image rebuilt with an edited lock label is refused.
 
     Raises:
@@ -436,7 +437,7 @@ def lock_from_labels(labels: Mapping[str, str], image: str) -> dict:
     if not isinstance(lock, dict):
         raise EnvbuildError(f"label envbuild.lock is not a JSON object ({err or type(lock).__name__})",
                             field="image", value=image)
-    actual, said = compat.lock_hash(lock), labels["envbuild.lock-hash"]
+    actual, said = lock_hash(lock), labels["envbuild.lock-hash"]
     if actual != said:
         raise EnvbuildError(
             f"label envbuild.lock was changed after the build: it hashes to {actual}, label "
@@ -960,7 +961,7 @@ def certificate_path(images_dir: str | os.PathLike, cert: Mapping[str, Any]) -> 
     h = part(str(cert.get("lock_hash") or "").split(":", 1)[-1][:12] or "nohash", 12)
     stamp = part("".join(ch for ch in str(cert.get("finished_at") or _utc_iso()) if ch.isalnum()), 20)
     run = part(cert.get("run_id") or "norun", 40)
-    return Path(images_dir) / recipe / "certificates" / f"{recipe}-{h}-{stamp}-{run}.json"
+    return image_dir(images_dir, recipe).certificates / f"{recipe}-{h}-{stamp}-{run}.json"
 
 
 class CertificateNotWritten(Unreachable):

@@ -23,10 +23,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from builder.recipe import compat
 from builder.core import inputs
-from builder.recipe import schema as recipe
+from builder.core.paths import image_dir
+from builder.recipe import fields, load, rules
+from builder.recipe.spec import Spec
 from builder.render import rendered as render
+from builder.render import write as render_write
 from builder.core.errors import EnvbuildError, ExitCode, ManyErrors, Unreachable
 from builder.core.inputs import escape, has_control, one_line, show
 
@@ -157,7 +159,7 @@ def _registry_arg(text: str) -> str:
 
 
 _suite_arg = _pattern(_SUITE, "a Debian suite name such as bookworm")
-_size_arg = _pattern(recipe.SHM_SIZE, "a size such as 256m or 1g", limit=20)
+_size_arg = _pattern(fields.SHM_SIZE, "a size such as 256m or 1g", limit=20)
 _label_arg = _pattern(_LABEL, "a label KEY[=VALUE]", limit=1256)
 _env_arg = _pattern(_ENV_ITEM, "NAME=VALUE", limit=4300)
 _RECIPE = _path("a recipe name or path")
@@ -170,17 +172,15 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def _load_spec(name: str, recipes_dir: str) -> compat.Spec:
+def _load_spec(name: str, recipes_dir: str) -> Spec:
     """The recipe ``name`` (or path) checked: schema errors and rule findings together in
-    one :class:`~builder.recipe.compat.Spec` (the rules run on the fields that validated).
-    Raises what :func:`builder.recipe.schema.find` and :func:`builder.recipe.schema.parse` raise
+    one :class:`~builder.recipe.spec.Spec` (the rules run on the fields that validated).
+    Raises what :func:`builder.recipe.load.find` and :func:`builder.recipe.load.parse` raise
     (unreadable file: 3; malformed YAML: 2)."""
-    path = recipe.find(name, recipes_dir)
-    loaded, schema_errors = recipe.parse(path)
-    return compat.check(loaded, schema_errors)
+    return rules.check(load.parse(load.find(name, recipes_dir)))
 
 
-def _print_findings(spec: compat.Spec) -> None:
+def _print_findings(spec: Spec) -> None:
     """Every schema error, then every finding of ``spec``, one escaped line each on stderr
     (schema errors capped as :class:`~builder.core.errors.ManyErrors` caps them)."""
     if spec.schema_errors:
@@ -188,7 +188,7 @@ def _print_findings(spec: compat.Spec) -> None:
             console.print(Text.assemble(("error", "red"), ": ", line), soft_wrap=True)
     style = {"error": "red", "warning": "yellow", "note": "cyan"}
     for f in spec.findings:
-        console.print(Text.assemble((f.level, style[f.level]), ": ", f.line(spec.recipe.path)), soft_wrap=True)
+        console.print(Text.assemble((f.level, style[f.level]), ": ", f.line(spec.path)), soft_wrap=True)
 
 
 def cmd_check(args) -> int:
@@ -197,7 +197,7 @@ def cmd_check(args) -> int:
     _print_findings(spec)
     if spec.failed:
         return ExitCode.CHECK_FAILED
-    out.print(Text(f"{inputs.escape(spec.recipe.path)}: ok: torch {spec.torch_local}, python {spec.recipe.python}, "
+    out.print(Text(f"{inputs.escape(spec.path)}: ok: torch {spec.torch_local}, python {spec.recipe.python}, "
                    f"cuda {spec.cuda or 'none'}, nccl {spec.nccl or 'none'}"), soft_wrap=True)
     return ExitCode.WARNINGS if spec.warnings else ExitCode.OK
 
@@ -217,8 +217,8 @@ def cmd_audit(args) -> int:
         target = Path(args.to_recipe)
         if len(args.files) != 1:
             raise UsageError("envbuild audit: --to-recipe takes exactly one FILE")
-        if target.suffix not in recipe.SUFFIXES or not (len(target.stem) <= recipe.MAX_RECIPE_NAME
-                                                         and recipe.RECIPE_NAME.fullmatch(target.stem)):
+        if target.suffix not in load.SUFFIXES or not (len(target.stem) <= fields.MAX_RECIPE_NAME
+                                                       and fields.RECIPE_NAME.fullmatch(target.stem)):
             raise UsageError(f"envbuild audit: --to-recipe: {show(args.to_recipe)} is not a recipe file name "
                              "(<name>.yaml, <name> lower-case [a-z0-9] joined by '.', '_' or '-')")
     build_args = dict(item.split("=", 1) for item in args.build_arg)
@@ -243,18 +243,18 @@ def cmd_audit(args) -> int:
     return code
 
 
-def _render(args, spec: compat.Spec) -> int:
-    rendered = render.render_for(compat.require_ok(spec), args.images_dir)
+def _render(args, spec: Spec) -> int:
+    rendered = render.render_for(rules.require_ok(spec), args.images_dir)
     if getattr(args, "check_only", False):
-        stale = render.stale(rendered, args.images_dir)
+        stale = render_write.stale(rendered, args.images_dir)
         if stale:
             for name in stale:
-                console.print(f"{args.images_dir}/{spec.recipe.name}/{name}: stale; run `envbuild render {spec.recipe.name}`",
-                              soft_wrap=True, markup=False)
+                path = image_dir(args.images_dir, spec.name).file(name)
+                console.print(f"{path}: stale; run `envbuild render {spec.name}`", soft_wrap=True, markup=False)
             return ExitCode.CHECK_FAILED
-        out.print(f"{args.images_dir}/{spec.recipe.name}: up to date", markup=False)
+        out.print(f"{image_dir(args.images_dir, spec.name).folder}: up to date", markup=False)
         return ExitCode.OK
-    where, written = render.write(rendered, args.images_dir)
+    where, written = render_write.write(rendered, args.images_dir)
     for name in rendered.files:
         out.print(f"{'wrote' if name in written else 'up to date'} {where / name}", markup=False)
     return ExitCode.OK
@@ -265,7 +265,7 @@ def cmd_render(args) -> int:
     A recipe with errors is reported (schema errors and rule errors together) and not rendered."""
     if args.all == (args.recipe is not None):
         raise UsageError("envbuild render: give either a RECIPE or --all")
-    names = (sorted({p.stem for s in recipe.SUFFIXES for p in Path(args.recipes_dir).glob(f"*{s}")})
+    names = (sorted({p.stem for s in load.SUFFIXES for p in Path(args.recipes_dir).glob(f"*{s}")})
              if args.all else [args.recipe])
     if not names:
         raise EnvbuildError("no recipes (*.yaml) here", file=str(args.recipes_dir))
@@ -273,7 +273,7 @@ def cmd_render(args) -> int:
     for name in names:
         spec = _load_spec(name, args.recipes_dir)
         if spec.failed:
-            compat.require_ok(spec)  # raises every schema and rule error, one line each
+            rules.require_ok(spec)  # raises every schema and rule error, one line each
         _print_findings(spec)
         worst = max(worst, _render(args, spec), ExitCode.WARNINGS if spec.warnings else ExitCode.OK)
     return worst
@@ -285,12 +285,12 @@ def _site(args):
     return SiteOptions.detect(ca_cert=args.ca_cert, wheels=args.wheels, base=args.base, no_detect=args.no_site_detect)
 
 
-def _build(args, spec: compat.Spec):
+def _build(args, spec: Spec):
     from builder.image import build
     from builder.image import engine
 
     client = engine.connect()
-    result = build.build(spec.recipe.name, Path(args.images_dir), _site(args), client, base_mode=args.base_mode, console=console)
+    result = build.build(spec.name, Path(args.images_dir), _site(args), client, base_mode=args.base_mode, console=console)
     verb = "reused" if result.reused else "built"
     out.print(f"{verb} {result.tag} ({result.image_id[:19]}); base {result.base_used}; probe matches the lock", soft_wrap=True)
     return result
@@ -298,12 +298,12 @@ def _build(args, spec: compat.Spec):
 
 def cmd_build(args) -> int:
     """``envbuild build RECIPE``: build the rendered Dockerfile, then check the probe against the lock."""
-    spec = compat.require_ok(_load_spec(args.recipe, args.recipes_dir))
+    spec = rules.require_ok(_load_spec(args.recipe, args.recipes_dir))
     rendered = render.render_for(spec, args.images_dir)
-    stale = render.stale(rendered, args.images_dir)
+    stale = render_write.stale(rendered, args.images_dir)
     if stale:
-        raise EnvbuildError(f"rendered files are stale ({', '.join(stale)}); run `envbuild render {spec.recipe.name}`",
-                            file=f"{args.images_dir}/{spec.recipe.name}")
+        raise EnvbuildError(f"rendered files are stale ({', '.join(stale)}); run `envbuild render {spec.name}`",
+                            file=str(image_dir(args.images_dir, spec.name).folder))
     _build(args, spec)
     return ExitCode.OK
 
@@ -642,9 +642,10 @@ def cmd_lock(args) -> int:
     """``envbuild lock RECIPE``: resolve the base digest, pip hashes and apt versions into
     ``images/RECIPE/envbuild.resolved.json`` and render again; 1 when something stayed open."""
     from builder.image import engine
+    from builder.oci.client import RegistryClient
     from builder.resolve import lock
 
-    spec = compat.require_ok(_load_spec(args.recipe, args.recipes_dir))
+    spec = rules.require_ok(_load_spec(args.recipe, args.recipes_dir))
     client = None
     if not (args.no_base and args.no_apt):
         try:
@@ -652,14 +653,14 @@ def cmd_lock(args) -> int:
         except EnvbuildError as e:
             console.print(f"warning: {e}", style="yellow", markup=False, soft_wrap=True)
     result = lock.lock(spec, args.images_dir, _site(args), client, base=not args.no_base, pip=not args.no_pip,
-                       apt=not args.no_apt, base_mode=args.base_mode,
+                       apt=not args.no_apt, base_mode=args.base_mode, registry=RegistryClient,
                        say=lambda m: console.print(m, markup=False, soft_wrap=True))
     doc = result.resolved
     out.print(f"wrote {result.path}", markup=False)
     for path in result.written:
         out.print(f"wrote {path}", markup=False)
-    out.print(f"  base {doc['base']['ref']} -> {doc['base'].get('digest') or 'unresolved'}; "
-              f"pip {len(doc['pip'])} package(s) with hashes; apt {len(doc['apt'])} pin(s)", markup=False, soft_wrap=True)
+    out.print(f"  base {doc.base.ref} -> {doc.base.digest or 'unresolved'}; "
+              f"pip {len(doc.pip)} package(s) with hashes; apt {len(doc.apt)} pin(s)", markup=False, soft_wrap=True)
     for note in result.unresolved:
         console.print(f"warning: {note}", style="yellow", markup=False, soft_wrap=True)
     return ExitCode.WARNINGS if result.unresolved else ExitCode.OK
@@ -675,7 +676,7 @@ def _k8s_source(args):
     from builder.launchers.k8s import naming, source
 
     name = args.source
-    if re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name) and (Path(args.images_dir) / name / "envbuild.lock.json").is_file():
+    if re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name) and image_dir(args.images_dir, name).lock.is_file():
         if not args.image:
             raise UsageError(f"envbuild k8s render: recipe {name} needs --image REPO@sha256:DIGEST (the image the pods run)")
         ref = naming.require_digest(args.image, args.allow_tag)

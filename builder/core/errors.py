@@ -18,6 +18,7 @@ code  meaning
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 
 class ExitCode(IntEnum):
@@ -81,7 +82,7 @@ class EnvbuildError(Exception):
 class Unreachable(EnvbuildError):
     """Something needed could not be reached or timed out (exit 3)."""
 
-    def __init__(self, message: str, **kw) -> None:
+    def __init__(self, message: str, **kw: Any) -> None:
         kw.setdefault("exit_code", ExitCode.UNREACHABLE)
         super().__init__(message, **kw)
 

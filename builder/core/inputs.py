@@ -29,8 +29,9 @@ import os
 import reprlib
 import stat
 import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import EnvbuildError, ExitCode, Unreachable
 
@@ -162,7 +163,7 @@ def control_char_paths(data: Any, prefix: str = "") -> Iterator[tuple[str, str]]
 
 
 # ------------------------------------------------------------------------------ files
-def read_regular(path: str | os.PathLike, limit: int, what: str = "file") -> bytes:
+def read_regular(path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:
     """The bytes of the regular file at ``path``, at most ``limit`` bytes.
 
     Opens with ``O_NONBLOCK`` (a FIFO without a writer does not block), checks the opened
@@ -217,7 +218,7 @@ def _kind_of(mode: int) -> str:
     return "special file"
 
 
-def read_text(path: str | os.PathLike, limit: int, what: str = "file") -> str:
+def read_text(path: str | os.PathLike[str], limit: int, what: str = "file") -> str:
     """:func:`read_regular`, decoded as UTF-8. Raises :class:`Unreachable` (exit 3) as
     :func:`read_regular`; :class:`EnvbuildError` (exit 2) when the bytes are not UTF-8."""
     data = read_regular(path, limit, what)
@@ -228,9 +229,51 @@ def read_text(path: str | os.PathLike, limit: int, what: str = "file") -> str:
 
 
 # ------------------------------------------------------------------------------ YAML
-def _yaml_loader_class():
+def _check_node_graph(root: Any) -> None:
+    """Expanded node count and key kinds over the composed YAML graph, each node visited once;
+    raises ``yaml.composer.ComposerError`` over :data:`MAX_YAML_NODES`, for a recursive alias or
+    a complex key."""
     import yaml
     from yaml.nodes import MappingNode, ScalarNode, SequenceNode
+
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: Any) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise yaml.composer.ComposerError(None, None, "a recursive alias", node.start_mark)
+        active.add(key)
+        total = 1
+        if isinstance(node, SequenceNode):
+            for child in node.value:
+                total += size(child)
+                if total > MAX_YAML_NODES:
+                    break
+        elif isinstance(node, MappingNode):
+            for k, v in node.value:
+                if not isinstance(k, ScalarNode):
+                    raise yaml.composer.ComposerError(
+                        None, None, "a mapping key must be a plain value (no '? [a, b]' complex keys)",
+                        k.start_mark)
+                total += 1 + size(v)
+                if total > MAX_YAML_NODES:
+                    break
+        active.discard(key)
+        if total > MAX_YAML_NODES:
+            raise yaml.composer.ComposerError(
+                None, None, f"expands to more than {MAX_YAML_NODES} values (aliases counted at each use)",
+                node.start_mark)
+        sizes[key] = total
+        return total
+
+    size(root)
+
+
+def _yaml_loader_class() -> Any:
+    import yaml
 
     class BoundedLoader(yaml.SafeLoader):
         """pyyaml's SafeLoader with bounded composition (see the module docstring)."""
@@ -270,42 +313,6 @@ def _yaml_loader_class():
             if digits > MAX_INT_DIGITS:
                 return str(node.value)  # the schema refuses it, naming the field
             return super().construct_yaml_int(node)
-
-    def _check_node_graph(root) -> None:
-        """Expanded node count and key kinds over the composed graph, each node visited once."""
-        sizes: dict[int, int] = {}
-        active: set[int] = set()
-
-        def size(node) -> int:
-            key = id(node)
-            if key in sizes:
-                return sizes[key]
-            if key in active:
-                raise yaml.composer.ComposerError(None, None, "a recursive alias", node.start_mark)
-            active.add(key)
-            total = 1
-            if isinstance(node, SequenceNode):
-                for child in node.value:
-                    total += size(child)
-                    if total > MAX_YAML_NODES:
-                        break
-            elif isinstance(node, MappingNode):
-                for k, v in node.value:
-                    if not isinstance(k, ScalarNode):
-                        raise yaml.composer.ComposerError(
-                            None, None, "a mapping key must be a plain value (no '? [a, b]' complex keys)", k.start_mark)
-                    total += 1 + size(v)
-                    if total > MAX_YAML_NODES:
-                        break
-            active.discard(key)
-            if total > MAX_YAML_NODES:
-                raise yaml.composer.ComposerError(
-                    None, None, f"expands to more than {MAX_YAML_NODES} values (aliases counted at each use)",
-                    node.start_mark)
-            sizes[key] = total
-            return total
-
-        size(root)
 
     BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
     return BoundedLoader
@@ -419,6 +426,6 @@ def _has_surrogate(text: str) -> bool:
     return False
 
 
-def read_json(path: str | os.PathLike, limit: int, what: str, exit_code: ExitCode) -> Any:
+def read_json(path: str | os.PathLike[str], limit: int, what: str, exit_code: ExitCode) -> Any:
     """:func:`read_regular` then :func:`load_json`: a bounded JSON document from a file."""
     return load_json(read_regular(Path(path), limit, what), str(path), exit_code=exit_code)

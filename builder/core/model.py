@@ -1,46 +1,82 @@
 """The one mechanism for typed documents: msgspec Structs, strict, every violation listed.
 
-Every document envbuild reads or writes (recipe, lock, certify settings, rank result,
-certificate, node report, verify result) is a :class:`Model` subclass: unknown keys
+Every document envbuild reads or writes (recipe, lock, resolved pins, certify settings, rank
+result, certificate, node report, verify result) is a :class:`Model` subclass: unknown keys
 refused (``forbid_unknown_fields``), values checked whole by their annotations
 (``Annotated[str, Meta(pattern=r"\\A...\\Z")]``, ``Meta(ge=, le=, max_length=)``).
 
 :func:`convert` turns plain data (from :func:`builder.core.inputs.load_yaml` /
-``load_json``) into a model. msgspec stops at the first problem; when there is one,
-:func:`violations` walks the data against the model's annotations and lists *every*
-violation with its field path and value, so a user fixes a file in one round:
-``recipes/x.yaml: certify.nodes: 0 must be an integer in 1..1024``. A human message for a
-field comes from its ``Meta(extra={"message": ...})``; else msgspec's own text is used.
+``load_json``) into a model. msgspec stops at the first problem; :func:`violations` walks
+the data against the model's annotations, in document order, and lists *every* violation
+with its field path and value, so a user fixes a file in one round:
+``recipes/x.yaml: certify.nodes: 0 must be an integer in 1..1024``.
+
+What an annotation's ``Meta(extra={...})`` may add (``extra`` is not part of the schema):
+
+- ``"message"``: the human message of any violation of that value (else msgspec's own text);
+- ``"check"``: a callable for what a JSON Schema keyword cannot say (a PEP 508 requirement,
+  a size in bytes): called with a value msgspec accepted (for a list: before its items),
+  it returns None, a message, or ``(message, value shown)``.
+
+``control``: a message maker; when given, every string (mapping keys too) holding a control
+character (:func:`builder.core.inputs.has_control`) is one violation naming its field, and
+that value gets no other check. Models with checks or a ``control`` are always walked
+(msgspec alone cannot see either); others are walked only when msgspec refuses the data.
+
+:func:`partial` builds a model instance from data whose invalid fields are known (left out:
+defaults, or None for a required field), so that later rules can still run on the fields
+that validated.
 
 :func:`json_schema` exports a model's JSON Schema (draft 2020-12) with patterns rewritten
 from Python's ``\\A...\\Z`` to ECMA-262's ``^...$`` (which, without the m flag, matches only
-at the very end), for the files published under ``schemas/``.
+at the very end), for the files published under ``schemas/`` (:func:`schema_files` gives
+their bytes, :func:`stale_schemas` the ones that differ from the models).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import types
 import typing
-from typing import Any, Iterator, TypeVar
+from collections.abc import Callable, Collection, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
 
 import msgspec
 
 from .errors import EnvbuildError, ExitCode, ManyErrors
+from .inputs import has_control
 
 T = TypeVar("T")
+#: ``(field path, value or NO_VALUE, message)`` of one violation.
+Violation = tuple[str, Any, str]
+Control = Callable[[str], str]
 
 
-class Model(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """Base of every envbuild document: strict, immutable, keyword-only."""
-
+class _Document:
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able data (tuples become lists)."""
-        return msgspec.to_builtins(self)
+        """Plain JSON data (tuples become lists; UNSET fields left out), as ``json.loads`` gives it."""
+        return msgspec.json.decode(msgspec.json.encode(self))  # type: ignore[no-any-return]
+
+
+if typing.TYPE_CHECKING:
+    # mypy reads a Struct's ``frozen`` per class (dataclass_transform), not inherited as msgspec
+    # does at run time: declared here without it so that subclasses type-check.
+    class Model(_Document, msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+        """Base of every envbuild document: strict, immutable, keyword-only."""
+else:
+    class Model(_Document, msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+        """Base of every envbuild document: strict, immutable, keyword-only."""
+
+
+#: The value of a violation about a key that is missing or unknown (no value to show).
+NO_VALUE: Any = object()
 
 
 def convert(data: Any, model: type[T], *, file: str | None = None, prefix: str = "",
-            exit_code: ExitCode = ExitCode.CHECK_FAILED) -> T:
+            exit_code: ExitCode = ExitCode.CHECK_FAILED, control: Control | None = None) -> T:
     """``data`` as an instance of ``model`` (a :class:`Model` subclass or any type msgspec
     converts), strictly (no str->int coercion, bool is not int).
 
@@ -48,19 +84,26 @@ def convert(data: Any, model: type[T], *, file: str | None = None, prefix: str =
         :class:`~builder.core.errors.EnvbuildError` per violation (file, field path, value,
         message), all with ``exit_code``.
     """
-    try:
-        return msgspec.convert(data, model, strict=True)
-    except msgspec.ValidationError as first:
-        errors = [EnvbuildError(message, file=file, field=field or "(top level)", exit_code=exit_code,
-                                **({} if value is _NO_VALUE else {"value": value}))
-                  for field, value, message in violations(data, model, prefix)]
-        if not errors:  # the walk found nothing msgspec did: report msgspec's own words
-            errors = [EnvbuildError(_msgspec_message(first), file=file, field=prefix or "(top level)",
-                                    exit_code=exit_code)]
-        raise ManyErrors(errors) from None
+    found: list[Violation] = []
+    if control is not None or has_checks(typing.cast(Any, model)):
+        found = list(violations(data, model, prefix, control=control))
+    if not found:
+        try:
+            return msgspec.convert(data, model, strict=True)
+        except msgspec.ValidationError as first:
+            found = list(violations(data, model, prefix, control=control)) or [
+                (prefix, NO_VALUE, _msgspec_message(first))]  # the walk found nothing: msgspec's own words
+    raise ManyErrors(errors(found, file=file, exit_code=exit_code))
 
 
-_NO_VALUE = object()
+def errors(found: Collection[Violation], *, file: str | None = None,
+           exit_code: ExitCode = ExitCode.CHECK_FAILED) -> list[EnvbuildError]:
+    """One :class:`EnvbuildError` per violation, naming ``file``."""
+    return [EnvbuildError(message, file=file, field=field or "(top level)", exit_code=exit_code,
+                          **({} if value is NO_VALUE else {"value": value}))
+            for field, value, message in found]
+
+
 _AT = re.compile(r" - at `\$[^`]*`$")
 
 
@@ -68,14 +111,25 @@ def _msgspec_message(exc: Exception) -> str:
     return _AT.sub("", str(exc))
 
 
-def _message_of(annotation: Any) -> str | None:
-    """The ``Meta(extra={"message": ...})`` of an ``Annotated`` type, if any."""
-    if typing.get_origin(annotation) is typing.Annotated:
-        for meta in typing.get_args(annotation)[1:]:
-            extra = getattr(meta, "extra", None) or {}
-            if "message" in extra:
-                return str(extra["message"])
-    return None
+def _extra(annotation: Any) -> dict[str, Any]:
+    """The merged ``Meta(extra=...)`` of an ``Annotated`` type (outermost wins)."""
+    out: dict[str, Any] = {}
+    while typing.get_origin(annotation) is typing.Annotated:
+        args = typing.get_args(annotation)
+        for meta in args[1:]:
+            for k, v in (getattr(meta, "extra", None) or {}).items():
+                out.setdefault(k, v)
+        annotation = args[0]
+    return out
+
+
+def _metas(annotation: Any) -> list[Any]:
+    out: list[Any] = []
+    while typing.get_origin(annotation) is typing.Annotated:
+        args = typing.get_args(annotation)
+        out.extend(args[1:])
+        annotation = args[0]
+    return out
 
 
 def _strip(annotation: Any) -> Any:
@@ -88,78 +142,183 @@ def _join(prefix: str, key: Any) -> str:
     return f"{prefix}.{key}" if prefix else str(key)
 
 
-def violations(data: Any, model: Any, prefix: str = "") -> Iterator[tuple[str, Any, str]]:
-    """Every ``(field path, value, message)`` where ``data`` breaks ``model``; the value is
-    ``_NO_VALUE`` for a missing or unknown key. Walks Structs, lists/tuples, dicts and
-    optional/union types; leaves are checked with msgspec itself (the same rules)."""
-    base = _strip(model)
-    message = _message_of(model)
-    if isinstance(base, type) and issubclass(base, msgspec.Struct):
-        yield from _struct_violations(data, base, prefix, message)
-        return
-    origin = typing.get_origin(base)
-    if origin in (typing.Union, types.UnionType):
-        members = typing.get_args(base)
+@functools.cache
+def struct_fields(model: type[msgspec.Struct]) -> tuple[tuple[msgspec.structs.FieldInfo, Any], ...]:
+    """``(field info, annotation with its Meta)`` of every field of ``model``, in order (cached:
+    msgspec resolves the type hints on every call)."""
+    hints = typing.get_type_hints(model, include_extras=True)
+    return tuple((f, hints[f.name]) for f in msgspec.structs.fields(model))
+
+
+def _is_struct(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, msgspec.Struct)
+
+
+def _members(base: Any) -> tuple[Any, ...] | None:
+    """The members of a union type, else None."""
+    return typing.get_args(base) if typing.get_origin(base) in (typing.Union, types.UnionType) else None
+
+
+@functools.cache
+def has_checks(model: Any) -> bool:
+    """True when ``model`` or a type inside it carries a ``Meta(extra={"check": ...})``."""
+    return _has_checks(model, set())
+
+
+def _has_checks(t: Any, seen: set[int]) -> bool:
+    if "check" in _extra(t):
+        return True
+    base = _strip(t)
+    if id(base) in seen:
+        return False
+    seen.add(id(base))
+    if _is_struct(base):
+        return any(_has_checks(h, seen) for _f, h in struct_fields(base))
+    return any(_has_checks(a, seen) for a in typing.get_args(base) if a is not Ellipsis)
+
+
+def violations(data: Any, model: Any, prefix: str = "", *, control: Control | None = None) -> Iterator[Violation]:
+    """Every ``(field path, value, message)`` where ``data`` breaks ``model``, in document
+    order; the value is :data:`NO_VALUE` for a missing or unknown key. Walks Structs,
+    lists/tuples, dicts and optional/union types; leaves are checked with msgspec itself
+    (the same rules), then by their ``check``. A mapping entry whose key is invalid is not
+    looked into."""
+    return _Walk(control).node(data, model, prefix)
+
+
+class _Walk:
+    def __init__(self, control: Control | None) -> None:
+        self.control = control
+
+    def _controlled(self, value: Any) -> bool:
+        return self.control is not None and isinstance(value, str) and has_control(value)
+
+    def node(self, data: Any, model: Any, path: str) -> Iterator[Violation]:
+        if self._controlled(data):
+            yield path, data, self.control(data)  # type: ignore[misc]
+            return
+        extra = _extra(model)
+        base = _strip(model)
+        members = _members(base)
+        if members is not None:
+            yield from self.union(data, model, members, path, extra.get("message"))
+        elif _is_struct(base):
+            yield from self.struct(data, base, path, extra.get("message"))
+        elif typing.get_origin(base) in (list, tuple) and _variadic(base):
+            yield from self.sequence(data, model, base, path, extra)
+        elif typing.get_origin(base) is dict:
+            yield from self.mapping(data, model, base, path, extra)
+        else:
+            yield from self.leaf(data, model, path, extra)
+
+    def union(self, data: Any, model: Any, members: tuple[Any, ...], path: str,
+              message: str | None) -> Iterator[Violation]:
         if data is None and type(None) in members:
             return
-        for member in members:
-            try:
-                msgspec.convert(data, member, strict=True)
-                return
-            except msgspec.ValidationError:
-                continue
         real = [m for m in members if m is not type(None)]
-        if len(real) == 1 and not _is_leaf(real[0]) and data is not None:
-            yield from violations(data, real[0], prefix)
-        else:
-            yield prefix, data, message or _leaf_message(data, base)
-        return
-    if origin in (list, tuple) and not _is_leaf(model):
-        if not isinstance(data, list):
-            yield prefix, data, message or _leaf_message(data, model)
+        if len(real) == 1:
+            found = list(self.node(data, real[0], path))
+            if found and message:
+                found = [(p, v, message if p == path else m) for p, v, m in found]
+            yield from found
             return
-        args = typing.get_args(base)
-        item = args[0] if args else Any
-        try:
-            msgspec.convert(data, model, strict=True)
-        except msgspec.ValidationError as e:
-            found = False
-            for i, value in enumerate(data):
-                for v in violations(value, item, f"{prefix}[{i}]"):
-                    found = True
-                    yield v
-            if not found:  # the list as a whole (its length)
-                yield prefix, data, message or _msgspec_message(e)
-        return
-    if origin is dict:
+        for member in real:
+            if not list(self.node(data, member, path)):
+                return
+        yield path, data, message or _leaf_message(data, model)
+
+    def struct(self, data: Any, model: type[msgspec.Struct], path: str, message: str | None) -> Iterator[Violation]:
         if not isinstance(data, dict):
-            yield prefix, data, message or _leaf_message(data, model)
+            yield path, data, message or "must be a mapping"
+            return
+        by_name = {f.encode_name: (f, hint) for f, hint in struct_fields(model)}
+        for key, value in data.items():
+            sub = _join(path, key)
+            if self._controlled(key):
+                yield sub, key, self.control(key)  # type: ignore[misc]
+            elif key not in by_name:
+                if self._controlled(value):
+                    yield sub, value, self.control(value)  # type: ignore[misc]
+                else:
+                    yield sub, NO_VALUE, _unknown_key(key, list(by_name))
+            else:
+                yield from self.node(value, by_name[key][1], sub)
+        for name, (f, _hint) in by_name.items():
+            if name not in data and f.required:
+                yield _join(path, name), NO_VALUE, "is required"
+
+    def sequence(self, data: Any, model: Any, base: Any, path: str, extra: dict[str, Any]) -> Iterator[Violation]:
+        if not isinstance(data, (list, tuple)):
+            yield path, data, extra.get("message") or _leaf_message(data, model)
+            return
+        refused = self._checked(data, path, extra)
+        if refused:
+            yield from refused
+            return
+        metas = _metas(model)
+        if metas and not _converts(data, typing.Annotated[(list[Any], *metas)]):
+            yield path, data, extra.get("message") or _leaf_message(data, model)
+            return
+        item = typing.get_args(base)[0] if typing.get_args(base) else Any
+        for i, value in enumerate(data):
+            yield from self.node(value, item, f"{path}[{i}]")
+
+    def mapping(self, data: Any, model: Any, base: Any, path: str, extra: dict[str, Any]) -> Iterator[Violation]:
+        if not isinstance(data, dict):
+            yield path, data, extra.get("message") or _leaf_message(data, model)
+            return
+        metas = _metas(model)
+        if metas and not _converts(data, typing.Annotated[(dict[Any, Any], *metas)]):
+            yield path, data, extra.get("message") or _leaf_message(data, model)
             return
         key_t, value_t = typing.get_args(base) or (Any, Any)
-        try:
-            msgspec.convert(data, model, strict=True)
-        except msgspec.ValidationError as e:
-            found = False
-            for k, value in data.items():
-                sub = _join(prefix, k)
-                for v in violations(k, key_t, sub):
-                    found = True
-                    yield sub, k, v[2]
-                for v in violations(value, value_t, sub):
-                    found = True
-                    yield v
-            if not found:
-                yield prefix, data, message or _msgspec_message(e)
-        return
+        for key, value in data.items():
+            sub = _join(path, key)
+            if self._controlled(key):
+                yield sub, key, self.control(key)  # type: ignore[misc]
+                continue
+            bad_key = next(iter(self.node(key, key_t, sub)), None)
+            if bad_key is not None:
+                yield sub, key, bad_key[2]
+            else:
+                yield from self.node(value, value_t, sub)
+
+    def leaf(self, data: Any, model: Any, path: str, extra: dict[str, Any]) -> Iterator[Violation]:
+        if not _converts(data, model):
+            yield path, data, extra.get("message") or _leaf_message(data, model)
+            return
+        yield from self._checked(data, path, extra)
+
+    @staticmethod
+    def _checked(data: Any, path: str, extra: dict[str, Any]) -> list[Violation]:
+        """The ``check`` of ``extra`` on ``data``: [] when it passes (or there is none)."""
+        check = extra.get("check")
+        result = check(data) if check is not None else None
+        if result is None:
+            return []
+        message, shown = result if isinstance(result, tuple) else (result, data)
+        return [(path, shown, message)]
+
+
+def _variadic(base: Any) -> bool:
+    """True for ``list[X]`` and ``tuple[X, ...]`` (a fixed-length tuple is a leaf)."""
+    args = typing.get_args(base)
+    return typing.get_origin(base) is list or (len(args) == 2 and args[1] is Ellipsis)
+
+
+def _unknown_key(key: Any, allowed: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(str(key)[:100], allowed, n=1, cutoff=0.6)
+    return f"unknown key; did you mean '{close[0]}'?" if close else f"unknown key; allowed keys: {', '.join(allowed)}"
+
+
+def _converts(data: Any, model: Any) -> bool:
     try:
         msgspec.convert(data, model, strict=True)
-    except msgspec.ValidationError as e:
-        yield prefix, data, message or _msgspec_message(e)
-
-
-def _is_leaf(model: Any) -> bool:
-    """True for a constrained sequence (its Meta applies to the whole value)."""
-    return typing.get_origin(model) is typing.Annotated
+    except msgspec.ValidationError:
+        return False
+    return True
 
 
 def _leaf_message(data: Any, model: Any) -> str:
@@ -170,43 +329,68 @@ def _leaf_message(data: Any, model: Any) -> str:
     return "is not valid here"
 
 
-def _struct_violations(data: Any, model: type[msgspec.Struct], prefix: str,
-                       message: str | None) -> Iterator[tuple[str, Any, str]]:
-    if not isinstance(data, dict):
-        yield prefix, data, message or "must be a mapping"
-        return
-    info = msgspec.structs.fields(model)
-    hints = typing.get_type_hints(model, include_extras=True)
-    by_name = {f.encode_name: f for f in info}
-    for key in data:
-        if key not in by_name:
-            import difflib
+# ----------------------------------------------------------------------- partial documents
+def partial(data: Any, model: type[T], invalid: Collection[str], prefix: str = "") -> T:
+    """An instance of the Struct ``model`` from ``data`` without the fields at the paths in
+    ``invalid`` (from :func:`violations`): an invalid or missing field takes its default, or
+    None when it has none (a required section: the section with its fields so); invalid list
+    items and mapping entries are left out. The valid
+    leaves are converted by msgspec (an int becomes a float where a float is declared).
+    Meant for rules that run on the fields that validated; not a validated document."""
+    built: T = _partial(data, model, frozenset(invalid), prefix)
+    return built
 
-            close = difflib.get_close_matches(str(key), list(by_name), n=1, cutoff=0.6)
-            hint = f"; did you mean '{close[0]}'?" if close else f"; allowed keys: {', '.join(by_name)}"
-            yield _join(prefix, key), _NO_VALUE, f"unknown key{hint}"
-    for name, f in by_name.items():
-        sub = _join(prefix, name)
-        if name not in data:
-            if f.required:
-                yield sub, _NO_VALUE, "is required"
-            continue
-        yield from violations(data[name], hints[f.name], sub)
+
+def _partial(data: Any, model: Any, invalid: frozenset[str], path: str) -> Any:
+    base = _strip(model)
+    members = _members(base)
+    if members is not None:
+        if data is None:
+            return None
+        real = [m for m in members if m is not type(None)]
+        return _partial(data, real[0], invalid, path) if len(real) == 1 else data
+    if _is_struct(base):
+        if not isinstance(data, dict):
+            return None
+        values = {}
+        for f, hint in struct_fields(base):
+            sub = _join(path, f.encode_name)
+            if f.encode_name in data and sub not in invalid:
+                values[f.name] = _partial(data[f.encode_name], hint, invalid, sub)
+            elif f.required:  # a section stays a section (its fields None), a value becomes None
+                values[f.name] = _partial({}, hint, invalid, sub) if _is_struct(_strip(hint)) else None
+        return base(**values)
+    origin = typing.get_origin(base)
+    if origin in (list, tuple) and _variadic(base):
+        item = typing.get_args(base)[0]
+        kept = [_partial(v, item, invalid, f"{path}[{i}]") for i, v in enumerate(data or ())
+                if f"{path}[{i}]" not in invalid]
+        return tuple(kept) if origin is tuple else kept
+    if origin is dict:
+        key_t, value_t = typing.get_args(base)
+        return {k: _partial(v, value_t, invalid, _join(path, k)) for k, v in (data or {}).items()
+                if _join(path, k) not in invalid}
+    return msgspec.convert(data, model, strict=True)
 
 
 # ----------------------------------------------------------------------- JSON Schema
 _ANCHORS = re.compile(r"^\\A(.*)\\Z$", re.S)
 
 
+_NAMED_GROUP = re.compile(r"\(\?P<[A-Za-z_][A-Za-z0-9_]*>")
+
+
+def ecma_pattern(pattern: str) -> str:
+    """A Python whole-value pattern (``\\A...\\Z``) in the form both ECMA-262 and Python read
+    alike: ``^...$``, named groups ``(?P<n>...)`` as plain groups ``(?:...)``."""
+    m = _ANCHORS.match(pattern)
+    text = f"^{m.group(1)}$" if m else pattern
+    return _NAMED_GROUP.sub("(?:", text)
+
+
 def _ecma(node: Any) -> Any:
     if isinstance(node, dict):
-        out = {}
-        for k, v in node.items():
-            if k == "pattern" and isinstance(v, str):
-                m = _ANCHORS.match(v)
-                v = f"^{m.group(1)}$" if m else v
-            out[k] = _ecma(v)
-        return out
+        return {k: ecma_pattern(v) if k == "pattern" and isinstance(v, str) else _ecma(v) for k, v in node.items()}
     if isinstance(node, list):
         return [_ecma(v) for v in node]
     return node
@@ -217,3 +401,22 @@ def json_schema(model: Any, schema_id: str, title: str) -> dict[str, Any]:
     form (see the module docstring)."""
     doc = _ecma(msgspec.json.schema(model))
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": schema_id, "title": title, **doc}
+
+
+#: ``{file stem: (model, $id, title)}``, as each package's ``schemas()`` gives it.
+SchemaEntries = Mapping[str, tuple[Any, str, str]]
+
+
+def schema_files(entries: SchemaEntries) -> dict[str, bytes]:
+    """``{"<stem>.schema.json": bytes}`` of ``entries`` (2-space indent, trailing newline)."""
+    import json
+
+    return {f"{stem}.schema.json": (json.dumps(json_schema(model, schema_id, title), indent=2) + "\n").encode()
+            for stem, (model, schema_id, title) in entries.items()}
+
+
+def stale_schemas(entries: SchemaEntries, folder: str | os.PathLike[str]) -> list[str]:
+    """Names of the schema files of ``entries`` under ``folder`` that differ from the models (or are missing)."""
+    from .files import changed_files
+
+    return changed_files(Path(folder), schema_files(entries))

@@ -41,12 +41,11 @@ from builder.image import bootstrap
 from builder.image import engine
 from builder.core import inputs
 from builder.core.errors import EnvbuildError, ExitCode
+from builder.core.paths import DOCKERFILE, LOCK_FILE, image_dir
 from builder.image.lockcheck import PROBE_SCHEMA, compare_probe_to_lock
 from builder.image.site import SiteOptions
 from builder.oci import reference
 
-DOCKERFILE = "Dockerfile"
-LOCKFILE = "envbuild.lock.json"
 #: Repository of built images; the tag is the inputs hash.
 IMAGE_REPO_PREFIX = "envbuild/"
 #: The CA bundle's BuildKit secret id (``RUN --mount=type=secret,id=pip_ca``).
@@ -123,9 +122,9 @@ def read_rendered(recipe_name: str, images_dir: str | os.PathLike) -> tuple[byte
             not (bounded, :func:`builder.core.inputs.load_json`) a JSON object with ``recipe``, ``python``, ``torch.local``, ``cuda``,
             ``nccl``, ``os``, or the Dockerfile does not start with ``ARG BASE_IMAGE=``.
     """
-    folder = Path(images_dir) / recipe_name
+    folder = image_dir(images_dir, recipe_name).folder
     dockerfile = folder / DOCKERFILE
-    lockfile = folder / LOCKFILE
+    lockfile = folder / LOCK_FILE
     for path in (dockerfile, lockfile):
         if not path.is_file():
             raise EnvbuildError(
@@ -388,7 +387,7 @@ def build(
         Unreachable: (exit 3) engine or base image unreachable.
     """
     df_bytes, lock_bytes, lock, official = read_rendered(recipe_name, images_dir)
-    folder = Path(images_dir) / recipe_name
+    folder = image_dir(images_dir, recipe_name).folder
     run_id = run_id or engine.new_run_id()
 
     progress = _ConsoleProgress(console, on_line)
@@ -478,6 +477,6 @@ def build(
             f"{'s' if len(mismatches) != 1 else ''}): {'; '.join(mismatches)}; the image is "
             f"kept for inspection (docker run --rm -it {tag} bash)",
             result=result,
-            file=str(folder / LOCKFILE),
+            file=str(folder / LOCK_FILE),
         )
     return result

@@ -103,6 +103,7 @@ import jinja2
 from builder.image import engine
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
 from builder.core.files import template_environment
+from builder.core.paths import image_dir
 from builder.core.inputs import control_char_paths, has_control, one_line
 
 from .base import LaunchResult, LaunchSpec, OnProgress
@@ -466,7 +467,7 @@ def container_name(job_id: str | int, node: int) -> str:
 def default_slurm_dir(images_dir: str | os.PathLike, recipe: str) -> Path:
     """Where run folders go by default: ``<images_dir>/<recipe>/certificates`` (next to the
     certificates; each run gets ``slurm-<run>/`` inside)."""
-    return Path(images_dir) / recipe / "certificates"
+    return image_dir(images_dir, recipe).certificates
 
 
 def run_dir(slurm_dir: str | os.PathLike, run_id: str) -> Path:

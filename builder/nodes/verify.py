@@ -218,9 +218,9 @@ def driver_floor_findings(nodes: list[Node], floors: dict[str, dict] | None = No
     JIT, some APIs fail). Nodes without a driver or a CUDA torch are not checked.
     """
     if floors is None:
-        from builder.recipe.compat import facts
+        from builder.recipe.facts import facts
 
-        floors = facts()["cuda_driver"]
+        floors = {cuda: {"ga": row.ga, "minor_compat": row.minor_compat} for cuda, row in facts().cuda_driver.items()}
     out = []
     for n in nodes:
         if not n.ok:

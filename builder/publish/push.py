@@ -31,6 +31,7 @@ import docker.errors
 import requests
 
 from builder.core import inputs
+from builder.core.paths import image_dir
 from builder.core.errors import EnvbuildError, Unreachable
 from builder.oci import referrers
 from builder.oci.client import Credentials, RegistryClient
@@ -164,7 +165,7 @@ def _annotations(recipe: str, cert: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _stale_lock_warnings(images_dir: str | os.PathLike[str], recipe: str, cert: Mapping[str, Any]) -> list[str]:
-    lockfile = Path(images_dir) / recipe / "envbuild.lock.json"
+    lockfile = image_dir(images_dir, recipe).lock
     if lockfile.is_file() and sha256_digest(lockfile.read_bytes()) != cert.get("lock_hash"):
         return [f"{lockfile} has changed since this image was built (image lock {cert.get('lock_hash')}); "
                 "publishing the certified image as it is"]

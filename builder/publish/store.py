@@ -18,6 +18,7 @@ import docker
 import docker.errors
 
 from builder.core import inputs
+from builder.core.paths import image_dir
 from builder.core.errors import EnvbuildError, ExitCode
 
 CERTIFICATE_SCHEMA = "envbuild.certificate/1"
@@ -32,7 +33,7 @@ def _newest_first(items: list[tuple[Path, dict[str, Any]]]) -> list[tuple[Path, 
 def certificates(images_dir: str | os.PathLike[str], recipe: str) -> list[tuple[Path, dict[str, Any]]]:
     """``(path, certificate)`` of every readable ``images_dir/<recipe>/certificates/*.json``
     with schema ``envbuild.certificate/1``, newest first (by ``finished_at``)."""
-    folder = Path(images_dir) / recipe / "certificates"
+    folder = image_dir(images_dir, recipe).certificates
     out = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
@@ -106,7 +107,7 @@ def find_certified(client: docker.DockerClient, images_dir: str | os.PathLike[st
             the engine, or its labels (``envbuild.recipe``, ``envbuild.lock-hash``) differ
             from the certificate's.
     """
-    folder = Path(images_dir) / recipe / "certificates"
+    folder = image_dir(images_dir, recipe).certificates
     certs = certificates(images_dir, recipe)
     if image is not None:
         img, cert, path = _of_image(client, certs, folder, image)

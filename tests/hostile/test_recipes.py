@@ -11,8 +11,8 @@ bounded worker of :mod:`hostile.harness`: the exit code is the expected one (2 i
 traceback, no hang and no memory blow-up.
 
 :func:`test_trailing_newline_in_every_field` does the same for one field at a time, over
-the field list of the recipe schema itself (:func:`builder.recipe.schema.schema_fields`): a field
-added to the schema without an example here fails.
+the field list of the recipe model itself (:func:`builder.recipe.load.schema_fields`): a field
+added to the model without an example here fails.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import random
 import pytest
 import yaml
 
-from builder.recipe import schema as recipe
+from builder.recipe import load as recipe
 from hostile.harness import Case, assert_held, run_cases
 
 SEED = 20261108
@@ -70,7 +70,7 @@ CONTROLS = ["\n", "\r", "\t", "\x00", "\x1b", "\x07", "\x7f", "\x85", "\u2028", 
 SECTIONS = ("base", "os", "torch", "cuda", "packages", "index", "certify", "certify.allreduce", "certify.ddp",
             "certify.thresholds")
 FIELDS = [p for p, _kind in recipe.schema_fields() if p not in CUDA_FIELDS]
-NUMERIC = [p for p, kind in recipe.schema_fields() if kind.startswith(("int:", "posfloat"))]
+NUMERIC = [p for p, kind in recipe.schema_fields() if kind in (int, float)]
 
 
 def _set(data: dict, path: str, value) -> dict:

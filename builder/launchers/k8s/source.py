@@ -8,6 +8,7 @@ from typing import Any
 
 from builder.core.errors import EnvbuildError, ExitCode
 from builder.core.inputs import MAX_REPORT_BYTES, read_json
+from builder.core.paths import image_dir
 
 
 def lock_from_file(images_dir: str | os.PathLike[str], recipe: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -22,17 +23,18 @@ def lock_from_file(images_dir: str | os.PathLike[str], recipe: str) -> tuple[dic
             :func:`builder.core.inputs.read_json`) or not a lock (``schema`` ``envbuild.lock/1``);
             (exit 3) not a regular file or over 16 MiB.
     """
-    from builder.recipe import compat
+    from builder.recipe.fields import LOCK_SCHEMA
+    from builder.recipe.lock import lock_hash
 
-    path = Path(images_dir) / recipe / "envbuild.lock.json"
+    path = image_dir(images_dir, recipe).lock
     if not os.path.lexists(path):
         raise EnvbuildError(f"not found; run `envbuild render {recipe}`", file=str(path))
     lock = read_json(path, MAX_REPORT_BYTES, "lock file", ExitCode.CHECK_FAILED)
-    if not isinstance(lock, dict) or lock.get("schema") != compat.LOCK_SCHEMA:
-        raise EnvbuildError(f"is not an envbuild lock (schema {compat.LOCK_SCHEMA})", file=str(path))
+    if not isinstance(lock, dict) or lock.get("schema") != LOCK_SCHEMA:
+        raise EnvbuildError(f"is not an envbuild lock (schema {LOCK_SCHEMA})", file=str(path))
     labels = {
         "envbuild.recipe": str(lock.get("recipe") or recipe),
-        "envbuild.lock-hash": compat.lock_hash(lock),
+        "envbuild.lock-hash": lock_hash(lock),
     }
     backend = (lock.get("certify") or {}).get("backend")
     if backend:

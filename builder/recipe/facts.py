@@ -1,0 +1,136 @@
+"""The bundled compatibility facts (``builder/recipe/data/compat.yaml``) as a typed model, parsed once.
+
+Copied from ``shared/reference/compat.md`` with their sources and confidence tags (V
+verified from the artifact, M a maintainer's statement, S a secondary copy, U
+unverified). Parsed with PyYAML's C loader (``CSafeLoader``, libyaml) when present, else the
+pure-Python ``SafeLoader`` (the same data, ~8x slower): the file is envbuild's own, so the
+bounded loader of :mod:`builder.core.inputs` (for untrusted files) is not needed; the model
+(:class:`Facts`) checks its shape once.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+import yaml
+
+from builder.core.model import Model
+
+#: The facts file, inside the package (``package-data`` in pyproject.toml).
+FILE = Path(__file__).resolve().parent / "data" / "compat.yaml"
+#: The YAML loader of the facts: libyaml's when PyYAML was built with it.
+LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+Tag = Literal["V", "M", "S", "U"]
+
+
+class Variants(Model):
+    """The wheel variants of a torch release (``cu126``, ``cu128``...) and the tag of that list."""
+
+    tag: Tag
+    list: tuple[str, ...]
+
+
+class NcclPin(Model):
+    """The NCCL wheel a torch build pins: ``package`` (None: bundled) and ``version`` (None: unknown)."""
+
+    package: str | None
+    version: str | None
+    tag: Tag
+
+
+class CudnnPin(Model):
+    version: str
+    tag: Tag
+
+
+class TorchRelease(Model):
+    """One torch release: variants, the Python range of its wheels, their manylinux tag
+    (per variant where it differs), the NCCL and cuDNN each variant pins."""
+
+    variants: Variants
+    default: str
+    python: tuple[str, str]
+    manylinux: str
+    manylinux_by_variant: dict[str, str] = {}
+    nccl: dict[str, NcclPin] = {}
+    cudnn: dict[str, CudnnPin] = {}
+
+
+class OsRelease(Model):
+    """An OS release's glibc and system Python 3, and its codenames (``bookworm``)."""
+
+    glibc: str
+    python: str
+    codenames: tuple[str, ...] = ()
+
+
+class DriverFloor(Model):
+    """Driver floors of a CUDA release: full support (``ga``) and minor-version compatibility."""
+
+    ga: str
+    minor_compat: str
+    tag: Tag = "V"
+
+
+class BaseImageRow(Model):
+    """Base images (``pattern``, a whole-repository regex) that already ship PyTorch."""
+
+    pattern: str
+    tag: Tag
+    source: str
+
+
+class PackageRow(Model):
+    """Packages (``pattern``, a whole-name regex) that are a second ``stack`` beside torch's."""
+
+    pattern: str
+    stack: Literal["nccl", "cuda", "cudnn", "driver", "torch"]
+    tag: Tag
+    source: str
+
+
+class SecondStack(Model):
+    apt: tuple[PackageRow, ...]
+    pip: tuple[PackageRow, ...]
+    base: tuple[BaseImageRow, ...]
+
+
+class Companion(Model):
+    """A torchvision/torchaudio release: the torch its wheel requires (a specifier), the wheel read."""
+
+    torch: str
+    tag: Tag
+    wheel: str
+
+
+class TorchIndex(Model):
+    url: str
+    tag: Tag
+
+
+class Facts(Model):
+    """The facts, by topic: ``torch`` releases, ``os`` releases (by id, then version),
+    ``cuda_driver`` floors and ``cuda_image_nccl`` (the system NCCL of an nvidia/cuda image)
+    by CUDA version, ``second_stack`` rows, ``companions`` (by package, then release), the
+    ``torch_index`` URL template, the ``sources``."""
+
+    sources: dict[str, str]
+    torch: dict[str, TorchRelease]
+    cuda_driver: dict[str, DriverFloor]
+    torch_index: TorchIndex
+    companions: dict[str, dict[str, Companion]]
+    second_stack: SecondStack
+    os: dict[str, dict[str, OsRelease]]
+    cuda_image_nccl: dict[str, str]
+
+
+@lru_cache(maxsize=1)
+def facts() -> Facts:
+    """The bundled facts, parsed and checked once."""
+    text = FILE.read_text(encoding="utf-8")
+    data = yaml.load(text, Loader=LOADER)  # noqa: S506 - a safe loader (CSafeLoader or SafeLoader)
+    return msgspec.convert(data, Facts, strict=True)

@@ -1,0 +1,236 @@
+"""Stage 1: load a recipe YAML file into a validated :class:`~builder.recipe.model.Recipe`.
+
+The schema is the model (:mod:`builder.recipe.model`, value types in
+:mod:`builder.recipe.fields`): unknown keys are errors (with a "did you mean"), versions are
+release strings, package names follow PEP 508 / Debian policy, and every value that reaches
+a ``RUN`` line matches a closed pattern over the *whole* value.
+
+Reading is bounded (:mod:`builder.core.inputs`): a recipe is a regular file of at most
+:data:`~builder.core.inputs.MAX_RECIPE_BYTES` (else exit 3), parsed by the bounded YAML loader
+(aliases, depth, complex keys, duplicate keys, huge integers: exit 2). No string anywhere
+in a recipe may hold a control character (newline, tab, ESC, bidi overrides...): each one
+is an error naming its field (``packages.apt[0]``, ``env.FOO``, ``description``).
+
+Before validation, what YAML makes of a version is undone: a number where a version or an
+environment value is expected is read as its text (``version: 12`` is ``"12"``), and a
+section written as ``null`` is an empty section (``cuda: null`` stays: a CPU image).
+
+All problems of one file are reported together, one line each, in document order:
+``recipes/x.yaml: torch.version: '2.8;rm -rf /' is not a version``. :func:`parse` returns
+the recipe with the fields that failed left out (named in :attr:`Loaded.invalid`) and the
+errors, so that the compatibility rules can still run on the fields that validated;
+:func:`load` raises them. The schema is documented in README.md ("Recipe schema").
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from builder.core import inputs
+from builder.core import model as docmodel
+from builder.core.errors import EnvbuildError, ExitCode, ManyErrors
+
+from .fields import MAX_RECIPE_NAME, RECIPE_NAME, control_message, pip_requirement
+from .model import DEFAULT_CERTIFY, DEFAULT_SIZES, Recipe
+
+#: File name suffixes of a recipe.
+SUFFIXES = (".yaml", ".yml")
+#: The fields whose value is a version: a YAML number there is read as its text.
+VERSION_FIELDS = frozenset({"os.version", "python", "cuda.version", "cuda.driver", "torch.version", "nccl", "cudnn"})
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A recipe file read: ``name`` (the file name without ``.yaml``), ``path`` as given,
+    the ``recipe``, and from :func:`parse` the ``errors`` of the fields that failed, named
+    in ``invalid`` (``torch.variant``, ``packages.apt[0]``); those fields hold their defaults
+    or None, and :meth:`valid` tells the compatibility rules to leave them alone."""
+
+    name: str
+    path: str
+    recipe: Recipe
+    invalid: frozenset[str] = frozenset()
+    errors: tuple[EnvbuildError, ...] = ()
+
+    def valid(self, *fields: str) -> bool:
+        """True when none of ``fields`` (dotted paths such as ``torch.variant``) failed
+        validation, nor a part of one (``packages.apt[2]`` for ``packages.apt``), nor a
+        section holding one (``torch`` for ``torch.variant``)."""
+        for f in fields:
+            for bad in self.invalid:
+                if bad == f or bad.startswith((f + ".", f + "[")) or f.startswith((bad + ".", bad + "[")):
+                    return False
+        return True
+
+
+def parse(path: str | Path) -> Loaded:
+    """Load the recipe at ``path`` and validate every field.
+
+    Returns:
+        :class:`Loaded`: its ``errors`` hold one :class:`EnvbuildError` per invalid field
+        (exit 2), in document order; the recipe leaves those fields out.
+    Raises:
+        Unreachable: (exit 3) no such file, not a regular file (a FIFO, a device, a
+            directory), over :data:`~builder.core.inputs.MAX_RECIPE_BYTES`, unreadable.
+        EnvbuildError: (exit 2) not UTF-8, malformed or unbounded YAML (alias bomb,
+            complex key, nesting, duplicate key), not a mapping.
+    """
+    p = Path(path)
+    file = str(path)
+    text = inputs.read_text(p, inputs.MAX_RECIPE_BYTES, "recipe file")
+    data = inputs.load_yaml(text, file)
+    if not isinstance(data, dict):
+        raise EnvbuildError("a recipe must be a YAML mapping", file=file)
+    data = normalise(data, Recipe)
+    found = list(docmodel.violations(data, Recipe, control=control_message))
+    errors = docmodel.errors(found, file=file)
+    name = p.stem
+    if not (len(name) <= MAX_RECIPE_NAME and RECIPE_NAME.fullmatch(name)):
+        errors.insert(0, EnvbuildError(
+            f"is not named as a recipe: <name>.yaml with a <name> of at most {MAX_RECIPE_NAME} characters "
+            "[a-z0-9] joined by '.', '_', '__' or '-' (a docker repository name)", file=file))
+    invalid = frozenset(field for field, _value, _message in found)
+    recipe = docmodel.partial(data, Recipe, invalid) if found else msgspec.convert(data, Recipe, strict=True)
+    return Loaded(name=name, path=file, recipe=_canonical(recipe, data, invalid), invalid=invalid,
+                  errors=tuple(errors))
+
+
+def load(path: str | Path) -> Loaded:
+    """Load and validate the recipe at ``path``.
+
+    Returns: a :class:`Loaded` without errors.
+    Raises: what :func:`parse` raises; :class:`ManyErrors` (exit 2) listing every invalid field.
+    """
+    loaded = parse(path)
+    if loaded.errors:
+        raise ManyErrors(list(loaded.errors))
+    return loaded
+
+
+def normalise(data: dict[Any, Any], model: Any, prefix: str = "") -> dict[Any, Any]:
+    """``data`` (a mapping for the Struct ``model``) with YAML's readings undone: a section
+    given as null is empty (a nullable one stays null), another null value is left out (its
+    default applies, or "is required"), a number in a :data:`VERSION_FIELDS` field or an
+    ``env`` value is its text. Keys the model does not know are kept (they are errors)."""
+    hints = {f.encode_name: hint for f, hint in docmodel.struct_fields(model)}
+    out: dict[Any, Any] = {}
+    for key, value in data.items():
+        hint = hints.get(key) if isinstance(key, str) else None
+        if hint is None:
+            out[key] = value
+            continue
+        path = f"{prefix}.{key}" if prefix else key
+        section, nullable = _section(hint)
+        if value is None:
+            if section is not None and not nullable:
+                out[key] = {}
+        elif section is not None and isinstance(value, dict):
+            out[key] = normalise(value, section, path)
+        elif path in VERSION_FIELDS and _is_number(value):
+            out[key] = str(value)
+        elif path == "env" and isinstance(value, dict):
+            out[key] = {k: str(v) if _is_number(v) else v for k, v in value.items()}
+        else:
+            out[key] = value
+    return out
+
+
+def _section(annotation: Any) -> tuple[Any, bool]:
+    """``(the Struct type of a section field or None, whether it may be null)``."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    args = typing.get_args(annotation)
+    nullable = type(None) in args
+    for t in (annotation, *args):
+        if isinstance(t, type) and issubclass(t, msgspec.Struct):
+            return t, nullable
+    return None, nullable
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _canonical(recipe: Recipe, data: dict[Any, Any], invalid: frozenset[str]) -> Recipe:
+    """The recipe in canonical form: description stripped, pip requirements as packaging
+    writes them, env sorted by name, all-reduce sizes sorted without repeats, shm size in
+    lower case; a CUDA recipe that names no (valid) backend or GPU count gets ``nccl`` and
+    one GPU per node."""
+    replace = msgspec.structs.replace
+    c = recipe.certify
+    section = data.get("certify")
+    given: dict[Any, Any] = section if isinstance(section, dict) else {}
+
+    def chosen(key: str) -> bool:
+        return key in given and f"certify.{key}" not in invalid
+
+    cuda = recipe.cuda is not None
+    certify = replace(
+        c,
+        backend=c.backend if chosen("backend") else ("nccl" if cuda else DEFAULT_CERTIFY.backend),
+        gpus_per_node=c.gpus_per_node if chosen("gpus_per_node") else (1 if cuda else DEFAULT_CERTIFY.gpus_per_node),
+        shm_size=c.shm_size.lower(),
+        allreduce=replace(c.allreduce, sizes=tuple(sorted(set(c.allreduce.sizes))) or DEFAULT_SIZES),
+    )
+    packages = replace(recipe.packages, pip=tuple(pip_requirement(p)[1] for p in recipe.packages.pip))
+    return replace(recipe, description=recipe.description.strip(), packages=packages,
+                   env=dict(sorted(recipe.env.items())), certify=certify)
+
+
+def find(name_or_path: str, recipes_dir: str | Path = "recipes") -> Path:
+    """Resolve ``cpu-torch2`` to ``recipes/cpu-torch2.yaml`` (or ``.yml``); a path ending in
+    ``.yaml``/``.yml`` is returned as is (:func:`parse` reads it).
+
+    Raises:
+        EnvbuildError: (exit 2) a path or name that is not a recipe (a Dockerfile, a
+            Singularity definition, any other file): a recipe is a ``.yaml``/``.yml`` file.
+        Unreachable: (exit 3) no recipe of that name under ``recipes_dir`` (the known
+            recipes are listed).
+    """
+    p = Path(name_or_path)
+    if p.suffix in SUFFIXES:
+        return p
+    candidates = [Path(recipes_dir) / f"{name_or_path}{suffix}" for suffix in SUFFIXES]
+    is_name = "/" not in name_or_path and RECIPE_NAME.fullmatch(name_or_path) is not None
+    if not is_name or (p.is_file() and not any(c.exists() for c in candidates)):
+        lower = p.name.lower()
+        what = (f"audit a Dockerfile or Singularity definition with `envbuild audit {inputs.escape(name_or_path, 200)}`"
+                if lower.endswith(("dockerfile", "containerfile", ".def")) or lower.startswith("dockerfile") else
+                "give a recipe name such as cpu-torch2 or a path ending in .yaml")
+        raise EnvbuildError(f"is not a recipe: a recipe is a .yaml or .yml file; {what}", file=name_or_path)
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate
+    known = sorted({q.stem for s in SUFFIXES for q in Path(recipes_dir).glob(f"*{s}")})
+    hint = f"; known recipes: {', '.join(known)}" if known else ""
+    raise EnvbuildError(f"no such recipe{hint}", file=str(Path(recipes_dir) / f"{name_or_path}.yaml"),
+                        exit_code=ExitCode.UNREACHABLE)
+
+
+def schema_fields(model: Any = Recipe, prefix: str = "") -> list[tuple[str, Any]]:
+    """Every leaf field of ``model`` as ``(dotted path, Python type of its values)``, in
+    schema order: ``[("description", str), ("base.image", str), ...,
+    ("certify.nodes", int), ...]`` (a section's fields, not the section; ``X | None`` is X)."""
+    out: list[tuple[str, Any]] = []
+    for f, hint in docmodel.struct_fields(model):
+        path = f"{prefix}.{f.encode_name}" if prefix else f.encode_name
+        section, _nullable = _section(hint)
+        out.extend(schema_fields(section, path) if section is not None else [(path, _leaf_type(hint))])
+    return out
+
+
+def _leaf_type(annotation: Any) -> Any:
+    while True:
+        while typing.get_origin(annotation) is typing.Annotated:
+            annotation = typing.get_args(annotation)[0]
+        real = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(real) == 1:
+            annotation = real[0]
+            continue
+        return typing.get_origin(annotation) or annotation

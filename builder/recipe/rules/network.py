@@ -1,0 +1,43 @@
+"""Rule on the socket interfaces NCCL and gloo use between nodes [NCCL-ENV]."""
+
+from __future__ import annotations
+
+import re
+
+from ..spec import ERROR
+from .context import Ctx
+
+_LOOPBACK = re.compile(r"\Alo[0-9]*(?::[0-9A-Za-z_.-]*)?\Z")
+SOCKET_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def socket_ifname(c: Ctx) -> None:
+    """A socket interface setting that selects only loopback cannot reach another node [NCCL-ENV]."""
+    nodes = c.r.certify.nodes
+    if nodes <= 1 or not c.valid("certify.nodes"):
+        return
+    for name, value in c.r.env.items():
+        if name in SOCKET_VARIABLES and loopback_only(name, value):
+            c.add(ERROR, "socket-ifname-loopback", [f"env.{name}", "certify.nodes"],
+                  f"{name}={value} selects only the loopback interface; ranks on {nodes} nodes cannot reach each "
+                  "other over it (remove it, or name the interface the nodes share, e.g. eth0)",
+                  "NCCL-ENV, multinode.md (M)")
+
+
+def loopback_only(variable: str, value: str) -> bool:
+    """True when ``variable`` (``NCCL_SOCKET_IFNAME`` or ``GLOO_SOCKET_IFNAME``) set to
+    ``value`` can select nothing but loopback interfaces.
+
+    NCCL reads a comma-separated list of interface-name *prefixes*; a leading ``^`` makes it
+    a list to exclude (never loopback-only), a leading ``=`` makes the names exact. Gloo
+    reads comma-separated exact names. Loopback names are ``lo``, ``lo0``, ``lo:1``; a prefix
+    selects only those when it is one of them (``lo``, ``lo0``). Empty entries are ignored;
+    an empty list (the library's default choice) is not loopback-only. Source: NCCL-ENV.
+    """
+    text = value.strip()
+    if variable == "NCCL_SOCKET_IFNAME":
+        if text.startswith("^"):
+            return False
+        text = text[1:] if text.startswith("=") else text
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    return bool(names) and all(_LOOPBACK.fullmatch(n) for n in names)

@@ -1,0 +1,181 @@
+"""The one rendering context: what every image definition says, whatever its format.
+
+As in spack's container writers (``spack.container.writers.PathContext`` and one thin
+subclass per format), :class:`Context` computes the format-neutral parts once: base image
+(pinned by digest when resolved), environment, apt packages (pinned by version when
+resolved), pip options and requirements (hash-pinned when resolved), labels. A format
+(:mod:`builder.render.dockerfile`, :mod:`builder.render.singularity`) names its template
+and adds only its own filters, so both files describe the same environment.
+
+Rendering is byte-deterministic: it depends only on the spec and the resolved pins (no
+time, host, user or site paths: the header names the recipe by its file name,
+``cpu-torch2.yaml``, not by the path it was given as); site options enter at build time
+(``builder/image/build.py``).
+
+A second line of defence behind the recipe's closed patterns: every value substituted into
+a template passes :func:`_finalize`, which refuses (:class:`~builder.core.errors.EnvbuildError`,
+naming the template and the value) any value holding a newline or another control
+character, so no value can start a new Dockerfile instruction or shell line.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from functools import cached_property
+from pathlib import Path
+from typing import Any, ClassVar
+
+from builder.core import inputs
+from builder.core.errors import EnvbuildError
+from builder.core.files import template_environment
+from builder.recipe.lock import lock_hash, lock_label
+from builder.recipe.model import Lock, LockResolved, Resolved
+from builder.recipe.spec import Spec
+
+VENV = "/opt/venv"
+WHEELS_DIR = "/run/envbuild/wheels"
+SINGULARITY_CA = "/run/envbuild/pip_ca.crt"
+#: Where the build writes the hash-pinned requirements (removed in the same RUN).
+REQUIREMENTS_TMP = "/tmp/envbuild-requirements.txt"
+
+
+class _UnsafeValue(Exception):
+    """A substituted value holds a control character (raised by :func:`_finalize`)."""
+
+    def __init__(self, value: str) -> None:
+        super().__init__(value)
+        self.value = value
+
+
+def _finalize(value: Any) -> Any:
+    """jinja2 ``finalize``: every ``{{ ... }}`` output passes here. A value with a newline or
+    another control character (:func:`builder.core.inputs.has_control`) is refused: it could end
+    a Dockerfile instruction or a ``%post`` line and start one of its own."""
+    text = value if isinstance(value, str) else str(value)
+    if inputs.has_control(text):
+        raise _UnsafeValue(text)
+    return value
+
+
+def image_env(spec: Spec) -> list[tuple[str, str]]:
+    """Environment variables of the image, in order: the venv first, then the recipe's ``env`` by name."""
+    env = [
+        ("VIRTUAL_ENV", VENV),
+        ("PATH", f"{VENV}/bin:$PATH"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("PYTHONUNBUFFERED", "1"),
+    ]
+    env.extend(sorted(spec.recipe.env.items()))
+    return env
+
+
+def labels(spec: Spec, lock: Lock) -> list[tuple[str, str]]:
+    """Image labels (OCI ``org.opencontainers.image.*`` and ``envbuild.*`` pins), sorted by name.
+
+    ``envbuild.lock`` holds the whole ``lock`` (with its ``resolved`` section when there is
+    one) as compact JSON so that ``certify`` and node checks can read the recipe's pins and
+    settings from the image alone.
+    """
+    r = spec.recipe
+    digest = lock_hash(lock)
+    out = {
+        "org.opencontainers.image.title": f"envbuild/{spec.name}",
+        "org.opencontainers.image.description": r.description or f"envbuild recipe {spec.name}",
+        "org.opencontainers.image.base.name": r.base.image,
+        "org.opencontainers.image.version": digest.split(":", 1)[1][:12],
+        "envbuild.recipe": spec.name,
+        "envbuild.lock-hash": digest,
+        "envbuild.lock": lock_label(lock),
+        "envbuild.os": f"{r.os.id} {r.os.version}",
+        "envbuild.python": r.python,
+        "envbuild.torch": spec.torch_local,
+        "envbuild.cuda": spec.cuda or "none",
+        "envbuild.nccl": spec.nccl or "none",
+        "envbuild.cudnn": spec.cudnn or "none",
+        "envbuild.backend": r.certify.backend,
+        "envbuild.driver.min": spec.driver_min or "none",
+    }
+    if isinstance(lock.resolved, LockResolved) and lock.resolved.base.digest:
+        out["org.opencontainers.image.base.digest"] = lock.resolved.base.digest
+    return sorted(out.items())
+
+
+def pip_options(spec: Spec) -> list[str]:
+    """pip options shared by both formats: no cache, the recipe's indexes, the wheel folder."""
+    opts = ["--no-cache-dir", "--disable-pip-version-check", "--index-url", spec.recipe.index.url]
+    if spec.torch_index_url:
+        opts += ["--extra-index-url", spec.torch_index_url]
+    opts += ["--find-links", WHEELS_DIR]
+    return opts
+
+
+def _apt_pinned(names: list[str], pins: dict[str, str]) -> list[str]:
+    """``name`` -> ``name=version`` where ``pins`` has a version (``name=version`` kept)."""
+    return [n if "=" in n or n not in pins else f"{n}={pins[n]}" for n in names]
+
+
+class Context:
+    """The format-neutral context of ``spec`` with the ``resolved`` pins (or None); a
+    subclass per format names its ``file_name``, ``template`` and template ``filters``."""
+
+    file_name: ClassVar[str]
+    template: ClassVar[str]
+    filters: ClassVar[dict[str, Callable[..., Any]]] = {}
+
+    def __init__(self, spec: Spec, resolved: Resolved | None = None) -> None:
+        self.spec = spec
+        self.resolved = resolved
+
+    @cached_property
+    def lock(self) -> Lock:
+        """The lock with the resolved pins (:meth:`builder.recipe.spec.Spec.lock`)."""
+        return self.spec.lock(self.resolved)
+
+    @property
+    def base_image(self) -> str:
+        """The recipe's base image, pinned ``image@sha256:...`` when resolved to a digest."""
+        base = self.spec.recipe.base.image
+        digest = self.resolved.base.digest if self.resolved else None
+        return f"{base}@{digest}" if digest and "@" not in base else base
+
+    @property
+    def apt_pins(self) -> dict[str, str]:
+        return dict(self.resolved.apt) if self.resolved else {}
+
+    @property
+    def pip_locked(self) -> list[str]:
+        """One shell word per resolved wheel: ``'name==version --hash=sha256:...'``."""
+        wheels = self.resolved.pip if self.resolved else ()
+        return [shlex.quote(f"{p.name}=={p.version} " + " ".join(f"--hash={h}" for h in p.hashes)) for p in wheels]
+
+    def values(self) -> dict[str, Any]:
+        """The template's values (plain data)."""
+        spec, apt = self.spec, self.spec.recipe.packages.apt
+        return {
+            "recipe": spec.name,
+            "recipe_file": Path(spec.path).name,
+            "base_image": self.base_image,
+            "env": image_env(spec),
+            "build_apt": _apt_pinned(["python3", "python3-venv", *apt], self.apt_pins),
+            "runtime_apt": _apt_pinned(["python3", *apt], self.apt_pins),
+            "venv": VENV,
+            "wheels_dir": WHEELS_DIR,
+            "ca_path": SINGULARITY_CA,
+            "pip_options": pip_options(spec),
+            "pip_requirements": [shlex.quote(req) for req in spec.pip_requirements()],
+            "pip_locked": self.pip_locked,
+            "requirements_tmp": REQUIREMENTS_TMP,
+            "torch_local": spec.torch_local,
+            "labels": labels(spec, self.lock),
+        }
+
+    def render(self) -> bytes:
+        """The file's bytes. Raises :class:`EnvbuildError` (exit 2) naming the template and
+        the value when :func:`_finalize` refuses one; jinja2 errors only on template bugs."""
+        env = template_environment(self.filters, finalize=_finalize)
+        try:
+            return env.get_template(self.template).render(self.values()).encode()
+        except _UnsafeValue as e:
+            raise EnvbuildError("refusing to write a value with a newline or control character into the template",
+                                file=f"builder/render/templates/{self.template}", value=e.value) from None
