@@ -185,7 +185,7 @@ def test_golden_values_nccl():
     cmv = vols["envbuild-code"]["configMap"]
     assert (cmv["name"], cmv["defaultMode"]) == ("envbuild-0123456789ab-code", 0o444)
     assert {"key": "bench.__main__.py", "path": "bench/__main__.py"} in cmv["items"]
-    assert {"key": "probe.py", "path": "probe.py"} in cmv["items"]
+    assert {"key": "probe.__main__.py", "path": "probe/__main__.py"} in cmv["items"]
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     assert mounts["/opt/envbuild"] == {"name": "envbuild-code", "mountPath": "/opt/envbuild", "readOnly": True}
     assert set(mounts) == {"/opt/envbuild", "/dev/shm", "/tmp", "/tmp/home", "/results"}
@@ -265,7 +265,7 @@ def _broken(kind: str) -> list[tuple[str, dict]]:
     elif kind == "Service":
         twin("port as a string", lambda o: o["spec"]["ports"][0].__setitem__("port", "29500"))
     elif kind == "ConfigMap":
-        twin("data value not a string", lambda o: o["data"].__setitem__("probe.py", ["x"]))
+        twin("data value not a string", lambda o: o["data"].__setitem__("probe.__init__.py", ["x"]))
     elif kind == "TrainJob":
         twin("numNodes as a string", lambda o: o["spec"]["trainer"].__setitem__("numNodes", "2"))
         twin("no runtimeRef", lambda o: o["spec"].pop("runtimeRef"))
@@ -307,12 +307,11 @@ def test_configmap_carries_the_real_code():
     files = render_case("cpu-torch2-gloo", code=None)
     o = objects_of(files)
     pkg = ROOT / "builder" / "agent"
-    want = {"probe.py": (pkg / "probe.py").read_text()}
+    want = {f"probe.{p.name}": p.read_text() for p in sorted((pkg / "probe").glob("*.py"))}
     want.update({f"bench.{p.name}": p.read_text() for p in sorted((pkg / "bench").glob("*.py"))})
     assert o["ConfigMap"]["data"] == want
     items = next(v for v in o["Job"]["spec"]["template"]["spec"]["volumes"] if "configMap" in v)["configMap"]["items"]
-    assert {i["key"]: i["path"] for i in items} == {k: ("probe.py" if k == "probe.py" else "bench/" + k[6:])
-                                                    for k in want}
+    assert {i["key"]: i["path"] for i in items} == {k: k.replace(".", "/", 1) for k in want}
 
 
 # --------------------------------------------------------------------------- refusals and errors

@@ -6,7 +6,7 @@ Communication"; "Service" -> "Headless Services"). For a :class:`LaunchSpec` of 
 with G GPUs each (P = max(G, 1) processes per node), :func:`render_manifests` writes:
 
 ``configmap.yaml``
-    envbuild's in-image code (``builder/agent/probe.py``, ``builder/agent/bench/*.py``) as an immutable
+    envbuild's in-image code (``builder/agent/probe/*.py``, ``builder/agent/bench/*.py``) as an immutable
     ConfigMap ``envbuild-<run>-code``. ConfigMap keys may not contain ``/``
     (``[-._a-zA-Z0-9]+``), so ``bench/ddp.py`` is stored under the key ``bench.ddp.py`` and
     the volume's ``items`` put it back at ``bench/ddp.py``; mounted read-only at
@@ -330,7 +330,7 @@ def master_addr(run_id: str, kubeflow: bool = False) -> str:
 
 def in_image_code() -> dict[str, str]:
     """envbuild's in-image code from the installed package: ``{path: text}`` with paths
-    ``probe.py`` and ``bench/<file>.py`` (sorted; no caches).
+    ``probe/<file>.py`` and ``bench/<file>.py`` (sorted; no caches).
 
     Raises:
         EnvbuildError: (exit 2) a file is missing or not UTF-8.
@@ -338,7 +338,8 @@ def in_image_code() -> dict[str, str]:
     from builder import agent
 
     root = Path(agent.__file__).resolve().parent
-    files = sorted({root / "probe.py", root / "bench" / "__main__.py", *(root / "bench").glob("*.py")})
+    files = sorted({root / "probe" / "__main__.py", *(root / "probe").glob("*.py"), root / "bench" / "__main__.py",
+                    *(root / "bench").glob("*.py")})
     out: dict[str, str] = {}
     for p in files:
         try:
@@ -583,8 +584,8 @@ def render_context(spec: LaunchSpec, options: K8sOptions = K8sOptions(),
             raise EnvbuildError("is not a network interface name list", field="socket_ifname", value=value,
                                 exit_code=ExitCode.USAGE)
     code = dict(in_image_code() if code is None else code)
-    if "bench/__main__.py" not in code or "probe.py" not in code:
-        raise EnvbuildError("in-image code lacks probe.py or bench/__main__.py", field="code",
+    if "bench/__main__.py" not in code or "probe/__main__.py" not in code:
+        raise EnvbuildError("in-image code lacks probe/__main__.py or bench/__main__.py", field="code",
                             value=sorted(code))
     paths = sorted(code)
     keys = [code_key(p) for p in paths]
