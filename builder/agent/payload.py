@@ -33,7 +33,8 @@ AGENT_DIR = Path(__file__).resolve().parent
 MOUNT_POINT = "/opt/envbuild"
 
 #: Run with ``python3 -c BOOTSTRAP MODULE ARGS...`` and the :func:`archive` on stdin: unpack
-#: into a private temporary folder (mode 0700, removed afterwards), then run MODULE (``probe``,
+#: into a private temporary folder (mode 0700, removed afterwards; regular files with relative
+#: names only, and tarfile's ``data`` filter where it has one), then run MODULE (``probe``,
 #: ``doctor_agent``, ``bench``) as ``python3 -m MODULE ARGS...`` would. Python >= 3.8.
 BOOTSTRAP = (
     "import io,os,runpy,shutil,sys,tarfile,tempfile\n"
@@ -44,7 +45,7 @@ BOOTSTRAP = (
     "  n=os.path.normpath(m.name)\n"
     "  if not m.isfile() or n.startswith(('/','..')):\n"
     "   raise SystemExit('envbuild agent: bad payload member '+repr(m.name))\n"
-    " t.extractall(d)\n"
+    " t.extractall(d,**({'filter':'data'} if hasattr(tarfile,'data_filter') else {}))\n"
     " sys.path.insert(0,d);mod=sys.argv[1];sys.argv=[mod]+sys.argv[2:]\n"
     " runpy.run_module(mod,run_name='__main__',alter_sys=True)\n"
     "finally:\n"
