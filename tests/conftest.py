@@ -37,8 +37,9 @@ def torch_image(docker_client, bootstrap_image, session_labels) -> str:
     from builder.image import build
     from builder.image import site
 
-    result = build.build("cpu-torch2", ROOT / "images", site.SiteOptions.detect(), docker_client,
-                         base_mode="auto", labels=session_labels)
+    result = build.build(build.BuildOptions(recipe="cpu-torch2", images_dir=ROOT / "images",
+                                            site=site.SiteOptions.detect(), base_mode="auto", labels=session_labels),
+                         docker_client)
     return result.tag
 
 

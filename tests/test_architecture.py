@@ -43,8 +43,8 @@ def test_a_planted_backward_import_breaks_the_layers(tmp_path):
 
 def test_an_envbuild_import_in_the_agent_breaks_its_contract(tmp_path):
     repo = _copy(tmp_path)
-    target = repo / "builder" / "agent" / "probe.py"
+    target = repo / "builder" / "agent" / "probe" / "collect.py"
     target.write_text(target.read_text() + "\nfrom builder.core import errors  # planted\n")
     res = _lint(repo)
     assert res.returncode == 1
-    assert "builder.agent.probe -> builder.core.errors" in res.stdout
+    assert "builder.agent.probe.collect -> builder.core.errors" in res.stdout

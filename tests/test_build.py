@@ -1,9 +1,9 @@
-"""builder/image/build.py, builder/image/bootstrap.py and builder/image/lockcheck.py against the real engine.
+"""builder/image/build.py, builder/image/bootstrap.py and builder/image/probecheck.py against the real engine.
 
 The build tests use tiny Dockerfiles that follow the rendered-Dockerfile contract (ARG
 BASE_IMAGE, the pip_ca secret, the wheels bind mount) on the bootstrapped Debian base,
 with a stand-in ``torch`` package (a few lines of Python) instead of real torch, so they
-run in seconds. The real probe (builder/agent/probe.py) reads the environment in the images.
+run in seconds. The real probe (builder/agent/probe/) reads the environment in the images.
 The test with real torch uses the ``torch_image`` fixture (conftest)."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from builder.image import bootstrap
 from builder.image import build
 from builder.image import engine
 from builder.core.errors import EnvbuildError, Unreachable
-from builder.image.lockcheck import compare_probe_to_lock
+from builder.image.buildkit import BuildFailed
+from builder.image.probecheck import compare_probe_to_lock
 from builder.image.site import SiteOptions
 from fixtures_engine import TEST_SESSION_LABEL
 
@@ -101,8 +102,8 @@ def tiny_build(docker_client, bootstrap_image, session_labels, test_session_id, 
     warnings = []
     lines = []
     site = SiteOptions(ca_bundle=site_files / "ca.pem", wheel_dir=site_files / "wheels")
-    result = build.build(name, images, site, docker_client, base_mode="bootstrap", labels=session_labels,
-                         warn=warnings.append, on_line=lines.append)
+    options = build.BuildOptions(recipe=name, images_dir=images, site=site, base_mode="bootstrap", labels=session_labels)
+    result = build.build(options, docker_client, warn=warnings.append, on_line=lines.append)
     return result, folder, warnings, lines
 
 
@@ -150,7 +151,8 @@ def test_wheels_and_ca_are_seen_in_the_build_only(docker_client, tiny_build, ses
 
 def test_build_without_ca_and_wheels_sees_neither(docker_client, tiny_build, session_labels):
     result, folder, _, _ = tiny_build
-    again = build.build(folder.name, folder.parent, SiteOptions(), docker_client, base_mode="bootstrap", labels=session_labels, rebuild=True)
+    again = build.build(build.BuildOptions(recipe=folder.name, images_dir=folder.parent, base_mode="bootstrap",
+                                           labels=session_labels, rebuild=True), docker_client)
     assert again.tag == result.tag and again.image_id != result.image_id
     assert sh(docker_client, again.tag, "cat /saw-wheels.txt", session_labels) == (0, "")
     assert sh(docker_client, again.tag, "cat /saw-ca.txt", session_labels) == (0, "none\n")
@@ -158,7 +160,8 @@ def test_build_without_ca_and_wheels_sees_neither(docker_client, tiny_build, ses
 
 def test_existing_tag_is_reused_and_checked_again(docker_client, tiny_build, session_labels):
     result, folder, _, _ = tiny_build
-    again = build.build(folder.name, folder.parent, SiteOptions(), docker_client, base_mode="bootstrap", labels=session_labels)
+    again = build.build(build.BuildOptions(recipe=folder.name, images_dir=folder.parent, base_mode="bootstrap",
+                                           labels=session_labels), docker_client)
     assert again.reused is True
     assert again.tag == result.tag
     assert again.image_id == docker_client.images.get(result.tag).id
@@ -170,7 +173,8 @@ def test_probe_mismatch_fails_and_keeps_the_image(docker_client, bootstrap_image
     name = f"tiny-bad-{test_session_id}"
     write_rendered(tmp_path, name, TINY.format(torch="2.99.0+cpu"), LOCK)
     with pytest.raises(build.LockMismatch) as info:
-        build.build(name, tmp_path, SiteOptions(), docker_client, base_mode="bootstrap", labels=session_labels)
+        build.build(build.BuildOptions(recipe=name, images_dir=tmp_path, base_mode="bootstrap", labels=session_labels),
+                    docker_client)
     err = info.value
     tag = err.result.tag
     assert err.exit_code == 2
@@ -189,8 +193,9 @@ def test_failed_build_leaves_no_tag(docker_client, bootstrap_image, session_labe
     dockerfile = "ARG BASE_IMAGE=debian:bookworm-slim\nFROM ${BASE_IMAGE}\nRUN echo half-done && exit 3\n"
     name = f"tiny-broken-{test_session_id}"
     write_rendered(tmp_path, name, dockerfile, LOCK)
-    with pytest.raises(engine.BuildFailed) as info:
-        build.build(name, tmp_path, SiteOptions(), docker_client, base_mode="bootstrap", labels=session_labels)
+    with pytest.raises(BuildFailed) as info:
+        build.build(build.BuildOptions(recipe=name, images_dir=tmp_path, base_mode="bootstrap", labels=session_labels),
+                    docker_client)
     assert info.value.tag.startswith(f"envbuild/{name}:")
     summary, _, output = str(info.value).partition(" | output: ")
     assert summary == (
@@ -204,12 +209,12 @@ def test_failed_build_leaves_no_tag(docker_client, bootstrap_image, session_labe
 def test_missing_rendered_files_say_render(tmp_path):
     client = None  # never reached
     with pytest.raises(EnvbuildError) as info:
-        build.build("tiny", tmp_path, SiteOptions(), client)
+        build.build(build.BuildOptions(recipe="tiny", images_dir=tmp_path), client)
     assert str(info.value) == f"{tmp_path}/tiny/Dockerfile: missing; run `envbuild render tiny` first"
     (tmp_path / "tiny").mkdir()
     (tmp_path / "tiny" / "Dockerfile").write_text(TINY.format(torch="2.13.0+cpu"))
     with pytest.raises(EnvbuildError) as info:
-        build.build("tiny", tmp_path, SiteOptions(), client)
+        build.build(build.BuildOptions(recipe="tiny", images_dir=tmp_path), client)
     assert str(info.value) == f"{tmp_path}/tiny/envbuild.lock.json: missing; run `envbuild render tiny` first"
 
 

@@ -379,7 +379,7 @@ def test_paused_rank_is_named_apart_from_the_rank_waiting_for_it(client, image, 
     t = _when_rank_started(client, case, 1, pause)
     cert, elapsed = run_certify(client, image, tmp_path, labels, timeout_s=40)
     t.join(1)
-    assert seen["mounts"] == [("/opt/envbuild/bench", False), ("/opt/envbuild/probe.py", False)]
+    assert seen["mounts"] == [("/opt/envbuild/bench", False), ("/opt/envbuild/probe", False)]
     assert seen["tmpfs"] == ["/results", "/tmp", "/tmp/home"]
     v = cert["verdict"]
     assert v["exit_code"] == ExitCode.UNREACHABLE

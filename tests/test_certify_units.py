@@ -732,7 +732,7 @@ def _spec(**kw):
 def test_container_kwargs_cpu(tmp_path):
     spec = _spec()
     kw = local.container_kwargs(spec, 1, network="net", labels=local.labels_for(spec, {}),
-                                bench_dir=tmp_path / "bench", probe_path=tmp_path / "probe.py")
+                                bench_dir=tmp_path / "bench", probe_path=tmp_path / "probe")
     assert kw["command"] == ["python3", "-m", "bench.node", "--deadline-s", "70", "--",
                              "python3", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                              "--node-rank", "1", "--master-addr", "node-0", "--master-port", "29511",
@@ -750,7 +750,7 @@ def test_container_kwargs_cpu(tmp_path):
     assert kw["labels"]["envbuild.test-session"] == "s"
     # nothing on the host is writable by the nodes: the code only, read-only
     mounts = {v["bind"]: v["mode"] for v in kw["volumes"].values()}
-    assert mounts == {"/opt/envbuild/bench": "ro", "/opt/envbuild/probe.py": "ro"}
+    assert mounts == {"/opt/envbuild/bench": "ro", "/opt/envbuild/probe": "ro"}
     assert kw["shm_size"] == "256m"
 
 

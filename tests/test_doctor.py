@@ -12,7 +12,9 @@ import time
 import docker.errors
 import pytest
 
+from builder.core.errors import EnvbuildError
 from builder.nodes import doctor
+from builder.nodes.doctor import agent_output
 from builder.nodes.report import InvalidReport
 from fixtures_nodes import (  # noqa: F401 - pytest fixtures
     CASE_LABEL,
@@ -336,16 +338,18 @@ def test_doctor_output_is_escaped_never_markup(tmp_path):
      "'unreachable' or 'error'"),
 ])
 def test_agent_output_is_checked_before_use(line, spec, message):
+    model = {"AGENT_COMPUTE": agent_output.Compute, "AGENT_PAIRS": agent_output.Pairs,
+             "AGENT_LISTEN": agent_output.Listen, "AGENT_CONNECT": agent_output.Connect}[spec]
     with pytest.raises(InvalidReport) as err:
-        doctor._last_json("noise\n" + line + "\n", getattr(doctor, spec), "ssh n")
+        agent_output.last_json("noise\n" + line + "\n", model, "ssh n")
     assert str(err.value) == message
     # the passing twin: the agent's real output shape
     good = {"AGENT_COMPUTE": '{"compute": {"backend": "torch-cpu", "iters": 1, "seconds": [0.5], "best_s": 0.5}}',
             "AGENT_PAIRS": '{"pairs": [{"peer": 1, "round": 0, "seconds": 1.0, "error": null}]}',
             "AGENT_LISTEN": '{"ports": {"29500": "listening"}, "sample": [32768]}',
             "AGENT_CONNECT": '{"results": {"rdzv:a": {"status": "ok", "detail": "connected", "seconds": 0.0}}}'}
-    assert doctor._last_json(good[spec], getattr(doctor, spec), "ssh n") == json.loads(good[spec])
-    assert doctor._last_json('{"deep": ' + "[" * 5000 + "]" * 5000 + "}", getattr(doctor, spec), "n") is None
+    assert agent_output.last_json(good[spec], model, "ssh n").to_dict() == json.loads(good[spec])
+    assert agent_output.last_json('{"deep": ' + "[" * 5000 + "]" * 5000 + "}", model, "n") is None
 
 
 @pytest.mark.parametrize("text, size", [("256m", 256 << 20), ("1g", 1 << 30), ("1.5GiB", 3 << 29), ("1048576", 1 << 20)])
@@ -355,6 +359,6 @@ def test_parse_size(text, size):
 
 @pytest.mark.parametrize("text", ["256m\n", " 1g", "-1m", "1e400m", "nan", "", "1" * 16])
 def test_parse_size_refuses(text):
-    with pytest.raises(doctor.EnvbuildError) as err:
+    with pytest.raises(EnvbuildError) as err:
         doctor.parse_size(text)
     assert err.value.message == "is not a size like 256m or 1g"

@@ -1,5 +1,6 @@
-"""builder/image/engine.py against the real Docker engine: connecting, finding a BuildKit client,
-building (failure keeps no tag), probing in throwaway containers, cleanup by label."""
+"""builder/image/engine.py, buildkit.py and probecheck.py against the real Docker engine:
+connecting, finding a BuildKit client, building (failure keeps no tag), probing in
+throwaway containers (the agent folder bind-mounted), cleanup by label."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import uuid
 import docker.errors
 import pytest
 
-from builder.image import engine
+from builder.image import buildkit, engine, probecheck
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
 from fixtures_engine import TEST_SESSION_LABEL, write_script
 
@@ -62,8 +63,8 @@ def fake_docker(folder, version, buildx):
 def test_buildkit_cli_prefers_buildx(tmp_path):
     old = fake_docker(tmp_path / "old", "20.10.24+dfsg1", buildx=False)
     new = fake_docker(tmp_path / "new", "28.2.2", buildx=True)
-    cli = engine.buildkit_cli(f"{tmp_path / 'old'}:{tmp_path / 'new'}", extra=())
-    assert cli == engine.BuildkitCLI(
+    cli = buildkit.buildkit_cli(f"{tmp_path / 'old'}:{tmp_path / 'new'}", extra=())
+    assert cli == buildkit.BuildkitCLI(
         path=new, version="28.2.2", argv=(new, "buildx", "build", "--load"), env={}
     )
     assert old != new
@@ -72,8 +73,8 @@ def test_buildkit_cli_prefers_buildx(tmp_path):
 def test_buildkit_cli_falls_back_to_pre23_client_with_env(tmp_path):
     new = fake_docker(tmp_path / "new", "28.2.2", buildx=False)
     old = fake_docker(tmp_path / "old", "20.10.24+dfsg1", buildx=False)
-    cli = engine.buildkit_cli(f"{tmp_path / 'new'}:{tmp_path / 'old'}", extra=())
-    assert cli == engine.BuildkitCLI(
+    cli = buildkit.buildkit_cli(f"{tmp_path / 'new'}:{tmp_path / 'old'}", extra=())
+    assert cli == buildkit.BuildkitCLI(
         path=old, version="20.10.24+dfsg1", argv=(old, "build"), env={"DOCKER_BUILDKIT": "1"}
     )
     assert new != old
@@ -82,7 +83,7 @@ def test_buildkit_cli_falls_back_to_pre23_client_with_env(tmp_path):
 def test_buildkit_cli_none_qualifies(tmp_path):
     new = fake_docker(tmp_path / "new", "28.2.2", buildx=False)
     with pytest.raises(EnvbuildError) as info:
-        engine.buildkit_cli(str(tmp_path / "new"), extra=())
+        buildkit.buildkit_cli(str(tmp_path / "new"), extra=())
     msg = str(info.value)
     assert info.value.exit_code == 2
     assert f"tried {new} (28.2.2)" in msg
@@ -92,7 +93,7 @@ def test_buildkit_cli_none_qualifies(tmp_path):
 def test_buildkit_cli_searches_extra_after_path(tmp_path):
     new = fake_docker(tmp_path / "new", "28.2.2", buildx=False)
     old = fake_docker(tmp_path / "old", "19.03.15", buildx=False)
-    cli = engine.buildkit_cli(str(tmp_path / "new"), extra=(old,))
+    cli = buildkit.buildkit_cli(str(tmp_path / "new"), extra=(old,))
     assert cli.path == old and cli.env == {"DOCKER_BUILDKIT": "1"} and new != old
 
 
@@ -114,7 +115,7 @@ def test_failing_build_reports_step_and_leaves_no_tag(docker_client, bootstrap_i
     (tmp_path / "Dockerfile").write_text(FAILING.format(base=bootstrap_image, code=7))
     repo = f"envbuild-test/fail-{test_session_id}"
     lines = []
-    with pytest.raises(engine.BuildFailed) as info:
+    with pytest.raises(buildkit.BuildFailed) as info:
         engine.build_image(tmp_path, f"{repo}:1", labels=session_labels, on_line=lines.append, client=docker_client)
     err = info.value
     assert err.exit_code == 2
@@ -159,7 +160,7 @@ def probe_containers(client, test_session_id):
 
 
 def test_run_probe_parses_json_and_removes_container(docker_client, python_image, session_labels, test_session_id, tmp_path):
-    script = write_script(
+    write_script(
         tmp_path / "probe.py",
         """\
         import json, os, platform, sys
@@ -167,13 +168,13 @@ def test_run_probe_parses_json_and_removes_container(docker_client, python_image
                           "writable": os.access(sys.argv[0], os.W_OK)}))
         """,
     )
-    doc = engine.run_probe(docker_client, python_image, script, labels=session_labels)
+    doc = probecheck.run_probe(docker_client, python_image, tmp_path, labels=session_labels)
     assert doc == {"argv0": "/opt/envbuild/probe.py", "python": "3.11.2", "writable": False}
     assert probe_containers(docker_client, test_session_id) == []
 
 
 def test_run_probe_failure_is_reported_and_container_removed(docker_client, python_image, session_labels, test_session_id, tmp_path):
-    script = write_script(
+    write_script(
         tmp_path / "probe.py",
         """\
         import sys
@@ -182,34 +183,43 @@ def test_run_probe_failure_is_reported_and_container_removed(docker_client, pyth
         """,
     )
     with pytest.raises(EnvbuildError) as info:
-        engine.run_probe(docker_client, python_image, script, labels=session_labels)
+        probecheck.run_probe(docker_client, python_image, tmp_path, labels=session_labels)
     assert info.value.exit_code == 3
     assert str(info.value) == f"image: {python_image!r} probe exited with code 1: boom: no torch here"
     assert probe_containers(docker_client, test_session_id) == []
 
 
 def test_run_probe_rejects_non_json(docker_client, python_image, session_labels, test_session_id, tmp_path):
-    script = write_script(tmp_path / "probe.py", 'print("hello")\n')
+    write_script(tmp_path / "probe.py", 'print("hello")\n')
     with pytest.raises(EnvbuildError) as info:
-        engine.run_probe(docker_client, python_image, script, labels=session_labels)
+        probecheck.run_probe(docker_client, python_image, tmp_path, labels=session_labels)
     assert info.value.exit_code == 3
     assert str(info.value) == f"image: {python_image!r} probe printed no JSON object: 'hello'"
     assert probe_containers(docker_client, test_session_id) == []
 
 
 def test_run_probe_timeout_is_unreachable(docker_client, python_image, session_labels, test_session_id, tmp_path):
-    script = write_script(tmp_path / "probe.py", "import time\ntime.sleep(30)\n")
+    write_script(tmp_path / "probe.py", "import time\ntime.sleep(30)\n")
     with pytest.raises(Unreachable) as info:
-        engine.run_probe(docker_client, python_image, script, labels=session_labels, timeout_s=2)
+        probecheck.run_probe(docker_client, python_image, tmp_path, labels=session_labels, timeout_s=2)
     assert str(info.value) == f"image: {python_image!r} probe did not finish within 2 s"
     assert probe_containers(docker_client, test_session_id) == []
 
 
 def test_run_probe_unknown_image(docker_client, tmp_path):
-    script = write_script(tmp_path / "probe.py", "print('{}')\n")
+    write_script(tmp_path / "probe.py", "print('{}')\n")
     with pytest.raises(EnvbuildError) as info:
-        engine.run_probe(docker_client, "envbuild-test/no-such-image:0", script)
+        probecheck.run_probe(docker_client, "envbuild-test/no-such-image:0", tmp_path)
     assert str(info.value) == "image: 'envbuild-test/no-such-image:0' no such image"
+
+
+def test_run_probe_needs_the_module_in_the_agent_folder(docker_client, python_image, tmp_path):
+    with pytest.raises(EnvbuildError) as info:
+        probecheck.run_probe(docker_client, python_image, tmp_path)
+    assert (info.value.exit_code, str(info.value)) == (2, f"probe: '{tmp_path}' no module probe there")
+    (tmp_path / "probe").mkdir()  # the passing twin: a package, as builder/agent/probe/ is
+    write_script(tmp_path / "probe" / "__main__.py", "import sys; print('{\"argv0\": \"%s\"}' % sys.argv[0])\n")
+    assert probecheck.run_probe(docker_client, python_image, tmp_path) == {"argv0": "/opt/envbuild/probe/__main__.py"}
 
 
 # --------------------------------------------------------------------------- labels
@@ -304,7 +314,7 @@ ERROR: failed to solve: process "/bin/sh -c make" did not complete successfully:
 
 def test_progress_log_picks_the_failing_step_not_the_cancelled_one():
     """buildx's output format (the engine here has the older one): parsed from literal lines."""
-    log = engine._ProgressLog(keep=30)
+    log = buildkit.ProgressLog(keep=30)
     for line in BUILDX_FAILURE.splitlines():
         log.add(line)
     assert log.failure() == (
@@ -319,7 +329,7 @@ def test_progress_log_picks_the_failing_step_not_the_cancelled_one():
             'ERROR: failed to solve: process "/bin/sh -c make" did not complete successfully: exit code: 2',
         ],
     )
-    short = engine._ProgressLog(keep=2)
+    short = buildkit.ProgressLog(keep=2)
     for line in BUILDX_FAILURE.splitlines():
         short.add(line)
     assert short.failure()[2] == [
@@ -380,16 +390,16 @@ def test_image_env(docker_client, python_image):
 
 def test_run_probe_output_is_bounded(docker_client, python_image, session_labels, test_session_id, tmp_path,
                                      monkeypatch):
-    monkeypatch.setattr(engine, "MAX_PROBE_OUTPUT", 1000)
+    monkeypatch.setattr(probecheck, "MAX_PROBE_OUTPUT", 1000)
     case = {**session_labels, "envbuild.test-case": uuid.uuid4().hex}
-    script = write_script(tmp_path / "probe.py", 'print("{" + " " * 5000 + "}")\n')
+    write_script(tmp_path / "probe.py", 'print("{" + " " * 5000 + "}")\n')
     with pytest.raises(EnvbuildError) as info:
-        engine.run_probe(docker_client, python_image, script, labels=case)
+        probecheck.run_probe(docker_client, python_image, tmp_path, labels=case)
     assert info.value.exit_code == 3
     assert str(info.value) == f"image: {python_image!r} probe printed more than 1000 bytes"
     deep = write_script(tmp_path / "deep.py", 'print("[" * 100 + "]" * 100)\n')
     with pytest.raises(EnvbuildError, match="probe printed no JSON object"):
-        engine.run_probe(docker_client, python_image, deep, labels=case)
+        probecheck.run_probe(docker_client, python_image, tmp_path, module="deep", labels=case)
     small = write_script(tmp_path / "small.py", 'print("{}")\n')  # the passing twin
-    assert engine.run_probe(docker_client, python_image, small, labels=case) == {}
+    assert probecheck.run_probe(docker_client, python_image, tmp_path, module="small", labels=case) == {}
     assert docker_client.containers.list(all=True, filters={"label": f"envbuild.test-case={case['envbuild.test-case']}"}) == []

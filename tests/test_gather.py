@@ -15,10 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from builder.agent import doctor_agent
-from builder.nodes import gather
+import msgspec
+
+from builder.agent import doctor_agent, payload
+from builder.agent.probe import container, network, nvml
+from builder.core.errors import EnvbuildError
 from builder.nodes import report as nodereport
-from builder.agent import probe
+from builder.nodes import sources
+from builder.nodes.sources import containers, slurm, ssh
 from fixtures_nodes import (  # noqa: F401 - pytest fixtures
     check,
     finding,
@@ -30,9 +34,6 @@ from fixtures_nodes import (  # noqa: F401 - pytest fixtures
     sshd,
     write_reports,
 )
-
-PROBE = Path(probe.__file__)
-
 
 # --- ssh --------------------------------------------------------------------------------------------
 
@@ -94,11 +95,11 @@ def _free_port() -> int:
 @pytest.mark.parametrize("spec, parsed", [
     ("node-a", ("node-a", None)), ("root@10.0.0.5:2222", ("root@10.0.0.5", 2222)), ("h:22", ("h", 22))])
 def test_split_host(spec, parsed):
-    assert gather.split_host(spec) == parsed
+    assert ssh.split_host(spec) == parsed
 
 
 def test_ssh_argv_is_batch_mode():
-    assert gather.ssh_argv("h", 2222, "/cfg", ["StrictHostKeyChecking=yes"], 4) == [
+    assert ssh.ssh_argv("h", 2222, "/cfg", ["StrictHostKeyChecking=yes"], 4) == [
         "ssh", "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=4", "-F", "/cfg",
         "-o", "StrictHostKeyChecking=yes", "-p", "2222", "--", "h"]
 
@@ -109,23 +110,23 @@ def test_ssh_argv_is_batch_mode():
     ("[fe80::1]:2200", ("fe80::1", 2200)), ("u_1@node-7.cluster", ("u_1@node-7.cluster", None)),
     ("10.0.0.5", ("10.0.0.5", None))])
 def test_split_host_forms(spec, parsed):
-    assert gather.split_host(spec) == parsed
+    assert ssh.split_host(spec) == parsed
 
 
 @pytest.mark.parametrize("spec", [
     "-oProxyCommand=touch /tmp/x", "-x", "node-a\n", "node a", "user@", "@h", "h:0", "h:65536", "h:22\n",
     "h;id", "h$(id)", "[fe80::1", "", "a" * 300])
 def test_bad_hosts_are_usage_errors(spec):
-    with pytest.raises(gather.EnvbuildError) as err:
-        gather.split_host(spec)
+    with pytest.raises(EnvbuildError) as err:
+        ssh.split_host(spec)
     assert err.value.exit_code == 64
 
 
 def test_ssh_argv_never_takes_a_host_as_an_option():
-    with pytest.raises(gather.EnvbuildError) as err:
-        gather.ssh_argv("-oProxyCommand=x")
+    with pytest.raises(EnvbuildError) as err:
+        ssh.ssh_argv("-oProxyCommand=x")
     assert (err.value.exit_code, str(err.value)) == (64, "--hosts: '-oProxyCommand=x' is not a host (it starts with -)")
-    assert gather.ssh_argv("node-a")[-2:] == ["--", "node-a"]
+    assert ssh.ssh_argv("node-a")[-2:] == ["--", "node-a"]
 
 
 @pytest.mark.parametrize("opt, ok", [
@@ -137,10 +138,10 @@ def test_ssh_argv_never_takes_a_host_as_an_option():
     ("ConnectTimeout", False), ("=x", False)])
 def test_ssh_options_are_key_value_from_a_safe_set(opt, ok):
     if ok:
-        assert gather.check_ssh_option(opt) == opt
+        assert sources.check_ssh_option(opt) == opt
         return
-    with pytest.raises(gather.EnvbuildError) as err:
-        gather.check_ssh_option(opt)
+    with pytest.raises(EnvbuildError) as err:
+        sources.check_ssh_option(opt)
     assert err.value.exit_code == 64
 
 
@@ -159,11 +160,11 @@ def test_ssh_options_are_key_value_from_a_safe_set(opt, ok):
     ("check_container", "../x", False), ("check_label", "envbuild.test-case=ab12", True),
     ("check_label", "k=\x1b[2J", False), ("check_label", "=v", False)])
 def test_srun_python_and_engine_values_match_whole(check, value, ok):
-    fn = getattr(gather, check)
+    fn = getattr(sources, check)
     if ok:
         assert fn(value) == value
         return
-    with pytest.raises(gather.EnvbuildError) as err:
+    with pytest.raises(EnvbuildError) as err:
         fn(value)
     assert err.value.exit_code == 64
 
@@ -207,8 +208,9 @@ def test_allowed_ssh_option_reaches_ssh(sshd):
 # --- output of a node, bounded (issue 8) ------------------------------------------------------------
 
 def _fake_python(tmp_path: Path, name: str, body: str) -> str:
-    """An executable that stands in for the node's python3: ``$#`` is 1 for the probe
-    (``python3 -``) and more for the doctor agent (``python3 - MODE ...``)."""
+    """An executable that stands in for the node's python3, run as ``python3 -c BOOTSTRAP
+    MODULE ARGS`` with the agent payload on stdin: ``$3`` is ``probe`` for the probe and
+    ``doctor_agent`` for the doctor agent."""
     exe = tmp_path / name
     exe.write_text("#!/bin/sh\ncat > /dev/null\n" + body)
     exe.chmod(0o755)
@@ -246,7 +248,7 @@ def test_hostile_output_of_a_node_is_one_line(sshd, tmp_path, body, message):
 def test_hostile_agent_output_is_not_checked_not_a_traceback(sshd, tmp_path):
     report = tmp_path / "report.json"
     report.write_text(json.dumps(gpu_report(1, **{"network.ip_local_port_range": [32768, 32800]})))
-    exe = _fake_python(tmp_path, "agent", f'if [ "$#" -eq 1 ]; then cat {report}; else '
+    exe = _fake_python(tmp_path, "agent", f'if [ "$3" = probe ]; then cat {report}; else '
                        'echo \'{"compute": {"backend": "x", "iters": 1, "seconds": [], "best_s": -1}}\'; fi\n')
     code, doc = run_json("doctor", "--hosts", "node-a,node-b", "--ssh-config", str(sshd.config), "--python", exe,
                          "--checks", "straggler")
@@ -276,8 +278,8 @@ def test_slurm_doctor_runs_scripts_through_srun(slurm_node):
     assert [(c["name"], c["status"]) for c in doc["checks"]] == [
         ("nodes", "pass"), ("port", "skip"), ("shm", "pass"), ("straggler", "skip")]
     # and a script run as one srun step pinned to the node
-    [node] = gather.gather(gather.Sources(slurm=True))
-    out = node.target.run(gather.agent_source(), ["compute", "--iters", "1", "--repeats", "1"], 60)
+    [node] = sources.gather(sources.Sources(slurm=True))
+    out = node.target.run("doctor_agent", ["compute", "--iters", "1", "--repeats", "1"], 60)
     assert out.rc == 0 and json.loads(out.stdout)["compute"]["backend"] in ("python", "torch-cpu")
 
 
@@ -290,29 +292,29 @@ def test_slurm_unknown_partition_cannot_check(slurm_node):
 
 def test_split_labelled():
     text = '0: {"a":\n 1: {"b": 2}\n0:  1}\nsrun: warning\n10: x\n'
-    assert gather.split_labelled(text) == {0: '{"a":\n 1}\n', 1: '{"b": 2}\n', 10: 'x\n'}
+    assert slurm.split_labelled(text) == {0: '{"a":\n 1}\n', 1: '{"b": 2}\n', 10: 'x\n'}
 
 
 # --- containers ---------------------------------------------------------------------------------------
 
 def test_container_reports_name_image_and_runtime(docker_client, torch_image, nodes_factory):
     c = nodes_factory.start(torch_image, "node-0", shm_size="128m", environment={"GLOO_SOCKET_IFNAME": "eth0"})
-    [node] = gather.from_containers(docker_client, names=[c.name])
+    [node] = containers.from_containers(docker_client, names=[c.name])
     assert node.ok, node.error
     r = node.report
     image = docker_client.images.get(torch_image)
-    assert r["image"] == {"ref": torch_image, "digest": None, "id": image.id}
-    assert r["container"]["runtime"] == "docker"
-    assert r["container"]["version"] == docker_client.version()["Version"]
-    assert r["shm"]["size_bytes"] == 134217728
-    assert r["env"] == {"GLOO_SOCKET_IFNAME": "eth0"}
+    assert msgspec.to_builtins(r.image) == {"ref": torch_image, "digest": None, "id": image.id}
+    assert r.container.runtime == "docker"
+    assert r.container.version == docker_client.version()["Version"]
+    assert r.shm.size_bytes == 134217728
+    assert r.env == {"GLOO_SOCKET_IFNAME": "eth0"}
     ip = c.attrs["NetworkSettings"]["Networks"]["bridge"]["IPAddress"]
     assert node.address == ip
-    eth0 = [i for i in r["network"]["interfaces"] if i["name"] == "eth0"][0]
-    assert [a["address"] for a in eth0["addresses"] if a["family"] == "inet"] == [ip]
-    assert r["network"]["default_route_interface"] == "eth0"
-    assert r["network"]["hostname_addresses"] == [ip]
-    assert r["torch"]["version"] == "2.13.0+cpu"
+    eth0 = [i for i in r.network.interfaces if i.name == "eth0"][0]
+    assert [a.address for a in eth0.addresses if a.family == "inet"] == [ip]
+    assert r.network.default_route_interface == "eth0"
+    assert r.network.hostname_addresses == [ip]
+    assert r.torch.version == "2.13.0+cpu"
 
 
 def test_a_container_that_prints_too_much_is_cut_off(docker_client, torch_image, nodes_factory):
@@ -340,9 +342,8 @@ def test_no_running_container_cannot_check(docker_client, nodes_factory):
 
 def _probe(env: dict | None = None) -> dict:
     base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
-    with open(PROBE, "rb") as src:
-        proc = subprocess.run([sys.executable, "-"], stdin=src, capture_output=True, timeout=120,
-                              env={**base, **(env or {})})
+    proc = subprocess.run(payload.command(sys.executable, "probe"), input=payload.archive(), capture_output=True,
+                          timeout=120, env={**base, **(env or {})})
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -350,7 +351,7 @@ def _probe(env: dict | None = None) -> dict:
 def test_host_report_is_valid_and_describes_this_host():
     doc = _probe({"ENVBUILD_IMAGE": "envbuild/x:1", "ENVBUILD_IMAGE_DIGEST": "sha256:" + "0" * 64,
                   "ENVBUILD_RUNTIME_VERSION": "20.10.24"})
-    assert nodereport.validate(doc, "host") is doc
+    assert msgspec.to_builtins(nodereport.validate(doc, "host")) == doc
     assert doc["image"] == {"ref": "envbuild/x:1", "digest": "sha256:" + "0" * 64, "id": None}
     assert doc["container"]["version"] == "20.10.24"
     st = os.statvfs("/dev/shm")
@@ -365,15 +366,13 @@ def test_host_report_is_valid_and_describes_this_host():
 
 
 def test_interfaces_from_ioctl_match_ip_json():
-    from builder.agent import probe as p
-
     errors: list[str] = []
-    via_ip = p._network(errors)
-    p.USE_IP_COMMAND = False
+    via_ip = network.network_info(errors)
+    network.USE_IP_COMMAND = False
     try:
-        via_ioctl = p._network(errors)
+        via_ioctl = network.network_info(errors)
     finally:
-        p.USE_IP_COMMAND = True
+        network.USE_IP_COMMAND = True
     assert errors == []
     # `ip` lists secondary IPv4 addresses too; ioctl only the primary one
     def primary(net):
@@ -389,7 +388,7 @@ def test_interfaces_from_ioctl_match_ip_json():
     ("garbage\n", {}),
 ])
 def test_parse_if_inet6(text, out):
-    assert probe.parse_if_inet6(text) == out
+    assert network.parse_if_inet6(text) == out
 
 
 def test_small_parsers():
@@ -397,15 +396,15 @@ def test_small_parsers():
              "eth1\t00000000\t0100A8C0\t0003\t0\t0\t600\t00000000\n"
              "eth0\t00000000\t010011AC\t0003\t0\t0\t100\t00000000\n"
              "eth0\t000011AC\t00000000\t0001\t0\t0\t0\t0000FFFF\n")
-    assert probe.parse_proc_net_route(route) == "eth0"
-    assert probe.parse_proc_net_route("Iface\tDestination\n") is None
-    assert probe.parse_proc_net_dev("Inter-|\n face |\n    lo: 1 2\n  eth0: 3 4\n") == ["lo", "eth0"]
-    assert [probe.prefixlen_from_netmask(m) for m in ("255.255.240.0", "255.0.255.0", "x")] == [20, None, None]
-    assert probe.parse_version_output("Docker version 20.10.24+dfsg1, build 297e128") == "20.10.24+dfsg1"
-    assert probe.parse_version_output("apptainer version v1.3.4") == "1.3.4"
-    assert probe.parse_version_output("") is None
-    assert probe.pci_id_from_device_id(0x233010DE) == "10de:2330"
-    assert probe.pci_id_from_device_id(None) is None
+    assert network.parse_proc_net_route(route) == "eth0"
+    assert network.parse_proc_net_route("Iface\tDestination\n") is None
+    assert network.parse_proc_net_dev("Inter-|\n face |\n    lo: 1 2\n  eth0: 3 4\n") == ["lo", "eth0"]
+    assert [network.prefixlen_from_netmask(m) for m in ("255.255.240.0", "255.0.255.0", "x")] == [20, None, None]
+    assert container.parse_version_output("Docker version 20.10.24+dfsg1, build 297e128") == "20.10.24+dfsg1"
+    assert container.parse_version_output("apptainer version v1.3.4") == "1.3.4"
+    assert container.parse_version_output("") is None
+    assert nvml.pci_id_from_device_id(0x233010DE) == "10de:2330"
+    assert nvml.pci_id_from_device_id(None) is None
 
 
 def test_parse_ip_json():
@@ -413,7 +412,7 @@ def test_parse_ip_json():
                         "link_type": "ether", "addr_info": [
                             {"family": "inet", "local": "172.17.0.2", "prefixlen": 16},
                             {"family": "inet6", "local": "fe80::1", "prefixlen": 64}]}])
-    assert probe.parse_ip_json(text) == [{
+    assert network.parse_ip_json(text) == [{
         "name": "eth0", "index": 2, "up": True, "loopback": False, "mtu": 1500,
         "addresses": [{"family": "inet", "address": "172.17.0.2", "prefixlen": 16},
                       {"family": "inet6", "address": "fe80::1", "prefixlen": 64}]}]
@@ -424,7 +423,7 @@ def test_parse_ip_json():
 def test_agent_is_python38_syntax():
     import ast
 
-    ast.parse(gather.agent_source(), feature_version=(3, 8))
+    ast.parse(payload.files()["doctor_agent.py"], feature_version=(3, 8))
 
 
 def test_round_robin_covers_every_pair_once():
@@ -445,17 +444,20 @@ def test_sample_ports():
 
 def test_agent_listen_and_connect_locally():
     port = _free_port()
-    script = gather.agent_source()
-    listen = subprocess.Popen([sys.executable, "-c", script, "listen", "--ports", str(port), "--sample", "0",
-                               "--deadline-s", "20", "--expect-total", "1"], stdout=subprocess.PIPE, text=True)
+    listen = subprocess.Popen(payload.command(sys.executable, "doctor_agent", [
+        "listen", "--ports", str(port), "--sample", "0", "--deadline-s", "20", "--expect-total", "1"]),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    listen.stdin.write(payload.archive())  # the payload on stdin, as docker exec, ssh and srun feed it
+    listen.stdin.close()
     try:
         first = json.loads(listen.stdout.readline())
         assert first == {"ports": {str(port): "listening"}, "sample": []}
         closed = _free_port()
         targets = json.dumps([{"id": "ok", "host": "127.0.0.1", "port": port},
                               {"id": "closed", "host": "127.0.0.1", "port": closed}])
-        out = subprocess.run([sys.executable, "-c", script, "connect", "--from", "me", "--targets", targets,
-                              "--timeout-s", "3"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(payload.command(sys.executable, "doctor_agent", [
+            "connect", "--from", "me", "--targets", targets, "--timeout-s", "3"]),
+            input=payload.archive(), capture_output=True, timeout=30)
         res = json.loads(out.stdout)["results"]
         assert (res["ok"]["status"], res["closed"]["status"]) == ("ok", "refused")
         assert json.loads(listen.stdout.readline()) == {"accepted": {str(port): ["me"]}}

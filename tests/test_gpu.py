@@ -22,7 +22,8 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def cuda_image():
     client = engine.connect()
-    result = build.build("cuda12-torch2", ROOT / "images", site.SiteOptions.detect(), client, base_mode="pull")
+    result = build.build(build.BuildOptions(recipe="cuda12-torch2", images_dir=ROOT / "images",
+                                            site=site.SiteOptions.detect(), base_mode="pull"), client)
     return client, result
 
 

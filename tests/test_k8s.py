@@ -202,7 +202,7 @@ def test_golden_values_nccl():
     cmv = vols["envbuild-code"]["configMap"]
     assert (cmv["name"], cmv["defaultMode"]) == ("envbuild-0123456789ab-code", 0o444)
     assert {"key": "bench.__main__.py", "path": "bench/__main__.py"} in cmv["items"]
-    assert {"key": "probe.py", "path": "probe.py"} in cmv["items"]
+    assert {"key": "probe.__main__.py", "path": "probe/__main__.py"} in cmv["items"]
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     assert mounts["/opt/envbuild"] == {"name": "envbuild-code", "mountPath": "/opt/envbuild", "readOnly": True}
     assert set(mounts) == {"/opt/envbuild", "/dev/shm", "/tmp", "/tmp/home", "/results"}
@@ -282,7 +282,7 @@ def _broken(kind: str) -> list[tuple[str, dict]]:
     elif kind == "Service":
         twin("port as a string", lambda o: o["spec"]["ports"][0].__setitem__("port", "29500"))
     elif kind == "ConfigMap":
-        twin("data value not a string", lambda o: o["data"].__setitem__("probe.py", ["x"]))
+        twin("data value not a string", lambda o: o["data"].__setitem__("probe.__init__.py", ["x"]))
     elif kind == "TrainJob":
         twin("numNodes as a string", lambda o: o["spec"]["trainer"].__setitem__("numNodes", "2"))
         twin("no runtimeRef", lambda o: o["spec"].pop("runtimeRef"))
@@ -331,7 +331,7 @@ def test_configmap_carries_the_real_code():
     pkg = ROOT / "builder" / "agent"
     on_disk = {p.relative_to(pkg).as_posix(): p.read_text() for p in sorted(pkg.rglob("*.py"))
                if "__pycache__" not in p.parts}
-    assert {"probe.py", "doctor_agent.py", "bench/__main__.py", "bench/ddp.py"} <= set(on_disk)
+    assert {"probe/__main__.py", "probe/collect.py", "doctor_agent.py", "bench/__main__.py", "bench/ddp.py"} <= set(on_disk)
     assert set(on_disk) == set(payload.files())
     assert o["ConfigMap"]["data"] == {p.replace("/", "."): text for p, text in on_disk.items()}
     items = next(v for v in o["Job"]["spec"]["template"]["spec"]["volumes"] if "configMap" in v)["configMap"]["items"]

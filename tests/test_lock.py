@@ -269,8 +269,8 @@ def test_lock_then_two_uncached_builds_install_the_same_files(docker_client, boo
     ids, hashes = [], []
     try:
         for _ in range(2):
-            res = build.build("repro-torch", images, site, docker_client, base_mode="bootstrap", labels=test_labels,
-                              rebuild=True, cli=no_cache)
+            res = build.build(build.BuildOptions(recipe="repro-torch", images_dir=images, site=site, base_mode="bootstrap",
+                                                 labels=test_labels, rebuild=True), docker_client, cli=no_cache)
             ids.append(res.image_id)
             hashes.append(fshash.image_fshash(docker_client, res.image_id, labels=test_labels))
         assert ids[0] != ids[1]  # timestamps differ: image IDs do

@@ -1,4 +1,5 @@
-"""builder/agent/probe.py: run as `python3 - < probe.py` in subprocesses (as inside an image),
+"""builder/agent/probe/: run as the agent payload on stdin (`python3 -c BOOTSTRAP probe`, as
+docker exec, ssh and srun run it) in subprocesses,
 against a real NCCL library from the nvidia-nccl-cu12 2.27.3 wheel (no GPU needed: its
 ncclGetVersion answers 22703), plus the pure parsing helpers with literal inputs."""
 
@@ -18,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from builder.agent import probe
+from builder.agent import payload
+from builder.agent.probe import nccl, nvml, osinfo
 
 REPO = Path(__file__).resolve().parents[1]
-PROBE = REPO / "builder" / "agent" / "probe.py"
+PROBE = REPO / "builder" / "agent" / "probe"
 NCCL_PIN = "nvidia-nccl-cu12==2.27.3"
 WHEEL_GLOB = "/tmp/nccl/nvidia_nccl_cu12-2.27.3-*.whl"
 
@@ -34,10 +36,10 @@ def base_env(**extra):
 
 
 def run_probe_stdin(env, python=sys.executable):
-    """`python - < probe.py`; returns the parsed JSON document."""
-    with open(PROBE, "rb") as src:
-        proc = subprocess.run([python, "-"], stdin=src, capture_output=True, env=env,
-                              timeout=120)
+    """`python -c BOOTSTRAP probe` with the payload archive on stdin; returns the parsed
+    JSON document."""
+    proc = subprocess.run(payload.command(python, "probe"), input=payload.archive(), capture_output=True,
+                          env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()
     return json.loads(proc.stdout)
 
@@ -139,7 +141,12 @@ def test_os_matches_etc_os_release():
 
 
 def test_source_is_python38_syntax():
-    ast.parse(PROBE.read_text(), feature_version=(3, 8))
+    files = payload.files()
+    assert "probe/__main__.py" in files and "doctor_agent.py" in files
+    for name, data in files.items():  # everything shipped into images and onto nodes
+        ast.parse(data, filename=name, feature_version=(3, 8))
+    for runner in (payload.BOOTSTRAP, payload.MOUNTED):
+        ast.parse(runner, feature_version=(3, 8))
 
 
 def _python38():
@@ -245,13 +252,13 @@ def test_broken_library_is_an_error_not_a_crash(tmp_path):
 @pytest.mark.parametrize("code, version", [(22703, "2.27.3"), (21903, "2.19.3"),
                                            (2804, "2.8.4"), (2708, "2.7.8"), (23007, "2.30.7")])
 def test_nccl_version_from_code(code, version):
-    assert probe.nccl_version_from_code(code) == version
+    assert nccl.nccl_version_from_code(code) == version
 
 
 @pytest.mark.parametrize("bad", [0, -1, "22703", True, None, 2.5])
 def test_nccl_version_from_code_rejects(bad):
     with pytest.raises(ValueError):
-        probe.nccl_version_from_code(bad)
+        nccl.nccl_version_from_code(bad)
 
 
 @pytest.mark.parametrize("name, ok", [("libnccl.so", True), ("libnccl.so.2", True),
@@ -259,7 +266,7 @@ def test_nccl_version_from_code_rejects(bad):
                                       ("libnccl_static.a", False), ("libnccl.so2", False),
                                       ("libnccl-tuner.so.2", False)])
 def test_is_nccl_library_name(name, ok):
-    assert probe.is_nccl_library_name(name) is ok
+    assert nccl.is_nccl_library_name(name) is ok
 
 
 def test_mapped_libraries():
@@ -271,15 +278,15 @@ def test_mapped_libraries():
         "7f03-7f04 rw-p 00000000 00:00 0 [heap]\n"
         "7f04-7f05 r-xp 00000000 08:01 7 /usr/lib/old.so (deleted)\n"
     )
-    assert probe.mapped_libraries(maps) == ["/usr/bin/python3.11", "/opt/my libs/libnccl.so.2",
+    assert nccl.mapped_libraries(maps) == ["/usr/bin/python3.11", "/opt/my libs/libnccl.so.2",
                                             "/usr/lib/old.so"]
 
 
 def test_parse_os_release():
     text = '# comment\nPRETTY_NAME="Ubuntu 24.04.1 LTS"\nID=ubuntu\nVERSION_ID="24.04"\n\nBAD LINE\n'
-    assert probe.parse_os_release(text) == {"id": "ubuntu", "version_id": "24.04",
+    assert osinfo.parse_os_release(text) == {"id": "ubuntu", "version_id": "24.04",
                                             "pretty_name": "Ubuntu 24.04.1 LTS"}
-    assert probe.parse_os_release("") == {"id": None, "version_id": None, "pretty_name": None}
+    assert osinfo.parse_os_release("") == {"id": None, "version_id": None, "pretty_name": None}
 
 
 @pytest.mark.parametrize("text, version", [
@@ -290,4 +297,4 @@ def test_parse_os_release():
     ("GCC version:  gcc version 12.2.0\n", None),
 ])
 def test_parse_proc_driver_version(text, version):
-    assert probe.parse_proc_driver_version(text) == version
+    assert nvml.parse_proc_driver_version(text) == version

@@ -5,14 +5,20 @@ package run as two container nodes."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 import time
 
+import jsonschema
+import msgspec
 import pytest
 
+from builder.core.model import json_schema
+from builder.core.netif import match_nccl_ifname
 from builder.nodes import report as nodereport
 from builder.nodes import verify
-from builder.nodes.gather import from_files
+from builder.nodes.schemas import schemas
+from builder.nodes.sources.files import from_files
 from fixtures_nodes import (  # noqa: F401 - pytest fixtures
     bumped_torch_image,
     finding,
@@ -162,7 +168,7 @@ def test_present_interface_passes(tmp_path):
     (None, ["lo", "eth0"], ["lo", "eth0"]),
 ])
 def test_nccl_socket_ifname_syntax(spec, names, picked):
-    assert verify.match_nccl_ifname(spec, names) == picked
+    assert match_nccl_ifname(spec, names) == picked
 
 
 def test_nccl_default_pick_skips_docker_and_lo():
@@ -171,9 +177,9 @@ def test_nccl_default_pick_skips_docker_and_lo():
     doc["network"]["interfaces"].insert(1, {"name": "docker0", "index": 3, "up": True, "loopback": False,
                                             "mtu": 1500, "addresses": [{"family": "inet", "address": "172.17.0.1",
                                                                         "prefixlen": 16}]})
-    assert verify.nccl_interface(doc)["name"] == "eth0"
+    assert verify.nccl_interface(nodereport.validate(doc)).name == "eth0"
     doc["network"]["interfaces"] = [i for i in doc["network"]["interfaces"] if i["name"] != "eth0"]
-    assert verify.nccl_interface(doc)["name"] == "docker0"
+    assert verify.nccl_interface(nodereport.validate(doc)).name == "docker0"
 
 
 # --- could not check ---------------------------------------------------------------------------
@@ -223,7 +229,10 @@ def test_validate_accepts_reports_from_before_issue_3():
     old = {k: v for k, v in gpu_report(1).items()
            if k not in ("container", "image", "network", "shm", "gpu_processes")}
     old["gpus"][0].pop("pci_id")
-    assert nodereport.validate(old, "old.json") is old
+    report = nodereport.validate(old, "old.json")
+    assert (report.container, report.image, report.network, report.shm, report.gpu_processes) == (None,) * 5
+    assert report.gpus[0].pci_id is None
+    assert msgspec.to_builtins(report.gpus[0]) == {**old["gpus"][0], "pci_id": None}
     nodes = from_files([])
     assert nodes == []
 
@@ -433,3 +442,36 @@ def test_20k_env_entries_and_2000_interfaces_finish(tmp_path):
 
 def statuses(doc: dict) -> dict[str, str]:
     return {c["name"]: c["status"] for c in doc["checks"]}
+
+
+# --- the published schemas (issue 9) ---------------------------------------------------------------
+
+SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+
+
+@pytest.mark.parametrize("name", sorted(schemas()))
+def test_published_schema_is_current(name):
+    model, schema_id, title = schemas()[name]
+    path = SCHEMAS / f"{name}.schema.json"
+    assert json.loads(path.read_text()) == json_schema(model, schema_id, title), f"{path} is stale: regenerate it"
+
+
+def test_schemas_hold_what_verify_reads_and_writes(tmp_path):
+    node_schema = json.loads((SCHEMAS / "node-report.schema.json").read_text())
+    jsonschema.validate(gpu_report(1), node_schema)
+    with pytest.raises(jsonschema.ValidationError):  # the fault the model refuses, the schema refuses too
+        jsonschema.validate(gpu_report(1, driver="570.x"), node_schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(gpu_report(1, **{"network.interfaces.1.name": ".."}), node_schema)
+    paths = write_reports(tmp_path, {"n1.json": gpu_report(1, kernel="6.8.0-50-generic"), "n2.json": gpu_report(2),
+                                     "bad.json": "{"})
+    code, doc = run_json("verify", *paths)
+    assert code == 3
+    jsonschema.validate(doc, json.loads((SCHEMAS / "verify-result.schema.json").read_text()))
+    assert msgspec.convert(doc, verify.VerifyResult, strict=True).to_dict() == doc
+
+
+def test_unknown_report_key_is_refused(tmp_path):
+    paths = write_reports(tmp_path, {"n1.json": gpu_report(1, **{"gpus.0.vendor": "nvidia"}), "n2.json": gpu_report(2)})
+    code, doc = run_json("verify", *paths)
+    assert (code, _unknown_messages(doc)) == (3, [f"{paths[0]}: gpus[0].vendor: is not a field of envbuild.probe/1"])

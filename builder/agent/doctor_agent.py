@@ -13,7 +13,8 @@ vanished peer never makes it hang. Modes:
     ``{"ports": {"29500": "listening" | "in-use" | "error: ...", ...}, "sample": [p, ...]}``
     as soon as they are bound, then answers every connection that sends a line
     (``envbuild-doctor FROM``) with ``ok``, until S seconds passed or N connections in all
-    arrived (so that no port stays taken once every peer got through). Prints ``{"accepted": {"29500": ["node-1", ...], ...}}`` last.
+    arrived (so that no port stays taken once every peer got through). Prints
+    ``{"accepted": {"29500": ["node-1", ...], ...}}`` last.
 
 ``connect --from NAME --targets JSON --timeout-s T``
     TARGETS: ``[{"id": str, "host": str, "port": int}, ...]``. Connects to all of them at
@@ -38,35 +39,38 @@ vanished peer never makes it hang. Modes:
     "round": r, "seconds": x|null, "error": str|null}]}`` (plus ``"error"`` without torch).
 """
 
+from __future__ import annotations
+
 import json
 import socket
 import sys
 import threading
 import time
+from typing import Any
 
 HELLO = b"envbuild-doctor"
 ANSWER = b"ok\n"
 
 
-def _emit(doc):
+def _emit(doc: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
     sys.stdout.flush()
 
 
-def _args(argv):
+def _args(argv: list[str]) -> dict[str, str]:
     """``--key value`` pairs into a dict (all values strings)."""
-    out = {}
+    out: dict[str, str] = {}
     i = 0
     while i < len(argv):
         key = argv[i]
         if not key.startswith("--") or i + 1 >= len(argv):
-            raise SystemExit("doctor_agent: bad argument %r" % key)
+            raise SystemExit(f"doctor_agent: bad argument {key!r}")
         out[key[2:]] = argv[i + 1]
         i += 2
     return out
 
 
-def sample_ports(lo, hi, k):
+def sample_ports(lo: int, hi: int, k: int) -> list[int]:
     """K ports spread evenly over [lo, hi], ends included: (32768, 60999, 3) gives
     [32768, 46883, 60999]; fewer when the range is smaller than K."""
     if k <= 0 or hi < lo:
@@ -74,7 +78,7 @@ def sample_ports(lo, hi, k):
     if k == 1:
         return [lo + (hi - lo) // 2]
     step = (hi - lo) / float(k - 1)
-    out = []
+    out: list[int] = []
     for i in range(k):
         p = int(round(lo + i * step))
         if p not in out:
@@ -82,7 +86,7 @@ def sample_ports(lo, hi, k):
     return out
 
 
-def _bind(port):
+def _bind(port: int) -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -94,19 +98,20 @@ def _bind(port):
     return s
 
 
-def listen(opts):
+def listen(opts: dict[str, str]) -> int:
     """The ``listen`` mode (see the module docstring)."""
     deadline = time.time() + float(opts.get("deadline-s", "30"))
     expect = int(opts.get("expect-total", "0"))
     ports = [int(p) for p in opts.get("ports", "").split(",") if p]
-    socks, status = {}, {}
+    socks: dict[int, socket.socket] = {}
+    status: dict[str, str] = {}
     for p in ports:
         try:
             socks[p] = _bind(p)
             status[str(p)] = "listening"
         except OSError as e:
             status[str(p)] = "in-use" if e.errno == 98 else "error: %s" % (e.strerror or e)
-    sample = []
+    sample: list[int] = []
     k = int(opts.get("sample", "0"))
     if k:
         lo, hi = (int(x) for x in opts.get("range", "32768-60999").split("-"))
@@ -123,11 +128,11 @@ def listen(opts):
                 status[str(p)] = "listening"
                 break
     _emit({"ports": status, "sample": sample})
-    accepted = dict((str(p), []) for p in socks)
+    accepted: dict[str, list[str]] = {str(p): [] for p in socks}
     lock = threading.Lock()
     enough = threading.Event()
 
-    def serve(port, sock):
+    def serve(port: int, sock: socket.socket) -> None:
         sock.settimeout(0.2)
         while time.time() < deadline and not enough.is_set():
             try:
@@ -168,7 +173,7 @@ def listen(opts):
     return 0
 
 
-def probe_port(host, port, name, timeout_s):
+def probe_port(host: str, port: int, name: str, timeout_s: float) -> dict[str, Any]:
     """Connect to host:port within timeout_s, say hello, wait for the answer.
 
     Returns ``{"status", "detail", "seconds"}``; status ``ok`` (the doctor's listener
@@ -178,13 +183,13 @@ def probe_port(host, port, name, timeout_s):
     """
     t0 = time.time()
 
-    def result(status, detail):
+    def result(status: str, detail: str) -> dict[str, Any]:
         return {"status": status, "detail": detail, "seconds": round(time.time() - t0, 3)}
 
     try:
         s = socket.create_connection((host, port), timeout=timeout_s)
     except socket.timeout:
-        return result("timeout", "no answer within %g s" % timeout_s)
+        return result("timeout", f"no answer within {timeout_s:g} s")
     except ConnectionRefusedError:
         return result("refused", "connection refused")
     except OSError as e:
@@ -197,23 +202,23 @@ def probe_port(host, port, name, timeout_s):
         data = s.recv(16)
         if data.startswith(ANSWER.strip()):
             return result("ok", "connected")
-        return result("open", "connected, but the answer was %r" % data[:16])
+        return result("open", f"connected, but the answer was {data[:16]!r}")
     except socket.timeout:
-        return result("open", "connected, but no answer within %g s" % timeout_s)
+        return result("open", f"connected, but no answer within {timeout_s:g} s")
     except OSError as e:
         return result("open", "connected, then %s" % (e.strerror or e))
     finally:
         s.close()
 
 
-def connect(opts):
+def connect(opts: dict[str, str]) -> int:
     """The ``connect`` mode (see the module docstring)."""
     targets = json.loads(opts["targets"])
     timeout_s = float(opts.get("timeout-s", "3"))
     name = opts.get("from", "?")
-    results = {}
+    results: dict[str, Any] = {}
 
-    def run(t):
+    def run(t: dict[str, Any]) -> None:
         results[t["id"]] = probe_port(t["host"], int(t["port"]), name, timeout_s)
 
     threads = [threading.Thread(target=run, args=(t,)) for t in targets]
@@ -229,16 +234,16 @@ def connect(opts):
     return 0
 
 
-def round_robin(n):
+def round_robin(n: int) -> list[list[tuple]]:
     """Rounds of disjoint pairs covering every pair of n nodes once (circle method).
 
     ``round_robin(4)`` gives ``[[(0, 3), (1, 2)], [(0, 2), (1, 3)], [(0, 1), (2, 3)]]``
     (pairs sorted; with odd n one node sits out each round)."""
-    ids = list(range(n)) + ([None] if n % 2 else [])
+    ids: list[int | None] = list(range(n)) + ([None] if n % 2 else [])
     m = len(ids)
-    rounds = []
+    rounds: list[list[tuple]] = []
     for _ in range(m - 1):
-        pairs = []
+        pairs: list[tuple] = []
         for i in range(m // 2):
             a, b = ids[i], ids[m - 1 - i]
             if a is not None and b is not None:
@@ -248,7 +253,7 @@ def round_robin(n):
     return rounds
 
 
-def _compute_python(iters):
+def _compute_python(iters: int) -> float:
     n = 24
     a = [[(i * n + j) % 7 / 7.0 for j in range(n)] for i in range(n)]
     b = [[(i + j) % 5 / 5.0 for j in range(n)] for i in range(n)]
@@ -258,7 +263,7 @@ def _compute_python(iters):
     return a[0][0]
 
 
-def _torch():
+def _torch() -> Any:
     try:
         import torch
     except ImportError:
@@ -266,13 +271,13 @@ def _torch():
     return torch
 
 
-def compute(opts):
+def compute(opts: dict[str, str]) -> int:
     """The ``compute`` mode (see the module docstring)."""
     backend = opts.get("backend", "gloo")
     iters = int(opts.get("iters", "100"))
     repeats = int(opts.get("repeats", "5"))
     torch = _torch()
-    seconds = []
+    seconds: list[float] = []
     if torch is None:
         label = "python"
         for r in range(repeats + 1):  # the first is a warm-up
@@ -304,7 +309,7 @@ def compute(opts):
     return 0
 
 
-def pairs(opts):
+def pairs(opts: dict[str, str]) -> int:
     """The ``pairs`` mode (see the module docstring)."""
     index = int(opts["index"])
     addrs = opts["addrs"].split(",")
@@ -323,16 +328,16 @@ def pairs(opts):
 
     device = "cuda" if backend == "nccl" else "cpu"
     numel = max(1, size // 4)
-    out = []
+    out: list[dict[str, Any]] = []
     for rnd, chosen in enumerate(round_robin(len(addrs))):
         for a, b in chosen:
             if index not in (a, b):
                 continue
             peer = b if index == a else a
-            entry = {"peer": peer, "round": rnd, "seconds": None, "error": None}
+            entry: dict[str, Any] = {"peer": peer, "round": rnd, "seconds": None, "error": None}
             try:
                 dist.init_process_group(
-                    backend, init_method="tcp://%s:%d" % (addrs[a], port_base + rnd),
+                    backend, init_method=f"tcp://{addrs[a]}:{port_base + rnd}",
                     rank=0 if index == a else 1, world_size=2,
                     timeout=datetime.timedelta(seconds=timeout_s))
                 try:
@@ -351,20 +356,20 @@ def pairs(opts):
                 finally:
                     dist.destroy_process_group()
             except Exception as e:  # a failed pair is a finding, not a crash
-                entry["error"] = ("%s: %s" % (type(e).__name__, e)).splitlines()[0][:300]
+                entry["error"] = (f"{type(e).__name__}: {e}").splitlines()[0][:300]
             out.append(entry)
     _emit({"pairs": out})
     return 0
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     """Dispatch ``argv[0]`` (``listen``, ``connect``, ``compute``, ``pairs``); returns the
     exit status."""
     if not argv:
         raise SystemExit("doctor_agent: give a mode: listen, connect, compute, pairs")
     modes = {"listen": listen, "connect": connect, "compute": compute, "pairs": pairs}
     if argv[0] not in modes:
-        raise SystemExit("doctor_agent: unknown mode %r" % argv[0])
+        raise SystemExit(f"doctor_agent: unknown mode {argv[0]!r}")
     return modes[argv[0]](_args(argv[1:]))
 
 

@@ -16,7 +16,7 @@ The verdict (``{"passed", "exit_code", "failures", "warnings"}``) checks:
    (``"rank 1 exited with 3"``, ``"rank 1 did not finish within 60 s (timeout)"``);
 2. the all-reduce result was exact (``wrong == 0``) at every size on every rank;
 3. after the DDP steps, every rank held identical parameters;
-4. every rank's probe matches the lock (:func:`builder.image.lockcheck.compare_probe_to_lock`),
+4. every rank's probe matches the lock (:func:`builder.image.probecheck.compare_probe_to_lock`),
    and all ranks loaded the same torch, NCCL, Python, glibc and OS;
 5. the busbw floor: ``min_busbw_gbps`` at ``busbw_size`` (largest size when null). It
    gates nccl runs with the recipe's threshold, and gloo runs ONLY when given explicitly
@@ -58,7 +58,7 @@ from typing import Any, Mapping, Optional, Sequence
 from builder import __version__
 from builder.recipe.lock import lock_hash, read_lock_text
 from builder.image import engine
-from builder.image import lockcheck
+from builder.image import probecheck
 from builder.certify import nccl_log
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
 from builder.core.paths import image_dir
@@ -451,8 +451,8 @@ def lock_from_labels(labels: Mapping[str, str], image: str) -> dict:
 
 def compare_probe_to_lock(probe: Mapping, lock: Mapping) -> list[str]:
     """Differences between a probe document and the lock, one line each ([] = match);
-    :func:`builder.image.lockcheck.compare_probe_to_lock`."""
-    return list(lockcheck.compare_probe_to_lock(dict(probe), dict(lock)))
+    :func:`builder.image.probecheck.compare_probe_to_lock`."""
+    return list(probecheck.compare_probe_to_lock(dict(probe), dict(lock)))
 
 
 #: Facts that must be identical on every rank: (name, getter).

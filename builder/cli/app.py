@@ -290,7 +290,9 @@ def _build(args, spec: Spec):
     from builder.image import engine
 
     client = engine.connect()
-    result = build.build(spec.name, Path(args.images_dir), _site(args), client, base_mode=args.base_mode, console=console)
+    options = build.BuildOptions(recipe=spec.name, images_dir=Path(args.images_dir), site=_site(args),
+                                 base_mode=args.base_mode)
+    result = build.build(options, client, console=console)
     verb = "reused" if result.reused else "built"
     out.print(f"{verb} {result.tag} ({result.image_id[:19]}); base {result.base_used}; probe matches the lock", soft_wrap=True)
     return result
@@ -446,8 +448,8 @@ def cmd_probe(args) -> int:
 
 def _node_sources(args, allow_empty: bool = False):
     """The node sources of ``verify``/``doctor``, every value checked (exit 64) before
-    anything is contacted (:meth:`builder.nodes.gather.Sources.check`)."""
-    from builder.nodes.gather import Sources
+    anything is contacted (:meth:`builder.nodes.sources.Sources.check`)."""
+    from builder.nodes.sources import Sources
 
     src = Sources(files=args.reports, images=args.image, containers=args.container, labels=args.label,
                   nodes=args.nodes, hosts=[h for item in args.hosts for h in item],
@@ -466,12 +468,12 @@ def _node_sources(args, allow_empty: bool = False):
 
 def cmd_verify(args) -> int:
     """``envbuild verify``: gather node reports and compare them; 0 match, 1 warnings, 2 differ, 3 not checked."""
-    from builder.nodes import gather
+    from builder.nodes import sources
     from builder.nodes import verify
 
-    result = verify.verify(gather.gather(_node_sources(args)))
+    result = verify.verify(sources.gather(_node_sources(args)))
     if args.json:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
     else:
         verify.render(result, out)
     return result.exit_code
@@ -481,7 +483,7 @@ def cmd_doctor(args) -> int:
     """``envbuild doctor``: preflight checks on the nodes; worst of pass/skip 0, warn 1, fail 2, unknown 3
     (also 3 when nothing could be checked). Usage errors (64) come before anything is contacted."""
     from builder.nodes import doctor
-    from builder.nodes import gather
+    from builder.nodes import sources
     from builder.core.inputs import escape
 
     checks = tuple(c.strip() for c in args.checks.split(",") if c.strip()) if args.checks else doctor.ALL_CHECKS
@@ -491,7 +493,7 @@ def cmd_doctor(args) -> int:
                          f"choose from {', '.join(doctor.ALL_CHECKS)}")
     try:
         min_shm = doctor.parse_size(args.min_shm)
-        labels = tuple(gather.check_label(label) for label in args.stale_label)
+        labels = tuple(sources.check_label(label) for label in args.stale_label)
     except EnvbuildError as e:
         raise UsageError(f"envbuild doctor: {e}") from None
     opts = doctor.Options(checks=checks, port=args.port, master=args.master, connect_timeout_s=args.connect_timeout,
@@ -499,7 +501,7 @@ def cmd_doctor(args) -> int:
                           backend=args.backend, fix=args.fix, stale_after_s=args.stale_after, labels=labels)
     # without nodes only stale-containers can check anything: asking for nothing else is a usage error
     src = _node_sources(args, allow_empty="stale-containers" in checks)
-    result = doctor.doctor([] if src.empty else gather.gather(src), opts)
+    result = doctor.doctor([] if src.empty else sources.gather(src), opts)
     if args.json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
@@ -869,11 +871,11 @@ def _add_launcher(p: argparse.ArgumentParser) -> None:
 
 
 def _add_node_sources(p: argparse.ArgumentParser) -> None:
-    from builder.nodes import gather
+    from builder.nodes import sources
     from builder.core.inputs import show
 
     def checked(check, split: bool = False):
-        """argparse type: ``check`` (a :mod:`builder.nodes.gather` validator) on the value, or on
+        """argparse type: ``check`` (a :mod:`builder.nodes.sources` validator) on the value, or on
         each item of a comma list (``split``); a refused value is a usage error (exit 64)."""
         def parse(text: str):
             try:
@@ -885,24 +887,24 @@ def _add_node_sources(p: argparse.ArgumentParser) -> None:
     p.add_argument("reports", nargs="*", metavar="REPORT", help="node report files (envbuild probe --host > node.json)")
     g = p.add_argument_group("nodes (any mix of sources)")
     g.add_argument("--image", action="append", default=[], metavar="IMAGE", type=_image_ref, help="running containers of IMAGE on this engine (repeatable)")
-    g.add_argument("--container", action="append", default=[], metavar="NAME", type=checked(gather.check_container),
+    g.add_argument("--container", action="append", default=[], metavar="NAME", type=checked(sources.check_container),
                    help="this running container (repeatable)")
-    g.add_argument("--label", action="append", default=[], metavar="KEY[=VALUE]", type=checked(gather.check_label),
+    g.add_argument("--label", action="append", default=[], metavar="KEY[=VALUE]", type=checked(sources.check_label),
                    help="running containers with this label (repeatable; with --image: all must match)")
     g.add_argument("--nodes", type=_int_in(1, MAX_NODES), metavar="N", help="containers: exactly N must run; --slurm: srun --nodes=N")
-    g.add_argument("--hosts", action="append", default=[], metavar="A,B,C", type=checked(gather.check_host, split=True),
+    g.add_argument("--hosts", action="append", default=[], metavar="A,B,C", type=checked(sources.check_host, split=True),
                    help="hosts over ssh, [user@]host[:port]")
-    g.add_argument("--ssh-config", metavar="FILE", type=checked(lambda t: gather.check_path(t, "--ssh-config")),
+    g.add_argument("--ssh-config", metavar="FILE", type=checked(lambda t: sources.check_path(t, "--ssh-config")),
                    help="ssh -F FILE")
-    g.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE", type=checked(gather.check_ssh_option),
+    g.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE", type=checked(sources.check_ssh_option),
                    help="ssh -o KEY=VALUE (repeatable; connection, authentication and host-key keys only)")
     g.add_argument("--connect-timeout", type=_int_in(1, 3600), default=5, metavar="S", help="ssh ConnectTimeout; doctor: TCP connect limit (default 5)")
     g.add_argument("--slurm", action="store_true", help="one srun --ntasks-per-node=1 step gathers every node")
-    g.add_argument("--partition", metavar="P", type=checked(gather.check_partition), help="srun --partition")
-    g.add_argument("--srun-arg", action="append", default=[], metavar="--NAME[=VALUE]", type=checked(gather.check_srun_arg),
+    g.add_argument("--partition", metavar="P", type=checked(sources.check_partition), help="srun --partition")
+    g.add_argument("--srun-arg", action="append", default=[], metavar="--NAME[=VALUE]", type=checked(sources.check_srun_arg),
                    help="extra srun option (repeatable; resources, placement and accounting options only)")
     g.add_argument("--timeout", dest="node_timeout", type=_float_in(0, 86400, lo_open=True), default=120, metavar="S", help="seconds per node (default 120)")
-    g.add_argument("--python", default="python3", type=checked(gather.check_python),
+    g.add_argument("--python", default="python3", type=checked(sources.check_python),
                    help="interpreter on the nodes, a name or path (default python3)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (for machines)")
 

@@ -1,2 +1,6 @@
-"""The Docker engine: build, base bootstrap, site options, content hash, probe vs lock.
+"""Images on the Docker engine: the build of rendered files (BuildKit), the base image, site
+options, the content hash, and the probe run in an image compared with its lock.
+
+May import: builder.core, builder.recipe, builder.render (reads rendered files),
+builder.agent (payload only).
 """

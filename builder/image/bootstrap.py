@@ -22,14 +22,14 @@ import sys
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable
 
 import docker
 import docker.errors
 
-from builder.image.engine import OnLine
 from builder.core.errors import EnvbuildError, Unreachable
+from builder.image.engine import OnLine
 
 #: Repository of bootstrapped Debian bases; the tag is the suite.
 BOOTSTRAP_REPO = "envbuild/bootstrap-debian"
@@ -157,6 +157,68 @@ def _label_change(key: str, value: str) -> str:
     return f'LABEL {key}="{escaped}"'
 
 
+def _can_bootstrap(ref: str, stands_for: str) -> str:
+    """The debootstrap executable; raises EnvbuildError (exit 2) when it is missing or
+    this process is not root."""
+    debootstrap = shutil.which("debootstrap")
+    if debootstrap is None:
+        raise EnvbuildError(
+            f"debootstrap is not installed, needed to bootstrap {ref} standing in for "
+            f"{stands_for}; run `apt-get install debootstrap` (or scripts/setup.sh)",
+            field="base",
+            value=stands_for,
+        )
+    if os.geteuid() != 0:
+        raise EnvbuildError(
+            f"bootstrapping {ref} needs root (debootstrap); run as root or make "
+            f"{stands_for} available to the engine",
+            field="base",
+            value=stands_for,
+        )
+    return debootstrap
+
+
+def _debootstrap(debootstrap: str, suite: str, root: Path, mirror: str, stands_for: str,
+                 on_line: OnLine | None) -> None:
+    """``debootstrap --variant=minbase SUITE ROOT MIRROR``, then ``apt-get clean`` in a
+    chroot. Raises Unreachable (exit 3) when the mirror cannot be reached, EnvbuildError
+    (exit 2) for any other failure (its last lines in the one-line message)."""
+    rc, tail = _run_logged([debootstrap, "--variant=minbase", suite, str(root), mirror], on_line)
+    if rc != 0:
+        # one line (errors always are): debootstrap's last lines after " | output: "
+        text = " | output: " + " | ".join(ln for ln in tail[-BOOTSTRAP_ERROR_LINES:] if ln.strip()) if tail else ""
+        unreachable = ("Failed getting release file", "Couldn't download", "Temporary failure resolving")
+        if any(s in ln for ln in tail for s in unreachable):
+            raise Unreachable(
+                f"debootstrap could not reach the Debian mirror {mirror} (exit {rc}){text}",
+                field="base",
+                value=stands_for,
+            )
+        raise EnvbuildError(f"debootstrap {suite} failed (exit {rc}){text}", field="base", value=stands_for)
+    rc, tail = _run_logged(["chroot", str(root), "apt-get", "clean"], on_line)
+    if rc != 0:
+        raise EnvbuildError(
+            f"apt-get clean in the bootstrapped rootfs failed (exit {rc}): {tail[-1:]}",
+            field="base",
+            value=stands_for,
+        )
+
+
+def _empty_caches(root: Path) -> None:
+    """Empty ``/var/lib/apt/lists`` and ``/etc/resolv.conf`` of the rootfs (the engine
+    provides its own resolv.conf at run time)."""
+    lists = root / "var/lib/apt/lists"
+    if lists.is_dir():
+        for entry in lists.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    resolv = root / "etc/resolv.conf"
+    if resolv.is_file() and not resolv.is_symlink():
+        resolv.write_text("")
+
+
 def bootstrap_debian(
     client: docker.DockerClient,
     suite: str = "bookworm",
@@ -201,56 +263,12 @@ def bootstrap_debian(
             return ref
         except docker.errors.ImageNotFound:
             pass
-    debootstrap = shutil.which("debootstrap")
-    if debootstrap is None:
-        raise EnvbuildError(
-            f"debootstrap is not installed, needed to bootstrap {ref} standing in for "
-            f"{stands_for}; run `apt-get install debootstrap` (or scripts/setup.sh)",
-            field="base",
-            value=stands_for,
-        )
-    if os.geteuid() != 0:
-        raise EnvbuildError(
-            f"bootstrapping {ref} needs root (debootstrap); run as root or make "
-            f"{stands_for} available to the engine",
-            field="base",
-            value=stands_for,
-        )
-
+    debootstrap = _can_bootstrap(ref, stands_for)
     root = Path(tempfile.mkdtemp(prefix="envbuild-bootstrap-"))
     tmp_tag = f"{suite}-importing-{uuid.uuid4().hex[:8]}"
     try:
-        rc, tail = _run_logged([debootstrap, "--variant=minbase", suite, str(root), mirror], on_line)
-        if rc != 0:
-            # one line (errors always are): debootstrap's last lines after " | output: "
-            text = " | output: " + " | ".join(l for l in tail[-BOOTSTRAP_ERROR_LINES:] if l.strip()) if tail else ""
-            if any(s in l for l in tail for s in ("Failed getting release file", "Couldn't download", "Temporary failure resolving")):
-                raise Unreachable(
-                    f"debootstrap could not reach the Debian mirror {mirror} (exit {rc}){text}",
-                    field="base",
-                    value=stands_for,
-                )
-            raise EnvbuildError(
-                f"debootstrap {suite} failed (exit {rc}){text}", field="base", value=stands_for
-            )
-        rc, tail = _run_logged(["chroot", str(root), "apt-get", "clean"], on_line)
-        if rc != 0:
-            raise EnvbuildError(
-                f"apt-get clean in the bootstrapped rootfs failed (exit {rc}): {tail[-1:]}",
-                field="base",
-                value=stands_for,
-            )
-        lists = root / "var/lib/apt/lists"
-        if lists.is_dir():
-            for entry in lists.iterdir():
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
-        resolv = root / "etc/resolv.conf"
-        if resolv.is_file() and not resolv.is_symlink():
-            resolv.write_text("")  # the engine provides its own at run time
-
+        _debootstrap(debootstrap, suite, root, mirror, stands_for, on_line)
+        _empty_caches(root)
         changes = [
             'CMD ["/bin/bash"]',
             f"ENV PATH={DEBIAN_PATH}",
@@ -277,10 +295,11 @@ def _import_rootfs(client: docker.DockerClient, root: Path, repo: str, tag: str,
         stderr=subprocess.PIPE,
     )
     assert tar.stdout is not None
+    out = tar.stdout
 
-    def chunks():
+    def chunks() -> Iterator[bytes]:
         while True:
-            block = tar.stdout.read(1 << 20)
+            block = out.read(1 << 20)
             if not block:
                 return
             yield block
@@ -302,6 +321,14 @@ def _import_rootfs(client: docker.DockerClient, root: Path, repo: str, tag: str,
 
 
 # --------------------------------------------------------------------------- resolve
+
+
+class PullFailed(Unreachable):
+    """``ref`` could not be pulled (exit 3); ``reason`` says why in one line."""
+
+    def __init__(self, reason: str, ref: str) -> None:
+        self.reason = reason
+        super().__init__(f"cannot be pulled: {reason}", field="image", value=ref)
 
 
 def pull(client: docker.DockerClient, ref: str, timeout_s: float = PULL_TIMEOUT_S) -> str:
@@ -335,9 +362,7 @@ def pull(client: docker.DockerClient, ref: str, timeout_s: float = PULL_TIMEOUT_
     else:
         reason = None
     if reason:
-        err = Unreachable(f"cannot be pulled: {reason}", field="image", value=ref)
-        err.reason = reason
-        raise err
+        raise PullFailed(reason, ref)
     try:
         return client.images.get(ref).id
     except docker.errors.ImageNotFound:
@@ -353,6 +378,59 @@ def _local_id(client: docker.DockerClient, ref: str) -> str | None:
 
 #: Values of ``--base-mode``.
 MODES = ("auto", "pull", "bootstrap", "local")
+
+
+def _explicit_base(client: docker.DockerClient, override: str, mode: str,
+                   pull_timeout_s: float) -> tuple[str, str, str]:
+    """``--base IMAGE``: taken as is, local or pulled, never bootstrapped."""
+    if mode == "bootstrap":
+        raise EnvbuildError("--base IMAGE and --base-mode bootstrap exclude each other", field="base", value=override)
+    image_id = None if mode == "pull" else _local_id(client, override)
+    if image_id is None:
+        if mode == "local":
+            raise Unreachable("is not available locally", field="base", value=override)
+        image_id = pull(client, override, pull_timeout_s)
+    return override, image_id, "explicit"
+
+
+def _bootstrapped(client: docker.DockerClient, official_ref: str, mirror: str,
+                  on_line: OnLine | None) -> tuple[str, str, str]:
+    suite = debian_suite(official_ref)
+    if suite is None:
+        raise EnvbuildError("only a debian:<suite> base can be bootstrapped", field="base", value=official_ref)
+    ref = bootstrap_debian(client, suite, mirror, official_ref, on_line=on_line)
+    return ref, client.images.get(ref).id, "bootstrapped"
+
+
+def _auto_base(client: docker.DockerClient, official_ref: str, mode: str, pull_timeout_s: float, mirror: str,
+               warn: Warn, on_line: OnLine | None) -> tuple[str, str, str]:
+    """``local`` and ``auto``: the local image, else (``auto``) pulled, else bootstrapped."""
+    image_id = _local_id(client, official_ref)
+    if image_id:
+        return official_ref, image_id, "local"
+    if mode == "local":
+        raise Unreachable(
+            "base image is not available locally (--base-mode local)", field="base", value=official_ref
+        )
+    try:
+        return official_ref, pull(client, official_ref, pull_timeout_s), "pulled"
+    except Unreachable as e:
+        reason = e.reason if isinstance(e, PullFailed) else e.message
+        suite = debian_suite(official_ref)
+        if suite is None:
+            raise Unreachable(
+                f"base image is not available locally and cannot be pulled ({reason}); "
+                "load it (docker load) or name a local one with --base IMAGE",
+                field="base",
+                value=official_ref,
+            ) from None
+    ref = bootstrap_debian(client, suite, mirror, official_ref, on_line=on_line)
+    warn(
+        f"{official_ref} is not available locally and cannot be pulled ({reason}); "
+        f"a bootstrapped base {ref} (debootstrap minbase of {suite}) stands in for it: "
+        "not byte-identical to the official image"
+    )
+    return ref, client.images.get(ref).id, "bootstrapped"
 
 
 def resolve_base(
@@ -394,56 +472,12 @@ def resolve_base(
         EnvbuildError: (exit 2) ``bootstrap`` for a non-Debian base or with ``override``;
             bootstrap failures.
     """
-    warn = warn or _default_warn
     if mode not in MODES:
         override, mode = override or mode, "auto"
-
     if override:
-        if mode == "bootstrap":
-            raise EnvbuildError(
-                "--base IMAGE and --base-mode bootstrap exclude each other", field="base", value=override
-            )
-        image_id = None if mode == "pull" else _local_id(client, override)
-        if image_id is None:
-            if mode == "local":
-                raise Unreachable("is not available locally", field="base", value=override)
-            image_id = pull(client, override, pull_timeout_s)
-        return override, image_id, "explicit"
-
+        return _explicit_base(client, override, mode, pull_timeout_s)
     if mode == "bootstrap":
-        suite = debian_suite(official_ref)
-        if suite is None:
-            raise EnvbuildError(
-                "only a debian:<suite> base can be bootstrapped", field="base", value=official_ref
-            )
-        ref = bootstrap_debian(client, suite, mirror, official_ref, on_line=on_line)
-        return ref, client.images.get(ref).id, "bootstrapped"
+        return _bootstrapped(client, official_ref, mirror, on_line)
     if mode == "pull":
         return official_ref, pull(client, official_ref, pull_timeout_s), "pulled"
-
-    image_id = _local_id(client, official_ref)
-    if image_id:
-        return official_ref, image_id, "local"
-    if mode == "local":
-        raise Unreachable(
-            "base image is not available locally (--base-mode local)", field="base", value=official_ref
-        )
-    try:
-        return official_ref, pull(client, official_ref, pull_timeout_s), "pulled"
-    except Unreachable as e:
-        reason = getattr(e, "reason", e.message)
-        suite = debian_suite(official_ref)
-        if suite is None:
-            raise Unreachable(
-                f"base image is not available locally and cannot be pulled ({reason}); "
-                "load it (docker load) or name a local one with --base IMAGE",
-                field="base",
-                value=official_ref,
-            ) from None
-    ref = bootstrap_debian(client, suite, mirror, official_ref, on_line=on_line)
-    warn(
-        f"{official_ref} is not available locally and cannot be pulled ({reason}); "
-        f"a bootstrapped base {ref} (debootstrap minbase of {suite}) stands in for it: "
-        "not byte-identical to the official image"
-    )
-    return ref, client.images.get(ref).id, "bootstrapped"
+    return _auto_base(client, official_ref, mode, pull_timeout_s, mirror, warn or _default_warn, on_line)

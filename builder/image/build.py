@@ -16,7 +16,13 @@ Neither the CA bundle nor the wheels end up in the image. The image is tagged
 ``envbuild/<recipe>:<first 12 hex of sha256(lock bytes + Dockerfile bytes + base image
 ID)>`` and labelled (OCI ``org.opencontainers.image.created``/``revision``, the base used).
 Afterwards the probe runs in the image and its findings are compared with the lock
-(:func:`builder.image.lockcheck.compare_probe_to_lock`).
+(:func:`builder.image.probecheck.compare_probe_to_lock`).
+
+Every option of a build is resolved once into a :class:`BuildOptions` (as cibuildwheel
+resolves its ``BuildOptions``); :func:`build` takes it, the engine, and how to report
+progress. The lock is read as JSON with the fields the build needs checked
+(:func:`read_rendered`); reading it through the recipe stage's ``Lock`` model is left for
+when that model lands (``builder/recipe/model.py``).
 """
 
 from __future__ import annotations
@@ -29,22 +35,25 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Mapping
+from typing import Any
 
 import docker
 import docker.errors
 
-from builder.image import bootstrap
-from builder.image import engine
+from builder.agent import payload
 from builder.core import inputs
 from builder.core.errors import EnvbuildError, ExitCode
 from builder.core.paths import DOCKERFILE, LOCK_FILE, image_dir
-from builder.image.lockcheck import PROBE_SCHEMA, compare_probe_to_lock
-from builder.image.site import SiteOptions
 from builder.oci import reference
+
+from . import bootstrap, engine
+from .buildkit import BuildkitCLI
+from .probecheck import PROBE_SCHEMA, compare_probe_to_lock, run_probe
+from .site import SiteOptions
 
 #: Repository of built images; the tag is the inputs hash.
 IMAGE_REPO_PREFIX = "envbuild/"
@@ -52,8 +61,6 @@ IMAGE_REPO_PREFIX = "envbuild/"
 CA_SECRET_ID = "pip_ca"
 #: The build-context folder bind-mounted by the Dockerfile (``source=wheels``).
 WHEELS_DIR = "wheels"
-#: Default probe: ``builder/agent/probe.py`` next to this module.
-DEFAULT_PROBE = Path(__file__).resolve().parents[1] / "agent" / "probe.py"
 
 LABEL_CREATED = "org.opencontainers.image.created"
 LABEL_REVISION = "org.opencontainers.image.revision"
@@ -92,7 +99,7 @@ class BuildResult:
     base_used: str
     base_image_id: str
     lock_hash: str
-    probe: dict
+    probe: dict[str, Any]
     mismatches: list[str]
     base_how: str = "local"
     labels: dict[str, str] = field(default_factory=dict)
@@ -102,7 +109,7 @@ class BuildResult:
 class LockMismatch(EnvbuildError):
     """The built image does not match its lock (exit 2); ``.result`` holds the build."""
 
-    def __init__(self, message: str, *, result: BuildResult, **kw) -> None:
+    def __init__(self, message: str, *, result: BuildResult, **kw: Any) -> None:
         self.result = result
         self.mismatches = result.mismatches
         super().__init__(message, **kw)
@@ -111,7 +118,7 @@ class LockMismatch(EnvbuildError):
 # --------------------------------------------------------------------------- inputs
 
 
-def read_rendered(recipe_name: str, images_dir: str | os.PathLike) -> tuple[bytes, bytes, dict, str]:
+def read_rendered(recipe_name: str, images_dir: str | os.PathLike) -> tuple[bytes, bytes, dict[str, Any], str]:
     """Read ``images_dir/<recipe>/{Dockerfile,envbuild.lock.json}``.
 
     Returns:
@@ -119,8 +126,9 @@ def read_rendered(recipe_name: str, images_dir: str | os.PathLike) -> tuple[byte
 
     Raises:
         EnvbuildError: (exit 2) a file is missing (run ``envbuild render``), the lock is
-            not (bounded, :func:`builder.core.inputs.load_json`) a JSON object with ``recipe``, ``python``, ``torch.local``, ``cuda``,
-            ``nccl``, ``os``, or the Dockerfile does not start with ``ARG BASE_IMAGE=``.
+            not (bounded, :func:`builder.core.inputs.load_json`) a JSON object with
+            ``recipe``, ``python``, ``torch.local``, ``cuda``, ``nccl``, ``os``, or the
+            Dockerfile does not start with ``ARG BASE_IMAGE=``.
     """
     folder = image_dir(images_dir, recipe_name).folder
     dockerfile = folder / DOCKERFILE
@@ -166,7 +174,7 @@ def official_base(dockerfile: bytes, origin: str = DOCKERFILE) -> str:
         text = line.strip()
         if not text or text.startswith("#"):
             continue
-        m = re.match(r"^ARG\s+BASE_IMAGE=(\S+)\s*$", text, re.IGNORECASE)
+        m = re.fullmatch(r"ARG\s+BASE_IMAGE=(\S+)\s*", text, re.IGNORECASE)
         if m:
             base = m.group(1).strip("\"'")
             if not reference.is_valid(base):
@@ -185,7 +193,7 @@ def image_tag(recipe_name: str, lock_bytes: bytes, dockerfile_bytes: bytes, base
     Raises:
         EnvbuildError: (exit 2) the recipe name is not a valid image repository name.
     """
-    if not reference.COMPONENT.match(recipe_name):
+    if not reference.COMPONENT.fullmatch(recipe_name):
         raise EnvbuildError(
             "not usable in an image name (lowercase letters, digits, '.', '_', '-')",
             field="recipe",
@@ -231,7 +239,7 @@ def stage_context(dockerfile_bytes: bytes, wheel_dir: Path | None, into: Path) -
     (into / DOCKERFILE).write_bytes(dockerfile_bytes)
     wheels = into / WHEELS_DIR
     wheels.mkdir()
-    staged = []
+    staged: list[str] = []
     if wheel_dir is not None:
         for whl in sorted(Path(wheel_dir).glob("*.whl")):
             if whl.is_file():
@@ -240,34 +248,81 @@ def stage_context(dockerfile_bytes: bytes, wheel_dir: Path | None, into: Path) -
     return staged
 
 
+# --------------------------------------------------------------------------- options
+
+
+def _console_warn(console: Any) -> Callable[[str], None]:
+    def warn(message: str) -> None:
+        console.print(f"warning: {message}", style="yellow", markup=False, soft_wrap=True)
+
+    return warn
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Everything one build needs, resolved once (see :func:`build`).
+
+    Attributes:
+        recipe: folder name under ``images_dir`` and the lock's ``recipe``.
+        images_dir: the renderer's output root (``images/``).
+        site: CA bundle, wheel folder and base override (:class:`SiteOptions`).
+        base_mode: ``"auto"``, ``"local"``, ``"pull"`` or ``"bootstrap"`` (see
+            :func:`builder.image.bootstrap.resolve_base`).
+        labels: extra labels for the image and the probe container.
+        run_id: value of ``envbuild.run`` (default a new id).
+        rebuild: build even when the tag exists.
+        pull_timeout_s: seconds allowed for pulling the base in ``auto`` mode.
+        build_timeout_s: seconds allowed for the build (default: no limit).
+        workdir: where to create the temporary build context (default ``$TMPDIR``;
+            on the wheel folder's filesystem, wheels are hard-linked instead of copied).
+        agent_dir: the agent folder whose ``probe`` runs in the image (default
+            ``builder/agent``, :data:`builder.agent.payload.AGENT_DIR`).
+    """
+
+    recipe: str
+    images_dir: Path
+    site: SiteOptions = field(default_factory=SiteOptions)
+    base_mode: str = "auto"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    run_id: str = field(default_factory=engine.new_run_id)
+    rebuild: bool = False
+    pull_timeout_s: float = bootstrap.PULL_TIMEOUT_S
+    build_timeout_s: float | None = None
+    workdir: Path | None = None
+    agent_dir: Path = payload.AGENT_DIR
+
+    @property
+    def folder(self) -> Path:
+        """``images_dir/<recipe>`` (:func:`builder.core.paths.image_dir`)."""
+        return image_dir(self.images_dir, self.recipe).folder
+
+
 # --------------------------------------------------------------------------- check
 
 
 def check_image(
     client: docker.DockerClient,
     image: str,
-    lock: dict,
+    lock: Mapping[str, Any],
     *,
-    probe_path: str | os.PathLike | None = None,
+    agent_dir: str | os.PathLike = payload.AGENT_DIR,
     labels: Mapping[str, str] | None = None,
     timeout_s: float = 300,
-) -> tuple[dict, list[str]]:
+) -> tuple[dict[str, Any], list[str]]:
     """Probe ``image`` and compare its environment with ``lock``.
 
-    Runs the probe (default ``builder/agent/probe.py``) in a throwaway container
-    (:func:`builder.image.engine.run_probe`); the image's labels play no part.
+    Runs the probe of ``agent_dir`` in a throwaway container
+    (:func:`builder.image.probecheck.run_probe`); the image's labels play no part.
 
     Returns:
         ``(probe_document, mismatches)``; see
-        :func:`builder.image.lockcheck.compare_probe_to_lock`.
+        :func:`builder.image.probecheck.compare_probe_to_lock`.
 
     Raises:
         EnvbuildError: (exit 3) the probe failed or its document is not
-            ``envbuild.probe/1``; see :func:`builder.image.engine.run_probe`.
+            ``envbuild.probe/1``; see :func:`builder.image.probecheck.run_probe`.
     """
-    probe = engine.run_probe(
-        client, image, probe_path or DEFAULT_PROBE, labels=labels, timeout_s=timeout_s
-    )
+    probe = run_probe(client, image, agent_dir, labels=labels, timeout_s=timeout_s)
     if probe.get("schema") != PROBE_SCHEMA:
         raise EnvbuildError(
             f"probe document has schema {probe.get('schema')!r}, expected {PROBE_SCHEMA!r}",
@@ -275,7 +330,7 @@ def check_image(
             value=image,
             exit_code=ExitCode.UNREACHABLE,
         )
-    return probe, compare_probe_to_lock(probe, lock)
+    return probe, compare_probe_to_lock(dict(probe), dict(lock))
 
 
 # --------------------------------------------------------------------------- build
@@ -284,15 +339,15 @@ def check_image(
 class _ConsoleProgress:
     """A rich live status line: the phase, the current BuildKit step and its last line."""
 
-    def __init__(self, console, on_line: engine.OnLine | None) -> None:
+    def __init__(self, console: Any, on_line: engine.OnLine | None) -> None:
         self.console = console
         self.forward = on_line
         self.title = ""
         self.step = ""
-        self.status = None
+        self.status: Any = None
 
     @contextlib.contextmanager
-    def phase(self, title: str):
+    def phase(self, title: str) -> Iterator[None]:
         self.title, self.step = title, ""
         if self.console is None:
             yield
@@ -312,7 +367,7 @@ class _ConsoleProgress:
             self.forward(line)
         if self.status is None:
             return
-        m = re.match(r"^#\d+ (\[.*)$", line)
+        m = re.fullmatch(r"#\d+ (\[.*)", line)
         if m:
             self.step = m.group(1)
         last = " ".join(line.split())
@@ -321,162 +376,119 @@ class _ConsoleProgress:
         self.status.update(self._text(f"{text[:width]}\n  {last[:width - 2]}"))
 
 
+def image_labels_for(options: BuildOptions, client: docker.DockerClient, official: str, base: tuple[str, str, str],
+                     lock_bytes: bytes, inputs_sha: str) -> dict[str, str]:
+    """The image's labels: recipe, creation time (UTC), the base used and its ID, the
+    lock's and the inputs' sha256, the git revision of the rendered files (if any), what a
+    bootstrapped base stands for, plus ``options.labels``. No ``envbuild=1`` /
+    ``envbuild.run``: containers inherit image labels, and cleanup by those labels must
+    only ever touch what envbuild itself started."""
+    base_ref, base_id, how = base
+    labels = {
+        LABEL_RECIPE: options.recipe,
+        LABEL_CREATED: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        LABEL_BASE_USED: base_ref,
+        LABEL_BASE_ID: base_id,
+        LABEL_LOCK_SHA: hashlib.sha256(lock_bytes).hexdigest(),
+        LABEL_INPUTS_SHA: inputs_sha,
+    }
+    revision = git_revision(options.folder)
+    if revision:
+        labels[LABEL_REVISION] = revision
+    if how == "bootstrapped":
+        labels[bootstrap.LABEL_STANDS_FOR] = engine.image_labels(client, base_ref).get(bootstrap.LABEL_STANDS_FOR,
+                                                                                       official)
+    labels.update(options.labels)
+    return labels
+
+
+def _existing_image(client: docker.DockerClient, tag: str) -> str | None:
+    try:
+        return client.images.get(tag).id
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def _build_in_context(options: BuildOptions, client: docker.DockerClient, dockerfile: bytes, tag: str,
+                      base_ref: str, labels: Mapping[str, str], progress: _ConsoleProgress,
+                      cli: BuildkitCLI | None) -> str:
+    """Stage a temporary build context (removed afterwards) and build it; the image ID."""
+    secrets = {CA_SECRET_ID: str(options.site.ca_bundle)} if options.site.ca_bundle else {}
+    ctx = Path(tempfile.mkdtemp(prefix="envbuild-ctx-", dir=options.workdir))
+    try:
+        stage_context(dockerfile, options.site.wheel_dir, ctx)
+        with progress.phase(f"building {tag}"):
+            return engine.build_image(ctx, tag, build_args={"BASE_IMAGE": base_ref}, labels=labels, secrets=secrets,
+                                      on_line=progress.on_line, client=client, cli=cli,
+                                      origin=str(options.folder / DOCKERFILE), timeout_s=options.build_timeout_s)
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)
+
+
 def build(
-    recipe_name: str,
-    images_dir: str | os.PathLike,
-    site: SiteOptions,
+    options: BuildOptions,
     client: docker.DockerClient,
     *,
-    base_mode: str = "auto",
-    console=None,
+    console: Any = None,
     on_line: engine.OnLine | None = None,
     warn: bootstrap.Warn | None = None,
-    probe_path: str | os.PathLike | None = None,
-    labels: Mapping[str, str] | None = None,
-    run_id: str | None = None,
-    rebuild: bool = False,
-    cli: engine.BuildkitCLI | None = None,
-    pull_timeout_s: float = bootstrap.PULL_TIMEOUT_S,
-    build_timeout_s: float | None = None,
-    workdir: str | os.PathLike | None = None,
+    cli: BuildkitCLI | None = None,
 ) -> BuildResult:
-    """Build ``images_dir/<recipe_name>`` and check the image against its lock.
+    """Build ``options.images_dir/<options.recipe>`` and check the image against its lock.
 
     Steps: read the rendered files (:func:`read_rendered`); resolve the base
-    (``base_mode`` and ``site.base_override``, :func:`builder.image.bootstrap.resolve_base`);
-    compute the tag (:func:`image_tag`); unless that tag exists already (and not
-    ``rebuild``), stage a temporary build context (:func:`stage_context`, removed
-    afterwards) and build it with ``--build-arg BASE_IMAGE=<base>``, ``--secret
-    id=pip_ca,src=<site.ca_bundle>`` when known, and labels ``envbuild=1``,
-    ``envbuild.recipe``, ``org.opencontainers.image.created`` (UTC),
-    ``org.opencontainers.image.revision`` (git commit of ``images_dir``, if any),
-    ``envbuild.base.used``, ``envbuild.base.image-id``, ``envbuild.lock.sha256``,
-    ``envbuild.inputs.sha256``, ``envbuild.bootstrap.stands-for`` when the base is a
-    bootstrapped stand-in, plus ``labels``; then probe the image (:func:`check_image`).
+    (``options.base_mode`` and ``options.site.base_override``,
+    :func:`builder.image.bootstrap.resolve_base`); compute the tag (:func:`image_tag`);
+    unless that tag exists already (and not ``options.rebuild``), stage a temporary build
+    context (:func:`stage_context`, removed afterwards) and build it with ``--build-arg
+    BASE_IMAGE=<base>``, ``--secret id=pip_ca,src=<site.ca_bundle>`` when known, and the
+    labels of :func:`image_labels_for`; then probe the image (:func:`check_image`).
 
     Args:
-        recipe_name: folder name under ``images_dir`` and the lock's ``recipe``.
-        images_dir: the renderer's output root (``images/``).
-        site: CA bundle, wheel folder and base override (:class:`SiteOptions`).
+        options: the resolved :class:`BuildOptions`.
         client: the engine (:func:`builder.image.engine.connect`).
-        base_mode: ``"auto"``, ``"local"``, ``"pull"`` or ``"bootstrap"`` (see
-            :func:`builder.image.bootstrap.resolve_base`).
         console: a ``rich.console.Console``: shows a live status line (current build
             step and its latest output line) and prints warnings; None for no display.
         on_line: build/debootstrap output lines (in addition to ``console``).
         warn: warnings (a bootstrapped base stands in); default: ``console`` if given,
             else stderr.
-        probe_path: probe script (default ``builder/agent/probe.py``).
-        labels: extra labels for the image and the probe container.
-        run_id: value of ``envbuild.run`` (default a new id).
-        rebuild: build even when the tag exists.
-        cli: BuildKit client (default :func:`builder.image.engine.buildkit_cli`).
-        pull_timeout_s: seconds allowed for pulling the base in ``auto`` mode.
-        build_timeout_s: seconds allowed for the build (default: no limit).
-        workdir: where to create the temporary build context (default ``$TMPDIR``;
-            on the wheel folder's filesystem, wheels are hard-linked instead of copied).
+        cli: BuildKit client (default :func:`builder.image.buildkit.buildkit_cli`).
 
     Returns:
         :class:`BuildResult` with ``mismatches == []``.
 
     Raises:
         EnvbuildError: (exit 2) rendered files missing or invalid; the build failed
-            (:class:`builder.image.engine.BuildFailed`, no tag left behind).
+            (:class:`builder.image.buildkit.BuildFailed`, no tag left behind).
         LockMismatch: (exit 2) the image differs from the lock; every difference is
             listed, and the image stays tagged for inspection.
         Unreachable: (exit 3) engine or base image unreachable.
     """
-    df_bytes, lock_bytes, lock, official = read_rendered(recipe_name, images_dir)
-    folder = image_dir(images_dir, recipe_name).folder
-    run_id = run_id or engine.new_run_id()
-
+    df_bytes, lock_bytes, lock, official = read_rendered(options.recipe, options.images_dir)
     progress = _ConsoleProgress(console, on_line)
     if warn is None and console is not None:
-
-        def warn(message: str) -> None:
-            console.print(f"warning: {message}", style="yellow", markup=False, soft_wrap=True)
-
+        warn = _console_warn(console)
     with progress.phase(f"resolving base {official}"):
-        base_ref, base_id, how = bootstrap.resolve_base(
-            client,
-            official,
-            base_mode,
-            override=site.base_override,
-            pull_timeout_s=pull_timeout_s,
-            warn=warn,
-            on_line=progress.on_line,
-        )
-    tag, digest = image_tag(recipe_name, lock_bytes, df_bytes, base_id)
-
-    all_labels = {
-        # No envbuild=1 / envbuild.run on images: containers inherit image labels, and
-        # cleanup by those labels must only ever touch what envbuild itself started.
-        LABEL_RECIPE: recipe_name,
-        LABEL_CREATED: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        LABEL_BASE_USED: base_ref,
-        LABEL_BASE_ID: base_id,
-        LABEL_LOCK_SHA: hashlib.sha256(lock_bytes).hexdigest(),
-        LABEL_INPUTS_SHA: digest,
-    }
-    revision = git_revision(folder)
-    if revision:
-        all_labels[LABEL_REVISION] = revision
-    if how == "bootstrapped":
-        stands = engine.image_labels(client, base_ref).get(bootstrap.LABEL_STANDS_FOR, official)
-        all_labels[bootstrap.LABEL_STANDS_FOR] = stands
-    all_labels.update(labels or {})
-
-    image_id = None
-    reused = False
-    if not rebuild:
-        try:
-            image_id = client.images.get(tag).id
-            reused = True
-        except docker.errors.ImageNotFound:
-            pass
+        base = bootstrap.resolve_base(client, official, options.base_mode, override=options.site.base_override,
+                                      pull_timeout_s=options.pull_timeout_s, warn=warn, on_line=progress.on_line)
+    tag, digest = image_tag(options.recipe, lock_bytes, df_bytes, base[1])
+    labels = image_labels_for(options, client, official, base, lock_bytes, digest)
+    image_id = None if options.rebuild else _existing_image(client, tag)
+    reused = image_id is not None
     if image_id is None:
-        secrets = {CA_SECRET_ID: str(site.ca_bundle)} if site.ca_bundle else {}
-        ctx = Path(tempfile.mkdtemp(prefix="envbuild-ctx-", dir=workdir))
-        try:
-            stage_context(df_bytes, site.wheel_dir, ctx)
-            with progress.phase(f"building {tag}"):
-                image_id = engine.build_image(
-                    ctx,
-                    tag,
-                    build_args={"BASE_IMAGE": base_ref},
-                    labels=all_labels,
-                    secrets=secrets,
-                    on_line=progress.on_line,
-                    client=client,
-                    cli=cli,
-                    origin=str(folder / DOCKERFILE),
-                    timeout_s=build_timeout_s,
-                )
-        finally:
-            shutil.rmtree(ctx, ignore_errors=True)
-
+        image_id = _build_in_context(options, client, df_bytes, tag, base[0], labels, progress, cli)
     with progress.phase(f"probing {tag}"):
-        probe, mismatches = check_image(
-            client, tag, lock, probe_path=probe_path, labels={**engine.run_labels(run_id), **(labels or {})}
-        )
-    result = BuildResult(
-        tag=tag,
-        image_id=image_id,
-        base_used=base_ref,
-        base_image_id=base_id,
-        lock_hash=digest,
-        probe=probe,
-        mismatches=mismatches,
-        base_how=how,
-        labels=engine.image_labels(client, tag),
-        reused=reused,
-    )
+        probe, mismatches = check_image(client, tag, lock, agent_dir=options.agent_dir,
+                                        labels={**engine.run_labels(options.run_id), **options.labels})
+    result = BuildResult(tag=tag, image_id=image_id, base_used=base[0], base_image_id=base[1], lock_hash=digest,
+                         probe=probe, mismatches=mismatches, base_how=base[2],
+                         labels=engine.image_labels(client, tag), reused=reused)
     if mismatches:
         raise LockMismatch(
             f"image {tag} does not match the lock ({len(mismatches)} difference"
             f"{'s' if len(mismatches) != 1 else ''}): {'; '.join(mismatches)}; the image is "
             f"kept for inspection (docker run --rm -it {tag} bash)",
             result=result,
-            file=str(folder / LOCK_FILE),
+            file=str(options.folder / LOCK_FILE),
         )
     return result

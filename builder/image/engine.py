@@ -1,4 +1,4 @@
-"""The Docker engine: connect, build (BuildKit, through the docker CLI), probe, clean up.
+"""The Docker engine: connect, build (BuildKit, through the docker CLI), labels, clean up.
 
 Everything envbuild creates on the engine (images, containers, networks) carries the label
 ``envbuild=1`` (:data:`LABEL`) and, per invocation, ``envbuild.run=<id>`` (:data:`RUN_LABEL`,
@@ -7,28 +7,28 @@ see :func:`run_labels`), so that :func:`remove_by_label` can find and remove it.
 Engine calls go through the docker SDK (``docker`` package) except image builds: the SDK
 only speaks the classic builder, and the rendered Dockerfiles need BuildKit
 (``RUN --mount=type=secret|bind``, ``--secret``), so :func:`build_image` runs a docker CLI
-found by :func:`buildkit_cli`.
+found by :func:`builder.image.buildkit.buildkit_cli`. Running the probe in an image is
+:func:`builder.image.probecheck.run_probe`.
 """
 
 from __future__ import annotations
 
-import collections
 import os
 import re
-import subprocess
 import tempfile
-import threading
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Any
 
 import docker
 import docker.errors
 import requests
 
-from builder.core.errors import EnvbuildError, ExitCode, Unreachable
-from builder.core.inputs import one_line, show
+from builder.core.errors import EnvbuildError, Unreachable
+from builder.core.inputs import one_line
+
+from .buildkit import BuildkitCLI, build_argv, build_failed, buildkit_cli, run_build
 
 #: Label on everything envbuild creates (value ``"1"``).
 LABEL = "envbuild"
@@ -41,20 +41,8 @@ DEADLINE_LABEL = "envbuild.deadline"
 #: Most ``Config.Env`` entries read from an image, and the longest one (bytes).
 MAX_IMAGE_ENV = 4096
 MAX_IMAGE_ENV_ENTRY = 65536
-#: Most bytes of a container's output read by :func:`run_probe` (a probe document is a
-#: few KiB; node reports are bounded to 16 MiB, :data:`builder.core.inputs.MAX_REPORT_BYTES`).
-MAX_PROBE_OUTPUT = 16 << 20
-
-#: Where :func:`run_probe` mounts the probe script (read-only) inside the container.
-PROBE_MOUNT = "/opt/envbuild/probe.py"
-
 #: Default ``DOCKER_HOST`` of the docker SDK and CLI when the variable is unset.
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
-
-#: Docker CLI releases from 23.0 on need the buildx plugin for BuildKit builds; older
-#: ones have BuildKit built in, enabled by ``DOCKER_BUILDKIT=1``
-#: (https://docs.docker.com/engine/release-notes/23.0/: "docker build" uses buildx).
-LEGACY_BUILDKIT_MAX_MAJOR = 22
 
 OnLine = Callable[[str], None]
 
@@ -79,11 +67,6 @@ def _docker_host() -> str:
     return os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
 
 
-def _one_line(text: str, limit: int = 160) -> str:
-    """``text`` as one escaped line of at most ``limit`` characters (:func:`builder.core.inputs.one_line`)."""
-    return one_line(text, limit)
-
-
 def connect(timeout_s: int = 60) -> docker.DockerClient:
     """Connect to the Docker engine named by the environment (``DOCKER_HOST`` etc.).
 
@@ -104,185 +87,13 @@ def connect(timeout_s: int = 60) -> docker.DockerClient:
         client.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as e:
         raise Unreachable(
-            f"no Docker engine answers at {url} ({_one_line(e, 120)}); start one with "
+            f"no Docker engine answers at {url} ({one_line(e, 120)}); start one with "
             "`dockerd &` or `systemctl start docker`, or run scripts/setup.sh"
         ) from None
     return client
 
 
-# --------------------------------------------------------------------------- BuildKit CLI
-
-
-@dataclass(frozen=True)
-class BuildkitCLI:
-    """A docker client able to run BuildKit builds.
-
-    Attributes:
-        path: the client executable, e.g. ``"/usr/bin/docker"``.
-        version: its version, e.g. ``"20.10.24+dfsg1"``.
-        argv: the build command prefix: ``(path, "buildx", "build", "--load")`` when the
-            buildx plugin works, else ``(path, "build")``.
-        env: extra environment for the command: ``{"DOCKER_BUILDKIT": "1"}`` for a
-            pre-23 client without buildx, else ``{}``.
-    """
-
-    path: str
-    version: str
-    argv: tuple[str, ...]
-    env: Mapping[str, str] = field(default_factory=dict)
-
-
-def _candidates(search_path: str | None, extra: Iterable[str]) -> list[str]:
-    if search_path is None:
-        search_path = os.environ.get("PATH", "")
-    found: list[str] = []
-    seen: set[str] = set()
-    entries = [os.path.join(d, "docker") for d in search_path.split(os.pathsep) if d]
-    for cand in [*entries, *extra]:
-        if not (os.path.isfile(cand) and os.access(cand, os.X_OK)):
-            continue
-        real = os.path.realpath(cand)
-        if real in seen:
-            continue
-        seen.add(real)
-        found.append(cand)
-    return found
-
-
-def _client_version(path: str) -> str | None:
-    try:
-        out = subprocess.run(
-            [path, "--version"], capture_output=True, text=True, timeout=20
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    m = re.search(r"version\s+v?(\d+\.\d+[^\s,]*)", out.stdout, re.IGNORECASE)
-    return m.group(1) if out.returncode == 0 and m else None
-
-
-def _has_buildx(path: str) -> bool:
-    try:
-        out = subprocess.run(
-            [path, "buildx", "version"], capture_output=True, text=True, timeout=20
-        )
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0
-
-
-def buildkit_cli(
-    search_path: str | None = None, extra: Iterable[str] = ("/usr/bin/docker",)
-) -> BuildkitCLI:
-    """Find a docker client that can build with BuildKit.
-
-    Candidates are ``docker`` in each ``search_path`` entry (default ``$PATH``) in order,
-    then ``extra``; duplicates (same real path) are tried once. First choice: a client
-    whose ``docker buildx version`` works (``docker buildx build --load``); else a client
-    older than 23.0 (``docker --version``), used as ``DOCKER_BUILDKIT=1 docker build``.
-
-    Raises:
-        EnvbuildError: (exit 2) no candidate qualifies; the message lists those tried.
-    """
-    cands = _candidates(search_path, extra)
-    for path in cands:
-        if _has_buildx(path):
-            return BuildkitCLI(
-                path=path,
-                version=_client_version(path) or "unknown",
-                argv=(path, "buildx", "build", "--load"),
-                env={},
-            )
-    tried = []
-    for path in cands:
-        version = _client_version(path)
-        tried.append(f"{path} ({version or 'no version'})")
-        if version is None:
-            continue
-        major = int(version.split(".")[0])
-        if major <= LEGACY_BUILDKIT_MAX_MAJOR:
-            return BuildkitCLI(
-                path=path, version=version, argv=(path, "build"), env={"DOCKER_BUILDKIT": "1"}
-            )
-    raise EnvbuildError(
-        "no docker client can build with BuildKit: tried "
-        + (", ".join(tried) or "no docker executable found")
-        + "; install the buildx plugin (apt-get install docker-buildx) or a docker client"
-        " older than 23 (Debian's docker.io 20.10)",
-        field="docker",
-    )
-
-
 # --------------------------------------------------------------------------- build
-
-
-#: Output lines of the failing step kept in a build error's one line.
-BUILD_ERROR_LINES = 3
-
-
-class BuildFailed(EnvbuildError):
-    """``docker build`` failed (exit 2). The message is one line: the failing step, the
-    reason, then its last :data:`BUILD_ERROR_LINES` output lines after ``" | output: "``.
-
-    Attributes:
-        tag: the tag asked for (it does not exist afterwards).
-        step: the failing step as BuildKit names it, e.g. ``"[2/3] RUN make"``, or None.
-        lines: the failing step's last output lines (at most ``keep_lines``), raw
-            ``--progress=plain`` lines, followed by BuildKit's closing error lines.
-    """
-
-    def __init__(self, message: str, *, tag: str, step: str | None, lines: list[str], **kw):
-        self.tag = tag
-        self.step = step
-        self.lines = lines
-        super().__init__(message, **kw)
-
-
-_STEP_RE = re.compile(r"^#(\d+) (.*)$")
-_TIMED_RE = re.compile(r"^\d+\.\d+ ")
-
-
-class _ProgressLog:
-    """Splits BuildKit ``--progress=plain`` output into steps (``#N ...`` lines)."""
-
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
-        self.names: dict[str, str] = {}
-        self.lines: dict[str, collections.deque[str]] = {}
-        self.tail: collections.deque[str] = collections.deque(maxlen=keep)
-        self.errors: list[tuple[str, str]] = []  # (step, "ERROR: ..." text)
-        self.after_error: list[str] = []
-
-    def add(self, line: str) -> None:
-        self.tail.append(line)
-        m = _STEP_RE.match(line)
-        if not m:
-            if self.errors and line.strip() and not line.startswith("------"):
-                self.after_error.append(line)
-                del self.after_error[: -self.keep]
-            return
-        step, rest = m.groups()
-        if step not in self.names and rest.startswith("["):
-            self.names[step] = rest
-        if rest.startswith("sha256:"):
-            return
-        self.lines.setdefault(step, collections.deque(maxlen=self.keep)).append(line)
-        if rest.startswith("ERROR"):
-            self.errors.append((step, rest))
-
-    def failure(self) -> tuple[str | None, str, list[str]]:
-        """(step name, reason, lines) describing the failure."""
-        if not self.errors:
-            lines = list(self.tail)
-            reason = lines[-1].strip() if lines else "no output"
-            return None, reason, lines
-        # parallel stages that BuildKit cancelled after the real failure also say ERROR
-        real = [e for e in self.errors if "canceled" not in e[1] and "cancelled" not in e[1]]
-        step, text = (real or self.errors)[0]
-        reason = text.partition(":")[2].strip() or text
-        lines = [l for l in self.lines.get(step, []) if not _STEP_RE.match(l).group(2).startswith("ERROR")]
-        # the closing block repeats the step's output as "<seconds> <text>": keep the rest
-        closing = [l for l in self.after_error if not l.startswith(" > ") and not _TIMED_RE.match(l)]
-        return self.names.get(step), reason, (lines + closing)[-self.keep :]
 
 
 def _split_tag(tag: str) -> tuple[str, str]:
@@ -315,10 +126,11 @@ def build_image(
 ) -> str:
     """Build ``context_dir`` with BuildKit and tag the result ``tag``.
 
-    Runs the client from :func:`buildkit_cli` with ``--progress=plain``; each output line
-    (without its newline) goes to ``on_line`` as it arrives. The build is tagged with a
-    temporary tag first and retagged ``tag`` only once it succeeded, so a failed or
-    interrupted build leaves no ``tag`` behind (a ``tag`` that existed before is kept).
+    Runs the client from :func:`builder.image.buildkit.buildkit_cli` with
+    ``--progress=plain``; each output line (without its newline) goes to ``on_line`` as it
+    arrives. The build is tagged with a temporary tag first and retagged ``tag`` only once
+    it succeeded, so a failed or interrupted build leaves no ``tag`` behind (a ``tag`` that
+    existed before is kept).
 
     Args:
         context_dir: the build context folder.
@@ -329,7 +141,7 @@ def build_image(
         on_line: called with every output line.
         dockerfile: the Dockerfile (default ``context_dir/Dockerfile``).
         client: SDK client used for tagging (default :func:`connect`).
-        cli: the BuildKit client (default :func:`buildkit_cli`).
+        cli: the BuildKit client (default :func:`builder.image.buildkit.buildkit_cli`).
         origin: file name shown in error messages (default the Dockerfile's path).
         timeout_s: seconds before the build is killed (default: no limit).
         keep_lines: how many lines of the failing step the error keeps.
@@ -353,66 +165,16 @@ def build_image(
     client = client or connect()
     repo, name = _split_tag(tag)
     tmp_tag = f"{repo}:{name[:90]}-building-{uuid.uuid4().hex[:8]}"
-
+    ok = False
     with tempfile.TemporaryDirectory(prefix="envbuild-iid-") as tmp:
         iidfile = Path(tmp) / "iid"
-        argv = [*cli.argv, "--progress=plain", "-f", str(dockerfile), "-t", tmp_tag]
-        argv += ["--iidfile", str(iidfile)]
-        for k, v in (build_args or {}).items():
-            argv += ["--build-arg", f"{k}={v}"]
-        for k, v in (labels or {}).items():
-            argv += ["--label", f"{k}={v}"]
-        for sid, src in (secrets or {}).items():
-            argv += ["--secret", f"id={sid},src={Path(src).resolve()}"]
-        argv.append(str(context))
-        env = {**os.environ, **cli.env}
-
-        log = _ProgressLog(keep_lines)
-        timed_out = threading.Event()
-        proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            text=True,
-            errors="replace",
-            bufsize=1,
-        )
-
-        def _kill() -> None:
-            timed_out.set()
-            proc.kill()
-
-        timer = threading.Timer(timeout_s, _kill) if timeout_s else None
-        ok = False
+        argv = build_argv(cli, dockerfile, tmp_tag, iidfile, context, build_args, labels, secrets)
         try:
-            if timer:
-                timer.start()
-            assert proc.stdout is not None
-            for raw in proc.stdout:
-                line = raw.rstrip("\n")
-                log.add(line)
-                if on_line:
-                    on_line(line)
-            rc = proc.wait()
-            if timed_out.is_set():
-                raise Unreachable(
-                    f"docker build of {tag} did not finish within {timeout_s:g} s", file=origin
-                )
+            rc, log, timed_out = run_build(argv, {**os.environ, **cli.env}, on_line, timeout_s, keep_lines)
+            if timed_out:
+                raise Unreachable(f"docker build of {tag} did not finish within {timeout_s:g} s", file=origin)
             if rc != 0:
-                step, reason, lines = log.failure()
-                where = f" at step {step}" if step else ""
-                # one line (errors always are): the step's last output lines after " | "
-                output = [l.split(" ", 2)[2] if _TIMED_RE.match(l.partition(" ")[2]) else l for l in lines]
-                body = " | ".join(o for o in output[-BUILD_ERROR_LINES:] if o.strip())
-                raise BuildFailed(
-                    f"docker build of {tag} failed{where}: {reason}" + (f" | output: {body}" if body else ""),
-                    tag=tag,
-                    step=step,
-                    lines=lines,
-                    file=origin,
-                )
+                raise build_failed(tag, log, origin)
             image_id = iidfile.read_text().strip() if iidfile.exists() else ""
             if not image_id:
                 image_id = client.images.get(tmp_tag).id
@@ -420,19 +182,11 @@ def build_image(
             ok = True
             return image_id
         finally:
-            if timer:
-                timer.cancel()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            if proc.stdout:
-                proc.stdout.close()
             try:
                 # untag only: the image stays under `tag` on success
                 client.api.remove_image(tmp_tag, noprune=ok)
             except docker.errors.APIError:
                 pass  # NotFound: the build never tagged it; anything else must not mask the outcome
-
 
 # --------------------------------------------------------------------------- cleanup
 
@@ -485,7 +239,7 @@ def remove_by_label(
             except docker.errors.APIError as e:
                 errors[image_id] = e.explanation or str(e)
         if not progress:
-            detail = "; ".join(f"{i[7:19]}: {_one_line(errors[i], 200)}" for i in sorted(pending))
+            detail = "; ".join(f"{i[7:19]}: {one_line(errors[i], 200)}" for i in sorted(pending))
             raise EnvbuildError(
                 f"could not remove {len(pending)} image(s) ({detail}); the rest was removed",
                 field="label",
@@ -500,7 +254,7 @@ def deadline_label(epoch_s: float) -> str:
     import datetime
     import math
 
-    t = datetime.datetime.fromtimestamp(math.ceil(epoch_s), datetime.timezone.utc)
+    t = datetime.datetime.fromtimestamp(math.ceil(epoch_s), datetime.UTC)
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -513,7 +267,7 @@ def _parse_deadline(text: object) -> float | None:
         t = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
     except ValueError:
         return None
-    return t.replace(tzinfo=datetime.timezone.utc).timestamp()
+    return t.replace(tzinfo=datetime.UTC).timestamp()
 
 
 def stale_networks(client: docker.DockerClient, now: float | None = None,
@@ -612,7 +366,7 @@ def read_bounded(chunks: Iterable[bytes], limit: int) -> tuple[bytes, bool]:
     return b"".join(out), False
 
 
-def attach_output(client: docker.DockerClient, container_id: str):
+def attach_output(client: docker.DockerClient, container_id: str) -> Any:
     """Attach to a container's stdout and stderr (also what it printed before): an
     iterator of ``(stdout bytes | None, stderr bytes | None)`` frames that ends when the
     container stops. Meant to be called BEFORE the container starts (``docker run --rm``
@@ -629,111 +383,3 @@ def attach_output(client: docker.DockerClient, container_id: str):
     except AttributeError:  # pragma: no cover - another SDK layout: keep its timeout
         pass
     return stream
-
-
-# --------------------------------------------------------------------------- probe
-
-
-def _probe_result(container, image: str, code: int) -> dict:
-    """The probe's document from the ended ``container`` (exit status ``code``), its
-    output read with bounds. Raises EnvbuildError (exit 3) as :func:`run_probe` says."""
-    def read(stdout: bool) -> tuple[str, bool]:
-        raw, cut = read_bounded(container.logs(stdout=stdout, stderr=not stdout, stream=True, follow=False),
-                                MAX_PROBE_OUTPUT)
-        return raw.decode("utf-8", "replace"), cut
-
-    out, cut = read(True)
-    if code != 0:
-        err = read(False)[0]
-        last = (err.strip().splitlines() or out.strip().splitlines() or ["no output"])[-1]
-        raise EnvbuildError(f"probe exited with code {code}: {one_line(last, 300)}", field="image",
-                            value=image, exit_code=ExitCode.UNREACHABLE)
-    if cut:
-        raise EnvbuildError(f"probe printed more than {MAX_PROBE_OUTPUT} bytes", field="image",
-                            value=image, exit_code=ExitCode.UNREACHABLE)
-    doc = _probe_json(out)
-    if not isinstance(doc, dict):
-        raise EnvbuildError(f"probe printed no JSON object: {show(out.strip())}", field="image",
-                            value=image, exit_code=ExitCode.UNREACHABLE)
-    return doc
-
-
-def _probe_json(out: str):
-    """The probe's JSON object: the whole output, else its last line; bounded
-    (:func:`builder.core.inputs.load_json`); None when neither is one."""
-    from builder.core.inputs import load_json
-
-    lines = out.strip().splitlines()
-    for text in (out, lines[-1] if lines else ""):
-        try:
-            return load_json(text, "probe output", exit_code=ExitCode.UNREACHABLE)
-        except EnvbuildError:
-            continue
-    return None
-
-
-def run_probe(
-    client: docker.DockerClient,
-    image: str,
-    probe_path: str | os.PathLike,
-    *,
-    labels: Mapping[str, str] | None = None,
-    timeout_s: float = 300,
-    gpus: bool = False,
-) -> dict:
-    """Run the probe in a throwaway container of ``image`` and return its JSON.
-
-    Runs ``python3 /opt/envbuild/probe.py`` with ``probe_path`` bind-mounted read-only at
-    that path (the image is not changed), no network, and the container labelled
-    ``envbuild=1`` plus ``labels``. The container is removed afterwards, also on failure.
-
-    Args:
-        image: image name, tag or ID.
-        probe_path: the probe script on the engine's host (e.g. ``builder/agent/probe.py``).
-        labels: extra labels for the container.
-        timeout_s: seconds the probe may run.
-        gpus: request all GPUs (``--gpus all``).
-
-    Returns:
-        The JSON document the probe printed on stdout (a dict, e.g. schema
-        ``envbuild.probe/1``).
-
-    Raises:
-        EnvbuildError: (exit 2) no such image or probe file.
-        EnvbuildError: (exit 3) the probe exited non-zero (message ends with its last
-            stderr line) or printed something other than a JSON object.
-        Unreachable: (exit 3) the probe ran past ``timeout_s``.
-    """
-    probe = Path(probe_path).resolve()
-    if not probe.is_file():
-        raise EnvbuildError("no such file", field="probe", value=str(probe_path))
-    kwargs: dict = {}
-    if gpus:
-        kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    try:
-        container = client.containers.create(
-            image,
-            ["python3", PROBE_MOUNT],
-            volumes={str(probe): {"bind": PROBE_MOUNT, "mode": "ro"}},
-            labels={LABEL: "1", **(labels or {})},
-            network_mode="none",
-            **kwargs,
-        )
-    except docker.errors.ImageNotFound:
-        raise EnvbuildError("no such image", field="image", value=image) from None
-    try:
-        container.start()
-        try:
-            status = container.wait(timeout=timeout_s)
-        except (requests.exceptions.RequestException, OSError):
-            raise Unreachable(
-                f"probe did not finish within {timeout_s:g} s", field="image", value=image
-            ) from None
-        doc = _probe_result(container, image, status.get("StatusCode", -1))
-        return doc
-    finally:
-        try:
-            container.remove(force=True)
-        except docker.errors.NotFound:
-            pass
-

@@ -32,15 +32,18 @@ of the container's root filesystem); tar member types from POSIX ustar/pax.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import tarfile
+import typing
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Iterable, Iterator, Mapping
+from typing import IO
 
 import docker
 import docker.errors
 
-from builder.core.errors import EnvbuildError, Unreachable
+from builder.core.errors import EnvbuildError, ExitCode, Unreachable
 
 #: Name of the method; stored next to the hash so that a changed method is not compared.
 METHOD = "envbuild.fshash/1"
@@ -171,7 +174,7 @@ def hash_tar(fileobj: IO[bytes], patterns: Iterable[str] = EXCLUDED) -> FsHash:
                     h = hashlib.sha256()
                     f = tar.extractfile(member)
                     if f is not None:
-                        for chunk in iter(lambda: f.read(1 << 20), b""):
+                        for chunk in iter(functools.partial(f.read, 1 << 20), b""):
                             h.update(chunk)
                     digest = "sha256:" + h.hexdigest()
                     contents[path] = digest
@@ -187,7 +190,7 @@ def hash_tar(fileobj: IO[bytes], patterns: Iterable[str] = EXCLUDED) -> FsHash:
                     what = "-"
                 lines[path] = entry_line(kind, path, member.mode, member.uid, member.gid, what)
     except tarfile.TarError as e:
-        raise EnvbuildError(f"not a readable tar stream: {e}", field="export", exit_code=3) from None
+        raise EnvbuildError(f"not a readable tar stream: {e}", field="export", exit_code=ExitCode.UNREACHABLE) from None
     for path, member in pending_links:
         target = _norm(member.linkname)
         # a hard link is the same file as its target: hash it as a file with that content
@@ -255,7 +258,7 @@ def image_fshash(
         raise Unreachable(f"could not create a container to export: {e.explanation or e}",
                           field="image", value=image) from None
     try:
-        return hash_tar(_ChunkReader(iter(container.export(chunk_size=1 << 20))), patterns)
+        return hash_tar(typing.cast(IO[bytes], _ChunkReader(iter(container.export(chunk_size=1 << 20)))), patterns)
     except docker.errors.APIError as e:
         raise Unreachable(f"export failed: {e.explanation or e}", field="image", value=image) from None
     finally:

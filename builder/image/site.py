@@ -18,9 +18,9 @@ import ast
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 from urllib.parse import unquote, urlparse
 
 from builder.core.errors import EnvbuildError
@@ -57,7 +57,7 @@ class SiteOptions:
         no_detect: bool = False,
         env: Mapping[str, str] | None = None,
         python: str | None = None,
-    ) -> "SiteOptions":
+    ) -> SiteOptions:
         """Site options from explicit values, else from pip's configuration.
 
         Args:

@@ -18,8 +18,8 @@ max(G, 1) processes per node), :meth:`LocalDockerLauncher.run`:
            --master-addr node-0 --master-port PORT --max-restarts 0 \
            -m bench --out /results <bench args> --result-to-stdout
 
-   with ``builder/agent/bench`` mounted read-only at ``/opt/envbuild/bench``, ``builder/agent/probe.py``
-   at ``/opt/envbuild/probe.py`` (``PYTHONPATH=/opt/envbuild``; the image is never
+   with ``builder/agent/bench`` mounted read-only at ``/opt/envbuild/bench``, ``builder/agent/probe/``
+   at ``/opt/envbuild/probe`` (``PYTHONPATH=/opt/envbuild``; the image is never
    changed); as the arbitrary user ``12345:12345`` (no passwd entry), read-only root
    filesystem, tmpfs on ``/tmp``, ``HOME=/tmp/home`` and ``/results``, all capabilities
    dropped, ``no-new-privileges``, ``shm_size`` as asked; with GPUs, node i gets GPUs
@@ -91,8 +91,8 @@ from .base import MAX_RESULT_BYTES, PROGRESS_PREFIX, RESULT_PREFIX, LaunchResult
 RESULTS_MOUNT = "/results"
 #: Where ``builder/agent/bench`` is mounted (read-only) inside each node.
 BENCH_MOUNT = "/opt/envbuild/bench"
-#: Where ``builder/agent/probe.py`` is mounted (read-only) inside each node.
-PROBE_MOUNT = engine.PROBE_MOUNT
+#: Where the ``builder/agent/probe/`` package is mounted (read-only) inside each node.
+PROBE_MOUNT = "/opt/envbuild/probe"
 #: ``PYTHONPATH`` inside each node: makes ``-m bench`` and ``import probe`` work.
 PYTHONPATH = "/opt/envbuild"
 #: The arbitrary user the nodes run as; deliberately without a passwd entry.
@@ -167,7 +167,7 @@ def labels_for(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> di
 
 
 def in_image_sources() -> tuple[Path, Path]:
-    """``(bench dir, probe.py)`` of the installed ``builder`` package (mounted into nodes).
+    """``(bench dir, probe package dir)`` of the installed ``builder`` package (mounted into nodes).
 
     Raises:
         EnvbuildError: (exit 2) either is missing.
@@ -175,8 +175,8 @@ def in_image_sources() -> tuple[Path, Path]:
     from builder import agent
 
     root = Path(agent.__file__).resolve().parent
-    bench, probe = root / "bench", root / "probe.py"
-    for p in (bench / "__main__.py", probe):
+    bench, probe = root / "bench", root / "probe"
+    for p in (bench / "__main__.py", probe / "__main__.py"):
         if not p.is_file():
             raise EnvbuildError("missing from the envbuild package", field="file", value=str(p))
     return bench, probe

@@ -10,7 +10,7 @@ processes per node), :meth:`SlurmLauncher.run`:
    - ``certify.sbatch``: the batch script (:func:`render_script`, template
      ``builder/launchers/templates/slurm/certify.sbatch.j2``, deterministic), kept so that a user
      can read it and run it again by hand (``sbatch certify.sbatch``);
-   - ``code/``: a copy of envbuild's in-image code (``bench/``, ``probe.py``), mounted
+   - ``code/``: a copy of envbuild's in-image code (``bench/``, ``probe/``), mounted
      read-only at ``/opt/envbuild`` (``PYTHONPATH``): the image is never changed;
    - ``results/`` (mode 0777: the nodes write as another UID): ``rank-<r>.json`` of each
      rank and ``node-<i>.exit`` (torchrun's exit status, or ``SIGTERM``/``SIGINT``);
@@ -744,7 +744,7 @@ def render_script(spec: LaunchSpec, options: SlurmOptions, folder: str | os.Path
 
 def write_run_dir(folder: str | os.PathLike, script: str) -> Path:
     """Create the run folder: ``certify.sbatch`` (mode 0755), ``code/`` (a copy of
-    ``builder/agent/bench`` and ``builder/agent/probe.py``, read-only), ``results/`` (mode 0777) and
+    ``builder/agent/bench`` and ``builder/agent/probe/``, read-only), ``results/`` (mode 0777) and
     ``logs/``. Returns the script's path.
 
     Raises:
@@ -756,7 +756,7 @@ def write_run_dir(folder: str | os.PathLike, script: str) -> Path:
         folder.mkdir(parents=True, exist_ok=False)
         code = folder / CODE_DIR
         shutil.copytree(bench_dir, code / "bench", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        shutil.copy2(probe_path, code / "probe.py")
+        shutil.copytree(probe_path, code / "probe", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         for p in sorted(code.rglob("*"), reverse=True):
             os.chmod(p, 0o555 if p.is_dir() else 0o444)
         os.chmod(code, 0o555)

@@ -10,7 +10,7 @@ exact JSON. The generator is deterministic (:data:`SEED`): the same cases every 
 
 A second batch puts a trailing newline into every node-report field that is validated by
 a pattern (one test per field, literal messages), and checks that this list covers every
-such field of :data:`builder.nodes.report.SCHEMA_1`.
+such field of :class:`builder.nodes.report.NodeReport`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,11 @@ from __future__ import annotations
 import json
 import random
 import re
+import types
+import typing
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from builder.core import inputs
@@ -395,28 +398,34 @@ def test_trailing_newline_in_free_text_is_a_value(newline_outcomes):
     assert (out.code, json.loads(out.stdout)["findings"]) == (0, [])
 
 
-def _pattern_fields(spec, path: str = "") -> set[str]:
-    """Every field path of ``spec`` validated by a pattern (lists as ``.0``, map values
-    ``.*``, map keys ``key``)."""
-    S = nodereport
-    if isinstance(spec, S.Opt):
-        return _pattern_fields(spec.inner, path)
-    if isinstance(spec, (S.Pattern, S.Address, S.OneOf)):
+def _pattern_fields(ann, path: str = "") -> set[str]:
+    """Every field path of the model ``ann`` validated by a pattern or a fixed set of
+    values (lists as ``.0``, map values ``.*``, map keys ``key``)."""
+    metas = []
+    while True:  # through Optional and Annotated
+        if typing.get_origin(ann) in (typing.Union, types.UnionType):
+            ann = next(a for a in typing.get_args(ann) if a is not type(None))
+        elif typing.get_origin(ann) is typing.Annotated:
+            ann, *more = typing.get_args(ann)
+            metas += more
+        else:
+            break
+    if typing.get_origin(ann) is typing.Literal or any(getattr(m, "pattern", None) for m in metas):
         return {path}
-    if isinstance(spec, S.Obj):
-        return set().union(*(_pattern_fields(sub, f"{path}.{name}" if path else name)
-                             for name, _, sub in spec.fields))
-    if isinstance(spec, S.PortRange):
-        return set()
-    if isinstance(spec, S.ListOf):
-        return _pattern_fields(spec.item, f"{path}.0")
-    if isinstance(spec, S.MapOf):
-        out = _pattern_fields(spec.item, f"{path}.*")
-        return out | ({f"{path} key"} if spec.key is not S._KEY else set())
+    if isinstance(ann, type) and issubclass(ann, msgspec.Struct):
+        hints = typing.get_type_hints(ann, include_extras=True)
+        return set().union(*(_pattern_fields(hints[f.name], f"{path}.{f.encode_name}" if path else f.encode_name)
+                             for f in msgspec.structs.fields(ann)))
+    if typing.get_origin(ann) is list:
+        return _pattern_fields(typing.get_args(ann)[0], f"{path}.0")
+    if typing.get_origin(ann) is dict:
+        key, value = typing.get_args(ann)
+        out = _pattern_fields(value, f"{path}.*")
+        return out | ({f"{path} key"} if key is not nodereport.Key and _pattern_fields(key) else set())
     return set()
 
 
 def test_every_pattern_field_has_a_newline_test():
     tested = {re.sub(r"\.[0-9]+(?=\.|\Z)", ".0", f) for f, _ in NEWLINE_FIELDS}
     tested = {"nccl.pip_packages.*" if f.startswith("nccl.pip_packages.") and " " not in f else f for f in tested}
-    assert _pattern_fields(nodereport.SCHEMA_1) | {"schema"} == tested
+    assert _pattern_fields(nodereport.NodeReport) | {"schema"} == tested

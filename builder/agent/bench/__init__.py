@@ -2,7 +2,7 @@
 
 Runs INSIDE the image being certified, under torchrun, with only the stdlib and torch
 (torchvision is used if present). The host mounts this directory read-only at
-``/opt/envbuild/bench`` and ``builder/agent/probe.py`` at ``/opt/envbuild/probe.py``, and sets
+``/opt/envbuild/bench`` and ``builder/agent/probe/`` at ``/opt/envbuild/probe``, and sets
 ``PYTHONPATH=/opt/envbuild``. Nothing is written outside ``--out`` and ``/tmp``, so it
 works with a read-only root filesystem, an arbitrary UID without a passwd entry and
 ``HOME`` on a tmpfs.

@@ -157,19 +157,21 @@ def _finite_or_none(x):
 
 
 def load_probe():
-    """The probe module: ``import probe`` (on PYTHONPATH in the image), else the
-    ``probe.py`` next to this package (the source tree). Raises ImportError if neither."""
+    """The probe package: ``import probe`` (on PYTHONPATH in the image), else the
+    ``probe/`` package next to this one (the source tree). Raises ImportError if neither."""
     try:
-        import probe  # /opt/envbuild/probe.py
+        import probe  # /opt/envbuild/probe/
 
         return probe
     except ImportError:
         pass
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "probe.py")
-    spec = importlib.util.spec_from_file_location("envbuild_probe", path)
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "probe")
+    path = os.path.join(folder, "__init__.py")
+    spec = importlib.util.spec_from_file_location("envbuild_probe", path, submodule_search_locations=[folder])
     if spec is None or spec.loader is None or not os.path.isfile(path):
         raise ImportError("no probe module on sys.path and no %s" % path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["envbuild_probe"] = mod  # its relative imports resolve through this name
     spec.loader.exec_module(mod)
     return mod
 

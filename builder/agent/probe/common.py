@@ -1,0 +1,47 @@
+"""Small helpers shared by the probe's modules: text decoding, ``which``, bounded commands.
+
+Standard library only, Python >= 3.8.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Any
+
+#: Seconds allowed for one ``NAME --version`` or ``ip -j addr``.
+COMMAND_TIMEOUT_S = 10
+
+
+def text(value: Any) -> str:
+    """``value`` as ``str``: bytes decoded as UTF-8 (invalid bytes replaced)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def which(name: str) -> str | None:
+    """The first executable ``name`` on ``$PATH`` (``os.defpath`` when unset), or None."""
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(d or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def run_text(argv: list[str]) -> str | None:
+    """stdout of argv, or None when it cannot run, fails or runs past
+    :data:`COMMAND_TIMEOUT_S` seconds."""
+    try:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              stdin=subprocess.DEVNULL, timeout=COMMAND_TIMEOUT_S,
+                              text=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def read_text(path: str) -> str:
+    """The text of ``path`` (UTF-8, invalid bytes replaced). Raises OSError."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()

@@ -1,0 +1,66 @@
+"""Python and PyTorch: the interpreter, torch's version, its CUDA, cuDNN and compiled NCCL.
+
+Standard library only; ``torch`` is imported lazily and only if present. Python >= 3.8.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from typing import Any
+
+from .nccl import nccl_version_from_code
+
+
+def python_info() -> dict[str, str]:
+    """``{"version": "3.11.2", "executable": sys.executable}``."""
+    return {"version": platform.python_version(), "executable": sys.executable}
+
+
+def torch_info(errors: list[str]) -> dict[str, Any] | None:
+    """torch's ``version``, ``cuda`` (``torch.version.cuda``), ``cuda_available``,
+    ``cudnn`` (``torch.backends.cudnn.version()`` as a string) and ``nccl_compiled`` (the
+    NCCL header torch was built against, CUDA builds only: pytorch#116977); None when
+    torch is not importable. Problems go to ``errors``; never raises."""
+    try:
+        import torch  # noqa: F401  (lazy: probe runs without torch too)
+    except ImportError:
+        return None
+    except Exception as e:  # a broken install: report it, carry on
+        errors.append(f"torch: import failed: {type(e).__name__}: {e}")
+        return None
+    info: dict[str, Any] = {
+        "version": str(getattr(torch, "__version__", None)),
+        "cuda": None,
+        "cuda_available": False,
+        "cudnn": None,
+        "nccl_compiled": None,
+    }
+    try:
+        info["cuda"] = torch.version.cuda
+    except Exception as e:
+        errors.append(f"torch: version.cuda: {e}")
+    try:
+        info["cuda_available"] = bool(torch.cuda.is_available())
+    except Exception as e:
+        errors.append(f"torch: cuda.is_available: {e}")
+    try:
+        v = torch.backends.cudnn.version()
+        info["cudnn"] = None if v is None else str(v)
+    except Exception as e:
+        errors.append(f"torch: cudnn.version: {e}")
+    if info["cuda"] is not None or info["cuda_available"]:
+        info["nccl_compiled"] = _nccl_compiled(torch, errors)
+    return info
+
+
+def _nccl_compiled(torch: Any, errors: list[str]) -> str | None:
+    try:
+        v = torch.cuda.nccl.version()
+        if isinstance(v, (tuple, list)):
+            return ".".join(str(int(x)) for x in v)
+        if isinstance(v, int):  # torch < 1.11 returned the version code
+            return nccl_version_from_code(v)
+    except Exception as e:
+        errors.append(f"torch: cuda.nccl.version: {e}")
+    return None

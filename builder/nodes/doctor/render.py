@@ -1,0 +1,45 @@
+"""doctor's human output (rich): one row per check, the details and fix of every check that
+did not pass, a summary line; every message escaped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from builder.core.inputs import one_line
+
+from ..verify.render import cell
+from .base import FAIL, PASS, SKIP, UNKNOWN, WARN
+from .runner import DoctorResult
+
+#: Characters of one detail line in the human output (the JSON output has it whole).
+LINE_LIMIT = 900
+
+
+def render(result: DoctorResult, console: Any) -> None:
+    """Print ``result`` with rich: one row per check (status, finding), then for every
+    check that did not pass its details and fix, and a summary line. Every message is
+    shown escaped (:func:`builder.nodes.verify.render.cell`: never rich markup, no raw
+    control character), cut to :data:`LINE_LIMIT` characters."""
+    from rich.table import Table
+    from rich.text import Text
+
+    style = {PASS: "green", SKIP: "dim", WARN: "yellow", FAIL: "red", UNKNOWN: "magenta"}
+    t = Table(title=f"doctor: {len(result.nodes)} nodes", title_justify="left", show_edge=False)
+    t.add_column("check", no_wrap=True)
+    t.add_column("status", no_wrap=True)
+    t.add_column("finding", overflow="fold")
+    for c in result.checks:
+        t.add_row(cell(c.name), cell(c.status, style=style[c.status]), cell(c.message, LINE_LIMIT))
+    console.print(t)
+    for c in result.checks:
+        if c.status not in (FAIL, WARN, UNKNOWN):
+            continue
+        console.print(Text.assemble((c.name, style[c.status]), ":"), highlight=False)
+        for line in c.details:
+            console.print(Text("  " + one_line(line, LINE_LIMIT)), highlight=False, soft_wrap=True)
+        if c.fix:
+            console.print(Text("  fix: " + one_line(c.fix, LINE_LIMIT)), highlight=False, soft_wrap=True)
+    counts = {s: sum(1 for c in result.checks if c.status == s) for s in style}
+    console.print(f"doctor: {counts[PASS]} passed, {counts[WARN]} warnings, {counts[FAIL]} failed, "
+                  f"{counts[UNKNOWN]} not checked, {counts[SKIP]} skipped -> exit {int(result.exit_code)}",
+                  markup=False, highlight=False)

@@ -1,0 +1,191 @@
+"""Slurm nodes: one ``srun --ntasks-per-node=1 --label --input=all`` job step runs the probe
+on every node (``python3 -c BOOTSTRAP probe``, the agent payload broadcast on stdin); the
+``N: `` prefixes of ``--label`` split the output per task. Later modules run as one-task
+steps pinned to a node (:class:`SlurmTarget`).
+
+Every value that reaches the srun command line is matched whole first
+(:func:`check_partition`, :func:`check_srun_arg`, :func:`~.base.check_python`; exit 64).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from builder.agent import payload
+from builder.core.errors import EnvbuildError, Unreachable
+
+from .. import report as nodereport
+from ..report import MAX_REPORT_BYTES, Node
+from .base import (
+    DEFAULT_PYTHON,
+    DEFAULT_TIMEOUT_S,
+    PROBE_MODULE,
+    ProcessRunning,
+    Running,
+    Target,
+    check_python,
+    exit_status,
+    last_line,
+    payload_archive,
+    usage,
+)
+
+#: Bytes of stdout read from the one ``srun`` step that probes every node: each task's
+#: report is still at most ``MAX_REPORT_BYTES`` (a real report is ~10-50 KB).
+MAX_SRUN_OUTPUT_BYTES = 4 * MAX_REPORT_BYTES
+#: Most tasks of one srun step envbuild reads (``--nodes`` is at most 1024 here).
+MAX_TASKS = 65536
+
+_PARTITION_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(,[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}){0,31}")
+#: ``--srun-arg`` options accepted (``srun(1)``): resources, placement and accounting.
+#: Refused are those that run programs (``--prolog``, ``--epilog``, ``--task-prolog``,
+#: ``--task-epilog``), write or redirect files (``--output``, ``--error``, ``--input``,
+#: ``--chdir``, ``--bcast``), change what runs or its environment (``--export``,
+#: ``--container``, ``--uid``...), and short options (give the long form).
+SRUN_OPTIONS = frozenset((
+    "account", "qos", "reservation", "time", "constraint", "exclusive", "gres", "gpus", "gpus-per-node",
+    "gpus-per-task", "gpu-bind", "mem", "mem-per-cpu", "mem-per-gpu", "cpus-per-task", "cpus-per-gpu",
+    "nodelist", "exclude", "network", "overlap", "comment", "wckey", "clusters", "cluster", "distribution",
+    "hint", "cpu-bind", "mpi", "switches", "licenses", "immediate", "exact", "oversubscribe", "priority",
+    "nice", "threads-per-core", "cores-per-socket", "sockets-per-node", "ntasks-per-core", "mem-bind"))
+_SRUN_ARG_RE = re.compile(r"--(?P<name>[a-z][a-z0-9-]{0,40})(=(?P<value>[!-~]{1,1024}))?")
+_LABEL_RE = re.compile(r"\s{0,8}([0-9]{1,6}): ?(.*)", re.DOTALL)
+_SRUN_ERR_RE = re.compile(r"srun: error: ([^:\s]{1,255}): tasks? ([0-9][0-9,\-]{0,4000}):")
+
+
+def check_partition(text: str) -> str:
+    """``text`` if it is a Slurm partition name or a comma list of them; else exit 64."""
+    if not isinstance(text, str) or _PARTITION_RE.fullmatch(text) is None:
+        raise usage("is not a Slurm partition name (letters, digits, _ . -; a comma list)", "--partition", text)
+    return text
+
+
+def check_srun_arg(text: str) -> str:
+    """``text`` if it is ``--name[=value]`` with a name of :data:`SRUN_OPTIONS` and a
+    printable value without blanks; else exit 64."""
+    m = _SRUN_ARG_RE.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        raise usage("is not an srun option --name[=value] (long form, printable, no blanks)", "--srun-arg", text)
+    if m.group("name") not in SRUN_OPTIONS:
+        raise usage(f"is refused: --{m.group('name')} is not among the srun options envbuild passes on "
+                    "(resources, placement and accounting; no prologs, file redirections or --export)",
+                    "--srun-arg", text)
+    return text
+
+
+def split_labelled(text: str) -> dict[int, str]:
+    """``srun --label`` output (``"0: line"``, ``" 1: line"``) as ``{task: text}``; lines
+    without a task prefix (or a task number over :data:`MAX_TASKS`) are dropped."""
+    out: dict[int, list[str]] = {}
+    for line in text.splitlines():
+        m = _LABEL_RE.fullmatch(line)
+        if m and int(m.group(1)) < MAX_TASKS:
+            out.setdefault(int(m.group(1)), []).append(m.group(2))
+    return {task: "\n".join(lines) + "\n" for task, lines in sorted(out.items())}
+
+
+def failed_tasks(stderr: str) -> dict[int, str]:
+    """``{task: node}`` from srun's ``srun: error: NODE: tasks 0-2,5: ...`` lines; ranges
+    are bounded (tasks below :data:`MAX_TASKS`, at most that many in all)."""
+    failed: dict[int, str] = {}
+    for m in _SRUN_ERR_RE.finditer(stderr):
+        for part in m.group(2).split(","):
+            lo, _, hi = part.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                continue
+            for t in range(int(lo), min(int(hi or lo), MAX_TASKS - 1) + 1):
+                failed[t] = m.group(1)
+                if len(failed) >= MAX_TASKS:
+                    return failed
+    return failed
+
+
+def srun_argv(nodes: int | None = None, partition: str | None = None,
+              extra: Sequence[str] = ()) -> list[str]:
+    """``srun`` arguments shared by every step envbuild starts: ``--job-name=envbuild``,
+    ``--partition`` (checked: :func:`check_partition`), ``--nodes``, then ``extra``
+    (each checked: :func:`check_srun_arg`).
+
+    Raises:
+        EnvbuildError: (exit 64) a bad partition or a refused srun argument.
+    """
+    argv = ["srun", "--job-name=envbuild"]
+    if partition:
+        argv.append(f"--partition={check_partition(partition)}")
+    if nodes:
+        argv.append(f"--nodes={int(nodes)}")
+    return [*argv, *(check_srun_arg(a) for a in extra)]
+
+
+class SlurmTarget(Target):
+    """One Slurm node; modules run as a one-task ``srun`` step pinned to it (``-w``)."""
+
+    def __init__(self, node: str, srun_argv: Sequence[str], python: str = DEFAULT_PYTHON) -> None:
+        self.node, self.srun_argv, self.python = node, list(srun_argv), check_python(python)
+        self.where = f"slurm {node}"
+        self.machine = node
+
+    def start(self, module: str, args: Sequence[str] = ()) -> Running:
+        """``srun --nodes=1 --ntasks=1 --nodelist=NODE python3 -c BOOTSTRAP MODULE ARGS``
+        with the payload archive on stdin."""
+        argv = [*self.srun_argv, "--nodes=1", "--ntasks=1", f"--nodelist={self.node}",
+                *payload.command(self.python, module, args)]
+        return ProcessRunning(argv, payload_archive(), self.where)
+
+
+def _unique_names(nodes: list[Node]) -> list[Node]:
+    """Make ``name`` unique: a repeated name gets ``@source`` appended."""
+    counts: dict[str, int] = {}
+    for n in nodes:
+        counts[n.name] = counts.get(n.name, 0) + 1
+    for n in nodes:
+        if counts[n.name] > 1:
+            n.name = f"{n.name}@{n.source.split(' ', 1)[-1]}"
+    return nodes
+
+
+def _task_node(task: int, tasks: dict[int, str], failed: dict[int, str], stderr: str,
+               base: list[str], python: str) -> Node:
+    """The node of one task: its report, or why it has none."""
+    source = f"slurm task {task}"
+    node = Node(name=failed.get(task, f"task-{task}"), source=source)
+    try:
+        if task not in tasks:
+            raise Unreachable(f"task failed on {failed[task]}: {last_line(stderr)}", file=source)
+        node.report = nodereport.parse(tasks[task], source)
+        node.name = node.report.hostname or node.name
+    except EnvbuildError as e:
+        node.error = e
+    node.source = f"slurm {node.name}"
+    if node.report is not None:
+        node.address = node.name
+        node.target = SlurmTarget(node.name, base, python)
+    return node
+
+
+def from_slurm(nodes: int | None = None, partition: str | None = None,
+               extra: Sequence[str] = (), timeout_s: float = DEFAULT_TIMEOUT_S,
+               python: str = DEFAULT_PYTHON) -> list[Node]:
+    """Probe every node of one Slurm job step: ``srun [--nodes=N] --ntasks-per-node=1
+    --label --input=all python3 -c BOOTSTRAP probe`` with the payload on stdin; one node
+    per task, named by the node's hostname, each with a :class:`SlurmTarget` for later
+    modules. srun's output is read up to :data:`MAX_SRUN_OUTPUT_BYTES`; each task's report
+    up to ``MAX_REPORT_BYTES``.
+
+    Raises:
+        Unreachable: (exit 3) srun cannot run, does not end within ``timeout_s`` or
+            gives no task output at all (the message ends with srun's last stderr line).
+        InvalidReport: (exit 3) srun printed more than :data:`MAX_SRUN_OUTPUT_BYTES`.
+    """
+    base = srun_argv(nodes, partition, extra)
+    argv = [*base, "--ntasks-per-node=1", "--label", "--input=all",
+            *payload.command(check_python(python), PROBE_MODULE)]
+    out = ProcessRunning(argv, payload_archive(), "srun", MAX_SRUN_OUTPUT_BYTES).wait(timeout_s)
+    tasks = split_labelled(out.stdout)
+    failed = failed_tasks(out.stderr)
+    if not tasks and not failed:
+        status = f"exit status {out.rc}" if out.rc is not None and out.rc >= 0 else exit_status(out.rc)
+        raise Unreachable(f"srun gave no node reports ({status}): {last_line(out.stderr)}", field="slurm")
+    result = [_task_node(task, tasks, failed, out.stderr, base, python) for task in sorted(set(tasks) | set(failed))]
+    return _unique_names(result)

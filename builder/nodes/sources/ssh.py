@@ -1,0 +1,209 @@
+"""Hosts over ssh as nodes: the system ``ssh`` client in BatchMode (never a password
+prompt) with ``ConnectTimeout``, running ``python3 -c BOOTSTRAP MODULE`` with the agent
+payload on stdin, one thread per host and a deadline per host.
+
+Every value that reaches the ssh command line is matched whole first (:func:`check_host`,
+:func:`check_ssh_option`; usage error, exit 64), and ssh gets ``--`` before the host.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from builder.agent import payload
+from builder.core.errors import EnvbuildError, Unreachable
+
+from ..report import InvalidReport, Node
+from .base import (
+    DEFAULT_PYTHON,
+    DEFAULT_TIMEOUT_S,
+    PROBE_MODULE,
+    ProcessRunning,
+    Running,
+    Target,
+    check_python,
+    last_line,
+    payload_archive,
+    report_from_output,
+    usage,
+)
+
+#: ``ssh -o ConnectTimeout`` in seconds.
+DEFAULT_CONNECT_TIMEOUT_S = 5
+
+_USER = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}"
+_HOSTNAME = r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252}[A-Za-z0-9_])?"
+_IPV6 = r"\[[0-9A-Fa-f:.]{2,45}(%[A-Za-z0-9_.-]{1,15})?\]"
+_HOST_RE = re.compile(rf"(?:(?P<user>{_USER})@)?(?P<host>{_HOSTNAME}|{_IPV6})(?::(?P<port>[0-9]{{1,5}}))?")
+
+#: ``--ssh-option`` keys accepted (``ssh_config(5)``): connection, authentication and
+#: host-key settings. Refused are the keys that run a command or load code
+#: (``ProxyCommand``, ``LocalCommand``, ``PermitLocalCommand``, ``KnownHostsCommand``,
+#: ``RemoteCommand``, ``PKCS11Provider``, ``SecurityKeyProvider``, ``Include``...), open
+#: forwardings or tunnels (``LocalForward``, ``RemoteForward``, ``DynamicForward``,
+#: ``Tunnel``...), or undo what envbuild needs (``BatchMode``, ``RequestTTY``,
+#: ``SessionType``, ``StdinNull``...): put anything else in an ``--ssh-config`` file.
+SSH_OPTION_KEYS = frozenset(k.lower() for k in (
+    "AddressFamily", "BindAddress", "BindInterface", "CanonicalDomains", "CanonicalizeHostname",
+    "CertificateFile", "CheckHostIP", "Ciphers", "Compression", "ConnectionAttempts", "ConnectTimeout",
+    "ControlMaster", "ControlPath", "ControlPersist", "GlobalKnownHostsFile", "HashKnownHosts",
+    "HostKeyAlgorithms", "HostKeyAlias", "HostName", "IdentitiesOnly", "IdentityFile", "IPQoS",
+    "KexAlgorithms", "LogLevel", "MACs", "NumberOfPasswordPrompts", "Port", "PreferredAuthentications",
+    "ProxyJump", "PubkeyAcceptedAlgorithms", "PubkeyAuthentication", "RekeyLimit", "SendEnv",
+    "ServerAliveCountMax", "ServerAliveInterval", "SetEnv", "StrictHostKeyChecking", "TCPKeepAlive",
+    "UpdateHostKeys", "User", "UserKnownHostsFile", "VerifyHostKeyDNS"))
+_SSH_OPTION_RE = re.compile(r"(?P<key>[A-Za-z][A-Za-z0-9]{1,40})=(?P<value>[!-~]{1,1024})")
+
+
+def check_host(spec: str) -> str:
+    """``spec`` if it is ``[user@]host[:port]`` (a host name, IPv4 or ``[IPv6]``, port
+    1..65535), whole; else a usage error (exit 64) naming ``--hosts``."""
+    m = _HOST_RE.fullmatch(spec) if isinstance(spec, str) else None
+    if m is None:
+        raise usage("is not a host ([user@]host[:port]: letters, digits, _ . -, not starting with -)",
+                    "--hosts", spec)
+    if m.group("port") is not None and not 0 < int(m.group("port")) < 65536:
+        raise usage("has a bad port (1..65535)", "--hosts", spec)
+    return spec
+
+
+def check_ssh_option(opt: str) -> str:
+    """``opt`` if it is ``Key=Value`` with a key of :data:`SSH_OPTION_KEYS` and a value
+    of printable ASCII without blanks (``ProxyJump`` values are hosts); else exit 64."""
+    m = _SSH_OPTION_RE.fullmatch(opt) if isinstance(opt, str) else None
+    if m is None:
+        raise usage("is not an ssh option Key=Value (printable, no blanks)", "--ssh-option", opt)
+    key = m.group("key").lower()
+    if key not in SSH_OPTION_KEYS:
+        raise usage(f"is refused: {m.group('key')} is not among the ssh options envbuild passes on (connection, "
+                    "authentication and host-key settings; no commands, forwardings or BatchMode); put it in an "
+                    "--ssh-config file", "--ssh-option", opt)
+    if key == "proxyjump" and m.group("value") != "none":
+        for hop in m.group("value").split(","):
+            if _HOST_RE.fullmatch(hop) is None:
+                raise usage("has a ProxyJump hop that is not [user@]host[:port]", "--ssh-option", opt)
+    return opt
+
+
+def split_host(spec: str) -> tuple[str, int | None]:
+    """``"user@host:2222"`` gives ``("user@host", 2222)``; ``"host"`` gives ``("host", None)``;
+    ``"[fe80::1]:22"`` gives ``("fe80::1", 22)``. The whole value is checked
+    (:func:`check_host`).
+
+    Raises:
+        EnvbuildError: (exit 64) not ``[user@]host[:port]``, or a bad port.
+    """
+    m = _HOST_RE.fullmatch(check_host(spec))
+    assert m is not None  # check_host matched it
+    host = m.group("host")
+    if host.startswith("["):
+        host = host[1:-1]
+    if m.group("user"):
+        host = f"{m.group('user')}@{host}"
+    return host, int(m.group("port")) if m.group("port") else None
+
+
+def ssh_argv(host: str, port: int | None = None, config: str | None = None,
+             options: Sequence[str] = (), connect_timeout_s: int = DEFAULT_CONNECT_TIMEOUT_S) -> list[str]:
+    """``ssh`` arguments up to and including the host: BatchMode (no prompts), a connect
+    timeout, ``-T`` (no tty), then ``-F config``, each ``-o option`` (checked:
+    :func:`check_ssh_option`), ``-p port``, then ``--`` and the host, so that no host
+    can ever be read as an option (a second line of defence after :func:`check_host`).
+
+    Raises:
+        EnvbuildError: (exit 64) a refused option, a host starting with ``-``.
+    """
+    if host.startswith("-"):
+        raise usage("is not a host (it starts with -)", "--hosts", host)
+    argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(connect_timeout_s)}"]
+    if config:
+        argv += ["-F", config]
+    for opt in options:
+        argv += ["-o", check_ssh_option(opt)]
+    if port:
+        argv += ["-p", str(port)]
+    return [*argv, "--", host]
+
+
+def ssh_hostname(argv: Sequence[str]) -> str | None:
+    """The address ssh would connect to for ``argv`` (from :func:`ssh_argv`), as
+    ``ssh -G`` resolves it through the ssh configuration (``HostName``); None if unknown."""
+    try:
+        proc = subprocess.run([argv[0], "-G", *argv[1:]], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "hostname" and value.strip():
+            return value.strip()
+    return None
+
+
+class SshTarget(Target):
+    """A host reached with the system ``ssh`` client (BatchMode, ConnectTimeout)."""
+
+    def __init__(self, host: str, ssh_argv: Sequence[str], python: str = DEFAULT_PYTHON) -> None:
+        self.host, self.ssh_argv, self.python = host, list(ssh_argv), check_python(python)
+        self.where = f"ssh {host}"
+        self.machine = split_host(host)[0].rpartition("@")[2]
+
+    def start(self, module: str, args: Sequence[str] = ()) -> Running:
+        """``ssh ... HOST python3 -c BOOTSTRAP MODULE ARGS`` (each word shell-quoted for
+        the remote shell) with the payload archive on stdin."""
+        remote = " ".join(shlex.quote(a) for a in payload.command(self.python, module, args))
+        return ProcessRunning([*self.ssh_argv, remote], payload_archive(), self.where)
+
+
+def ssh_nodes(hosts: Sequence[str], config: str | None = None, options: Sequence[str] = (),
+              connect_timeout_s: int = DEFAULT_CONNECT_TIMEOUT_S,
+              python: str = DEFAULT_PYTHON) -> list[Node]:
+    """Nodes (without reports yet) for ssh hosts, named as given, with an :class:`SshTarget`;
+    ``address`` is the host name ssh resolves (``ssh -G``), which peers connect to."""
+    nodes = []
+    for spec in hosts:
+        host, port = split_host(spec)
+        argv = ssh_argv(host, port, config, options, connect_timeout_s)
+        address = ssh_hostname(argv) or host.rpartition("@")[2]
+        target = SshTarget(spec, argv, python)
+        target.machine = address
+        nodes.append(Node(name=spec, source=f"ssh {spec}", address=address, target=target))
+    return nodes
+
+
+def _probe_one(node: Node, timeout_s: float) -> None:
+    """Fill ``node.report`` or ``node.error`` (exit status 255 is ssh's own failure)."""
+    assert node.target is not None
+    try:
+        out = node.target.run(PROBE_MODULE, (), timeout_s)
+    except InvalidReport as e:  # it answered, with too much
+        node.error = e
+        return
+    except EnvbuildError as e:
+        node.error = Unreachable(f"cannot be reached: {e.message}", file=node.source)
+        return
+    if out.rc == 255:
+        node.error = Unreachable(f"cannot be reached: {last_line(out.stderr)}", file=node.source)
+        return
+    try:
+        node.report = report_from_output(out, node.source)
+    except EnvbuildError as e:
+        node.error = e
+
+
+def from_ssh(hosts: Sequence[str], config: str | None = None, options: Sequence[str] = (),
+             timeout_s: float = DEFAULT_TIMEOUT_S,
+             connect_timeout_s: int = DEFAULT_CONNECT_TIMEOUT_S,
+             python: str = DEFAULT_PYTHON) -> list[Node]:
+    """Probe hosts over ssh, all at once, each within ``timeout_s`` seconds.
+
+    A host ssh cannot reach (exit status 255: refused, no route, host key, auth) or that
+    does not answer in time gets ``error`` (exit 3) naming ssh's last stderr line.
+    """
+    nodes = ssh_nodes(hosts, config, options, connect_timeout_s, python)
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(nodes)))) as pool:
+        list(pool.map(lambda n: _probe_one(n, timeout_s), nodes))
+    return nodes
