@@ -17,7 +17,7 @@ from builder.core.errors import EnvbuildError
 #: ConfigMaps hold at most 1 MiB of data (Kubernetes ConfigMap docs).
 CONFIGMAP_MAX_BYTES = 1024 * 1024
 #: Files the pods cannot run without.
-REQUIRED = ("bench/__main__.py", "probe.py")
+REQUIRED = ("bench/__main__.py", "probe/__main__.py")
 
 _CM_KEY_RE = re.compile(r"[-._a-zA-Z0-9]+")
 
@@ -71,12 +71,12 @@ def code_data(code: Mapping[str, str] | None = None) -> CodeData:
     """The :class:`CodeData` of ``code`` (``{path: text}``; default :func:`in_image_code`).
 
     Raises:
-        EnvbuildError: (exit 2) ``probe.py`` or ``bench/__main__.py`` missing, two paths
+        EnvbuildError: (exit 2) ``probe/__main__.py`` or ``bench/__main__.py`` missing, two paths
             with the same key, more than :data:`CONFIGMAP_MAX_BYTES`.
     """
     files = dict(in_image_code() if code is None else code)
     if any(p not in files for p in REQUIRED):
-        raise EnvbuildError("in-image code lacks probe.py or bench/__main__.py", field="code", value=sorted(files))
+        raise EnvbuildError("in-image code lacks probe/__main__.py or bench/__main__.py", field="code", value=sorted(files))
     paths = sorted(files)
     keys = [code_key(p) for p in paths]
     if len(set(keys)) != len(keys):
