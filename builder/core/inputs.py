@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import re
 import reprlib
 import stat
 import unicodedata
@@ -380,42 +381,94 @@ def load_json(data: bytes | str, file: str, exit_code: ExitCode = ExitCode.CHECK
         text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
     except UnicodeDecodeError as e:
         raise EnvbuildError(f"is not UTF-8 text (byte {e.start})", file=file, exit_code=exit_code) from None
-    try:
-        doc = json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int, parse_float=_finite_float)
-    except _JsonProblem as e:
-        raise EnvbuildError(f"not valid JSON: {e}", file=file, exit_code=exit_code) from None
-    except RecursionError:
-        raise EnvbuildError(f"not valid JSON: nesting deeper than {max_depth} levels", file=file,
-                            exit_code=exit_code) from None
-    except ValueError as e:
-        raise EnvbuildError(f"not valid JSON: {one_line(e, 160)}", file=file, exit_code=exit_code) from None
-    problem = _json_problem(doc, max_depth)
+    doc, deep = _parse_fast(text, max_depth)
+    if doc is _FAST_FAILED:  # the checked parse, which names the problem
+        deep = True  # and the whole walk below
+        try:
+            doc = json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int, parse_float=_finite_float)
+        except _JsonProblem as e:
+            raise EnvbuildError(f"not valid JSON: {e}", file=file, exit_code=exit_code) from None
+        except RecursionError:
+            raise EnvbuildError(f"not valid JSON: nesting deeper than {max_depth} levels", file=file,
+                                exit_code=exit_code) from None
+        except ValueError as e:
+            raise EnvbuildError(f"not valid JSON: {one_line(e, 160)}", file=file, exit_code=exit_code) from None
+    strings = "\\u" in text and _SURROGATE_ESCAPE.search(text) is not None
+    problem = _json_problem(doc, max_depth, strings) if deep or strings else None
     if problem:
         raise EnvbuildError(f"not valid JSON: {problem}", file=file, exit_code=exit_code)
     return doc
 
 
-def _json_problem(doc: Any, max_depth: int) -> str | None:
-    stack: list[tuple[Any, int, str]] = [(doc, 1, "")]
+_FAST_FAILED = object()
+#: Integers at or beyond this magnitude have more than :data:`MAX_INT_DIGITS` digits.
+_INT_LIMIT = 10**MAX_INT_DIGITS
+
+
+def _parse_fast(text: str, max_depth: int) -> tuple[Any, bool]:
+    """``(doc, deep)``: ``text`` parsed without the per-integer hook (it costs more than the
+    parse itself), the integers and the nesting checked in one walk afterwards; ``deep``
+    when it nests deeper than ``max_depth``. ``doc`` is :data:`_FAST_FAILED` when the text is
+    not valid or holds an integer of over :data:`MAX_INT_DIGITS` digits (the caller parses
+    again with every hook, for the exact message)."""
+    import json
+
+    try:
+        doc = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except (_JsonProblem, RecursionError, ValueError):
+        return _FAST_FAILED, False
+    stack: list[tuple[Any, int]] = [([doc], 0)]
+    deep = False
     while stack:
-        node, depth, path = stack.pop()
+        node, depth = stack.pop()
+        deep = deep or depth > max_depth
+        for v in node.values() if isinstance(node, dict) else node:
+            if isinstance(v, (dict, list)):
+                stack.append((v, depth + 1))
+            elif type(v) is int and not -_INT_LIMIT < v < _INT_LIMIT:
+                return _FAST_FAILED, False
+    return doc, deep
+
+
+def _json_path(chain: tuple | None) -> str:
+    """The field path (``a.b[0].c``) of a ``(parent chain, key or index)`` chain."""
+    parts: list[str] = []
+    while chain is not None:
+        chain, step = chain
+        parts.append(f"[{step}]" if isinstance(step, int) else f".{one_line(step, 40)}")
+    text = "".join(reversed(parts))
+    return text[1:] if text.startswith(".") else text
+
+
+def _json_problem(doc: Any, max_depth: int, strings: bool = True) -> str | None:
+    """The first problem of parsed ``doc``: nesting deeper than ``max_depth``, or (with
+    ``strings``) a lone surrogate in a string or key; None when there is none."""
+    # Paths are kept as (parent, key) chains and written out only for the problem found:
+    # building every path eagerly cost most of the time of reading 10,000 node reports.
+    stack: list[tuple[Any, int, tuple | None]] = [(doc, 1, None)]
+    while stack:
+        node, depth, chain = stack.pop()
         if isinstance(node, str):
             if _has_surrogate(node):
-                return f"{path or '(top level)'}: a lone surrogate in a string (not valid Unicode)"
-            continue
-        if not isinstance(node, (dict, list)):
+                return f"{_json_path(chain) or '(top level)'}: a lone surrogate in a string (not valid Unicode)"
             continue
         if depth > max_depth:
-            return f"nesting deeper than {max_depth} levels at {path or '(top level)'}"
+            return f"nesting deeper than {max_depth} levels at {_json_path(chain) or '(top level)'}"
         if isinstance(node, dict):
             for k, v in node.items():
-                sub = f"{path}.{one_line(k, 40)}" if path else one_line(k, 40)
-                if _has_surrogate(k):
-                    return f"{sub}: a lone surrogate in a key (not valid Unicode)"
-                stack.append((v, depth + 1, sub))
-        else:
-            stack.extend((v, depth + 1, f"{path}[{i}]") for i, v in enumerate(node))
+                if strings and _has_surrogate(k):
+                    return f"{_json_path((chain, k))}: a lone surrogate in a key (not valid Unicode)"
+                if isinstance(v, (dict, list)) or (strings and isinstance(v, str)):
+                    stack.append((v, depth + 1, (chain, k)))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1, (chain, i)) for i, v in enumerate(node)
+                         if isinstance(v, (dict, list)) or (strings and isinstance(v, str)))
     return None
+
+
+#: A ``\\uD800``-``\\uDFFF`` escape: the only way a lone surrogate gets into parsed JSON
+#: (decoded UTF-8 never holds one).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _has_surrogate(text: str) -> bool:
