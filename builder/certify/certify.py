@@ -878,8 +878,14 @@ def build_certificate(
     run_id: str,
     host: Mapping[str, Any],
     sock: Optional[Mapping[str, Any]] = None,
+    image_env: Optional[Mapping[str, str]] = None,
 ) -> dict:
     """The certificate document (schema ``envbuild.certificate/1``); plain JSON data.
+
+    ``cuda_requirement`` (issue 11) records what the certified image needs of a node's
+    driver, from the image's own config (``image_env``, its ``Env``): the torch variant's
+    CUDA (the lock's) and ``NVIDIA_REQUIRE_CUDA``/``NVIDIA_DISABLE_REQUIRE`` (None when
+    unset); absent when ``image_env`` is not given.
 
     Per-rank maps are keyed by the rank as a string (JSON object keys). ``socket``
     records the interface setting used (:func:`socket_settings`: ``source`` ``image``,
@@ -912,6 +918,7 @@ def build_certificate(
         "recipe": labels.get("envbuild.recipe") or lock.get("recipe"),
         "lock_hash": labels.get("envbuild.lock-hash"),
         "lock": dict(lock),
+        **({"cuda_requirement": cuda_requirement(lock, image_env, image_ref)} if image_env is not None else {}),
         "base_used": labels.get("envbuild.base.used"),
         "backend": {"used": s.backend, "recipe": s.recipe_backend},
         "world_size": world,
@@ -943,6 +950,14 @@ def build_certificate(
         "finished_at": launch.finished_at,
         "host": dict(host),
     }
+
+
+def cuda_requirement(lock: Mapping[str, Any], image_env: Mapping[str, str], image_ref: str) -> dict:
+    """``{"torch_cuda", "nvidia_require_cuda", "nvidia_disable_require", "source"}``: the
+    certified image's CUDA requirement (see :func:`build_certificate`)."""
+    return {"torch_cuda": lock.get("cuda"), "nvidia_require_cuda": image_env.get("NVIDIA_REQUIRE_CUDA"),
+            "nvidia_disable_require": image_env.get("NVIDIA_DISABLE_REQUIRE"),
+            "source": f"config Env of image {image_ref}"}
 
 
 def certificate_path(images_dir: str | os.PathLike, cert: Mapping[str, Any]) -> Path:
@@ -1096,7 +1111,8 @@ def certify(
     """
     check_socket_ifname(socket_ifname)
     image_labels, lock = read_image(client, image)
-    sock = socket_settings(engine.image_env(client, image), socket_ifname)
+    image_env = engine.image_env(client, image)
+    sock = socket_settings(image_env, socket_ifname)
     if gpu_visible is None:
         gpu_visible = gpu_runtime_visible(client)
     s = resolve_settings(
@@ -1126,6 +1142,7 @@ def certify(
     cert = build_certificate(
         image_ref=image, image_id=image_id, repo_digests=digests, labels=image_labels, lock=lock,
         settings=s, launch=launch, verdict=verdict, run_id=run_id, host=_host_info(client), sock=sock,
+        image_env=image_env,
     )
     path = write_certificate(cert, images_dir)
     return cert, path

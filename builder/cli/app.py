@@ -1,7 +1,8 @@
 """The ``envbuild`` command: the only module that knows every stage.
 
 Commands: ``check``, ``audit``, ``render``, ``build``, ``certify``, ``make`` (check -> render -> build
--> certify), ``probe``, ``verify``, ``doctor``, ``base``, ``lock``, ``push``, ``pull``, ``k8s render``. Errors from any stage are :class:`EnvbuildError` values
+-> certify), ``probe``, ``verify``, ``doctor``, ``gate``, ``base``, ``lock``, ``push``, ``pull``, ``k8s render``,
+``k8s gate``. Errors from any stage are :class:`EnvbuildError` values
 printed as one line each (no traceback) with the exit code of the shared table
 (``builder/core/errors.py``); usage errors exit 64, found before anything is contacted
 (:func:`_check_args`); SIGINT/SIGTERM exit 130 after cleanup; an unexpected exception (a
@@ -468,14 +469,17 @@ def _node_sources(args, allow_empty: bool = False):
 
 def cmd_verify(args) -> int:
     """``envbuild verify``: gather node reports and compare them; 0 match, 1 warnings, 2 differ, 3 not checked."""
+    from builder.cli.commands.gate import load_against
     from builder.nodes import sources
     from builder.nodes import verify
 
-    result = verify.verify(sources.gather(_node_sources(args)))
+    src = _node_sources(args)
+    reference = load_against(args.against)  # issue 11: --against REF (read before the nodes)
+    result = verify.verify(sources.gather(src), reference=reference, max_age_s=args.max_age)
     if args.json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
     else:
-        verify.render(result, out)
+        verify.render(result, out, all_rows=args.all_rows)
     return result.exit_code
 
 
@@ -765,7 +769,8 @@ def cmd_k8s_render(args) -> int:
     cert = certify.build_certificate(
         image_ref=ref, image_id=image_id, repo_digests=[ref] if "@" in ref else [], labels=labels, lock=lock,
         settings=s, launch=launch, verdict=verdict, run_id=run_id, sock=sock,
-        host={"hostname": socket.gethostname(), "launcher": "k8s", "namespace": launcher.api.namespace})
+        host={"hostname": socket.gethostname(), "launcher": "k8s", "namespace": launcher.api.namespace},
+        image_env=image_env)
     try:
         path = certify.write_certificate(cert, Path(args.images_dir))
     except certify.CertificateNotWritten:
@@ -805,6 +810,9 @@ def _add_k8s(sub) -> None:
                    help="default: the context's namespace, else default")
     _add_certify(r)
     r.set_defaults(func=cmd_k8s_render)
+    from builder.cli.commands.gate import add_k8s_gate  # issue 11: the node gate's DaemonSet
+
+    add_k8s_gate(ksub)
 
 
 def _add_registry(p: argparse.ArgumentParser) -> None:
@@ -1011,6 +1019,11 @@ def parser() -> argparse.ArgumentParser:
     ve.set_defaults(func=cmd_verify)
 
     _add_doctor(sub)
+
+    from builder.cli.commands import gate as gate_cmd  # issue 11: verify --against, gate, k8s gate
+
+    gate_cmd.add_verify_options(ve)
+    gate_cmd.add_gate(sub)
 
     _add_publish(sub)
 

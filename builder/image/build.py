@@ -69,6 +69,9 @@ LABEL_BASE_USED = "envbuild.base.used"
 LABEL_BASE_ID = "envbuild.base.image-id"
 LABEL_LOCK_SHA = "envbuild.lock.sha256"
 LABEL_INPUTS_SHA = "envbuild.inputs.sha256"
+#: The base image's ``NVIDIA_REQUIRE_CUDA`` (the built image inherits it: the rendered
+#: Dockerfile never sets it): the image's hard driver floor for the NVIDIA runtime.
+LABEL_CUDA_REQUIRE = "envbuild.cuda.require"
 
 _REQUIRED_LOCK = ("recipe", "python", "torch", "cuda", "nccl", "os")
 
@@ -380,7 +383,9 @@ def image_labels_for(options: BuildOptions, client: docker.DockerClient, officia
                      lock_bytes: bytes, inputs_sha: str) -> dict[str, str]:
     """The image's labels: recipe, creation time (UTC), the base used and its ID, the
     lock's and the inputs' sha256, the git revision of the rendered files (if any), what a
-    bootstrapped base stands for, plus ``options.labels``. No ``envbuild=1`` /
+    bootstrapped base stands for, the base config's ``NVIDIA_REQUIRE_CUDA`` (the built
+    image's CUDA requirement, :data:`LABEL_CUDA_REQUIRE`; next to the torch variant's CUDA
+    in ``envbuild.cuda`` from the Dockerfile), plus ``options.labels``. No ``envbuild=1`` /
     ``envbuild.run``: containers inherit image labels, and cleanup by those labels must
     only ever touch what envbuild itself started."""
     base_ref, base_id, how = base
@@ -398,6 +403,9 @@ def image_labels_for(options: BuildOptions, client: docker.DockerClient, officia
     if how == "bootstrapped":
         labels[bootstrap.LABEL_STANDS_FOR] = engine.image_labels(client, base_ref).get(bootstrap.LABEL_STANDS_FOR,
                                                                                        official)
+    require = engine.image_env(client, base_ref).get("NVIDIA_REQUIRE_CUDA")
+    if require:
+        labels[LABEL_CUDA_REQUIRE] = require
     labels.update(options.labels)
     return labels
 

@@ -11,6 +11,8 @@ Schema ``envbuild.probe/1`` (the field list with sources is in :mod:`builder.age
 the JSON Schema is ``schemas/node-report.schema.json``)::
 
     schema            "envbuild.probe/1"                       required
+    scope             "host" | "image" | null                  (issue 11, optional: see below)
+    probed_at         "2025-06-01T12:00:00Z" | null            (issue 11, optional)
     hostname          str | null                               required
     kernel            str                                      required
     os                {id, version_id, pretty_name: str|null}  required
@@ -20,7 +22,9 @@ the JSON Schema is ``schemas/node-report.schema.json``)::
                               cudnn: str|null, nccl_compiled: "X.Y.Z"|null}
     nccl              {loaded: null | {version: "X.Y.Z", code: int, path: str},
                        found: [{path, realpath, version, code, error}],
-                       pip_packages: {name: version}}
+                       pip_packages: {name: version},
+                       net_plugin?: null | {requested, path, realpath, sha256, name,
+                                            api: "v8", version}}      (issue 11)
     gpus              [{index: int, name, uuid: str, pci_bus_id: str|null,
                         memory_total_bytes: int|null, pci_id?: "10de:2330"|null}]
     driver            "570.124.06" | null
@@ -39,6 +43,13 @@ the JSON Schema is ``schemas/node-report.schema.json``)::
     shm               null | {path: str, size_bytes: int|null, free_bytes: int|null}
     gpu_processes     null | [{gpu_index: int, gpu_uuid: str, pid: int,
                                used_memory_bytes: int|null, name: str|null}]
+    -- added in issue 11, optional on read --
+    cuda_runtime      null | {loaded: [{path: str, version: "12.8"|null}]}
+
+``scope`` says where the probe ran: ``host`` (``envbuild probe --host``, ssh, srun, ``gate``)
+or ``image`` (inside a container of an image); null when its caller did not say (the
+in-image probe of a certification run). ``verify --against`` compares the image's fields
+(torch, Python, NCCL, the OS and environment) only between reports of the same scope.
 
 A key not listed is refused (the probe that writes reports ships with this envbuild); a
 listed key of the wrong type, a version that does not parse, or a missing required key is
@@ -161,6 +172,13 @@ Mtu = Annotated[int, Meta(ge=0, le=2**31 - 1, description="an MTU (>= 0)")]
 PrefixLen = Annotated[int, Meta(ge=0, le=128, description="a prefix length (0..128)")]
 PortRange = Annotated[list[Port], Meta(min_length=2, max_length=2, description="a list of two ports [low, high]")]
 EnvValue = Annotated[str, Meta(max_length=131072)]
+Stamp = Annotated[str, Meta(pattern=r"\A(?:[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z)\Z",
+                            max_length=64, description="a UTC time like 2025-06-01T12:00:00Z")]
+Sha256 = Annotated[str, Meta(pattern=r"\A(?:sha256:[0-9a-f]{64})\Z", max_length=71,
+                             description="a sha256:<64 hex> digest")]
+PluginApi = Annotated[str, Meta(pattern=r"\A(?:v[0-9]{1,3})\Z", max_length=4,
+                                description="a plugin API version like v8")]
+Name = Annotated[str, Meta(max_length=256)]
 ErrorText = Annotated[str, Meta(max_length=65536)]
 
 
@@ -210,12 +228,28 @@ class NcclFound(Model, frozen=True):
     error: Text | None
 
 
+class NetPlugin(Model, frozen=True):
+    """The NCCL network plugin NCCL would load (:mod:`builder.agent.probe.libs`): what
+    ``NCCL_NET_PLUGIN`` asked for, the file found (``path`` None: none, NCCL uses its own
+    transports), its content hash, the name its ``ncclNetPlugin_vN`` struct gives, the API
+    version N and the version in its file name."""
+
+    requested: EnvValue | None
+    path: Text | None
+    realpath: Text | None
+    sha256: Sha256 | None
+    name: Name | None
+    api: PluginApi | None
+    version: Version | None
+
+
 class Nccl(Model, frozen=True):
-    """NCCL loaded, on disk and as pip packages."""
+    """NCCL loaded, on disk and as pip packages, and its network plugin."""
 
     loaded: NcclLoaded | None
     found: Annotated[list[NcclFound], Meta(max_length=1024)]
     pip_packages: Annotated[dict[PipName, Version], Meta(max_length=1024)]
+    net_plugin: NetPlugin | None = None
 
 
 class Gpu(Model, frozen=True):
@@ -291,6 +325,19 @@ class GpuProcess(Model, frozen=True):
     name: Text | None
 
 
+class CudaRuntimeLib(Model, frozen=True):
+    """One CUDA runtime library mapped into the probing process."""
+
+    path: Text
+    version: CudaVersion | None
+
+
+class CudaRuntime(Model, frozen=True):
+    """The CUDA runtime libraries (``libcudart``) mapped after importing torch."""
+
+    loaded: Annotated[list[CudaRuntimeLib], Meta(max_length=1024)]
+
+
 class NodeReport(Model, frozen=True):
     """A node report, schema ``envbuild.probe/1`` (see the module docstring)."""
 
@@ -311,6 +358,14 @@ class NodeReport(Model, frozen=True):
     network: Network | None = None
     shm: Shm | None = None
     gpu_processes: Annotated[list[GpuProcess], Meta(max_length=65536)] | None = None
+    cuda_runtime: CudaRuntime | None = None
+    scope: Literal["host", "image"] | None = None
+    probed_at: Stamp | None = None
+
+    @property
+    def is_host(self) -> bool:
+        """True when the probe ran on the host, outside any image (``scope`` ``host``)."""
+        return self.scope == "host"
 
 
 # --------------------------------------------------------------------------- reading

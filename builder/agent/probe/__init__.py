@@ -6,12 +6,13 @@ archive on stdin (``docker exec``, ssh, ``srun``). Self-contained: the standard 
 only; ``torch`` and ``pynvml`` are imported lazily and only if present; NVML and NCCL are
 otherwise reached through ``ctypes``. Python >= 3.8. Two ways to run it::
 
-    python3 -m probe               # prints the JSON document to stdout, exit 0
-    import probe; probe.collect()  # returns the same document as a dict
+    python3 -m probe [--host|--image]  # prints the JSON document to stdout, exit 0
+    import probe; probe.collect()      # returns the same document as a dict
 
 Modules: :mod:`.osinfo` (os-release, glibc), :mod:`.torchinfo` (Python, torch),
 :mod:`.nccl` (loaded, on disk, pip), :mod:`.nvml` (GPUs, driver, compute processes),
-:mod:`.network`, :mod:`.container` (runtime, image), :mod:`.collect` (the document).
+:mod:`.network`, :mod:`.container` (runtime, image), :mod:`.libs` (NCCL network plugin,
+CUDA runtimes loaded), :mod:`.collect` (the document).
 
 It never raises for a missing or broken component: problems go into ``errors``.
 
@@ -19,6 +20,10 @@ Output schema ``envbuild.probe/1`` (every key always present)::
 
     {
       "schema": "envbuild.probe/1",
+      "scope": "host"|"image"|null,         # --host (envbuild probe --host, ssh, srun, gate)
+                                            # or --image (docker exec in a container); null
+                                            # when the caller did not say
+      "probed_at": "2025-06-01T12:00:00Z",  # UTC, when the probe ran
       "hostname": str,                      # socket.gethostname()
       "kernel": str,                        # platform.release(), e.g. "6.1.0-18-amd64"
       "os": {"id": str|null, "version_id": str|null, "pretty_name": str|null},
@@ -47,9 +52,17 @@ Output schema ``envbuild.probe/1`` (every key always present)::
                                             # by name, else its first symlink), sorted by
                                             # path; each version
                                             # asked via ncclGetVersion in a subprocess
-        "pip_packages": {"nvidia-nccl-cu12": "2.27.3", ...}
+        "pip_packages": {"nvidia-nccl-cu12": "2.27.3", ...},
                                             # installed distributions named nvidia-nccl*
+        "net_plugin": {"requested": str|null, "path": str|null, "realpath": str|null,
+                       "sha256": "sha256:..."|null, "name": str|null, "api": "v8"|null,
+                       "version": "1.14.0"|null}
+                                            # the network plugin NCCL would load
+                                            # (NCCL_NET_PLUGIN, libnccl-net.so; see
+                                            # libs): path null when there is none
       },
+      "cuda_runtime": {"loaded": [{"path": str, "version": "12.8"|null}, ...]},
+                                            # libcudart* mapped after importing torch
       "gpus": [{"index": 0, "name": str, "uuid": str, "pci_bus_id": str,
                 "memory_total_bytes": int,
                 "pci_id": "10de:2330"|null}, ...],
@@ -59,7 +72,8 @@ Output schema ``envbuild.probe/1`` (every key always present)::
                                             # nvmlPciInfo_t.pciDeviceId
       "driver": "570.124.06"|null,          # NVML, else /proc/driver/nvidia/version
       "env": {name: value},                 # NCCL_*, GLOO_*, TORCH_*, CUDA_VISIBLE_DEVICES,
-                                            # NVIDIA_VISIBLE_DEVICES, sorted by name
+                                            # NVIDIA_VISIBLE_DEVICES, LD_LIBRARY_PATH,
+                                            # NVIDIA_REQUIRE_CUDA, NVIDIA_DISABLE_REQUIRE
       "container": {                        # the container this probe runs in, if any
         "runtime": "docker"|"podman"|"apptainer"|"kubernetes"|"lxc"|str|null,
                                             # /.dockerenv, /run/.containerenv, $container,
@@ -103,9 +117,10 @@ Output schema ``envbuild.probe/1`` (every key always present)::
       "errors": [str, ...]                  # non-fatal problems met while probing
     }
 
-The keys ``container``, ``image``, ``network``, ``shm``, ``gpu_processes`` and the GPU
-``pci_id`` were added to schema 1 without changing any earlier field: reports written
-before them stay valid (``builder/nodes/report.py`` treats them as unknown when absent).
+The keys ``container``, ``image``, ``network``, ``shm``, ``gpu_processes``, the GPU
+``pci_id`` and (issue 11) ``scope``, ``probed_at``, ``nccl.net_plugin`` and ``cuda_runtime``
+were added to schema 1 without changing any earlier field: reports written before them
+stay valid (``builder/nodes/report.py`` treats them as unknown when absent).
 
 NCCL version codes follow ``NCCL_VERSION(X,Y,Z)`` in ``nccl.h``: ``X*1000 + Y*100 + Z``
 up to 2.8, ``X*10000 + Y*100 + Z`` from 2.9 (see :func:`.nccl.nccl_version_from_code`).

@@ -11,14 +11,19 @@ import os
 import platform
 import socket
 import sys
-from typing import Any, Callable
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from . import container, nccl, network, nvml, osinfo, torchinfo
+from . import container, libs, nccl, network, nvml, osinfo, torchinfo
 
 SCHEMA = "envbuild.probe/1"
 
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_")
-ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "NVIDIA_REQUIRE_CUDA",
+             "NVIDIA_DISABLE_REQUIRE")
+#: What ``scope`` may say: probed on the host (``--host``) or inside an image (``--image``).
+SCOPES = ("host", "image")
 
 
 def shm_info() -> dict[str, Any]:
@@ -33,8 +38,9 @@ def shm_info() -> dict[str, Any]:
 
 
 def env_vars() -> dict[str, str]:
-    """``NCCL_*``, ``GLOO_*``, ``TORCH_*``, ``CUDA_VISIBLE_DEVICES`` and
-    ``NVIDIA_VISIBLE_DEVICES`` of this process, sorted by name."""
+    """``NCCL_*``, ``GLOO_*``, ``TORCH_*``, ``CUDA_VISIBLE_DEVICES``,
+    ``NVIDIA_VISIBLE_DEVICES``, ``LD_LIBRARY_PATH``, ``NVIDIA_REQUIRE_CUDA`` and
+    ``NVIDIA_DISABLE_REQUIRE`` (the image's CUDA requirement) of this process, by name."""
     return {
         k: v
         for k, v in sorted(os.environ.items())
@@ -43,9 +49,10 @@ def env_vars() -> dict[str, str]:
 
 
 def _nccl(errors: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {"loaded": None, "found": [], "pip_packages": {}}
+    out: dict[str, Any] = {"loaded": None, "found": [], "pip_packages": {}, "net_plugin": None}
     parts: tuple[tuple[str, Callable[[list[str]], Any]], ...] = (
-        ("loaded", nccl.loaded_nccl), ("found", nccl.found_nccl), ("pip_packages", nccl.pip_packages))
+        ("loaded", nccl.loaded_nccl), ("found", nccl.found_nccl), ("pip_packages", nccl.pip_packages),
+        ("net_plugin", lambda errs: libs.net_plugin(errs, (out["loaded"] or {}).get("path"))))
     for key, fn in parts:
         try:
             out[key] = fn(errors)
@@ -54,8 +61,14 @@ def _nccl(errors: list[str]) -> dict[str, Any]:
     return out
 
 
-def collect() -> dict[str, Any]:
-    """Probe this process's environment; returns the ``envbuild.probe/1`` dict.
+def utc_now() -> str:
+    """This moment in UTC, ``2025-06-01T12:00:00Z``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def collect(scope: str | None = None) -> dict[str, Any]:
+    """Probe this process's environment; returns the ``envbuild.probe/1`` dict, with
+    ``scope`` (``"host"``, ``"image"`` or None: not said) and ``probed_at`` (UTC).
 
     Imports torch if it is installed (so that torch's own NCCL gets mapped) before
     reading ``/proc/self/maps``. Never raises for missing components; problems are
@@ -63,7 +76,7 @@ def collect() -> dict[str, Any]:
     subprocess (at most ``nccl.NCCL_SUBPROCESS_TIMEOUT_S`` s each).
     """
     errors: list[str] = []
-    out: dict[str, Any] = {"schema": SCHEMA}
+    out: dict[str, Any] = {"schema": SCHEMA, "scope": scope if scope in SCOPES else None, "probed_at": utc_now()}
     try:
         out["hostname"] = socket.gethostname()
     except Exception as e:
@@ -82,7 +95,8 @@ def collect() -> dict[str, Any]:
         errors.append(f"nvml: {type(e).__name__}: {e}")
     out["env"] = env_vars()
     later: tuple[tuple[str, Callable[[list[str]], Any]], ...] = (
-        ("container", container.container_info), ("image", lambda errs: container.image_info()),
+        ("cuda_runtime", libs.cuda_runtime), ("container", container.container_info),
+        ("image", lambda errs: container.image_info()),
         ("network", network.network_info), ("shm", lambda errs: shm_info()),
         ("gpu_processes", nvml.gpu_processes))
     for key, fn in later:
@@ -95,8 +109,11 @@ def collect() -> dict[str, Any]:
     return out
 
 
-def main() -> int:
-    """Print :func:`collect` as indented JSON on stdout; exit status 0."""
-    json.dump(collect(), sys.stdout, indent=2)
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print :func:`collect` as indented JSON on stdout; exit status 0. ``--host`` or
+    ``--image`` (the first argument) sets ``scope``; anything else is ignored."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    scope = args[0][2:] if args and args[0] in ("--host", "--image") else None
+    json.dump(collect(scope), sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

@@ -2,9 +2,11 @@
 ``yaml.safe_dump`` under a comment header, one object per file.
 
 Files (:data:`MODES`): ``configmap.yaml``, ``service.yaml``, ``job.yaml`` for the Indexed
-Job, or ``configmap.yaml``, ``trainjob.yaml`` with ``kubeflow``. A kind is added with its
-builder in :mod:`.objects`, one :class:`Manifest` in :data:`MANIFESTS` and its file in a
-mode.
+Job, or ``configmap.yaml``, ``trainjob.yaml`` with ``kubeflow``; the node gate
+(``envbuild k8s gate``, :mod:`.gate`): ``gate-serviceaccount.yaml``, ``gate-clusterrole.yaml``,
+``gate-clusterrolebinding.yaml``, ``gate-configmap.yaml``, ``gate-daemonset.yaml``. A kind is
+added with its builder in :mod:`.objects` (or :mod:`.gate`), one :class:`Manifest` in
+:data:`MANIFESTS` and its file in a mode.
 
 Strings are written plain only when every YAML 1.1 reader (Kubernetes' included, which
 reads ``on``, ``y`` or ``1e3`` as other types) reads them back as the same string, else
@@ -29,13 +31,14 @@ from builder.core.errors import EnvbuildError, ExitCode
 from builder.core.files import write_atomic
 
 from ..base import LaunchSpec
-from . import objects, pod
-from .objects import RenderContext
+from . import gate, objects, pod
 from .options import DEFAULT_OPTIONS, TRAINJOB_API, K8sOptions
 
 #: The first lines of every file.
 HEADER = ("envbuild run {run_id}, rendered by `envbuild k8s render`.",
           "Apply the folder with `kubectl apply -f DIR`; remove it with `kubectl delete -f DIR`.")
+GATE_HEADER = ("envbuild node gate for lock {label}, rendered by `envbuild k8s gate`.",
+               "Apply the folder with `kubectl apply -f DIR`; remove it with `kubectl delete -f DIR`.")
 
 
 @dataclass(frozen=True)
@@ -43,8 +46,8 @@ class Manifest:
     """One manifest file: its name, the comment lines after :data:`HEADER`, its object."""
 
     file: str
-    comment: Callable[[RenderContext], list[str]]
-    build: Callable[[RenderContext], dict[str, Any]]
+    comment: Callable[[Any], list[str]]  # of a RenderContext, or a GateContext for the gate's files
+    build: Callable[[Any], dict[str, Any]]
 
 
 MANIFESTS: dict[str, Manifest] = {m.file: m for m in (
@@ -64,9 +67,28 @@ MANIFESTS: dict[str, Manifest] = {m.file: m for m in (
         f"{ctx.options.runtime} sets PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and",
         "PET_MASTER_PORT (29400), which torchrun reads; the security context comes from the runtime.",
     ], objects.trainjob),
+    Manifest("gate-serviceaccount.yaml", lambda ctx: [
+        "The identity of the gate pods.",
+    ], gate.service_account),
+    Manifest("gate-clusterrole.yaml", lambda ctx: [
+        "May read and patch nodes (the gate's label and taint), nothing else.",
+    ], gate.cluster_role),
+    Manifest("gate-clusterrolebinding.yaml", lambda ctx: [
+        f"Binds the ClusterRole to the ServiceAccount {gate.NAME} in namespace {ctx.gate.namespace}.",
+    ], gate.cluster_role_binding),
+    Manifest("gate-configmap.yaml", lambda ctx: [
+        f"envbuild's in-image code and {gate.SPEC_KEY} (what each node must match, from the certificate),",
+        f"mounted read-only at {pod.CODE_MOUNT}; named by their hash, so a new certificate rolls the pods.",
+    ], gate.configmap),
+    Manifest("gate-daemonset.yaml", lambda ctx: [
+        f"One gate pod per node: a passing node is labelled {gate.LABEL}={ctx.gate.label_value}, a failing",
+        f"one tainted {gate.TAINT}=<reason>:NoSchedule; checked again every {ctx.gate.interval_s} s.",
+    ], gate.daemonset),
 )}
 #: The files of each mode, in the order they are applied.
-MODES = {"job": ("configmap.yaml", "service.yaml", "job.yaml"), "kubeflow": ("configmap.yaml", "trainjob.yaml")}
+MODES = {"job": ("configmap.yaml", "service.yaml", "job.yaml"), "kubeflow": ("configmap.yaml", "trainjob.yaml"),
+         "gate": ("gate-serviceaccount.yaml", "gate-clusterrole.yaml", "gate-clusterrolebinding.yaml",
+                  "gate-configmap.yaml", "gate-daemonset.yaml")}
 
 _PLAIN_SAFE = re.compile(r"(?:[A-Za-z_/]|-+[A-Za-z])[A-Za-z0-9_./-]*")
 _YAML11_SPECIAL = re.compile(r"y|n|yes|no|on|off|true|false|null|nan|inf", re.I)
@@ -137,6 +159,18 @@ def render_manifests(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, co
     for name in MODES["kubeflow" if options.kubeflow else "job"]:
         m = MANIFESTS[name]
         header = [line.format(run_id=spec.run_id) for line in HEADER]
+        out[name] = dump(m.build(ctx), header + m.comment(ctx))
+    return out
+
+
+def render_gate_manifests(spec: gate.GateSpec) -> dict[str, str]:
+    """Render the node gate's manifests (:mod:`.gate`): ``{file name: YAML text}`` in apply
+    order (:data:`MODES` ``gate``). Raises as :func:`.gate.gate_context`."""
+    ctx = gate.gate_context(spec)
+    out = {}
+    for name in MODES["gate"]:
+        m = MANIFESTS[name]
+        header = [line.format(label=spec.label_value) for line in GATE_HEADER]
         out[name] = dump(m.build(ctx), header + m.comment(ctx))
     return out
 

@@ -1,5 +1,11 @@
-"""verify's human output (rich): a nodes table, the fields that differ, the other findings
-one per line, a summary line. Every value from a report is escaped (never rich markup)."""
+"""verify's human output (rich): the reference, the nodes (by default one line per group of
+equal nodes and the full rows only of those that differ, :mod:`.summary`; every row with
+``--all``), the fields that differ, the other findings one per line, each node's drift, a
+summary line. Every value from a report is escaped (never rich markup).
+
+Linear in nodes and fields: a rich table row costs ~0.5 ms, so tables hold at most
+:data:`TABLE_ROWS` rows and the rest are printed as plain lines in one write.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,9 @@ from typing import Any
 
 from builder.core.inputs import one_line
 
-from .result import FAIL, UNKNOWN, WARN, NodeSummary, VerifyResult
+from .result import FAIL, UNKNOWN, WARN, NodeDrift, NodeSummary, VerifyResult
 from .rules import show
+from .summary import describe_group, node_groups
 
 #: Characters of one value shown in a table cell (the JSON output has it whole).
 CELL_LIMIT = 200
@@ -17,7 +24,19 @@ LINE_LIMIT = 900
 #: Differing fields shown in the "fields that differ" table; the rest are printed one
 #: line each (a rich table costs ~0.5 ms a row: 20k rows would take tens of seconds).
 TABLE_FIELDS = 100
+#: Node rows drawn as a table; the rest are plain lines.
+TABLE_ROWS = 100
 _STYLE = {FAIL: "red", WARN: "yellow", UNKNOWN: "magenta"}
+#: How a reference's values are named, by its kind.
+REFERENCE_LABEL = {"certificate": "certified", "report": "reference", "image": "image"}
+#: Node names listed in one cell or line; the rest are counted.
+NAMES_SHOWN = 50
+
+
+def names(nodes: list[str], limit: int = NAMES_SHOWN) -> str:
+    """``"a, b, c"``; over ``limit`` names the first ``limit`` and ``(+N more)``."""
+    head = ", ".join(nodes[:limit])
+    return head + (f" (+{len(nodes) - limit} more)" if len(nodes) > limit else "")
 
 
 def _short_image(value: str | None) -> str:
@@ -49,20 +68,41 @@ def _node_rows(nodes: list[NodeSummary]) -> tuple[list[str], list[list]]:
     return ["node", "source", "torch", "nccl", "driver", "image", "address"], rows
 
 
-def _print_nodes(result: VerifyResult, console: Any) -> None:
+def _plain(console: Any, lines: list[str]) -> None:
+    """Print already-escaped ``lines`` in one write (no markup, no wrapping)."""
+    if lines:
+        console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_nodes(nodes: list[NodeSummary], console: Any, title: str = "nodes") -> None:
+    """The nodes table: the first :data:`TABLE_ROWS` rows drawn, the rest one plain line each."""
     from rich.table import Table
     from rich.text import Text
 
-    header, rows = _node_rows(result.nodes)
+    header, rows = _node_rows(nodes)
     keep = [i for i in range(len(header)) if i < 3 or any(r[i] not in ("-", None) for r in rows)]
-    nodes = Table(title="nodes", title_justify="left", show_edge=False)
+    table = Table(title=title, title_justify="left", show_edge=False)
     for i in keep:
-        nodes.add_column(header[i], no_wrap=header[i] not in ("source", "address"), overflow="fold")
-    for r in rows:
-        if r[2] is None:
-            r[2] = Text("not checked", style="magenta")
-        nodes.add_row(*[r[i] if isinstance(r[i], Text) else cell(r[i] or "") for i in keep])
-    console.print(nodes)
+        table.add_column(header[i], no_wrap=header[i] not in ("source", "address"), overflow="fold")
+    for r in rows[:TABLE_ROWS]:
+        cells = list(r)
+        if cells[2] is None:
+            cells[2] = Text("not checked", style="magenta")
+        table.add_row(*[cells[i] if isinstance(cells[i], Text) else cell(cells[i] or "") for i in keep])
+    console.print(table)
+    _plain(console, [" ".join(one_line("not checked" if i == 2 and r[i] is None else (r[i] or "-"), CELL_LIMIT)
+                              for i in keep) for r in rows[TABLE_ROWS:]])
+
+
+def _print_summary(result: VerifyResult, console: Any) -> None:
+    """One line per group of equal nodes, then the full rows of the nodes that differ."""
+    groups = node_groups(result)
+    against = result.reference is not None
+    _plain(console, [f"nodes: {len(result.nodes)} in {len(groups)} group{'s' if len(groups) != 1 else ''}"]
+           + ["  " + describe_group(g, against) for g in groups])
+    differ = {name for g in groups if g.deviations for name in g.nodes}
+    if differ:
+        _print_nodes([n for n in result.nodes if n.name in differ], console, "nodes that differ")
 
 
 def _print_differences(result: VerifyResult, console: Any) -> set[int]:
@@ -77,34 +117,84 @@ def _print_differences(result: VerifyResult, console: Any) -> set[int]:
     t.add_column("field", overflow="fold")
     t.add_column("value", overflow="fold")
     t.add_column("nodes", overflow="fold", min_width=min(40, max(len(n.name) for n in result.nodes)))
+    label = f"({REFERENCE_LABEL[result.reference.kind]})" if result.reference else ""
     for f in diffs:
-        for i, g in enumerate(f.groups):
+        rows = [(f.reference, label)] if f.reference is not None else []
+        rows += [(show(g.value), names(g.nodes)) for g in f.groups]
+        for i, (value, who) in enumerate(rows):
             first = i == 0
-            shown = _short_image(g.value) if f.field in ("image.id", "image.digest") and g.value else show(g.value)
+            shown = _short_image(value) if f.field in ("image.id", "image.digest") and value != "(absent)" else value
             t.add_row(cell(f.rule, style=_STYLE[f.level]) if first else "", cell(f.field) if first else "",
-                      cell(shown), cell(", ".join(g.nodes), None))
+                      cell(shown), cell(who, None))
     console.print(t)
     return {id(f) for f in diffs}
 
 
-def render(result: VerifyResult, console: Any) -> None:
-    """Print ``result`` with rich: a nodes table, a table of the first
-    :data:`TABLE_FIELDS` differing fields (nodes grouped by value), the other findings one
-    per line, and a summary line.
+def _print_reference(result: VerifyResult, console: Any) -> None:
+    ref = result.reference
+    if ref is None:
+        return
+    bits = [b for b in (ref.recipe, f"lock {ref.lock_hash.split(':')[-1][:12]}" if ref.lock_hash else None,
+                        f"made {ref.made_at}" if ref.made_at else None,
+                        f"envbuild {ref.envbuild_version}" if ref.envbuild_version else None,
+                        f"{ref.age_s / 86400:.1f} days ago" if ref.age_s is not None else None) if b]
+    _plain(console, [f"against {ref.kind} {one_line(ref.name, 300)}" + (f" ({one_line(', '.join(bits))})"
+                                                                         if bits else "")]
+           + ([f"  CUDA requirement: {one_line(ref.cuda_requirement, 300)}"] if ref.cuda_requirement else []))
+
+
+def _change_line(c: Any) -> str:
+    since = f" (since {c.since})" if c.since else ""
+    return f"    {one_line(c.field, 120)}: {one_line(show(c.before), 120)} -> {one_line(show(c.after), 120)}{since}"
+
+
+def _drift_lines(d: NodeDrift, label: str) -> list[str]:
+    """A node's drift: what changed since the reference and since the previous report."""
+    plural = "s" if d.reports != 1 else ""
+    head = f"  {one_line(d.node, 200)}: {d.reports} report{plural}, {d.first_at} .. {d.latest_at}"
+    out = [head, f"    since the {label}: " + ("nothing changed" if not d.since_reference else
+                                               f"{len(d.since_reference)} field(s)")]
+    out += [_change_line(c) for c in d.since_reference[:TABLE_FIELDS]]
+    if d.previous_at:
+        out.append(f"    since the previous report ({d.previous_at}): "
+                   + ("nothing changed" if not d.since_previous else f"{len(d.since_previous)} field(s)"))
+        out += [_change_line(c) for c in d.since_previous[:TABLE_FIELDS]]
+    return out
+
+
+def _print_drift(result: VerifyResult, console: Any) -> None:
+    if not result.drift:
+        return
+    label = {"certificate": "certificate", "report": "reference report", "image": "image"}[
+        result.reference.kind if result.reference else "report"]
+    lines = [f"drift ({len(result.drift)} node{'s' if len(result.drift) != 1 else ''} with history)"]
+    for d in result.drift:
+        lines += _drift_lines(d, label)
+    _plain(console, lines)
+
+
+def render(result: VerifyResult, console: Any, all_rows: bool = False) -> None:
+    """Print ``result`` with rich: the reference (``--against``), the nodes (a summary:
+    one line per group of equal nodes and the full rows of those that differ; every row
+    with ``all_rows``), a table of the first :data:`TABLE_FIELDS` differing fields (nodes
+    grouped by value, the reference's value first), the other findings one per line, the
+    drift of nodes with history, notes, and a summary line.
 
     Every value from a report is shown through :func:`cell` (escaped, never markup), so
     a report string such as ``"[/]"`` or ``"\\x1b[2J"`` prints literally. Linear in the
     number of findings and nodes.
     """
-    from rich.text import Text
-
-    _print_nodes(result, console)
+    _print_reference(result, console)
+    if all_rows:
+        _print_nodes(result.nodes, console)
+    else:
+        _print_summary(result, console)
     shown_as_diff = _print_differences(result, console)
-    for f in result.findings:
-        if id(f) in shown_as_diff:
-            continue
-        line = Text.assemble((f.level, _STYLE[f.level]), f": {f.rule}: ", one_line(f.message, LINE_LIMIT))
-        console.print(line, highlight=False, soft_wrap=True)
+    lines = [f"{f.level}: {f.rule}: {one_line(f.message, LINE_LIMIT)}" for f in result.findings
+             if id(f) not in shown_as_diff]
+    _plain(console, lines)
+    _print_drift(result, console)
+    _plain(console, [f"note: {one_line(n, LINE_LIMIT)}" for n in result.notes])
     checked = sum(1 for n in result.nodes if n.ok)
     fails = sum(1 for f in result.findings if f.level == FAIL)
     warns = sum(1 for f in result.findings if f.level == WARN)

@@ -5,9 +5,21 @@ JSON Schema: ``schemas/verify-result.schema.json``)::
      "exit_code": 0 | 1 | 2 | 3,
      "nodes": [{"name", "source", "ok", "error", "hostname", "address", "nccl_interface",
                 "torch", "nccl", "driver", "gpus", "image", "image_ref", "runtime",
-                "shm_bytes"}, ...],
+                "shm_bytes", "scope", "probed_at"}, ...],
      "findings": [{"level": "fail" | "warn" | "unknown", "rule", "field", "message",
-                   "nodes": [str], "source", "groups": [{"value", "nodes": [str]}]}, ...]}
+                   "nodes": [str], "source", "groups": [{"value", "nodes": [str]}],
+                   "reference": str | null}, ...],
+     "reference": null | {"kind": "certificate" | "report" | "image", "name", "made_at",
+                          "age_s", "envbuild_version", "recipe", "lock_hash", "image",
+                          "cuda_requirement", "passed"},
+     "drift": [{"node", "reports", "first_at", "previous_at", "latest_at",
+                "since_reference": [{"field", "before", "after", "since"}],
+                "since_previous": [...]}, ...],
+     "notes": [str]}
+
+``reference`` is set by ``verify --against``: a finding's ``reference`` is then the
+reference's value of its field (the certified value), its ``groups`` the nodes by value.
+``drift`` holds one entry per node with earlier reports (history files of ``envbuild gate``).
 """
 
 from __future__ import annotations
@@ -55,6 +67,7 @@ class Finding(Model, frozen=True):
     nodes: list[str] = []
     source: str = ""
     groups: list[Group] = []
+    reference: str | None = None
 
 
 class NodeSummary(Model, frozen=True):
@@ -75,22 +88,77 @@ class NodeSummary(Model, frozen=True):
     image_ref: str | None
     runtime: str | None
     shm_bytes: int | None
+    scope: str | None = None
+    probed_at: str | None = None
+
+
+class ReferenceSummary(Model, frozen=True):
+    """What the nodes were compared against (``verify --against``).
+
+    Attributes:
+        kind: ``certificate``, ``report`` or ``image``. name: the file or image reference.
+        made_at: when the certificate was made (``finished_at``) or the report probed.
+        age_s: seconds since ``made_at``. envbuild_version: the envbuild that made it.
+        recipe, lock_hash, image: of the certified image. cuda_requirement: its
+        ``NVIDIA_REQUIRE_CUDA`` (and where it was read), or the torch CUDA. passed: the
+        certificate's verdict (None for other kinds).
+    """
+
+    kind: Literal["certificate", "report", "image"]
+    name: str
+    made_at: str | None = None
+    age_s: float | None = None
+    envbuild_version: str | None = None
+    recipe: str | None = None
+    lock_hash: str | None = None
+    image: str | None = None
+    cuda_requirement: str | None = None
+    passed: bool | None = None
+
+
+class Change(Model, frozen=True):
+    """One field of a node that changed: ``before`` (the reference's or the previous
+    report's value), ``after`` (the latest report's), ``since`` (when the latest value was
+    first seen in the node's history, UTC)."""
+
+    field: str
+    before: str | None
+    after: str | None
+    since: str | None = None
+
+
+class NodeDrift(Model, frozen=True):
+    """A node's history (reports of one host, by ``probed_at``): what changed since the
+    reference and since the previous report."""
+
+    node: str
+    reports: int
+    first_at: str | None
+    previous_at: str | None
+    latest_at: str | None
+    since_reference: list[Change] = []
+    since_previous: list[Change] = []
 
 
 class VerifyResult(Model, frozen=True):
     """Everything ``verify`` found: the nodes compared (and those that could not be
     checked), the findings (failures first, then warnings, then unknowns; within a level
-    the rules' order) and the exit code (see :func:`exit_code`)."""
+    the rules' order), the exit code (see :func:`exit_code`) and, with ``--against``, the
+    reference and each node's drift."""
 
     schema: Literal["envbuild.verify/1"]
     exit_code: int
     nodes: list[NodeSummary]
     findings: list[Finding]
+    reference: ReferenceSummary | None = None
+    drift: list[NodeDrift] = []
+    notes: list[str] = []
 
     @property
     def differences(self) -> list[Finding]:
-        """The findings that are differing values (must- and should-match)."""
-        return [f for f in self.findings if len(f.groups) > 1]
+        """The findings that are differing values (must- and should-match): several
+        groups, or against a reference any group."""
+        return [f for f in self.findings if len(f.groups) > 1 or (f.groups and f.reference is not None)]
 
 
 def exit_code(findings: list[Finding]) -> ExitCode:
@@ -115,5 +183,6 @@ def node_summary(n: Node) -> NodeSummary:
         image_ref=image.ref if image else None,
         runtime=r.container.runtime if r and r.container else None,
         shm_bytes=r.shm.size_bytes if r and r.shm else None,
+        scope=r.scope if r else None, probed_at=r.probed_at if r else None,
     )
 

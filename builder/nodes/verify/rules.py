@@ -1,17 +1,20 @@
 """verify's rules: the fields compared between nodes (must-match, should-match), the driver
-floor, NCCL/gloo interfaces, NCCL copies, probe errors and nodes that could not be checked;
-each function gives :class:`~.result.Finding` values (the table and sources are in
-:mod:`builder.nodes.verify`).
+floor, NCCL/gloo interfaces, NCCL and CUDA runtime copies, probe errors and nodes that
+could not be checked; each function gives :class:`~.result.Finding` values (the table and
+sources are in :mod:`builder.nodes.verify`).
+
+Each compared field is a :class:`Rule` with a ``scope``: ``host`` fields (driver branch,
+kernel, GPU models) are the same inside and outside a container; ``image`` fields (torch,
+Python, NCCL, the OS, the environment) are what an image brings, compared against a
+reference only between reports of the same scope (:mod:`.against`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
-
-from packaging.version import InvalidVersion
-from packaging.version import Version as _Version
+from typing import Any, Literal
 
 from ..report import Node, NodeReport
 from .interfaces import gloo_interface, nccl_interface, ordered_interfaces
@@ -19,12 +22,21 @@ from .result import FAIL, UNKNOWN, WARN, Finding, Group, Level
 
 #: Environment prefixes compared between nodes (should-match).
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_")
+#: Variables that pick NCCL's transport: a difference is a must-match failure (ranks that
+#: pick different networks hang or fail at connect; NCCL ``src/net.cc``/``plugin_open.cc``).
+ENV_MUST_MATCH = ("NCCL_NET", "NCCL_NET_PLUGIN", "NCCL_IB_DISABLE")
+#: Other variables compared (should-match): which libraries a process loads.
+ENV_OTHER = ("LD_LIBRARY_PATH",)
 
 SRC_NCCL_MISMATCH = "NVIDIA/nccl src/init.cc (>= 2.23.4), NVIDIA/nccl#1267, #1328"
 SRC_CONFIGCHECK = "Google cluster-health-scanner configcheck"
-SRC_DRIVER = "NVIDIA CUDA release notes Table 3; minor-version compatibility guide"
 SRC_IFNAME = "NCCL src/misc/socket.cc; PyTorch ProcessGroupGloo; NVIDIA/nccl#286, #1581"
 SRC_COPIES = "compat.md gotcha 3; pytorch#116977"
+SRC_PLUGIN = ("NCCL src/net.cc, src/plugin/plugin_open.cc (NCCL_NET_PLUGIN, libnccl-net.so); "
+              "cluster-health-scanner configcheck (NCCL plugin)")
+SRC_CUDART = "one CUDA runtime per process: a wheel's libcudart next to a system one"
+
+Scope = Literal["host", "image"]
 
 
 def _driver_branch(r: NodeReport) -> str | None:
@@ -46,37 +58,61 @@ def _torch(field: str) -> Callable[[NodeReport], str | None]:
     return lambda r: getattr(r.torch, field) if r.torch else None
 
 
+def net_plugin_value(r: NodeReport) -> str | None:
+    """The NCCL network plugin as compared: ``"libnccl-net.so IBext v8 sha256:0123456789ab"``
+    (file, the name it gives, API, content hash), ``"(none)"`` when the probe found none,
+    None when the report does not say (a probe from before issue 11)."""
+    p = r.nccl.net_plugin
+    if p is None:
+        return None
+    if p.path is None:
+        return "(none)"
+    digest = p.sha256[:19] if p.sha256 else "sha256 unknown"
+    return f"{os.path.basename(p.realpath or p.path)} {p.name or '?'} {p.api or '?'} {digest}"
+
+
 @dataclass(frozen=True)
 class Rule:
     """One compared field: ``name`` shown in output, ``level`` when values differ
     (``fail``/``warn``), ``value`` extracts it from a report (None: absent), ``source``
     says why it matters, ``skip_absent``: nodes without a value are left out of the
-    comparison (a warning names them) instead of counting as a different value."""
+    comparison (a warning names them) instead of counting as a different value; ``scope``
+    ``host`` or ``image`` (see the module doc); ``path``: where the in-pod gate
+    (:mod:`builder.agent.nodegate`) reads the value in a probe document (None: not there)."""
 
     name: str
     level: Level
     value: Callable[[NodeReport], str | None]
     source: str
     skip_absent: bool = False
+    scope: Scope = "image"
+    path: tuple[str, ...] | None = None
 
 
 MUST_MATCH = (
-    Rule("torch.version", FAIL, _torch("version"), "collectives and DDP need one PyTorch release"),
-    Rule("torch.cuda", FAIL, _torch("cuda"), "torch.version.cuda: the CUDA torch was built with"),
-    Rule("nccl.loaded", FAIL, lambda r: r.nccl.loaded.version if r.nccl.loaded else None, SRC_NCCL_MISMATCH),
-    Rule("torch.cudnn", FAIL, _torch("cudnn"), "cuDNN differences change numerics and kernels"),
-    Rule("python.version", FAIL, lambda r: r.python.version, "pickled objects cross ranks"),
+    Rule("torch.version", FAIL, _torch("version"), "collectives and DDP need one PyTorch release",
+         path=("torch", "version")),
+    Rule("torch.cuda", FAIL, _torch("cuda"), "torch.version.cuda: the CUDA torch was built with",
+         path=("torch", "cuda")),
+    Rule("nccl.loaded", FAIL, lambda r: r.nccl.loaded.version if r.nccl.loaded else None, SRC_NCCL_MISMATCH,
+         path=("nccl", "loaded", "version")),
+    Rule("torch.cudnn", FAIL, _torch("cudnn"), "cuDNN differences change numerics and kernels",
+         path=("torch", "cudnn")),
+    Rule("python.version", FAIL, lambda r: r.python.version, "pickled objects cross ranks",
+         path=("python", "version")),
     Rule("image.digest", FAIL, lambda r: r.image.digest if r.image else None, "one image everywhere",
          skip_absent=True),
+    Rule("nccl.net_plugin", FAIL, net_plugin_value, SRC_PLUGIN, skip_absent=True,
+         path=("nccl", "net_plugin", "sha256")),
 )
 
 SHOULD_MATCH = (
-    Rule("driver.branch", WARN, _driver_branch, SRC_CONFIGCHECK),
-    Rule("kernel", WARN, lambda r: r.kernel, SRC_CONFIGCHECK),
+    Rule("driver.branch", WARN, _driver_branch, SRC_CONFIGCHECK, scope="host"),
+    Rule("kernel", WARN, lambda r: r.kernel, SRC_CONFIGCHECK, scope="host"),
     Rule("os", WARN, _os, SRC_CONFIGCHECK),
     Rule("glibc", WARN, lambda r: r.glibc, SRC_CONFIGCHECK),
     Rule("torch.nccl_compiled", WARN, _torch("nccl_compiled"), "pytorch#116977"),
-    Rule("gpu.models", WARN, _gpu_models, SRC_CONFIGCHECK),
+    Rule("gpu.models", WARN, _gpu_models, SRC_CONFIGCHECK, scope="host"),
     Rule("image.id", WARN, lambda r: r.image.id if r.image else None,
          "the engine's image ID (the digest is unknown for local images)", skip_absent=True),
 )
@@ -129,64 +165,30 @@ def compare(nodes: list[Node], rule: Rule, kind: str) -> list[Finding]:
     return out
 
 
+def env_rule(var: str) -> Rule:
+    """The rule of one environment variable: must-match for :data:`ENV_MUST_MATCH`, else
+    should-match."""
+    level: Level = FAIL if var in ENV_MUST_MATCH else WARN
+    source = (SRC_PLUGIN if var in ENV_MUST_MATCH else
+              "which libraries load" if var in ENV_OTHER else
+              "NCCL/gloo/torch knobs should agree on every node (configcheck)")
+    return Rule(f"env.{var}", level, lambda r: r.env.get(var), source, path=("env", var))
+
+
+def env_names(reports: Iterable[NodeReport]) -> list[str]:
+    """The compared variables set in any of ``reports``, sorted."""
+    return sorted({k for r in reports for k in r.env if k.startswith(ENV_PREFIXES) or k in ENV_OTHER})
+
+
 def env_findings(nodes: list[Node]) -> list[Finding]:
-    """Should-match findings for every ``NCCL_*``, ``GLOO_*``, ``TORCH_*`` variable set on
-    some node and not the same (or unset) on another."""
-    names = sorted({k for _, r in _checked(nodes) for k in r.env if k.startswith(ENV_PREFIXES)})
+    """Findings for every ``NCCL_*``, ``GLOO_*``, ``TORCH_*`` variable and
+    ``LD_LIBRARY_PATH`` set on some node and not the same (or unset) on another:
+    must-match for :data:`ENV_MUST_MATCH`, else should-match."""
     out = []
-    for var in names:
-        rule = Rule(f"env.{var}", WARN, lambda r, var=var: r.env.get(var),  # type: ignore[misc]
-                    "NCCL/gloo/torch knobs should agree on every node (configcheck)")
-        out.extend(compare(nodes, rule, "should-match"))
+    for var in env_names(r for _, r in _checked(nodes)):
+        rule = env_rule(var)
+        out.extend(compare(nodes, rule, "must-match" if rule.level == FAIL else "should-match"))
     return out
-
-
-def _parse_version(text: str) -> _Version | None:
-    try:
-        return _Version(text)
-    except (InvalidVersion, TypeError):
-        return None
-
-
-def _floor_finding(n: Node, r: NodeReport, floors: dict[str, dict]) -> Finding | None:
-    """The floor finding of one node whose report has a driver and a CUDA torch."""
-    drv, cuda = r.driver, r.torch.cuda if r.torch else None
-    if not drv or not cuda:
-        return None
-    floor = floors.get(".".join(cuda.split(".")[:2]))
-    if floor is None:
-        return Finding(level=WARN, rule="floor", field="driver",
-                       message=f"{n.name}: no driver floor known for CUDA {cuda}", nodes=[n.name], source=SRC_DRIVER)
-    have = _parse_version(drv)
-    if have is None:
-        return None
-    torch = r.torch.version if r.torch else None
-    if have < _Version(str(floor["minor_compat"])):
-        return Finding(level=FAIL, rule="floor", field="driver",
-                       message=f"driver: {drv} on {n.name} is below {floor['minor_compat']}, the oldest "
-                               f"that runs CUDA {cuda} (torch {torch}); full support needs >= {floor['ga']}",
-                       nodes=[n.name], source=SRC_DRIVER)
-    if have < _Version(str(floor["ga"])):
-        return Finding(level=WARN, rule="floor", field="driver",
-                       message=f"driver: {drv} on {n.name} is below {floor['ga']} (CUDA {cuda} GA): minor-version "
-                               "compatibility only (no PTX JIT, some APIs fail)", nodes=[n.name], source=SRC_DRIVER)
-    return None
-
-
-def driver_floor_findings(nodes: list[Node], floors: dict[str, dict] | None = None) -> list[Finding]:
-    """Floor findings: a node's driver below what its torch's CUDA needs.
-
-    ``floors`` maps CUDA ``"12.8"`` to ``{"ga": "570.26", "minor_compat": "525.60.13"}``
-    (default: ``cuda_driver`` of ``builder/recipe/data/compat.yaml``). Below ``minor_compat``:
-    fail (CUDA cannot run); below ``ga``: warn (minor-version compatibility only: no PTX
-    JIT, some APIs fail). Nodes without a driver or a CUDA torch are not checked.
-    """
-    if floors is None:
-        from builder.recipe.facts import facts
-
-        floors = {cuda: {"ga": row.ga, "minor_compat": row.minor_compat} for cuda, row in facts().cuda_driver.items()}
-    found = (_floor_finding(n, r, floors) for n, r in _checked(nodes))
-    return [f for f in found if f is not None]
 
 
 def missing_interface_findings(nodes: list[Node]) -> list[Finding]:
@@ -224,6 +226,19 @@ def nccl_copies_findings(nodes: list[Node]) -> list[Finding]:
                                message=f"{n.name} has {len(pkgs)} NCCL packages: "
                                        + ", ".join(f"{k}=={v}" for k, v in pkgs.items()),
                                nodes=[n.name], source=SRC_COPIES))
+    return out
+
+
+def cuda_runtime_findings(nodes: list[Node]) -> list[Finding]:
+    """Warn for every node whose probe mapped more than one CUDA runtime library."""
+    out = []
+    for n, r in _checked(nodes):
+        loaded = r.cuda_runtime.loaded if r.cuda_runtime else []
+        if len({os.path.realpath(lib.path) for lib in loaded}) > 1:
+            libs = "; ".join(f"{lib.path} ({lib.version or 'version unknown'})" for lib in loaded)
+            out.append(Finding(level=WARN, rule="cuda-runtime-copies", field="cuda_runtime.loaded",
+                               message=f"{n.name} loads {len(loaded)} CUDA runtimes: {libs}",
+                               nodes=[n.name], source=SRC_CUDART))
     return out
 
 

@@ -1,0 +1,64 @@
+"""``python3 -m nodegate SPEC.json [--once] [--interval S]`` (see :mod:`nodegate`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from . import check, kube
+
+DEFAULT_INTERVAL_S = 600.0
+_STOP = threading.Event()
+
+
+def _probe() -> dict[str, Any]:
+    import probe  # the sibling package on PYTHONPATH (the ConfigMap at /opt/envbuild)
+
+    return probe.collect("image")
+
+
+def run_once(spec: dict[str, Any], node: str | None) -> int:
+    """One check: print one line per failure and warning, mark the node; 0/1/2."""
+    failures, warnings = check.evaluate(spec, _probe())
+    for _, line in failures:
+        print("fail: " + line, flush=True)
+    for line in warnings:
+        print("warn: " + line, flush=True)
+    label = str(spec.get("label_value") or "")
+    verdict = "passed" if not failures else "failed: " + failures[0][1]
+    if node:
+        try:
+            if failures:
+                kube.mark_node(node, None, check.label_value(failures[0][0]))
+            else:
+                kube.mark_node(node, check.label_value(label), None)
+        except (kube.KubeError, OSError) as e:
+            print(f"error: cannot mark node {node}: {e}", flush=True)
+            return 3
+    print("envbuild gate: node {} {}".format(node or "(unknown)", verdict), flush=True)
+    return 2 if failures else 1 if warnings else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        print("usage: python3 -m nodegate SPEC.json [--once] [--interval S]", file=sys.stderr)
+        return 64
+    with open(args[0], encoding="utf-8") as f:
+        spec = json.load(f)
+    once = "--once" in args
+    interval = float(args[args.index("--interval") + 1]) if "--interval" in args else DEFAULT_INTERVAL_S
+    node = os.environ.get("NODE_NAME") or None
+    signal.signal(signal.SIGTERM, lambda *_: _STOP.set())
+    while True:
+        code = run_once(spec, node)
+        if once or _STOP.wait(interval):
+            return code if once else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

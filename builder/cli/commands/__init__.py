@@ -1,0 +1,1 @@
+"""The ``envbuild`` commands, one module per command (or group of commands)."""

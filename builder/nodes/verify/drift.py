@@ -1,0 +1,94 @@
+"""Drift over time: a node's reports (the history files ``envbuild gate`` writes) read back as
+one node whose latest report is compared, with what changed since the reference and since
+the previous report (``verify --against CERT HISTORY_DIR/*/*.json``).
+
+Reports are one node's history when they come from files, carry ``probed_at`` and share
+``hostname`` and ``scope``; their order is ``probed_at``. Every field of verify's rules is
+compared (:mod:`.rules`; image fields only between reports of the reference's scope), the
+environment variables of every report of the node included.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..report import Node, NodeReport
+from .against import applies
+from .result import Change, NodeDrift
+from .rules import MUST_MATCH, SHOULD_MATCH, Rule, env_names, env_rule
+
+if TYPE_CHECKING:
+    from ..reference import Reference
+
+
+def _series_key(n: Node) -> tuple[str, str] | None:
+    r = n.report
+    if not n.ok or r is None or n.target is not None or not r.hostname or not r.probed_at:
+        return None
+    return r.hostname, r.scope or "-"
+
+
+def split_history(nodes: list[Node]) -> tuple[list[Node], dict[str, list[Node]]]:
+    """``(nodes, histories)``: of every series of reports of one host (see the module doc)
+    only the latest stays a node, named by the host (``host (scope)`` when the host has
+    series of two scopes); ``histories`` maps that name to the series, oldest first. Other
+    nodes are kept as they are, in their order."""
+    series: dict[tuple[str, str], list[Node]] = {}
+    for n in nodes:
+        key = _series_key(n)
+        if key is not None:
+            series.setdefault(key, []).append(n)
+    if not any(len(s) > 1 for s in series.values()):
+        return nodes, {}
+    scopes: dict[str, int] = {}
+    for host, _ in series:
+        scopes[host] = scopes.get(host, 0) + 1
+    latest: dict[int, str] = {}
+    histories: dict[str, list[Node]] = {}
+    for (host, scope), members in series.items():
+        members.sort(key=lambda n: n.report.probed_at if n.report else "")
+        name = host if scopes[host] == 1 else f"{host} ({scope})"
+        members[-1].name = name
+        latest[id(members[-1])] = name
+        histories[name] = members
+    keep = [n for n in nodes if _series_key(n) is None or id(n) in latest]
+    return keep, histories
+
+
+def _rules(reports: list[NodeReport], ref: Reference) -> list[Rule]:
+    """The rules of a node's drift: every must/should-match field and every variable set in
+    any of its reports or the reference, those that apply to the node's scope."""
+    names = env_names([*reports, ref.report])
+    rules = [*MUST_MATCH, *SHOULD_MATCH, *(env_rule(v) for v in names)]
+    return [rule for rule in rules if applies(rule, ref.report, reports[-1])]
+
+
+def _since(values: list[str | None], times: list[str | None]) -> str | None:
+    """When the last value of ``values`` was first seen in its unbroken run at the end."""
+    i = len(values) - 1
+    while i > 0 and values[i - 1] == values[-1]:
+        i -= 1
+    return times[i]
+
+
+def node_drift(name: str, history: list[Node], ref: Reference) -> NodeDrift:
+    """What changed on one node (its ``history``, oldest first)."""
+    reports = [n.report for n in history if n.report is not None]
+    times = [r.probed_at for r in reports]
+    since_ref: list[Change] = []
+    since_prev: list[Change] = []
+    for rule in _rules(reports, ref):
+        values = [rule.value(r) for r in reports]
+        want = rule.value(ref.report)
+        if values[-1] != want and not (rule.skip_absent and (want is None or values[-1] is None)):
+            since_ref.append(Change(field=rule.name, before=want, after=values[-1], since=_since(values, times)))
+        if len(values) > 1 and values[-1] != values[-2]:
+            since_prev.append(Change(field=rule.name, before=values[-2], after=values[-1], since=times[-1]))
+    return NodeDrift(node=name, reports=len(reports), first_at=times[0],
+                     previous_at=times[-2] if len(times) > 1 else None, latest_at=times[-1],
+                     since_reference=since_ref, since_previous=since_prev)
+
+
+def drift(histories: dict[str, list[Node]], ref: Reference) -> list[NodeDrift]:
+    """:func:`node_drift` of every node with a history, by name."""
+    return [node_drift(name, histories[name], ref) for name in sorted(histories)]
