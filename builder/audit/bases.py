@@ -18,8 +18,9 @@ from importlib import resources
 
 import yaml
 
-from builder.recipe import compat
 from builder.oci import reference
+from builder.recipe import facts as recipe_facts
+from builder.recipe.rules.context import cuda_variant
 
 _CUDA_TAG = re.compile(r"(?P<cuda>[0-9]+\.[0-9]+(?:\.[0-9]+)?)-(?P<flavour>[a-z0-9-]+?)-(?P<os>ubuntu|rockylinux|ubi|centos)(?P<osver>[0-9.]+)")
 _NGC_TAG = re.compile(r"(?P<release>[0-9]{2}\.[0-9]{2})-py3(?:-[a-z0-9]+)?")
@@ -62,9 +63,9 @@ class BaseInfo:
 def os_release(os_id: str, word: str) -> str | None:
     """The release number of ``word`` (``bookworm`` -> ``12``, ``22.04`` -> ``22.04``,
     ``12.5`` -> ``12``) for ``os_id`` by the recipe facts; None when unknown."""
-    releases = compat.facts()["os"].get(os_id, {})
+    releases = recipe_facts.facts().os.get(os_id, {})
     for version, rel in releases.items():
-        if word == version or word in rel.get("codenames", []) or (os_id == "debian" and word.split(".")[0] == version):
+        if word == version or word in rel.codenames or (os_id == "debian" and word.split(".")[0] == version):
             return version
     return None
 
@@ -142,7 +143,7 @@ def _pytorch(ref: str, repo: str, tag: str | None) -> BaseInfo | None:
                         why=f"the tag {tag!r} names no torch and CUDA release (it moves)", source="PT-IMG")
     cuda = m.group("cuda")
     return BaseInfo(ref, "pytorch", repo, tag, cuda=cuda, flavour=m.group("flavour"), torch=m.group("torch"),
-                    variant=compat.cuda_variant(cuda), why="the OS and Python of pytorch/pytorch images are not in the tag",
+                    variant=cuda_variant(cuda), why="the OS and Python of pytorch/pytorch images are not in the tag",
                     source="PT-IMG")
 
 

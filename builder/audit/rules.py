@@ -1,5 +1,5 @@
 """Audit-only rules: what a file can get wrong that a recipe cannot, worded like the recipe
-rules (:mod:`builder.recipe.compat`), each naming the source of its fact.
+rules (:mod:`builder.recipe.rules`), each naming the source of its fact.
 
 Errors: an unpinned or ranged torch (``torch-unpinned``: which CUDA build PyPI's newest
 release is changes from release to release, compat.md §5.1); a wheel variant whose CUDA
@@ -18,11 +18,13 @@ paths not followed, find-links wheels.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from packaging.version import InvalidVersion, Version
 
-from builder.recipe import compat
+from builder.recipe.facts import facts
+from builder.recipe.rules.context import cuda_variant
+from builder.recipe.rules.network import SOCKET_VARIABLES, loopback_only
 
 from . import bases
 from .extract import Item
@@ -95,12 +97,12 @@ def _pypi_wins(p: Pins, out: _Out) -> None:
         return
     if t.installer == "uv" and (t.pip.strategy or "first-index") != "unsafe-best-match":
         return
-    rel = compat.facts()["torch"].get(t.version or "")
-    if (t.version and t.local) or (rel and t.version and rel["default"] == t.variant):
+    rel = facts().torch.get(t.version or "")
+    if (t.version and t.local) or (rel and t.version and rel.default == t.variant):
         return  # an exact +local pin; or PyPI's build of that release is the very variant
     url, variant = t.index.url.value, t.index.variant or t.variant or "<variant>"
     option = {"index": "--index-url", "extra": "--extra-index-url", "find": "--find-links"}[t.index.role]
-    pypi = f"PyPI's torch {t.version} (its {rel['default']} build)" if rel else "PyPI's torch"
+    pypi = f"PyPI's torch {t.version} (its {rel.default} build)" if rel else "PyPI's torch"
     tool = "pip" if t.installer == "pip" else "uv with --index-strategy unsafe-best-match"
     out.add(WARNING, "pypi-wins", t.item,
             f"torch{t.spec} comes from {option} {url} with PyPI still read: {tool} takes the highest matching version of "
@@ -116,9 +118,9 @@ def _wheel_cuda(p: Pins, out: _Out) -> None:
         return
     base_mm = ".".join(b.cuda.split(".")[:2])
     if vc != base_mm and vc.split(".")[0] == base_mm.split(".")[0]:
-        alt = compat.cuda_variant(base_mm)
-        rel = compat.facts()["torch"].get(t.version or "")
-        fix = (f"use torch +{alt} or a CUDA {vc} base" if rel and alt in rel["variants"]["list"]
+        alt = cuda_variant(base_mm)
+        rel = facts().torch.get(t.version or "")
+        fix = (f"use torch +{alt} or a CUDA {vc} base" if rel and alt in rel.variants.list
                else f"use a CUDA {vc} base (torch {t.version} has no {alt} build)" if rel else f"use a CUDA {vc} base")
         out.add(ERROR, "wheel-cuda-base", t.item,
                 f"{_what(t)} (from {t.variant_from}) is built for CUDA {vc} but the base image {b.image} has CUDA {b.cuda}: "
@@ -166,8 +168,8 @@ def _socket(p: Pins, out: _Out) -> None:
     """Other ``*_SOCKET_IFNAME`` variables (tensorpipe's ``TP_SOCKET_IFNAME``...) that select
     only loopback [NCCL-ENV, multinode.md]; NCCL's and gloo's are the recipe rule's."""
     for e in p.stack.env:
-        if e.name.endswith("_SOCKET_IFNAME") and e.name not in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") \
-                and e.value is not None and compat.loopback_only("GLOO_SOCKET_IFNAME", e.value):
+        if e.name.endswith("_SOCKET_IFNAME") and e.name not in SOCKET_VARIABLES \
+                and e.value is not None and loopback_only("GLOO_SOCKET_IFNAME", e.value):
             out.add(ERROR, "socket-ifname-loopback", Item(f"{e.name}={e.value}", e.line),
                     f"{e.name}={e.value} selects only the loopback interface; ranks on several nodes cannot reach each "
                     "other over it (remove it, or name the interface the nodes share, e.g. eth0)", "NCCL-ENV, multinode.md (M)")

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from builder.core.errors import EnvbuildError, ExitCode
-from builder.recipe import compat
+from builder.recipe.spec import Spec
 
 from . import definition, dockerfile, judge, model, rules
 from .extract import extract
@@ -31,7 +31,7 @@ class Audited:
 
     result: model.FileAudit
     pins: Pins | None = None
-    spec: compat.Spec | None = None
+    spec: Spec | None = None
 
 
 def kind_of(path: str) -> str:

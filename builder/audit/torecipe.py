@@ -26,7 +26,7 @@ from packaging.utils import canonicalize_name
 from builder.core import inputs
 from builder.core.errors import EnvbuildError
 from builder.core.files import write_atomic
-from builder.recipe import compat
+from builder.recipe.facts import facts
 
 from . import judge
 from .pins import ENVBUILD_APT, Pins, variant_cuda
@@ -113,8 +113,8 @@ def _leftovers(p: Pins, comments: list[tuple[int, str]]) -> None:
     for key, pin in (("NCCL", p.nccl), ("cuDNN", p.cudnn)):
         if pin:
             comments.append(_c(pin[0].line, pin[0].value, f"the {key} torch pins is resolved by envbuild from the facts"))
-    system = compat.facts()["os"][p.os[0]][p.os[1]]["python"] if p.os else None
-    if p.python_from not in ("system", None) and p.python and p.python.value != str(system):
+    system = facts().os[p.os[0]][p.os[1]].python if p.os else None
+    if p.python_from not in ("system", None) and p.python and p.python.value != system:
         comments.append(_c(p.python.line, f"Python {p.python.value} ({p.python_from})",
                            f"envbuild installs the OS release's system Python ({system}) in a venv"))
     root = p.stack.stages[-1]
@@ -150,7 +150,7 @@ def recipe_text(p: Pins, out: str, driver: str | None) -> tuple[str, dict]:
     base = _base(p, comments)
     apt, pip = _packages(p, comments)
     _leftovers(p, comments)
-    python = str(compat.facts()["os"][os_[0]][os_[1]]["python"])
+    python = facts().os[os_[0]][os_[1]].python
     vcuda = variant_cuda(t.variant)
     data: dict = {"description": f"from {inputs.escape(Path(p.stack.file).name, 60)} by envbuild audit",
                   "base": {"image": base}, "os": {"id": os_[0], "version": os_[1]}, "python": python,
