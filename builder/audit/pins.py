@@ -97,7 +97,8 @@ def _pip_torch(pip: PipInstall, item: Item, req: Requirement) -> TorchPin:
             pin.version = specs[0].version
     main = pip.main
     pytorch = [i for i in pip.indexes if i.pytorch]
-    pin.pypi_in_play = not pip.no_index and (main is None or main.pypi or any(i.pypi for i in pip.indexes if i.role == "extra"))
+    extra_pypi = any(i.pypi for i in pip.indexes if i.role == "extra")
+    pin.pypi_in_play = not pip.no_index and (main is None or main.pypi or extra_pypi)
     unknown = next((i for i in pip.indexes if not i.known), None)
     if pin.local and VARIANT.fullmatch(pin.local):
         pin.variant, pin.variant_from = pin.local, f"the local version +{pin.local}"
@@ -190,7 +191,8 @@ def pins(stack: Stack) -> Pins:
         for spec in conda.specs:
             if spec[1] == "pytorch":
                 found.append(_conda_torch(conda, spec))
-    found.sort(key=lambda t: (next(i for i, s in enumerate(stack.stages) if s.index == (t.pip or t.conda).stage), t.item.line))
+    order = {s.index: i for i, s in reversed(list(enumerate(stack.stages)))}
+    found.sort(key=lambda t: (order[(t.pip or t.conda).stage], t.item.line))
     torch = found[-1] if found else None
     b = stack.base
     if torch is None and b.torch:
