@@ -20,7 +20,7 @@ notes: that value is not judged (it cannot be one a recipe holds).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 from builder.core.errors import EnvbuildError
 from builder.recipe import load
@@ -30,11 +30,8 @@ from builder.recipe.spec import Finding as RuleFinding
 from builder.recipe.spec import Spec
 
 from .extract import Item
-from .model import Finding, cut
+from .model import Finding, Level, cut
 from .pins import Pins, variant_cuda
-
-#: Environment variables the recipe rules read (socket-ifname-loopback).
-RULE_ENV = SOCKET_VARIABLES
 
 
 def recipe_data(p: Pins, driver: str | None) -> tuple[dict[str, Any], dict[str, Item], frozenset[str]]:
@@ -59,7 +56,7 @@ def recipe_data(p: Pins, driver: str | None) -> tuple[dict[str, Any], dict[str, 
     if st.base.cuda:
         data["cuda"] = {"version": ".".join(st.base.cuda.split(".")[:2])}
         at["cuda.version"] = at["cuda"] = st.base_item
-    elif vcuda:
+    elif t and vcuda:
         data["cuda"] = {"version": vcuda}
         at["cuda.version"] = at["cuda"] = t.item
     elif t and t.variant == "cpu":
@@ -82,7 +79,7 @@ def recipe_data(p: Pins, driver: str | None) -> tuple[dict[str, Any], dict[str, 
     for key, pin in (("nccl", p.nccl), ("cudnn", p.cudnn)):
         if pin:
             data[key], at[key] = pin[1], pin[0]
-    apt_items = {}
+    apt_items: dict[str, Item] = {}
     for a in st.apt:
         apt_items.setdefault(f"{a.name}={a.version}" if a.version else a.name, a.item)
     apt = list(apt_items)
@@ -92,7 +89,8 @@ def recipe_data(p: Pins, driver: str | None) -> tuple[dict[str, Any], dict[str, 
         at[f"packages.apt[{i}]"] = item
     for i, (item, _req, _tool) in enumerate(p.pip):
         at[f"packages.pip[{i}]"] = item
-    env = {e.name: e.value for e in st.env if e.name in RULE_ENV and e.value is not None}
+    # the environment variables the recipe rules read (socket-ifname-loopback)
+    env = {e.name: e.value for e in st.env if e.name in SOCKET_VARIABLES and e.value is not None}
     if env:
         data["env"] = env
         for e in st.env:
@@ -132,7 +130,7 @@ def _origin(fields: tuple[str, ...] | list[str], at: dict[str, Item]) -> Item | 
 
 def _finding(level: str, rule: str, fields: tuple[str, ...], message: str, source: str, file: str,
              origin: Item | None) -> Finding:
-    return Finding(level=level, rule=rule, file=file, line=origin.line if origin else None,
+    return Finding(level=cast(Level, level), rule=rule, file=file, line=origin.line if origin else None,
                    value=cut(origin.value) if origin else None, via=origin.via if origin else None,
                    message=message, source=source, fields=fields)
 
