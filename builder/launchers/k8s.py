@@ -90,7 +90,10 @@ from builder.core.errors import EnvbuildError, ExitCode, Unreachable
 from builder.core.files import template_environment
 from builder.core.inputs import MAX_REPORT_BYTES, load_json, one_line, read_json
 
-from .base import MAX_RESULT_BYTES, SOCKET_IFNAME_RE, LaunchResult, LaunchSpec, OnProgress, progress_from_logs, result_problem, socket_env
+from .base import SOCKET_IFNAME_RE, LaunchResult, LaunchSpec, OnProgress, socket_env
+from .model import MAX_RESULT_BYTES
+from .output import result_problem
+from .progress import progress_from_logs
 
 #: Where the in-image code is mounted (read-only); also ``PYTHONPATH``.
 CODE_MOUNT = "/opt/envbuild"
@@ -467,7 +470,7 @@ def manifest_labels(spec: LaunchSpec, environ: Optional[Mapping[str, str]] = Non
             ``$ENVBUILD_EXTRA_LABELS``.
     """
     from builder.image import engine
-    from .local import extra_labels_from_env
+    from .base import extra_labels_from_env
 
     labels = {
         **extra_labels_from_env(environ),
@@ -1022,7 +1025,7 @@ def assemble_result(spec: LaunchSpec, outcome: Mapping[str, Any], *, started_at:
     (not timed-out) run whose other nodes were stopped by the Job controller gets
     ``killed_after_s`` 0 (``backoffLimit: 0`` gives them no grace).
     """
-    from .local import parse_torchrun_failures
+    from .output import parse_torchrun_failures
 
     exit_codes: dict[int, Optional[int]] = {n: None for n in range(spec.nodes)}
     for node, code in (outcome.get("exit_codes") or {}).items():
@@ -1133,7 +1136,7 @@ class K8sLauncher:
                 kubeconfig, cluster unreachable, an image that cannot be pulled.
             KeyboardInterrupt: passed on, after the cleanup.
         """
-        from .local import deferred_signals
+        from .base import deferred_signals
 
         say = on_progress or (lambda msg: None)
         objects = load_objects(render_manifests(spec, self.options, self.code))
