@@ -1,19 +1,21 @@
-"""Slurm launcher (builder/launchers/slurm.py) and `envbuild certify --launcher slurm`.
+"""Slurm launcher (builder/launchers/slurm/) and `envbuild certify --launcher slurm`.
 
 Golden files for the rendered batch scripts (docker on a one-node test cluster, docker with
 GPUs, pyxis and apptainer on a GPU partition), each also checked with ``bash -n``; the values
-a script cannot carry refused with exit 64; the parsers of scontrol/sacct output.
+a script cannot carry refused with exit 64; the parsers of squeue --json (Slurm 22.05's
+shape and the later one) and scontrol/sacct text; the node logs, where the ranks print
+their results, read as they grow and checked against the run; the private run folder.
 
 Then a real one-node Slurm (Debian slurm-wlm + munge, started by scripts/setup-slurm.sh
 through the session fixture ``slurm_node``) running the CPU image through docker, 2 tasks
 on the one node (``--slurm-nodes 1``, host networking, a free port per run):
 
 - ``envbuild certify --launcher slurm`` passes, and its certificate has the shape of the
-  local launcher's (same keys everywhere);
+  local launcher's (same keys everywhere: the socket section, each rank's last progress);
 - a rank that exits non-zero (TEST-ONLY ``ENVBUILD_BENCH_FAULT=exit@1``) gives a failing
   verdict (exit 2) naming the job's state FAILED and the tail of its log;
 - a job over its 1-minute time limit (``sleep@1``) is cancelled by Slurm and reported
-  (TIMEOUT, exit 3), in about 70 s;
+  (TIMEOUT, exit 3, the hung rank named apart from the one waiting for it), in about 70 s;
 - Ctrl-C cancels the job; an sbatch that refuses the job is one line, exit 3;
 
 and after each, no container of the run (by label) is left. Runs are small (sizes 8, 1024,
@@ -618,6 +620,10 @@ def test_rank_exit_gives_failing_verdict_with_job_state(slurm_node, docker_clien
     assert elapsed < 90, elapsed  # no waiting for the timeout or the time limit
     assert any("TEST fault exit@1" in line for line in cert["node_status"]["1"]["log_tail"])
     assert "JobState=FAILED" in job_line(cert["run_id"])
+    # the launcher reads the job's state from Slurm's JSON output, and it agrees with scontrol's
+    info = slurm.job_info(launcher.job_id)
+    assert (info.source, info.state, info.reason, info.exit_code) == ("squeue --json", "FAILED", "NonZeroExitCode",
+                                                                       "1:0")
     print(f"exit fault: {elapsed:.1f} s")
 
 
