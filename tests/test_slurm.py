@@ -619,11 +619,13 @@ def test_rank_exit_gives_failing_verdict_with_job_state(slurm_node, docker_clien
     assert cert["node_status"]["1"]["exit_code"] == 1 and cert["node_status"]["0"]["exit_code"] in (None, 1)
     assert elapsed < 90, elapsed  # no waiting for the timeout or the time limit
     assert any("TEST fault exit@1" in line for line in cert["node_status"]["1"]["log_tail"])
-    assert "JobState=FAILED" in job_line(cert["run_id"])
+    job = job_line(cert["run_id"])
+    assert "JobState=FAILED" in job
     # the launcher reads the job's state from Slurm's JSON output, and it agrees with scontrol's
+    # (the batch script's exit code is srun's: 1, or 143 when the stopped node's status came last)
     info = slurm.job_info(launcher.job_id)
-    assert (info.source, info.state, info.reason, info.exit_code) == ("squeue --json", "FAILED", "NonZeroExitCode",
-                                                                       "1:0")
+    assert (info.source, info.state, info.reason) == ("squeue --json", "FAILED", "NonZeroExitCode")
+    assert info.exit_code == slurm_job._field(job, "ExitCode") and info.exit_code in ("1:0", "143:0"), job
     print(f"exit fault: {elapsed:.1f} s")
 
 
