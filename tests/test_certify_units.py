@@ -1090,7 +1090,7 @@ def _schema_files():
 
 def test_schemas_are_current():
     """schemas/certificate.schema.json and schemas/rank-result.schema.json are what the
-    models give (regenerate: the snippet in the report / `make golden` once wired)."""
+    models give (regenerate: `.venv/bin/python tests/test_certify_units.py --regen`)."""
     for path, schema in _schema_files():
         with open(path) as f:
             assert f.read() == json.dumps(schema, indent=2) + "\n", f"{path} is stale"
@@ -1125,3 +1125,14 @@ def test_rank_result_schema_and_model_agree():
     assert result is None and why == ("result of rank 0 is not a valid envbuild.rank-result/1: allreduce[0].wrong: "
                                       "-1 Expected `int` >= 0")
     assert output.check_result(good, 0, "result", run_id=RUN_ID, world_size=2)[1] is None
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--regen"]:
+        sys.exit("usage: python tests/test_certify_units.py --regen")
+    for path, schema in _schema_files():
+        with open(path, "w") as f:
+            f.write(json.dumps(schema, indent=2) + "\n")
+        print(f"wrote {os.path.relpath(path, ROOT)}")

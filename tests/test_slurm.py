@@ -220,6 +220,21 @@ def test_values_a_script_can_carry_twins(change):
         assert f"\n#SBATCH {a}\n" in text
 
 
+@pytest.mark.parametrize("spec_ifname, option_ifname, gloo, nccl", [
+    (None, "^lo,docker", "GLOO_SOCKET_IFNAME=", "'NCCL_SOCKET_IFNAME=^lo,docker'"),
+    ("=ib0", None, "GLOO_SOCKET_IFNAME=ib0", "NCCL_SOCKET_IFNAME==ib0"),
+    ("eth0", "ib0", "GLOO_SOCKET_IFNAME=ib0", "NCCL_SOCKET_IFNAME=ib0"),
+])
+def test_socket_ifname_reaches_the_nodes_as_each_library_reads_it(spec_ifname, option_ifname, gloo, nccl):
+    """NCCL's forms (``^`` exclude, ``=`` exact) set NCCL_SOCKET_IFNAME as written and
+    GLOO_SOCKET_IFNAME as gloo reads it (names without ``=``; nothing for ``^``), as the
+    local launcher does (base.socket_env); the Slurm option wins over the spec's."""
+    spec = dataclasses.replace(CPU_SPEC, socket_ifname=spec_ifname)
+    text = slurm.render_script(spec, slurm.SlurmOptions(slurm_nodes=1, socket_ifname=option_ifname), FOLDER,
+                               environ={})
+    assert f"--env {gloo} " in text and f"--env {nccl} " in text
+
+
 def test_template_refuses_a_newline_that_got_past_the_checks():
     """The second line of defence: a context value with a newline or control character
     (here put in after render_context's checks) is refused when the script is rendered,

@@ -719,8 +719,8 @@ def parse_result_blocks(log: str, run_id: Optional[str] = None, world_size: Opti
     """The result documents a node printed between marker lines (:data:`NODE_SCRIPT`).
 
     Each block is parsed with :func:`builder.core.inputs.load_json` (bounded; at most
-    :data:`~builder.launchers.base.MAX_RESULT_BYTES`) and checked with
-    :func:`~builder.launchers.base.result_problem` (and the run id and world size when
+    :data:`~builder.launchers.model.MAX_RESULT_BYTES`) and checked with
+    :func:`~builder.launchers.output.result_problem` (and the run id and world size when
     given).
 
     Returns:
@@ -1021,7 +1021,7 @@ def assemble_result(spec: LaunchSpec, outcome: Mapping[str, Any], *, started_at:
     Results come from the logs (:func:`parse_result_blocks`, checked against the run),
     only for the ranks the node hosts; the per-rank exit codes from torchrun's failure
     summary in the logs; the ranks' progress from their progress lines
-    (:func:`~builder.launchers.base.progress_from_logs`). A failed
+    (:func:`~builder.launchers.progress.progress_from_logs`). A failed
     (not timed-out) run whose other nodes were stopped by the Job controller gets
     ``killed_after_s`` 0 (``backoffLimit: 0`` gives them no grace).
     """

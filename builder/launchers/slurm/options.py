@@ -201,8 +201,10 @@ class SlurmOptions:
         container_image: what the nodes run (None: the spec's image for docker and pyxis,
             ``docker-daemon:<image>`` for apptainer).
         sbatch_args: extra ``#SBATCH`` lines (``--account=x``, ``--qos=y``, ``--exclusive``).
-        socket_ifname: ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` (None: unset, the
-            libraries choose; ``spec.env`` wins).
+        socket_ifname: ``--socket-ifname`` in NCCL's syntax (``eth0``, ``^lo,docker``, ``=ib0``;
+            :data:`~builder.launchers.base.SOCKET_IFNAME_RE`): sets ``NCCL_SOCKET_IFNAME`` and
+            ``GLOO_SOCKET_IFNAME`` as each library reads them (:func:`~builder.launchers.base.socket_env`);
+            None: the spec's ``socket_ifname``, else unset (the libraries choose); ``spec.env`` wins.
         pending_timeout_s: seconds the job may stay pending before it is cancelled.
         user: ``uid:gid`` of the docker containers.
     """
