@@ -433,7 +433,7 @@ def cmd_probe(args) -> int:
     """``envbuild probe``: print this host's node report (the in-image probe, run on the host)."""
     from builder.agent import probe
 
-    out.print_json(json.dumps(probe.collect()))
+    out.print_json(json.dumps(probe.collect("host")))  # scope host: run outside any image
     return ExitCode.OK
 
 

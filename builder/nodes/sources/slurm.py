@@ -180,7 +180,7 @@ def from_slurm(nodes: int | None = None, partition: str | None = None,
     """
     base = srun_argv(nodes, partition, extra)
     argv = [*base, "--ntasks-per-node=1", "--label", "--input=all",
-            *payload.command(check_python(python), PROBE_MODULE)]
+            *payload.command(check_python(python), PROBE_MODULE, ["--host"])]
     out = ProcessRunning(argv, payload_archive(), "srun", MAX_SRUN_OUTPUT_BYTES).wait(timeout_s)
     tasks = split_labelled(out.stdout)
     failed = failed_tasks(out.stderr)

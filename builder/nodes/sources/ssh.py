@@ -178,7 +178,7 @@ def _probe_one(node: Node, timeout_s: float) -> None:
     """Fill ``node.report`` or ``node.error`` (exit status 255 is ssh's own failure)."""
     assert node.target is not None
     try:
-        out = node.target.run(PROBE_MODULE, (), timeout_s)
+        out = node.target.run(PROBE_MODULE, ("--host",), timeout_s)
     except InvalidReport as e:  # it answered, with too much
         node.error = e
         return

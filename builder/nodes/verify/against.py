@@ -6,7 +6,9 @@ and the reference's are of the same scope: a host report (``envbuild probe --hos
 ``gate``) says nothing about the torch or NCCL inside the image, while its driver, kernel
 and GPUs are the node's. The driver floor then uses the reference's CUDA requirement
 (:mod:`.floor`). A field the reference does not have and that is skipped when absent
-(``image.digest``, ``image.id``, ``nccl.net_plugin``) is compared between the nodes instead.
+(``image.digest``, ``image.id``, ``nccl.net_plugin``) is compared between the nodes instead;
+a node whose report lacks such a field (an in-image probe does not know its image's ID) is
+not compared in it.
 """
 
 from __future__ import annotations
@@ -41,14 +43,9 @@ def compare_to(nodes: list[Node], ref: Reference, rule: Rule, kind: str) -> list
         return compare(nodes, rule, kind)  # the reference does not say: the nodes among themselves
     pairs = [(n.name, rule.value(r)) for n in nodes if (r := n.report) is not None and n.ok
              and applies(rule, ref.report, r)]
-    out = []
-    if rule.skip_absent:
-        absent = [n for n, v in pairs if v is None]
+    out: list[Finding] = []
+    if rule.skip_absent:  # a report that does not know the field (an in-image probe, its image's ID)
         pairs = [(n, v) for n, v in pairs if v is not None]
-        if absent:
-            out.append(Finding(level=WARN, rule=kind, field=rule.name,
-                               message=f"{rule.name}: unknown on {', '.join(absent)}; not compared there",
-                               nodes=absent, source=rule.source))
     groups = group_values(pairs)
     off = [g for g in groups if g.value != want]
     if off:
