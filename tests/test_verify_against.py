@@ -10,43 +10,13 @@ import json
 from pathlib import Path
 
 import pytest
-from certify_helpers import certify_image
-from fixtures_nodes import (  # noqa: F401 - pytest fixtures
-    finding,
-    gpu_report,
-    nodes_factory,
-    run_envbuild,
-    run_json,
-    set_path,
-    write_reports,
-)
+from fixtures_gate import rank_probe, write_cert
+from fixtures_nodes import finding, gpu_report, run_envbuild, run_json, write_reports
+
+pytest_plugins = ["fixtures_gate", "fixtures_nodes"]  # the certificate, nodes_factory
 
 #: NVIDIA_REQUIRE_CUDA as the nvidia/cuda:12.6 bases set it (abridged to two brands).
 REQUIRE_126 = "cuda>=12.6 brand=tesla,driver>=470,driver<471 brand=tesla,driver>=535,driver<536"
-
-
-@pytest.fixture(scope="session")
-def certificate(docker_client, torch_image, test_labels, tmp_path_factory) -> tuple[dict, Path]:
-    """A real certificate of the cpu-torch2 image on one container node (gloo)."""
-    cert, path = certify_image(docker_client, torch_image, images_dir=tmp_path_factory.mktemp("images"),
-                               labels=test_labels, nodes=1)
-    assert cert["verdict"]["passed"] is True, cert["verdict"]
-    return cert, path
-
-
-def rank_probe(cert: dict) -> dict:
-    """The certified rank 0's probe, as a node report."""
-    return copy.deepcopy(cert["probe"]["0"])
-
-
-def write_cert(folder: Path, cert: dict, **changes) -> str:
-    """``cert`` with ``changes`` (dotted paths) written to ``folder/cert.json``."""
-    doc = copy.deepcopy(cert)
-    for path, value in changes.items():
-        set_path(doc, path, value)
-    p = folder / "cert.json"
-    p.write_text(json.dumps(doc))
-    return str(p)
 
 
 def gpu_cert(folder: Path, cert: dict, require: str | None, **changes) -> str:
@@ -129,7 +99,7 @@ def test_loaded_nccl_difference_against_a_node_report(tmp_path):
     assert messages(doc, "fail") == ["nccl.loaded: reference 2.27.3; 2.26.2 on node-3"]
 
 
-def test_against_an_image_probed(torch_image, nodes_factory):  # noqa: F811
+def test_against_an_image_probed(torch_image, nodes_factory):
     nodes_factory.start(torch_image, "a")
     code, doc = run_json("verify", "--against", torch_image, "--label", f"envbuild.test-case={nodes_factory.case}",
                          timeout=600)

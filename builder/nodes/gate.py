@@ -153,7 +153,8 @@ def probe_host(python: str, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[NodeRep
 
 def probe_image(image: str, host: NodeReport, client: Any) -> tuple[NodeReport, dict]:
     """The report of ``image`` probed on this node (scope ``image``; GPUs passed when the host
-    has some; the host's driver and GPUs when the container saw none) and its document."""
+    has some; the host's driver and GPUs when the container saw none; the host's network, as
+    the probe's container has none) and its document."""
     from builder.image.probecheck import run_probe
 
     doc = run_probe(client, image, gpus=bool(host.gpus))
@@ -163,6 +164,9 @@ def probe_image(image: str, host: NodeReport, client: Any) -> tuple[NodeReport, 
     if not doc.get("driver") and host.driver:
         doc["driver"] = host.driver
         doc["gpus"] = [msgspec.to_builtins(g) for g in host.gpus]
+    # the probe's container has no network; a job's container uses the node's (host networking)
+    doc["network"] = msgspec.to_builtins(host.network)
+    doc["errors"] = [e for e in doc.get("errors") or [] if not str(e).startswith("network:")]
     return nodereport.validate(doc, f"probe of {image}"), doc
 
 

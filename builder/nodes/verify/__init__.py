@@ -63,6 +63,7 @@ from .result import FAIL, UNKNOWN, WARN, Finding, NodeSummary, VerifyResult, exi
 from .rules import (
     MUST_MATCH,
     SHOULD_MATCH,
+    TORCHRUN_ENV,
     Rule,
     compare,
     cuda_runtime_findings,
@@ -86,7 +87,7 @@ def _env_findings(nodes: list[Node], cmp: Callable[[Rule, str], list[Finding]],
                   reference: Reference | None) -> list[Finding]:
     reports = [n.report for n in nodes if n.ok and n.report is not None]
     out: list[Finding] = []
-    for var in env_names(reports + ([reference.report] if reference else [])):
+    for var in env_names(reports + ([reference.report] if reference else []), TORCHRUN_ENV if reference else ()):
         rule = env_rule(var)
         out += cmp(rule, "must-match" if rule.level == FAIL else "should-match")
     return out

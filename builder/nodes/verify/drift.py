@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ..report import Node, NodeReport
 from .against import applies
 from .result import Change, NodeDrift
-from .rules import MUST_MATCH, SHOULD_MATCH, Rule, env_names, env_rule
+from .rules import MUST_MATCH, SHOULD_MATCH, TORCHRUN_ENV, Rule, env_names, env_rule
 
 if TYPE_CHECKING:
     from ..reference import Reference
@@ -58,7 +58,7 @@ def split_history(nodes: list[Node]) -> tuple[list[Node], dict[str, list[Node]]]
 def _rules(reports: list[NodeReport], ref: Reference) -> list[Rule]:
     """The rules of a node's drift: every must/should-match field and every variable set in
     any of its reports or the reference, those that apply to the node's scope."""
-    names = env_names([*reports, ref.report])
+    names = env_names([*reports, ref.report], TORCHRUN_ENV)
     rules = [*MUST_MATCH, *SHOULD_MATCH, *(env_rule(v) for v in names)]
     return [rule for rule in rules if applies(rule, ref.report, reports[-1])]
 

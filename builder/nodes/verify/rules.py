@@ -27,6 +27,11 @@ ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_")
 ENV_MUST_MATCH = ("NCCL_NET", "NCCL_NET_PLUGIN", "NCCL_IB_DISABLE")
 #: Other variables compared (should-match): which libraries a process loads.
 ENV_OTHER = ("LD_LIBRARY_PATH",)
+#: Variables torchrun sets for its workers (torch ``distributed/elastic/agent/server/
+#: local_elastic_agent.py``): a certified rank has them, a probe at job start does not yet.
+#: Not compared against a reference (``--against``), where one side is a rank and the other
+#: a probe; between nodes they are compared as any other.
+TORCHRUN_ENV = ("TORCH_NCCL_ASYNC_ERROR_HANDLING",)
 
 SRC_NCCL_MISMATCH = "NVIDIA/nccl src/init.cc (>= 2.23.4), NVIDIA/nccl#1267, #1328"
 SRC_CONFIGCHECK = "Google cluster-health-scanner configcheck"
@@ -175,9 +180,11 @@ def env_rule(var: str) -> Rule:
     return Rule(f"env.{var}", level, lambda r: r.env.get(var), source, path=("env", var))
 
 
-def env_names(reports: Iterable[NodeReport]) -> list[str]:
-    """The compared variables set in any of ``reports``, sorted."""
-    return sorted({k for r in reports for k in r.env if k.startswith(ENV_PREFIXES) or k in ENV_OTHER})
+def env_names(reports: Iterable[NodeReport], exclude: Iterable[str] = ()) -> list[str]:
+    """The compared variables set in any of ``reports``, sorted, less ``exclude``."""
+    skip = set(exclude)
+    return sorted({k for r in reports for k in r.env
+                   if (k.startswith(ENV_PREFIXES) or k in ENV_OTHER) and k not in skip})
 
 
 def env_findings(nodes: list[Node]) -> list[Finding]:
