@@ -139,11 +139,11 @@ def registry(value: str) -> str:
 
 
 def socket_ifname(value: str) -> str | None:
-    """argparse type of ``--socket-ifname`` (:func:`builder.certify.certify.check_socket_ifname`)."""
-    from builder.certify import certify
+    """argparse type of ``--socket-ifname`` (:func:`builder.launchers.base.check_socket_ifname`)."""
+    from builder.launchers.base import check_socket_ifname
 
     try:
-        return certify.check_socket_ifname(value)
+        return check_socket_ifname(value)
     except EnvbuildError as e:
         raise argparse.ArgumentTypeError(f"{show(value)} {e.message}") from None
 
