@@ -125,15 +125,11 @@ class _Part:
 
 
 def _known(parts: list[_Part]) -> list[str] | _Part:
-    """The text of every part, or why there is none: the first part that has no text (it
-    cannot be expanded), or a part saying the total is over :data:`MAX_VALUE` (checked
-    before anything is joined)."""
-    texts: list[str] = []
-    for p in parts:
-        if p.text is None:
-            return p
-        texts.append(p.text)
-    if sum(map(len, texts)) > MAX_VALUE:
+    """Every part's text, else the part saying why not: none (cannot be expanded), over MAX_VALUE in all."""
+    texts = [p.text for p in parts if p.text is not None]
+    if len(texts) < len(parts):
+        return next(p for p in parts if p.text is None)
+    if sum(map(len, texts)) > MAX_VALUE:  # before anything is joined
         return _Part(None, why=f"expands to more than {MAX_VALUE} characters")
     return texts
 
