@@ -10,11 +10,10 @@ test:           ## install the test tools, then run the default test suite
 	bash scripts/setup.sh --test
 	.venv/bin/python -m pytest
 
-lint:           ## ruff over builder/ and tests/, mypy over builder/ (installs them: the test extra, into .venv)
+lint:           ## ruff over builder/ and tests/, then mypy over builder/ (both always run; installs them: the test extra, into .venv)
 	test -x .venv/bin/python || python3 -m venv .venv
 	.venv/bin/pip install -q -e '.[test]'
-	.venv/bin/ruff check builder tests
-	.venv/bin/mypy builder
+	status=0; .venv/bin/ruff check builder tests || status=1; .venv/bin/mypy builder || status=1; exit $$status
 
 golden:         ## regenerate golden files, the committed rendered files and the JSON schemas; review the diff
 	.venv/bin/envbuild --recipes-dir tests/recipes --images-dir tests/golden render --all
