@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from certify_helpers import certify_image
 from fixtures_nodes import set_path
 

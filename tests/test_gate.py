@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 from fixtures_gate import rank_probe, write_cert
-from fixtures_nodes import ROOT, run_envbuild
 
 from builder.nodes import report as nodereport
 from builder.nodes.gate import history_dir
+
+from fixtures_nodes import ROOT, run_envbuild
 
 pytest_plugins = ["fixtures_gate", "fixtures_nodes"]  # the certificate, nodes_factory, slurm_node
 

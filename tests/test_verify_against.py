@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fixtures_gate import rank_probe, write_cert
+
 from fixtures_nodes import finding, gpu_report, run_envbuild, run_json, write_reports
 
 pytest_plugins = ["fixtures_gate", "fixtures_nodes"]  # the certificate, nodes_factory

@@ -80,6 +80,11 @@ def _text(doc: Any, *path: str, limit: int = 4096) -> str | None:
     return doc if isinstance(doc, str) and len(doc) <= limit else None
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
 def _rank_probes(doc: dict, path: str) -> dict[int, NodeReport]:
     """Every rank's probe, ``ranks.<r>.probe`` (else ``probe.<r>``), validated.
 
@@ -87,8 +92,8 @@ def _rank_probes(doc: dict, path: str) -> dict[int, NodeReport]:
         InvalidReport: (exit 3) a probe that is not a valid node report, naming the rank;
             no rank probe at all.
     """
-    ranks = doc.get("ranks") if isinstance(doc.get("ranks"), dict) else {}
-    flat = doc.get("probe") if isinstance(doc.get("probe"), dict) else {}
+    ranks = _dict(doc.get("ranks"))
+    flat = _dict(doc.get("probe"))
     probes: dict[int, NodeReport] = {}
     for key in sorted({*ranks, *flat}, key=lambda k: (len(str(k)), str(k)))[:65536]:
         entry = ranks.get(key)
@@ -132,12 +137,12 @@ def read_certificate(path: str | os.PathLike[str]) -> CertifiedRun:
                             value=doc.get("schema") if isinstance(doc, dict) else type(doc).__name__,
                             exit_code=ExitCode.UNREACHABLE)
     probes = _rank_probes(doc, p)
-    image = doc.get("image") if isinstance(doc.get("image"), dict) else {}
-    raw_labels = image.get("labels") if isinstance(image.get("labels"), dict) else {}
+    image = _dict(doc.get("image"))
+    raw_labels = _dict(image.get("labels"))
     labels = {str(k)[:256]: v for k, v in list(raw_labels.items())[:1024] if isinstance(v, str) and len(v) <= 65536}
     digests = tuple(d.rsplit("@", 1)[1] for d in (image.get("repo_digests") or [])[:64]
                     if isinstance(d, str) and "@" in d and len(d) <= 4096)
-    verdict = doc.get("verdict") if isinstance(doc.get("verdict"), dict) else {}
+    verdict = _dict(doc.get("verdict"))
     failures = tuple(str(f)[:4096] for f in (verdict.get("failures") or [])[:100] if isinstance(f, str))
     require, source, disabled = _requirement(doc, labels, probes)
     first = probes[min(probes)]

@@ -46,7 +46,7 @@ def split_history(nodes: list[Node]) -> tuple[list[Node], dict[str, list[Node]]]
     latest: dict[int, str] = {}
     histories: dict[str, list[Node]] = {}
     for (host, scope), members in series.items():
-        members.sort(key=lambda n: n.report.probed_at if n.report else "")
+        members.sort(key=lambda n: (n.report.probed_at or "") if n.report else "")
         name = host if scopes[host] == 1 else f"{host} ({scope})"
         members[-1].name = name
         latest[id(members[-1])] = name
