@@ -293,3 +293,20 @@ def test_no_drift_in_an_unchanged_history(certificate, tmp_path):
     assert code == 0, doc["findings"]
     [d] = doc["drift"]
     assert d["since_reference"] == [] and d["since_previous"] == []
+
+
+# --- build time: the base's NVIDIA_REQUIRE_CUDA becomes a label ---------------------------------
+
+def test_build_labels_the_base_nvidia_require_cuda(docker_client, bootstrap_image, test_labels, test_session_id,
+                                                   tmp_path):
+    from builder.image import build, engine
+
+    (tmp_path / "Dockerfile").write_text(f"FROM {bootstrap_image}\nENV NVIDIA_REQUIRE_CUDA=\"{REQUIRE_126}\"\n")
+    tag = f"envbuild-test/require-cuda:{test_session_id}"
+    engine.build_image(tmp_path, tag, labels=test_labels, client=docker_client)
+    opts = build.BuildOptions(recipe="cpu-torch2", images_dir=tmp_path)
+    for base, want in ((tag, REQUIRE_126), (bootstrap_image, None)):  # and its twin: a base without it
+        base_id = docker_client.images.get(base).id
+        labels = build.image_labels_for(opts, docker_client, "debian:bookworm", (base, base_id, "local"), b"{}",
+                                        "0" * 64)
+        assert labels.get("envbuild.cuda.require") == want
