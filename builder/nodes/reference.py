@@ -128,8 +128,9 @@ def read_certificate(path: str | os.PathLike[str]) -> CertifiedRun:
             ``envbuild.certificate/1`` document; InvalidReport (exit 3) a rank probe that is
             not a valid node report.
     """
-    # TODO(B2a): read through builder.certify.certificate's Certificate model (load_certificate)
-    # once it lands; until then the fields are read one by one, each checked for its type.
+    # The fields are read one by one, each checked for its type, rather than through
+    # builder.certify.model.load_certificate: certificates written before a field was added
+    # (cuda_requirement, probed_at in the rank probes) are still references.
     p = str(path)
     doc = inputs.read_json(p, MAX_CERTIFICATE_BYTES, "certificate", exit_code=ExitCode.UNREACHABLE)
     if not isinstance(doc, dict) or doc.get("schema") != CERTIFICATE_SCHEMA:
