@@ -112,10 +112,14 @@ def test_stdin_run_on_host_without_torch():
                    CUDA_VISIBLE_DEVICES="0,1", NVIDIA_VISIBLE_DEVICES="all",
                    NCCLX="no", MY_NCCL_DEBUG="no", HOME="/tmp")
     doc = run_probe_stdin(env)
-    assert list(doc) == ["schema", "hostname", "kernel", "os", "glibc", "python", "torch",
-                         "nccl", "gpus", "driver", "env", "container", "image", "network",
+    assert list(doc) == ["schema", "scope", "probed_at", "hostname", "kernel", "os", "glibc", "python", "torch",
+                         "nccl", "gpus", "driver", "env", "cuda_runtime", "container", "image", "network",
                          "shm", "gpu_processes", "errors"]
     assert doc["schema"] == "envbuild.probe/1"
+    assert doc["scope"] is None  # not said: no --host, no --image
+    assert doc["cuda_runtime"] == {"loaded": []}  # no torch here, so no libcudart mapped
+    assert doc["nccl"]["net_plugin"] == {"requested": None, "path": None, "realpath": None, "sha256": None,
+                                         "name": None, "api": None, "version": None}
     assert doc["python"] == {"version": platform.python_version(), "executable": sys.executable}
     assert doc["kernel"] == platform.release()
     assert doc["glibc"] == platform.libc_ver()[1]
