@@ -20,7 +20,7 @@ from builder.recipe import load, rules
 from builder.render import rendered as render
 from builder.render import write as render_write
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
 
 

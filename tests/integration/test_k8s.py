@@ -60,7 +60,7 @@ from builder.launchers.k8s.results import parse_result_blocks
 from builder.launchers.k8s.source import lock_from_file
 from builder.oci import reference
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "k8s"
 K8S_VERSION = "1.30"
 RUN_ID = "0123456789ab"

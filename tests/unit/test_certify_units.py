@@ -1075,7 +1075,7 @@ def test_valid_options_go_on_to_the_engine(dead_engine, argv, capsys):
 
 # --------------------------------------------------------------------------- models and schemas
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _schema_files():

@@ -23,7 +23,7 @@ from builder.audit.shell import MAX_DEPTH, MAX_VALUE, Scanner, Source, Var
 from builder.cli import app
 from builder.recipe import facts as recipe_facts
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {"V": Var("2.6.0", 2, "ARG", None, "V"), "E": Var("", 3, "ENV", None, "E"),
        "P": Var("torch==2.1.0 numpy", 4, "ARG", None, "P"), "N": Var(None, 5, "ARG", "ARG N has no default", "N")}
 

@@ -15,7 +15,7 @@ from certify_helpers import certify_image
 from builder.image import engine
 from builder.image import site
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.gpu
 
 

@@ -54,7 +54,7 @@ from builder.launchers.slurm import job as slurm_job
 from builder.launchers.slurm import script as slurm_script
 from fixtures_nodes import free_port, slurm_node  # noqa: F401 - pytest fixture (scripts/setup-slurm.sh)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "slurm"
 RUN_ID = "0123456789ab"
 FOLDER = f"/shared/envbuild/images/cuda12-torch2/certificates/slurm-{RUN_ID}"
@@ -109,7 +109,7 @@ def test_scripts_are_valid_bash(name, tmp_path):
 
 
 def test_rendering_is_deterministic_across_processes():
-    code = ("import sys; sys.path.insert(0, 'tests'); import test_slurm as t; "
+    code = ("import sys; sys.path[:0] = ['tests/integration', 'tests']; import test_slurm as t; "
             "sys.stdout.write(''.join(t.render_case(n) for n in sorted(t.CASES)))")
     runs = {subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2)}
