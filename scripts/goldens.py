@@ -26,7 +26,8 @@ def find(name: str) -> Path:
 
 
 def regenerate(path: Path) -> None:
-    """Import the test module at ``path`` (its folder, tests/ and the root on sys.path) and call its ``regenerate()``."""
+    """Import the test module at ``path`` (its folder, tests/ and the root on sys.path) and
+    call its ``regenerate()``."""
     for entry in (str(ROOT), str(TESTS), str(path.parent)):
         if entry not in sys.path:
             sys.path.insert(0, entry)

@@ -82,7 +82,8 @@ class Verdict:
 
     def line(self) -> str:
         why = next(iter(self.integration.items()), None)
-        reason = f" ({len(self.unit)} unit, {len(self.integration)} integration; e.g. {why[0]}: {why[1]})" if why else ""
+        counts = f"{len(self.unit)} unit, {len(self.integration)} integration"
+        reason = f" ({counts}; e.g. {why[0]}: {why[1]})" if why else ""
         return f"{self.kind:<12}{self.path.relative_to(ROOT)}{reason}"
 
 
@@ -143,7 +144,8 @@ def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     for d in fn.decorator_list:
         if isinstance(d, ast.Call) and _callee(d) == "parametrize" and d.args:
             first = d.args[0]
-            names = [first.value] if isinstance(first, ast.Constant) and isinstance(first.value, str) else _literals(first)
+            literal = isinstance(first, ast.Constant) and isinstance(first.value, str)
+            names = [first.value] if literal else _literals(first)
             filled.update(n.strip() for name in names for n in name.split(","))
     return [a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs if a.arg not in filled]
 
@@ -164,7 +166,8 @@ def _is_fixture(fn: ast.AST) -> bool:
 
 
 def _is_autouse(fn: ast.AST) -> bool:
-    return any(isinstance(d, ast.Call) and any(k.arg == "autouse" and getattr(k.value, "value", False) for k in d.keywords)
+    return any(isinstance(d, ast.Call)
+               and any(k.arg == "autouse" and getattr(k.value, "value", False) for k in d.keywords)
                for d in getattr(fn, "decorator_list", []))
 
 
@@ -194,7 +197,8 @@ class Module:
                 if stmt.name.startswith("test") and not _is_fixture(stmt):
                     self.tests.append((stmt.name, stmt, _usefixtures(stmt)))
             elif isinstance(stmt, ast.ClassDef) and stmt.name.startswith("Test"):
-                extra = _usefixtures(ast.Module(body=[*stmt.decorator_list], type_ignores=[])) if stmt.decorator_list else []
+                marks = ast.Module(body=[ast.Expr(d) for d in stmt.decorator_list], type_ignores=[])
+                extra = _usefixtures(marks)
                 for sub in stmt.body:
                     if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
                         if sub.name.startswith("test"):
@@ -301,7 +305,8 @@ def git_mv(src: Path, dst: Path, dry_run: bool) -> None:
     if dry_run:
         return
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tracked = subprocess.run(["git", "ls-files", "--error-unmatch", str(src)], cwd=ROOT, capture_output=True).returncode == 0
+    tracked = subprocess.run(["git", "ls-files", "--error-unmatch", str(src)], cwd=ROOT,
+                             capture_output=True).returncode == 0
     if tracked:
         subprocess.run(["git", "mv", str(src), str(dst)], cwd=ROOT, check=True)
     else:

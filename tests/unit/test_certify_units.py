@@ -1079,18 +1079,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _schema_files():
-    from builder.certify import model as cert_model
-    from builder.core.model import json_schema
-    from builder.launchers import model as launch_model
+    from scripts import schemas as generator
 
-    for mod in (cert_model, launch_model):
-        for stem, (model, schema_id, title) in mod.schemas().items():
-            yield os.path.join(ROOT, "schemas", f"{stem}.schema.json"), json_schema(model, schema_id, title)
+    for name, data in generator.files().items():
+        if name in ("certificate.schema.json", "rank-result.schema.json"):
+            yield os.path.join(ROOT, "schemas", name), json.loads(data)
 
 
 def test_schemas_are_current():
     """schemas/certificate.schema.json and schemas/rank-result.schema.json are what the
-    models give (regenerate: `.venv/bin/python tests/test_certify_units.py --regen`)."""
+    models give (regenerate: `make golden`, scripts/schemas.py)."""
     for path, schema in _schema_files():
         with open(path) as f:
             assert f.read() == json.dumps(schema, indent=2) + "\n", f"{path} is stale"
@@ -1126,13 +1124,3 @@ def test_rank_result_schema_and_model_agree():
                                       "-1 Expected `int` >= 0")
     assert output.check_result(good, 0, "result", run_id=RUN_ID, world_size=2)[1] is None
 
-
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] != ["--regen"]:
-        sys.exit("usage: python tests/test_certify_units.py --regen")
-    for path, schema in _schema_files():
-        with open(path, "w") as f:
-            f.write(json.dumps(schema, indent=2) + "\n")
-        print(f"wrote {os.path.relpath(path, ROOT)}")
