@@ -41,6 +41,8 @@ import pytest
 import yaml
 from referencing import Registry, Resource
 
+from factories import rank_result
+
 from builder.certify import settings as certify_settings
 from builder.certify import verdict as certify_verdict
 from builder.certify.settings import Overrides
@@ -548,7 +550,8 @@ def test_required_spread_and_no_spread():
 
 # --------------------------------------------------------------------------- results through logs
 
-RESULT = {"schema": "envbuild.rank-result/1", "run_id": RUN_ID, "rank": 0, "world_size": 2, "backend": "gloo"}
+#: A rank result without probe and benchmarks (tests/factories.py).
+RESULT = rank_result(0, 2, run_id=RUN_ID, allreduce=[], ddp=None, probe=None)
 
 
 def test_node_script_prints_results_and_keeps_the_exit_status(tmp_path):

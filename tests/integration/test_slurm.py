@@ -42,6 +42,7 @@ from pathlib import Path
 import pytest
 
 from certify_helpers import certify_image
+from factories import rank_result
 
 from builder.certify import settings as certify_settings
 from builder.certify import verdict
@@ -405,12 +406,10 @@ def test_judge_lists_the_job_state_first_and_keeps_the_exit_code():
 
 
 def result_doc(rank: int, world: int = 2, run_id: str = RUN_ID, **kw) -> dict:
-    """A rank result as the bench prints it (the fields the host reads)."""
-    doc = {"schema": "envbuild.rank-result/1", "run_id": run_id, "rank": rank, "local_rank": 0, "world_size": world,
-           "node_rank": rank, "hostname": f"vm-{rank}", "backend": "gloo", "device": "cpu", "dtype": "float32",
-           "options": {"sizes": [8], "iters": 3}, "allreduce": [], "ddp": None, "probe": None, "fault": None,
-           "errors": [], "started_at": "2026-12-01T08:50:00.000Z", "finished_at": None, "elapsed_s": None}
-    return {**doc, **kw}
+    """A rank result as the bench prints it (the fields the host reads; tests/factories.py)."""
+    fields = dict(run_id=run_id, hostname=f"vm-{rank}", options={"sizes": [8], "iters": 3}, allreduce=[], ddp=None,
+                  probe=None, started_at="2026-12-01T08:50:00.000Z", finished_at=None, elapsed_s=None)
+    return rank_result(rank, world, **{**fields, **kw})
 
 
 def result_line(doc) -> str:
