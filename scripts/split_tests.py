@@ -4,7 +4,8 @@ Usage: ``python scripts/split_tests.py [--dry-run]`` from anywhere; prints one l
 (``unit``, ``integration`` or ``mixed`` with the first reason) and moves each top-level
 ``tests/test_*.py`` with ``git mv`` (a file git does not track yet is moved with a rename).
 Idempotent: files already under ``tests/unit/`` or ``tests/integration/`` stay; a second run
-moves nothing (``--check`` exits 1 when something would move).
+moves nothing. ``--check`` moves nothing and exits 1 when a file would move or when a file of
+``tests/unit/`` now holds a test that is not a unit test (move it, or split it, by hand).
 
 Classification is static (``ast``), per test function: a test is *integration* when it asks
 for (directly, through a fixture of its module or of the shared fixture modules, or through a
@@ -330,7 +331,8 @@ def _fix_package_paths(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="print the classification, move nothing")
-    ap.add_argument("--check", action="store_true", help="exit 1 when a file would move (CI: nothing left in tests/)")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 when a file would move or tests/unit holds a non-unit test")
     args = ap.parse_args(argv)
     known = shared_reasons()
     moves: list[tuple[Path, Path]] = []
@@ -348,7 +350,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {dst.relative_to(ROOT)} exists; {src.relative_to(ROOT)} not moved", file=sys.stderr)
             return 70
     if args.check:
-        return 1 if moves else 0
+        misplaced = [v for v in (classify(p, known) for p in sorted(UNIT.glob("test_*.py"))) if v.kind != "unit"]
+        for v in misplaced:
+            print(f"error: tests/unit holds a test that is not a unit test: {v.line()}", file=sys.stderr)
+        for src, dst in moves:
+            print(f"error: {src.relative_to(ROOT)} is not split yet (-> {dst.relative_to(ROOT)})", file=sys.stderr)
+        return 1 if moves or misplaced else 0
     for src, dst in moves:
         git_mv(src, dst, args.dry_run)
         print(f"{'would move' if args.dry_run else 'moved'} {src.relative_to(ROOT)} -> {dst.relative_to(ROOT)}")
