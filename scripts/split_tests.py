@@ -24,7 +24,9 @@ is on pytest's ``pythonpath`` (pyproject.toml), so both folders import them unch
 
 A moved file's paths computed from ``__file__`` gain one level (``Path(__file__).resolve()
 .parent.parent`` -> ``.parents[2]``, ``.parents[1]`` -> ``.parents[2]``, ``os.path.dirname``
-x2 -> x3), and ``sys.path.insert(0, 'tests')`` of a subprocess names the new folder.
+x2 -> x3), and ``sys.path.insert(0, 'tests')`` of a subprocess names the new folder. Paths
+``tests/<file>`` named in tracked text (README.md, Makefile, docstrings) are rewritten to the
+file's new folder (:func:`fix_references`).
 """
 
 from __future__ import annotations
@@ -328,6 +330,38 @@ def _fix_package_paths(text: str) -> str:
                   lambda m: f"{m.group(1)}.parents[{int(m.group(2)) + 1}]", text)
 
 
+#: Tracked files whose text may name a test file by its path (README, Makefile, docstrings...).
+REFERENCE_SUFFIXES = (".md", ".py", ".yaml", ".yml", ".sh", ".toml", ".cfg", ".txt")
+REFERENCE_SKIP = ("tests/golden/", "tests/audit/", "tests/recipes/", "tests/schemas/", "schemas/")
+
+
+def fix_references(dry_run: bool) -> list[str]:
+    """Rewrite ``tests/<name>`` to ``tests/unit/<name>`` or ``tests/integration/<name>`` in the
+    tracked text files, for every test file and package now in those folders (idempotent: a
+    path already split is not matched). Returns the files changed."""
+    where = {p.name: p.relative_to(ROOT).as_posix() for d in (UNIT, INTEGRATION) if d.is_dir()
+             for p in d.iterdir() if p.name.startswith("test_") or (p.is_dir() and (p / "__init__.py").exists())}
+    if not where:
+        return []
+    names = "|".join(re.escape(n) for n in sorted(where, key=len, reverse=True))
+    pattern = re.compile(rf"(?<![\w/.])tests/({names})(?![\w.])")
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    changed = []
+    for rel in listed.splitlines():
+        path = ROOT / rel
+        if rel.startswith(REFERENCE_SKIP) or not (rel.endswith(REFERENCE_SUFFIXES) or path.name in ("Makefile", "run")):
+            continue
+        if not path.is_file() or path == Path(__file__).resolve():
+            continue
+        text = path.read_text(errors="surrogateescape")
+        fixed = pattern.sub(lambda m: where[m.group(1)], text)
+        if fixed != text:
+            changed.append(rel)
+            if not dry_run:
+                path.write_text(fixed, errors="surrogateescape")
+    return changed
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="print the classification, move nothing")
@@ -361,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'would move' if args.dry_run else 'moved'} {src.relative_to(ROOT)} -> {dst.relative_to(ROOT)}")
     if not moves:
         print("nothing to move: tests/ holds no test_*.py")
+    for rel in fix_references(args.dry_run):
+        print(f"{'would fix' if args.dry_run else 'fixed'} the test paths named in {rel}")
     return 0
 
 

@@ -15,7 +15,7 @@ The goldens are rendered with a small stand-in for the in-image code (STUB_CODE)
 they do not change with every edit of builder/agent/bench; a separate test checks that the real
 ConfigMap carries the real files. Regenerate the goldens with
 
-    .venv/bin/python tests/test_k8s.py --regen      (part of `make golden`)
+    make golden      (scripts/goldens.py calls regenerate() below)
 
 and review the diff.
 """
@@ -139,7 +139,7 @@ def validate(obj: dict) -> None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_golden_files(case):
-    """Regenerate with `make golden` (or `.venv/bin/python tests/test_k8s.py --regen`)."""
+    """Regenerate with `make golden` (scripts/goldens.py)."""
     files = render_case(case)
     want = sorted(p.name for p in (GOLDEN / case).glob("*.yaml"))
     assert sorted(files) == want
@@ -1216,8 +1216,3 @@ def regenerate() -> None:
         write_manifests(render_case(case), GOLDEN / case)
         print(f"wrote {GOLDEN.relative_to(ROOT) / case}/")
 
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--regen"]:
-        sys.exit("usage: python tests/test_k8s.py --regen")
-    regenerate()

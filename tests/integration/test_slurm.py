@@ -21,8 +21,8 @@ on the one node (``--slurm-nodes 1``, host networking, a free port per run):
 and after each, no container of the run (by label) is left. Runs are small (sizes 8, 1024,
 65536; 1 DDP step) except the CLI one, which uses the recipe's settings.
 
-Regenerate the goldens with ``.venv/bin/python tests/test_slurm.py --regen`` (part of
-``make golden``) and review the diff.
+Regenerate the goldens with ``make golden`` (scripts/goldens.py calls :func:`regenerate`) and
+review the diff.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def render_case(name: str) -> str:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_golden_scripts(name):
-    """Regenerate with `make golden` (or `.venv/bin/python tests/test_slurm.py --regen`)."""
+    """Regenerate with `make golden` (scripts/goldens.py)."""
     assert render_case(name) == (GOLDEN / name).read_text(), f"{name}: run `make golden` and review the diff"
 
 
@@ -874,8 +874,3 @@ def regenerate() -> None:
         (GOLDEN / name).write_text(render_case(name))
         print(f"wrote {(GOLDEN / name).relative_to(ROOT)}")
 
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--regen"]:
-        sys.exit("usage: python tests/test_slurm.py --regen")
-    regenerate()

@@ -3,7 +3,7 @@ definition parser, the one rule set (recipe's), --json, --driver, --build-arg, t
 command line's usage errors, and envbuild's own rendered files.
 
 The verdicts of the files under tests/audit/ are in test_audit_files.py; --to-recipe in
-test_audit_recipe.py; hostile files in tests/hostile/test_audit.py.
+test_audit_recipe.py; hostile files in tests/integration/hostile/test_audit.py.
 """
 
 from __future__ import annotations
