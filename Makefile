@@ -1,6 +1,6 @@
 # envbuild quick start. Both targets install what they need first (scripts/setup.sh:
 # Debian's Docker engine when none answers, debootstrap, a .venv with envbuild).
-.PHONY: run test unit golden render clean-test
+.PHONY: run test unit lint golden render clean-test
 
 run:            ## install, then check, render, build and certify the default recipe
 	bash scripts/setup.sh
@@ -12,6 +12,11 @@ test:           ## install the test tools, then run the default test suite
 
 unit:           ## the unit tests alone: no Docker engine, Slurm or network; under 60 s (tests/unit/)
 	.venv/bin/python -m pytest tests/unit -q
+
+lint:           ## ruff over builder/ and tests/, then mypy over builder/ (both always run; installs them: the test extra, into .venv)
+	test -x .venv/bin/python || python3 -m venv .venv
+	.venv/bin/pip install -q -e '.[test]'
+	status=0; .venv/bin/ruff check builder tests || status=1; .venv/bin/mypy builder || status=1; exit $$status
 
 golden:         ## regenerate golden files, the committed rendered files and the JSON schemas; review the diff
 	.venv/bin/envbuild --recipes-dir tests/recipes --images-dir tests/golden render --all

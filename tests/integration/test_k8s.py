@@ -41,8 +41,6 @@ import pytest
 import yaml
 from referencing import Registry, Resource
 
-from factories import rank_result
-
 from builder.certify import settings as certify_settings
 from builder.certify import verdict as certify_verdict
 from builder.certify.settings import Overrides
@@ -61,6 +59,8 @@ from builder.launchers.k8s.pod import NODE_SCRIPT, RESULT_BEGIN, RESULT_END, pod
 from builder.launchers.k8s.results import parse_result_blocks
 from builder.launchers.k8s.source import lock_from_file
 from builder.oci import reference
+
+from factories import rank_result
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "k8s"
@@ -1166,6 +1166,7 @@ def run_on_docker(client, image, labels, extra_env=None):
     """`--apply`'s path (K8sLauncher.run) against tests/k8s_docker.py: the rendered Job,
     Service and ConfigMap run the real bench in the image; checked and judged as certify does."""
     from builder.image import engine
+
     from k8s_docker import DockerKubeApi
 
     image_labels, lock = read_image(client, image)
