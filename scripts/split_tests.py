@@ -378,7 +378,12 @@ def main(argv: list[str] | None = None) -> int:
     if hostile.is_dir():
         v = classify_package(hostile, known)
         print(v.line())
-        moves.append((hostile, (UNIT if v.kind == "unit" else INTEGRATION) / "hostile"))
+        placed = [d / "hostile" for d in (UNIT, INTEGRATION) if (d / "hostile").is_dir()]
+        dst = placed[0] if placed else (UNIT if v.kind == "unit" else INTEGRATION) / "hostile"
+        if dst.is_dir():  # moved before; a merge brought files back to tests/hostile: join them there
+            moves += [(p, dst / p.name) for p in sorted(hostile.iterdir()) if p.name != "__pycache__"]
+        else:
+            moves.append((hostile, dst))
     for src, dst in moves:
         if dst.exists():
             print(f"error: {dst.relative_to(ROOT)} exists; {src.relative_to(ROOT)} not moved", file=sys.stderr)
@@ -393,6 +398,12 @@ def main(argv: list[str] | None = None) -> int:
     for src, dst in moves:
         git_mv(src, dst, args.dry_run)
         print(f"{'would move' if args.dry_run else 'moved'} {src.relative_to(ROOT)} -> {dst.relative_to(ROOT)}")
+    if hostile.is_dir() and not any(p.name != "__pycache__" for p in hostile.iterdir()) and not args.dry_run:
+        for cache in hostile.glob("__pycache__"):
+            for f in cache.iterdir():
+                f.unlink()
+            cache.rmdir()
+        hostile.rmdir()
     if not moves:
         print("nothing to move: tests/ holds no test_*.py")
     for rel in fix_references(args.dry_run):
