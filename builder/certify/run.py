@@ -118,7 +118,7 @@ def run(p: Plan, *, images_dir: str | os.PathLike[str] = Path("images"), launche
                             field="launcher", exit_code=ExitCode.USAGE)
     launch = _launch(launcher, p, console)
     check_results(launch, p.spec)
-    verdict = judge(p.settings, launch, p.image.lock, p.socket)
+    verdict = judge(p.settings, launch, None if p.image.reference == "probe" else p.image.lock, p.socket)
     cert = build_certificate(image=p.image, settings=p.settings, launch=launch, verdict=verdict,
                              run_id=p.spec.run_id, host={**p.source.host(), **dict(host or {})}, sock=p.socket)
     return cert, write_certificate(cert, images_dir)

@@ -361,7 +361,9 @@ def _overrides(args):
     from builder.certify.settings import Overrides
 
     return Overrides(nodes=args.nodes, gpus_per_node=args.gpus_per_node, backend=args.backend, port=args.port,
-                     timeout_s=args.timeout, min_busbw_gbps=args.min_busbw, socket_ifname=args.socket_ifname)
+                     timeout_s=args.timeout, min_busbw_gbps=args.min_busbw, socket_ifname=args.socket_ifname,
+                     profiles=args.profile, sizes=args.sizes, iters=args.iters, warmup=args.warmup,
+                     dtypes=args.dtype, min_scaling_efficiency=args.min_scaling_efficiency)
 
 
 def _launcher(args, client, recipe_name: str):
@@ -396,8 +398,15 @@ def _certify(args, image: str) -> int:
     client = engine.connect()
     kind = getattr(args, "launcher", None) or "local"
     # on a cluster the nodes have the GPUs, not this host's engine: the scheduler decides
-    p = run.plan(EngineImage(client, image), _overrides(args), gpu_visible=True if kind != "local" else None)
-    launcher = _launcher(args, client, p.image.labels.get("envbuild.recipe") or p.image.lock.get("recipe") or "unknown")
+    recipe = None
+    if getattr(args, "recipe_lock", None):
+        from builder.certify.source import recipe_lock
+
+        recipe = recipe_lock(args.images_dir, args.recipe_lock)
+    p = run.plan(EngineImage(client, image, recipe=recipe), _overrides(args),
+                 gpu_visible=True if kind != "local" else None)
+    launcher = _launcher(args, client, p.image.recipe or p.image.labels.get("envbuild.recipe")
+                         or p.image.lock.get("recipe") or "unknown")
     try:
         cert, path = run.run(p, images_dir=Path(args.images_dir), console=console, launcher=launcher)
     except certificate.CertificateNotWritten as e:
@@ -808,6 +817,39 @@ def _socket_ifname_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{show(text)} {e.message}") from None
 
 
+def _argtype(parse):
+    """argparse type from a parser raising ValueError: a usage error (exit 64) naming the value."""
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
+
+
+def _profiles_arg(text: str) -> list[str]:
+    from builder.agent.bench.profiles import parse_profiles
+
+    return parse_profiles(text)
+
+
+def _dtypes_arg(text: str) -> list[str]:
+    from builder.agent.bench.collectives import typesize
+
+    names = [t.strip() for t in text.split(",")] if len(text) <= 200 else []
+    if not names or any(not n for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"{show(text)} is not a comma list of distinct element types")
+    for n in names:
+        typesize(n)
+    return names
+
+
+def _sizes_arg(text: str) -> list[int]:
+    from builder.certify.settings import parse_sizes
+
+    return parse_sizes(text)
+
+
 def _add_certify(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("certification (defaults from the image's envbuild.* labels)")
     g.add_argument("--nodes", type=_int_in(1, MAX_NODES), help="simulated nodes (containers); default from the recipe (2)")
@@ -820,6 +862,18 @@ def _add_certify(p: argparse.ArgumentParser) -> None:
                    help="set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME on every node (NCCL syntax: "
                         "eth0, ^lo,docker, =ib0); default: the image's own settings, else unset "
                         "(the libraries choose); the certificate records which was used")
+    g.add_argument("--profile", type=_argtype(_profiles_arg), metavar="P[,P]",
+                   help="parallelism profiles: comma list of ddp, fsdp, tp, pipeline, moe, or all (their "
+                        "collectives and training checks; default from the recipe, else ddp)")
+    g.add_argument("--sizes", type=_argtype(_sizes_arg), metavar="MIN:MAX|LIST",
+                   help="message sizes, e.g. 1K:64M (doubling) or 8,1K,4M (default from the recipe)")
+    g.add_argument("--iters", type=_int_in(1, 100000), help="timed iterations per size (default from the recipe)")
+    g.add_argument("--warmup", type=_int_in(0, 100000), help="untimed iterations per size (default from the recipe)")
+    g.add_argument("--dtype", type=_argtype(_dtypes_arg), metavar="T[,T]",
+                   help="element types of the profile collectives: float32, bfloat16, float16, float64 "
+                        "(default float32, plus bfloat16 on nccl)")
+    g.add_argument("--min-scaling-efficiency", type=_float_in(0, 1, lo_open=True), metavar="E",
+                   help="fail when throughput(N) / (N x throughput(1)) is below E (default: reported, not gated)")
 
 
 def _add_launcher(p: argparse.ArgumentParser) -> None:
@@ -964,8 +1018,11 @@ def parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_build)
 
     ce = sub.add_parser("certify", help="certify an image on N container nodes")
-    ce.add_argument("image", type=_image_ref, help="image reference or ID (built by envbuild: it carries the envbuild.* labels)")
+    ce.add_argument("image", type=_image_ref, help="image reference or ID: built by envbuild (its lock is the "
+                    "reference) or any image with python3 >= 3.8 and torch (the probe's stack is)")
     _add_certify(ce)
+    ce.add_argument("--recipe", dest="recipe_lock", type=_RECIPE, metavar="RECIPE",
+                    help="compare the image with this recipe's lock (images/RECIPE/envbuild.lock.json) instead")
     _add_launcher(ce)
     ce.set_defaults(func=cmd_certify)
 
