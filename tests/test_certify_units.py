@@ -134,7 +134,9 @@ def launch(results, world=2, **kw):
 
 
 def settings(lock=CPU_LOCK, gpu_visible=False, **kw):
-    return certify_settings.resolve(lock, Overrides(**kw), gpu_visible=gpu_visible)
+    """Resolved settings; no profile unless ``profiles=`` is given (the hand-written rank
+    documents hold none; tests/test_certify_profiles.py covers them)."""
+    return certify_settings.resolve(lock, Overrides(**{"profiles": [], **kw}), gpu_visible=gpu_visible)
 
 
 def judge(*args, **kw):
@@ -665,7 +667,7 @@ def test_certify_with_fake_launcher(tmp_path):
     cert, path = certify_image(
         FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, launcher=fl, run_id="r1",
         console=Console(file=buf), extra_env={"ENVBUILD_BENCH_FAULT": "exit@1"}, labels={"a": "b"},
-        ddp_steps=3,
+        ddp_steps=3, profiles=[],
     )
     assert cert["verdict"]["passed"] and path.exists()
     (spec,) = fl.specs
@@ -683,7 +685,7 @@ def test_certify_refuses_a_result_of_another_run(tmp_path):
     read it; the twin (this run's) passed above."""
     fl = FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="0ld0ld0ld0ld")])
     cert, _ = certify_image(FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, launcher=fl,
-                              run_id="r1", ddp_steps=3)
+                              run_id="r1", ddp_steps=3, profiles=[])
     assert cert["verdict"]["failures"] == [
         "rank 1: result of rank 1 is from run '0ld0ld0ld0ld', not this run r1: refused (stale or planted)"]
     assert cert["verdict"]["exit_code"] == 3 and cert["ranks"]["1"]["reported"] is False
@@ -693,10 +695,10 @@ def test_certify_records_the_image_socket_setting_and_the_override(tmp_path):
     env = ("PATH=/usr/bin", "GLOO_SOCKET_IFNAME=lo")
     fl = FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="r1")])
     cert, _ = certify_image(FakeClient(_labels(CPU_LOCK), env), "img:1", images_dir=tmp_path, launcher=fl,
-                              run_id="r1", ddp_steps=3)
+                              run_id="r1", ddp_steps=3, profiles=[])
     assert cert["socket"]["source"] == "image" and cert["socket"]["GLOO_SOCKET_IFNAME"] == "lo"
     cert, _ = certify_image(FakeClient(_labels(CPU_LOCK), env), "img:1", images_dir=tmp_path, launcher=fl,
-                              run_id="r1", ddp_steps=3, socket_ifname="eth0")
+                              run_id="r1", ddp_steps=3, socket_ifname="eth0", profiles=[])
     assert fl.specs[-1].socket_ifname == "eth0"
     assert {k: cert["socket"][k] for k in ("source", "override", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")} == {
         "source": "--socket-ifname", "override": "eth0", "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"}
@@ -726,10 +728,12 @@ def test_certify_refuses_nccl_before_launching(tmp_path):
     assert fl.specs == [] and not any(tmp_path.iterdir())
 
 
-def test_certify_refuses_image_not_built_by_envbuild(tmp_path):
+def test_certify_refuses_image_with_half_the_envbuild_labels(tmp_path):
+    # no label at all is a foreign image (tests/test_certify_profiles.py); one of the two is refused
     with pytest.raises(EnvbuildError) as e:
-        certify_image(FakeClient({"maintainer": "x"}), "img:1", images_dir=tmp_path, launcher=FakeLauncher([]))
-    assert e.value.exit_code == 2 and "not built by envbuild" in str(e.value)
+        certify_image(FakeClient({"envbuild.lock-hash": "sha256:" + "0" * 64}), "img:1", images_dir=tmp_path,
+                      launcher=FakeLauncher([]))
+    assert e.value.exit_code == 2 and "was not built by envbuild (no envbuild.lock label)" in str(e.value)
     with pytest.raises(EnvbuildError, match="no such image"):
         certify_image(FakeClient(None), "img:1", images_dir=tmp_path, launcher=FakeLauncher([]))
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from builder.agent.bench.profiles import collectives_for
+from builder.agent.bench.collectives import COLLECTIVES
+from builder.agent.bench.profiles import PROFILES, collectives_for
 from builder.core.inputs import one_line
 from builder.launchers.model import CollectiveRow, ProfilesResult, RankResult, TrainingCheck, Unsupported
 
@@ -75,7 +76,9 @@ def collectives_section(results: Mapping[int, RankResult]) -> dict[str, list[Col
     if found is None:
         return {}
     out: dict[str, list[CollectiveRow] | Unsupported] = {}
-    for name, value in found[1].collectives.items():
+    got = found[1].collectives
+    for name in sorted(got, key=lambda n: (COLLECTIVES.index(n) if n in COLLECTIVES else len(COLLECTIVES), n)):
+        value = got[name]
         out[name] = _merged_rows(name, results, value) if isinstance(value, list) else value
     return out
 
@@ -170,7 +173,9 @@ def _numpy_warning(doc: ProfilesResult) -> str | None:
 def training_section(results: Mapping[int, RankResult]) -> dict[str, TrainingCheck]:
     """``training`` of the certificate: the reference rank's checks per profile."""
     found = _reference(results)
-    return dict(found[1].training) if found else {}
+    got = found[1].training if found else {}
+    order = list(PROFILES)
+    return {p: got[p] for p in sorted(got, key=lambda p: (order.index(p) if p in order else len(order), p))}
 
 
 def scaling_section(results: Mapping[int, RankResult]) -> Any:

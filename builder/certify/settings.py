@@ -299,7 +299,9 @@ def resolve(lock: Mapping[str, Any], overrides: Overrides | None = None, *, gpu_
 
 def _profile_settings(o: Overrides, c: Mapping[str, Any], used: str) -> tuple[list[str], list[str]]:
     """``(profiles, dtypes)``: the override, else the lock's ``certify.profiles``, else
-    ``["ddp"]``; dtypes the override, else float32 (and bfloat16 on nccl).
+    ``["ddp"]``; dtypes the override, else float32 (and bfloat16 on nccl). An empty
+    override (``profiles=[]``, not reachable from the command line) runs no profile: the
+    all-reduce sweep and the DDP steps alone.
 
     Raises:
         EnvbuildError: (exit 64) an unknown profile or dtype, an efficiency floor outside 0..1.
@@ -307,6 +309,8 @@ def _profile_settings(o: Overrides, c: Mapping[str, Any], used: str) -> tuple[li
     from builder.agent.bench import profiles as bench_profiles
 
     given = o.profiles if o.profiles is not None else c.get("profiles") or DEFAULTS["profiles"]
+    if not given:
+        return [], []
     try:
         names = bench_profiles.parse_profiles(",".join(str(p) for p in given))
         dtypes = list(o.dtypes) if o.dtypes else bench_profiles.default_dtypes(used)

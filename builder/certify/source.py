@@ -248,16 +248,17 @@ def check_foreign(client: Any, ref: str, timeout_s: float = 120) -> dict[str, An
                                      network_mode="none", labels={engine.LABEL: "1", **extra_labels_from_env()})
     except docker.errors.ImageNotFound:
         raise EnvbuildError("no such image", field="image", value=ref) from None
+    no_python = False
     try:
         try:
             c.start()
         except docker.errors.APIError as e:
-            if "executable file not found" in str(e) or "no such file" in str(e).lower():
-                raise EnvbuildError("cannot be certified: it has no python3 (envbuild runs python3 >= 3.8 "
-                                    "with torch in it)", field="image", value=ref) from None
-            raise
-        code = c.wait(timeout=timeout_s).get("StatusCode")
-        text = c.logs(stdout=True, stderr=False)[-4096:].decode("utf-8", "replace").strip()
+            if "executable file not found" not in str(e) and "no such file" not in str(e).lower():
+                raise
+            no_python = True
+        if not no_python:
+            code = c.wait(timeout=timeout_s).get("StatusCode")
+            text = c.logs(stdout=True, stderr=False)[-4096:].decode("utf-8", "replace").strip()
     except docker.errors.APIError as e:
         raise EnvbuildError(f"could not check the image: {one_line(str(e), 300)}", field="image", value=ref,
                             exit_code=ExitCode.UNREACHABLE) from None
@@ -269,6 +270,9 @@ def check_foreign(client: Any, ref: str, timeout_s: float = 120) -> dict[str, An
             c.remove(force=True)
         except Exception:  # noqa: BLE001, S110 - already gone
             pass
+    if no_python:
+        raise EnvbuildError("cannot be certified: it has no python3 (envbuild runs python3 >= 3.8 with torch "
+                            "in it)", field="image", value=ref)
     try:
         found = json.loads(text.splitlines()[-1]) if text else None
     except ValueError:
