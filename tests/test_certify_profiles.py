@@ -67,7 +67,8 @@ def test_sizes_parsed(text, sizes):
 
 @pytest.mark.parametrize("text, message", [
     ("6", "size 6 is not a multiple of 4 bytes"), ("1K:8", "MIN is above MAX"), ("", "MIN:MAX or a comma list"),
-    ("1T", "is not a number of bytes"), (",".join(str(4 * i) for i in range(1, 66)), "more than 64 sizes"), ("2G,", "is not a number of bytes"),
+    ("1T", "is not a number of bytes"), (",".join(str(4 * i) for i in range(1, 66)), "more than 64 sizes"),
+    ("2G,", "is not a number of bytes"),
     ("4096G", "outside 1 B..1T")])
 def test_sizes_refused(text, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -170,7 +171,7 @@ def test_every_fault_fails_the_verdict_naming_it(tmp_path, docker_client, foreig
         f"{s} B float32 (1 wrong element on rank {r})" for s in SIZES) for n, r in CORRUPTED_RANK.items()]
     assert v.failures[:6] == expected, v.failures
     training = v.failures[6:11]
-    for name, line in zip(TRAINING, training):
+    for name, line in zip(TRAINING, training, strict=True):
         assert line.startswith(f"training {name} does not match its single-process reference: losses "), line
         assert "parameters differ" in line and line.endswith("rtol 1e-05, atol 1e-06)"), line
     assert re.fullmatch(r"scaling efficiency 0\.\d{3} is below the floor of 1 \(argument\): .*", v.failures[11])

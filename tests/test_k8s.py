@@ -186,7 +186,7 @@ def test_golden_values_nccl():
         "--max-restarts", "0", "-m", "bench", "--out", "/results",
         "--backend", "nccl", "--sizes", "1048576,16777216,134217728,1073741824", "--iters", "20",
         "--warmup", "5", "--ddp-steps", "20", "--ddp-batch", "64", "--ddp-image-size", "224",
-        "--pg-timeout-s", "900",
+        "--pg-timeout-s", "900", "--profiles", "ddp", "--dtypes", "float32,bfloat16",
     ]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
     assert env["PYTHONPATH"] == "/opt/envbuild"

@@ -50,7 +50,7 @@ from .model import (
     Thresholds,
     Verdict,
 )
-from .profiles import collectives_section, features_section, scaling_section, training_section
+from .profiles import collectives_section, features_section, profile_wall_s, scaling_section, training_section
 from .settings import RunSettings, SocketSetting
 from .source import ImageFacts, label_subset
 from .verdict import compare_probe_to_lock, reference_rank
@@ -126,7 +126,8 @@ def _rank_entries(s: RunSettings, launch: LaunchResult, lock: Mapping[str, Any] 
         if doc is not None:
             kw.update(hostname=doc.hostname, device=doc.device, elapsed_s=doc.elapsed_s, errors=list(doc.errors),
                       fault=doc.fault,
-                      lock_mismatches=compare_probe_to_lock(doc.probe, lock) if doc.probe and lock is not None else None)
+                      lock_mismatches=(compare_probe_to_lock(doc.probe, lock)
+                                       if doc.probe and lock is not None else None))
         else:
             kw["exit_code"] = launch.rank_exit_codes.get(r)
             if r in launch.rank_problems:
@@ -166,7 +167,8 @@ def _stack(image: ImageFacts, results: Mapping[int, RankResult]) -> Stack:
             node = node.get(k) if isinstance(node, Mapping) else None
         return None if node is None else one_line(str(node), 200)
 
-    os_ = p.get("os") if isinstance(p.get("os"), Mapping) else {}
+    found_os = p.get("os")
+    os_: Mapping[str, Any] = found_os if isinstance(found_os, Mapping) else {}
     os_text = " ".join(str(x) for x in (os_.get("id"), os_.get("version_id")) if x) or None
     return Stack(source=image.reference, recipe=image.recipe or image.labels.get("envbuild.recipe"),
                  reference_rank=ref if image.reference == "probe" else None,
@@ -212,7 +214,7 @@ def build_certificate(*, image: ImageFacts, settings: RunSettings, launch: Launc
         started_at=launch.started_at, finished_at=launch.finished_at, host=Host(**dict(host)),
         stack=_stack(image, results), profiles=list(s.profiles), collectives=collectives_section(results),
         training=training_section(results), scaling=scaling_section(results), features=features_section(results),
-        overrides=dict(s.overrides),
+        overrides=dict(s.overrides), profile_wall_s=profile_wall_s(results),
     )
 
 
@@ -233,15 +235,13 @@ def certificate_path(images_dir: str | os.PathLike[str], cert: Certificate) -> P
     def part(value: object, limit: int) -> str:
         return re.sub(r"[^A-Za-z0-9._-]", "_", str(value))[:limit].lstrip(".") or "_"
 
-    if cert.recipe is None and cert.lock is None:  # a foreign image: its folder is its reference
-        folder = part(cert.image.ref, 128)
-        return image_dir(images_dir, folder).certificates / (
-            f"{part(cert.image.ref, 64)}-{part(''.join(ch for ch in str(cert.finished_at or utc_now_iso()) if ch.isalnum()), 20)}"
-            f"-{part(cert.run_id or 'norun', 40)}.json")
-    recipe = part(cert.recipe or "unknown", 64)
-    h = part(str(cert.lock_hash or "").split(":", 1)[-1][:12] or "nohash", 12)
     stamp = part("".join(ch for ch in str(cert.finished_at or utc_now_iso()) if ch.isalnum()), 20)
     run = part(cert.run_id or "norun", 40)
+    if cert.recipe is None and cert.lock is None:  # a foreign image: its folder is its reference
+        return image_dir(images_dir, part(cert.image.ref, 128)).certificates / (
+            f"{part(cert.image.ref, 64)}-{stamp}-{run}.json")
+    recipe = part(cert.recipe or "unknown", 64)
+    h = part(str(cert.lock_hash or "").split(":", 1)[-1][:12] or "nohash", 12)
     return image_dir(images_dir, recipe).certificates / f"{recipe}-{h}-{stamp}-{run}.json"
 
 

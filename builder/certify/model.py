@@ -209,7 +209,9 @@ class Certificate(Model, frozen=True):
     ``{"unsupported": reason}``; ``scaling`` the throughputs at world size 1 and N and
     ``efficiency`` = throughput_n / (N x throughput_1); ``features`` what needs numpy;
     ``stack`` the reference stack (``source`` ``probe`` and ``lock`` null: a foreign
-    image, no recipe lock); ``overrides`` the settings given on the command line.
+    image, no recipe lock); ``overrides`` the settings given on the command line;
+    ``profile_wall_s`` where the reference rank's time went (seconds: ``collectives.<name>``,
+    ``training.<profile>``, ``scaling``, ``features``, ``total``).
     """
 
     schema: Literal["envbuild.certificate/1"]
@@ -247,6 +249,7 @@ class Certificate(Model, frozen=True):
     scaling: Scaling | None = None
     features: Features | None = None
     overrides: dict[Name, Any] = {}
+    profile_wall_s: dict[Name, Any] = {}
 
 
 def load_certificate(data: Any, file: str | None = None) -> Certificate:

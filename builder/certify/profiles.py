@@ -102,7 +102,8 @@ def check_profiles(s: RunSettings, results: Mapping[int, RankResult]) -> tuple[l
         if value is None:
             failures.append(f"collective {name}: no result (rank {ref})")
         elif isinstance(value, Unsupported):
-            warnings.append(f"collective {name} unsupported (not counted as passed): {one_line(value.unsupported, 300)}")
+            warnings.append(f"collective {name} unsupported (not counted as passed): "
+                            f"{one_line(value.unsupported, 300)}")
         else:
             bad = _wrong_text(value, s.world_size)
             if bad:
@@ -126,7 +127,8 @@ def _training_failures(profile: str, check: TrainingCheck | None, warnings: list
         return [f"training {profile}: no result"]
     if check.unsupported is not None:
         if not check.needs_numpy:  # numpy: one line for all (_numpy_warning)
-            warnings.append(f"training {profile} unsupported (not counted as passed): {one_line(check.unsupported, 300)}")
+            warnings.append(f"training {profile} unsupported (not counted as passed): "
+                            f"{one_line(check.unsupported, 300)}")
         return []
     if check.reference_match:
         return []
@@ -188,3 +190,9 @@ def features_section(results: Mapping[int, RankResult]) -> Any:
     """``features`` of the certificate (the reference rank's), None when not run."""
     found = _reference(results)
     return found[1].features if found else None
+
+
+def profile_wall_s(results: Mapping[int, RankResult]) -> dict[str, Any]:
+    """``profile_wall_s`` of the certificate: the reference rank's ``wall_s`` (seconds)."""
+    found = _reference(results)
+    return dict(found[1].wall_s) if found else {}

@@ -65,11 +65,11 @@ def parse_sizes(text: str) -> list[int]:
     if not isinstance(text, str) or not text.strip() or len(text) > 1000:
         raise ValueError("sizes must be MIN:MAX or a comma list of sizes (at most 1000 characters)")
     if ":" in text:
-        lo_text, sep, hi_text = text.partition(":")
+        lo_text, _, hi_text = text.partition(":")
         lo, hi = parse_size(lo_text), parse_size(hi_text)
         if lo > hi:
             raise ValueError(f"sizes {text[:40]!r}: MIN is above MAX")
-        sizes = []
+        sizes: list[int] = []
         while lo <= hi and len(sizes) <= MAX_SIZES:
             sizes.append(lo)
             lo *= 2

@@ -216,13 +216,24 @@ def label_subset(labels: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(labels.items()) if k.startswith(LABEL_PREFIXES) and k != "envbuild.lock"}
 
 
-#: What :func:`check_foreign` runs in the image: prints one JSON line, exits 0.
+#: What :func:`check_foreign` runs in the image: prints one JSON line, exits 0. It finds
+#: torch without importing it (seconds on a loaded machine): the module's spec, and its
+#: version from the installed distribution's metadata (``torch.version`` read as a file
+#: when there is none); the ranks import it for real.
 _FOREIGN_CHECK = (
     "import json, sys\n"
     "out = {'python': list(sys.version_info[:3]), 'torch': None, 'error': None}\n"
     "try:\n"
-    "    import torch\n"
-    "    out['torch'] = str(torch.__version__)\n"
+    "    import importlib.util\n"
+    "    spec = importlib.util.find_spec('torch')\n"
+    "    if spec is None:\n"
+    "        out['error'] = \"ModuleNotFoundError: No module named 'torch'\"\n"
+    "    else:\n"
+    "        try:\n"
+    "            from importlib.metadata import version\n"
+    "            out['torch'] = version('torch')\n"
+    "        except Exception:\n"
+    "            out['torch'] = 'unknown version'\n"
     "except Exception as e:\n"
     "    out['error'] = '%s: %s' % (type(e).__name__, e)\n"
     "print(json.dumps(out))\n"

@@ -90,7 +90,8 @@ def _profiles(cert: Certificate, console: Any) -> None:
         sizes = sorted({r.size_bytes for r in rows})
         wrong = sum(r.wrong for r in rows)
         t.add_row(name, f"{sizes[0]}..{sizes[-1]} ({len(sizes)})" if sizes else "-",
-                  ",".join(sorted({r.type for r in rows})), _fmt(max((r.busbw_gbps for r in rows), default=None), ".3f"),
+                  ",".join(sorted({r.type for r in rows})),
+                  _fmt(max((r.busbw_gbps for r in rows), default=None), ".3f"),
                   Text(str(wrong), style="red" if wrong else ""))
     console.print(t)
     tr = Table(title="training checks against a single-process reference", title_justify="left")
