@@ -272,6 +272,18 @@ def test_judge_probe_against_lock_and_across_ranks():
     assert not any(f.startswith("rank 0") for f in v["failures"])
 
 
+def test_judge_foreign_image_ranks_must_match_the_reference_probe():
+    """No lock (a foreign image): no lock comparison; every rank must match rank 0's stack."""
+    other = copy.deepcopy(PROBE)
+    other["torch"]["version"] = "2.12.0+cpu"
+    v = judge(settings(lock={}, sizes=[8, 1024, 65536]), launch([rank_doc(0), rank_doc(1, probe=other)]), None)
+    assert v["failures"] == ["ranks differ in torch: rank 0 2.13.0+cpu, rank 1 2.12.0+cpu"]
+    # the twin: the same stack everywhere passes, whatever a lock would have said
+    assert judge(settings(lock={}, sizes=[8, 1024, 65536]), launch([rank_doc(0, probe=other), rank_doc(1, probe=other)]),
+                 None) == {
+        "passed": True, "exit_code": 0, "failures": [], "warnings": []}
+
+
 def test_judge_missing_probe():
     doc = rank_doc(1)
     doc["probe"] = None
