@@ -51,7 +51,7 @@ def run_nodes(client, image: str, args) -> dict:
                 name="envbuild-ratio-%s-%d" % (label["envbuild.bench"][:12], node),
                 environment={"PYTHONPATH": "/opt/envbuild", "HOME": "/tmp",
                              "GLOO_SOCKET_IFNAME": "eth0"},
-                volumes={str(ROOT / "builder" / "bench"): {"bind": "/opt/envbuild/bench",
+                volumes={str(ROOT / "builder" / "agent" / "bench"): {"bind": "/opt/envbuild/bench",
                                                            "mode": "ro"},
                          str(ROOT / "benchmarks"): {"bind": "/opt/ratio", "mode": "ro"}},
                 network=net.name,
