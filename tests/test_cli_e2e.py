@@ -270,11 +270,12 @@ def test_a_key_file_that_reads_but_is_no_key_is_64_twin(tmp_path):
 def _main_with(monkeypatch, capsys, fault):
     """builder.cli.app.main running ``probe`` whose command raises ``fault()``; (code, stderr)."""
     from builder.cli import app as cli
+    from builder.cli.commands import nodes
 
     def boom(args):
         raise fault()
 
-    monkeypatch.setattr(cli, "cmd_probe", boom)
+    monkeypatch.setattr(nodes, "cmd_probe", boom)
     code = cli.main(["probe"])
     return code, capsys.readouterr().err
 

@@ -46,6 +46,7 @@ from builder.certify import verdict as certify_verdict
 from builder.certify.settings import Overrides
 from builder.certify.source import read_image
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.core.model import convert
 from builder.launchers.base import LaunchSpec
 from builder.launchers.k8s.api import KubeApi
 from builder.launchers.k8s.cluster import JobState, PodState
@@ -58,6 +59,7 @@ from builder.launchers.k8s.options import K8sOptions
 from builder.launchers.k8s.pod import NODE_SCRIPT, RESULT_BEGIN, RESULT_END, pod_env, shm_quantity
 from builder.launchers.k8s.results import parse_result_blocks
 from builder.launchers.k8s.source import lock_from_file
+from builder.launchers.model import RankResult
 from builder.oci import reference
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -741,7 +743,7 @@ def test_apply_collects_results_and_deletes_everything():
         ("create", "ConfigMap", "envbuild-0123456789ab-code"), ("create", "Service", "envbuild-0123456789ab"),
         ("create", "Job", "envbuild-0123456789ab")]
     assert [c for c in api.calls if c[0].startswith("delete")] == ALL_DELETED
-    assert res.rank_results == {0: {**RESULT, "rank": 0}, 1: {**RESULT, "rank": 1}}
+    assert res.rank_results == {n: convert({**RESULT, "rank": n}, RankResult) for n in (0, 1)}
     assert res.missing_ranks == [] and res.rank_problems == {}
     assert res.node_exit_codes == {0: 0, 1: 0}
     assert (res.timed_out, res.killed_after_s) == (False, None)
@@ -1003,7 +1005,7 @@ def test_apply_through_the_kubernetes_client(tmp_path):
         api = KubeApi(str(kubeconfig))
         assert api.namespace == "team-a"
         res = K8sLauncher(api=api, tick_s=0.0, code=STUB_CODE).run(small_spec())
-    assert res.rank_results == {0: {**RESULT, "rank": 0}, 1: {**RESULT, "rank": 1}}
+    assert res.rank_results == {n: convert({**RESULT, "rank": n}, RankResult) for n in (0, 1)}
     assert res.node_exit_codes == {0: 0, 1: 0} and res.cleanup_errors == []
     assert res.node_logs[0].startswith(f"[envbuild] pod envbuild-{RUN_ID}-0-abcde on gpu-host-0\n")
     job, sel = f"envbuild-{RUN_ID}", "labelSelector=batch.kubernetes.io/job-name=envbuild-0123456789ab"
@@ -1163,6 +1165,7 @@ def run_on_docker(client, image, labels, extra_env=None):
     """`--apply`'s path (K8sLauncher.run) against tests/k8s_docker.py: the rendered Job,
     Service and ConfigMap run the real bench in the image; checked and judged as certify does."""
     from builder.image import engine
+
     from k8s_docker import DockerKubeApi
 
     image_labels, lock = read_image(client, image)
