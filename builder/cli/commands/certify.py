@@ -24,7 +24,9 @@ def _overrides(args: argparse.Namespace) -> Overrides:
     from builder.certify.settings import Overrides
 
     return Overrides(nodes=args.nodes, gpus_per_node=args.gpus_per_node, backend=args.backend, port=args.port,
-                     timeout_s=args.timeout, min_busbw_gbps=args.min_busbw, socket_ifname=args.socket_ifname)
+                     timeout_s=args.timeout, min_busbw_gbps=args.min_busbw, socket_ifname=args.socket_ifname,
+                     profiles=args.profile, sizes=args.sizes, iters=args.iters, warmup=args.warmup,
+                     dtypes=args.dtype, min_scaling_efficiency=args.min_scaling_efficiency)
 
 
 def _launcher(args: argparse.Namespace, client: docker.DockerClient, recipe_name: str) -> Launcher | None:
@@ -60,8 +62,15 @@ def _certify(args: argparse.Namespace, image: str) -> int:
     client = engine.connect()
     kind = getattr(args, "launcher", None) or "local"
     # on a cluster the nodes have the GPUs, not this host's engine: the scheduler decides
-    p = run.plan(EngineImage(client, image), _overrides(args), gpu_visible=True if kind != "local" else None)
-    launcher = _launcher(args, client, p.image.labels.get("envbuild.recipe") or p.image.lock.get("recipe") or "unknown")
+    recipe = None
+    if getattr(args, "recipe_lock", None):  # certify --recipe RECIPE: its lock is the reference
+        from builder.certify.source import recipe_lock
+
+        recipe = recipe_lock(args.images_dir, args.recipe_lock)
+    p = run.plan(EngineImage(client, image, recipe=recipe), _overrides(args),
+                 gpu_visible=True if kind != "local" else None)
+    launcher = _launcher(args, client, p.image.recipe or p.image.labels.get("envbuild.recipe")
+                         or p.image.lock.get("recipe") or "unknown")
     try:
         cert, path = run.run(p, images_dir=Path(args.images_dir), console=console(), launcher=launcher)
     except certificate.CertificateNotWritten as e:
