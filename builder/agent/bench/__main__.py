@@ -131,7 +131,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             profiles.check_options(args.profiles, args.sizes, args.iters, args.warmup,
                                    dtypes or None, args.backend or "gloo")
         except ValueError as e:
-            problems.append("--profiles/--dtypes: %s" % e)
+            problems.append(f"--profiles/--dtypes: {e}")
     if problems:
         parser.error("; ".join(problems))
     return args
@@ -257,7 +257,7 @@ def _profiles_step(args, rank, device, backend, lead, log, prog, errors):
         return profiles.run_profiles(args.profiles, list(args.sizes), args.iters, args.warmup, dtypes,
                                      args.seed, device, backend, log=log if lead else None)
     except ValueError as e:
-        errors.append("profiles not run: %s" % e)
+        errors.append(f"profiles not run: {e}")
         return None
 
 
