@@ -89,6 +89,16 @@ def test_bad_profile_options_are_usage_errors(args, message):
     assert message in res.stderr and "Traceback" not in res.stderr
 
 
+def test_recipe_option_refused_before_the_engine(tmp_path):
+    res = envbuild("--images-dir", str(tmp_path), "certify", "img:1", "--recipe", "nosuch")
+    assert (res.returncode, res.stdout) == (ExitCode.CHECK_FAILED, "")
+    assert res.stderr == (f"error: {tmp_path}/nosuch/envbuild.lock.json: recipe nosuch has no lock there; "
+                          "write it with `envbuild render nosuch`\n")
+    res = envbuild("certify", "img:1", "--recipe", "Bad..")
+    assert res.returncode == ExitCode.USAGE
+    assert res.stderr == "error: recipe: 'Bad..' is not a recipe name ([a-z0-9][a-z0-9._-]*)\n"
+
+
 # --------------------------------------------------------------------------- engine
 
 

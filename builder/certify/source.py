@@ -306,8 +306,8 @@ def recipe_lock(images_dir: str | Path, recipe: str) -> tuple[str, dict[str, Any
     of ``--recipe``, read with bounds and checked with the lock schema.
 
     Raises:
-        EnvbuildError: (exit 2) not a valid lock; Unreachable (exit 3) no such file
-            (``envbuild render RECIPE`` writes it).
+        EnvbuildError: (exit 64) not a recipe name; (exit 2) no such file (``envbuild
+            render RECIPE`` writes it), not a valid lock; Unreachable (exit 3) unreadable.
     """
     import re
 
@@ -317,6 +317,9 @@ def recipe_lock(images_dir: str | Path, recipe: str) -> tuple[str, dict[str, Any
         raise EnvbuildError("is not a recipe name ([a-z0-9][a-z0-9._-]*)", field="recipe", value=recipe,
                             exit_code=ExitCode.USAGE)
     path = image_dir(images_dir, recipe).lock
+    if not path.is_file():
+        raise EnvbuildError(f"recipe {recipe} has no lock there; write it with `envbuild render {recipe}`",
+                            file=str(path))
     text = read_text(path, MAX_LOCK_BYTES, "lock")
     read_lock_text(text, str(path))
     return recipe, json.loads(text)

@@ -59,14 +59,14 @@ def _certify(args: argparse.Namespace, image: str) -> int:
     from builder.image import engine
 
     check_launcher_args(args)
-    client = engine.connect()
-    kind = getattr(args, "launcher", None) or "local"
-    # on a cluster the nodes have the GPUs, not this host's engine: the scheduler decides
     recipe = None
     if getattr(args, "recipe_lock", None):  # certify --recipe RECIPE: its lock is the reference
         from builder.certify.source import recipe_lock
 
         recipe = recipe_lock(args.images_dir, args.recipe_lock)
+    client = engine.connect()
+    kind = getattr(args, "launcher", None) or "local"
+    # on a cluster the nodes have the GPUs, not this host's engine: the scheduler decides
     p = run.plan(EngineImage(client, image, recipe=recipe), _overrides(args),
                  gpu_visible=True if kind != "local" else None)
     launcher = _launcher(args, client, p.image.recipe or p.image.labels.get("envbuild.recipe")
