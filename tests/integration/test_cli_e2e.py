@@ -16,7 +16,7 @@ import pytest
 
 from builder.core.errors import EnvbuildError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def envbuild(*args, cwd=ROOT, env=None, timeout=900):

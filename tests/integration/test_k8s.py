@@ -15,7 +15,7 @@ The goldens are rendered with a small stand-in for the in-image code (STUB_CODE)
 they do not change with every edit of builder/agent/bench; a separate test checks that the real
 ConfigMap carries the real files. Regenerate the goldens with
 
-    .venv/bin/python tests/test_k8s.py --regen      (part of `make golden`)
+    make golden      (scripts/goldens.py calls regenerate() below)
 
 and review the diff.
 """
@@ -62,7 +62,9 @@ from builder.launchers.k8s.source import lock_from_file
 from builder.launchers.model import RankResult
 from builder.oci import reference
 
-ROOT = Path(__file__).resolve().parent.parent
+from factories import rank_result
+
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "k8s"
 K8S_VERSION = "1.30"
 RUN_ID = "0123456789ab"
@@ -139,7 +141,7 @@ def validate(obj: dict) -> None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_golden_files(case):
-    """Regenerate with `make golden` (or `.venv/bin/python tests/test_k8s.py --regen`)."""
+    """Regenerate with `make golden` (scripts/goldens.py)."""
     files = render_case(case)
     want = sorted(p.name for p in (GOLDEN / case).glob("*.yaml"))
     assert sorted(files) == want
@@ -550,7 +552,8 @@ def test_required_spread_and_no_spread():
 
 # --------------------------------------------------------------------------- results through logs
 
-RESULT = {"schema": "envbuild.rank-result/1", "run_id": RUN_ID, "rank": 0, "world_size": 2, "backend": "gloo"}
+#: A rank result without probe and benchmarks (tests/factories.py).
+RESULT = rank_result(0, 2, run_id=RUN_ID, allreduce=[], ddp=None, probe=None)
 
 
 def test_node_script_prints_results_and_keeps_the_exit_status(tmp_path):
@@ -1216,8 +1219,3 @@ def regenerate() -> None:
         write_manifests(render_case(case), GOLDEN / case)
         print(f"wrote {GOLDEN.relative_to(ROOT) / case}/")
 
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--regen"]:
-        sys.exit("usage: python tests/test_k8s.py --regen")
-    regenerate()

@@ -33,7 +33,7 @@ from builder.certify.source import EngineImage, recipe_lock
 from builder.core.errors import ExitCode
 from builder.recipe.lock import lock_hash
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
 TRAINING = ("ddp", "fsdp", "tp", "pipeline", "moe")
 SIZES = [8, 1024, 65536]
