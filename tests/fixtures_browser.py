@@ -1,0 +1,48 @@
+"""A real browser for the tests: Debian's headless Chromium (package ``chromium``), installed
+with apt when absent (as the suite installs its other parts: :func:`fixtures_nodes.ensure_apt`;
+``scripts/setup.sh --test`` installs it too).
+
+:func:`screenshot` and :func:`dump_dom` run ``chromium --headless --no-sandbox`` on a local
+file, each with its own throw-away profile folder (runs in parallel do not share one) and a
+timeout; the page may load nothing from the network (the reports load nothing).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from fixtures_nodes import ensure_apt
+
+#: Seconds one headless Chromium run may take.
+CHROMIUM_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The path of Debian's chromium (``apt-get install chromium`` first when absent)."""
+    return shutil.which("chromium") or ensure_apt("chromium", "chromium")
+
+
+def _chromium(exe: str, *args: str) -> subprocess.CompletedProcess[str]:
+    with tempfile.TemporaryDirectory(prefix="envbuild-chromium-") as profile:
+        argv = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+                "--disable-extensions", "--disable-background-networking", f"--user-data-dir={profile}", *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=CHROMIUM_TIMEOUT_S)
+
+
+def screenshot(exe: str, page: Path, out: Path, width: int, height: int) -> Path:
+    """A PNG screenshot of the local file ``page`` at ``width`` x ``height`` CSS pixels."""
+    res = _chromium(exe, f"--window-size={width},{height}", f"--screenshot={out}", page.resolve().as_uri())
+    assert res.returncode == 0 and out.is_file(), res.stderr[-2000:]
+    return out
+
+
+def dump_dom(exe: str, page: Path) -> str:
+    """The DOM of the local file ``page`` after it loaded, as Chromium serializes it."""
+    res = _chromium(exe, "--dump-dom", page.resolve().as_uri())
+    assert res.returncode == 0 and "<html" in res.stdout, res.stderr[-2000:]
+    return res.stdout
