@@ -5,13 +5,16 @@ with apt when absent (as the suite installs its other parts: :func:`fixtures_nod
 :func:`screenshot` and :func:`dump_dom` run ``chromium --headless --no-sandbox`` on a local
 file, each with its own throw-away profile folder (runs in parallel do not share one) and a
 timeout; the page may load nothing from the network (the reports load nothing).
+:class:`Dom` parses a dumped DOM into its elements and its text.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tempfile
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -46,3 +49,23 @@ def dump_dom(exe: str, page: Path) -> str:
     res = _chromium(exe, "--dump-dom", page.resolve().as_uri())
     assert res.returncode == 0 and "<html" in res.stdout, res.stderr[-2000:]
     return res.stdout
+
+
+class Dom(HTMLParser):
+    """The elements (tag, attributes) and the text of a serialized DOM."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.parts: list[str] = []
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.parts.append(data)
+
+    @property
+    def text(self) -> str:
+        return re.sub(r"\s+", " ", " ".join(self.parts))

@@ -16,13 +16,12 @@ import os
 import re
 import subprocess
 import sys
-from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
 import pytest
 from certify_helpers import certify_image
-from fixtures_browser import dump_dom, screenshot
+from fixtures_browser import Dom, dump_dom, screenshot
 from PIL import Image
 from rich.console import Console
 from test_certify_units import CPU_LOCK, FakeClient, FakeLauncher, _cert, _labels, rank_doc
@@ -75,27 +74,7 @@ def issue10_doc(cert=None):
     return doc
 
 
-class _Dom(HTMLParser):
-    """The elements (tag, attributes) and the text of a serialized DOM."""
-
-    def __init__(self, html: str) -> None:
-        super().__init__()
-        self.tags: list[tuple[str, dict[str, str | None]]] = []
-        self.parts: list[str] = []
-        self.feed(html)
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append((tag, dict(attrs)))
-
-    def handle_data(self, data):
-        self.parts.append(data)
-
-    @property
-    def text(self) -> str:
-        return re.sub(r"\s+", " ", " ".join(self.parts))
-
-
-def injected(dom: _Dom) -> list[str]:
+def injected(dom: Dom) -> list[str]:
     """What in a page is markup a certificate string could have planted: script, img,
     iframe, object or embed elements, event-handler attributes, javascript: URLs."""
     found = [t for t, _ in dom.tags if t in ("script", "img", "iframe", "object", "embed")]
@@ -125,9 +104,9 @@ def drawn(pic: dict) -> bool:
     return pic["format"] == "PNG" and pic["colours"] >= 50 and pic["inked"] >= 0.01
 
 
-def _open(chromium, html: Path, tmp_path: Path, height: int) -> tuple[dict, _Dom]:
+def _open(chromium, html: Path, tmp_path: Path, height: int) -> tuple[dict, Dom]:
     pic = picture(screenshot(chromium, html, tmp_path / f"{html.stem}.png", 1280, height))
-    return pic, _Dom(dump_dom(chromium, html))
+    return pic, Dom(dump_dom(chromium, html))
 
 
 def test_report_of_todays_certificate_in_chromium(chromium, tmp_path):
@@ -203,20 +182,20 @@ def test_hostile_strings_stay_text_in_chromium(chromium, tmp_path):
     doc10["training"]["tp"]["losses"] = {HOSTILE: [1.0, 0.5]}
     page10 = report.write_report(doc10, tmp_path / "hostile10.html")
     for page in (tmp_path / "hostile.html", page10):
-        dom = _Dom(dump_dom(chromium, page))
+        dom = Dom(dump_dom(chromium, page))
         assert injected(dom) == [], page
         assert dom.text.count(HOSTILE) >= 4 and "</title><script>alert(1)</script>" in dom.text, page
         assert "{{ 7*7 }}" in dom.text and " 49 " not in dom.text
         raw = page.read_text()
         assert "<script" not in raw and "<img" not in raw and "\x1b" not in raw and "\u202e" not in raw
-    assert "\\x1b[31m\\u202e" in _Dom(dump_dom(chromium, tmp_path / "hostile.html")).text  # shown escaped
+    assert "\\x1b[31m\\u202e" in Dom(dump_dom(chromium, tmp_path / "hostile.html")).text  # shown escaped
 
 
 def test_markup_planted_in_a_page_is_found_twin(chromium, tmp_path):
     """The twin of the inertness check: the same strings pasted raw are elements."""
     page = tmp_path / "raw.html"
     page.write_text(f"<!DOCTYPE html><html><body><p>{HOSTILE}</p></body></html>")
-    assert injected(_Dom(dump_dom(chromium, page))) == ["script", "img", "img[onerror]"]
+    assert injected(Dom(dump_dom(chromium, page))) == ["script", "img", "img[onerror]"]
 
 
 def test_the_certification_run_writes_the_report_beside_the_certificate(tmp_path):

@@ -43,6 +43,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,8 @@ MAX_TEXT = 2000
 MAX_LINES = 1000
 
 _TEMPLATES = Path(__file__).resolve().parent / "templates"
+#: matplotlib's settings are process-wide (``rc_context``): one report is drawn at a time.
+_DRAW_LOCK = threading.Lock()
 _PLOT_TEXT_RE = re.compile(r"[^A-Za-z0-9._+-]")
 
 #: matplotlib settings of every plot: text drawn as paths (no font needed to read the page),
@@ -456,16 +459,16 @@ def render_html(doc: Mapping[str, Any], source: str = "") -> str:
 
     if not isinstance(doc, Mapping):
         raise TypeError(f"a certificate document is a JSON object, not {type(doc).__name__}")
-    colls = []
-    for name, rows, unsupported, total in collectives(doc):
-        svg = draw_collective(rows) if rows is not None else None
-        shown = _collective_rows(rows or [])
-        colls.append({"name": name, "unsupported": unsupported, "svg": Markup(svg) if svg else None,
-                      "rows": shown, "more": max(0, total - len(shown))})
-    checks = training(doc)
-    for t in checks:
-        svg = draw_losses(t["series"])
-        t["svg"] = Markup(svg) if svg else None
+    colls, checks = [], training(doc)
+    with _DRAW_LOCK:
+        for name, rows, unsupported, total in collectives(doc):
+            svg = draw_collective(rows) if rows is not None else None
+            shown = _collective_rows(rows or [])
+            colls.append({"name": name, "unsupported": unsupported, "svg": Markup(svg) if svg else None,
+                          "rows": shown, "more": max(0, total - len(shown))})
+        for t in checks:
+            svg = draw_losses(t["series"])
+            t["svg"] = Markup(svg) if svg else None
     return str(_environment().get_template("report.html.j2").render(
         head=_head(doc, source), verdict=_verdict(doc), stack=_stack(doc), ranks=_ranks(doc),
         collectives=colls, training=checks, scaling=_scaling(doc)))
