@@ -144,6 +144,24 @@ def test_report_of_an_issue10_certificate_in_chromium(chromium, tmp_path):
     assert sum(1 for t, _ in dom.tags if t == "svg") == 9 and injected(dom) == []
 
 
+def test_report_of_a_real_profiles_run_in_chromium(chromium, tmp_path):
+    """A certificate written by a real run (tests/fixtures/certificate-profiles.json: w-i10a's
+    `certify` of cpu-torch2 with every profile on 2 gloo nodes, sizes 8 B to 1 MiB)."""
+    doc = json.loads((ROOT / "tests/fixtures/certificate-profiles.json").read_text())
+    html = report.write_report(doc, tmp_path / "real.html")
+    pic, dom = _open(chromium, html, tmp_path, 3000)
+    assert pic["size"] == (1280, 3000) and drawn(pic) and pic["C0"] > 1000 and pic["C1"] > 1000, pic
+    text = dom.text
+    assert "verdict: PASSED (exit code 0)" in text and "reference: the image's recipe lock" in text
+    assert "torch 2.13.0+cpu 2.13.0+cpu" in text and "OS Debian GNU/Linux 12 (bookworm) debian 12" in text
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"):
+        assert f" {name} " in text, name
+    for name in ("ddp", "fsdp", "tp", "pipeline", "moe"):
+        assert f" {name} reference_match: true " in text, name
+    assert "efficiency: 0.283 (28.3 %)" in text
+    assert sum(1 for t, _ in dom.tags if t == "svg") == 11 and injected(dom) == []  # 6 collectives, 5 losses
+
+
 def test_a_blank_or_plotless_page_fails_the_screenshot_checks_twin(chromium, tmp_path):
     """The twins of the screenshot checks: a blank page is not drawn; a report without a
     collective has no line colour in it."""
