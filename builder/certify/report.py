@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import math
 import os
 import re
@@ -350,7 +351,12 @@ def _scaling(doc: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def _matplotlib() -> Any:
-    """matplotlib, imported now (pyplot's backend set to Agg unless pyplot was imported)."""
+    """matplotlib, imported now (pyplot's backend set to Agg unless pyplot was imported). Its
+    logger is set to errors only unless the caller set a level: the first import on a machine
+    logs "building the font cache", which is not a line for envbuild's stderr."""
+    log = logging.getLogger("matplotlib")
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.ERROR)
     import matplotlib
 
     if "matplotlib.pyplot" not in sys.modules:
