@@ -311,3 +311,71 @@ def test_work_is_bounded_on_a_huge_certificate():
     assert page.count("<td class=\"num\">float32") == 0 and page.count("<td>float32</td>") == report.MAX_ROWS
     assert f"{100_000 - report.MAX_ROWS} more row(s) not shown" in page
     assert f"{10_000 - report.MAX_RANKS} more rank(s) not shown" in page
+
+
+#: Strings and values a hostile or broken certificate may hold where a string or number is due.
+HOSTILE_VALUES = [
+    HOSTILE, '"><svg onload=alert(1)>', "'><iframe src=javascript:alert(1)>", "</style><script>x()</script>",
+    "<!-- -->", "]]><script>y()</script>", "{% raw %}{{ config }}", "\x1b[2J\x1b]0;pwned\x07", "\u202e\u2028\x00",
+    "x" * 100_000, "$\\frac{a}{b}$", 10**40, -1, 1e308, True, None, [], {}, [[1, 2], {"a": "<b>"}], {"<i>": "<u>"},
+]
+
+
+def _leaves(node, path=()):
+    """Every (path, value) of the scalars and empty containers of ``node``."""
+    if isinstance(node, dict) and node:
+        for k, v in node.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(node, list) and node:
+        for i, v in enumerate(node):
+            yield from _leaves(v, (*path, i))
+    else:
+        yield path, node
+
+
+def _set(doc, path, value):
+    for key in path[:-1]:
+        doc = doc[key]
+    doc[path[-1]] = value
+
+
+def test_generated_hostile_certificates_draw_and_stay_inert():
+    """Seeded: 16 certificates (12 of today's shape, 4 of issue 10's) with 12 leaves each
+    replaced by a hostile value of any type (also where a number or a list is due:
+    render_html gets the raw JSON data; the CLI checks it against the model first). Each is
+    drawn without a warning, and nothing in it is markup."""
+    import random
+    import warnings
+
+    rng = random.Random(20261201)
+    bases = [_cert(), issue10_doc()]
+    for n in range(16):
+        doc = copy.deepcopy(bases[int(n % 4 == 1)])
+        leaves = list(_leaves(doc))
+        for path, _ in rng.sample(leaves, 12):
+            _set(doc, path, copy.deepcopy(rng.choice(HOSTILE_VALUES)))
+        if n % 3 == 0:  # a hostile key as well
+            doc["collectives" if "collectives" in doc else "probe"][rng.choice(HOSTILE_VALUES[:7])] = \
+                rng.choice(HOSTILE_VALUES)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # e.g. numpy's overflow of a 1e308 bandwidth on a log axis
+            page = report.render_html(doc)
+        dom = Dom(page)
+        assert injected(dom) == [] and "<script" not in page and "\x1b" not in page, n
+        assert page.rstrip().endswith("</html>") and "verdict: " in dom.text, n
+
+
+def test_values_out_of_any_plot_range_stay_in_the_table_only():
+    """A 1e308 GB/s bandwidth, a 1e308-byte size and a 1e308 loss are left out of the plots
+    (no overflow in matplotlib's tick and log-axis arithmetic: warnings are errors here) and
+    still shown in the table."""
+    import warnings
+
+    doc = issue10_doc()
+    doc["collectives"]["broadcast"][0]["busbw_gbps"] = 1e308
+    doc["collectives"]["broadcast"][1]["size_bytes"] = 1e308
+    doc["training"]["ddp"]["losses"][1] = 1e308
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        text = Dom(report.render_html(doc)).text
+    assert text.count(" 1e+308 ") == 2  # the size and the busbw, in the broadcast table

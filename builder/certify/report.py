@@ -64,6 +64,11 @@ MAX_SERIES = 16
 MAX_TEXT = 2000
 #: Most lines of the verdict's failures (and, separately, warnings) shown.
 MAX_LINES = 1000
+#: Plotted ranges: sizes in (0, 2**50] bytes, bandwidths in [0, 1e9] GB/s, losses within
+#: +-1e12; a value outside is left out of the plot (it stays in the table).
+MAX_PLOT_SIZE = float(2**50)
+MAX_PLOT_GBPS = 1e9
+MAX_PLOT_LOSS = 1e12
 
 _TEMPLATES = Path(__file__).resolve().parent / "templates"
 #: matplotlib's settings are process-wide (``rc_context``): one report is drawn at a time.
@@ -93,6 +98,12 @@ def _num(value: Any) -> float | None:
     except OverflowError:
         return None
     return x if math.isfinite(x) else None
+
+
+def _in(value: Any, low: float, high: float) -> float | None:
+    """:func:`_num` of ``value`` when it lies in ``[low, high]``, else None."""
+    x = _num(value)
+    return x if x is not None and low <= x <= high else None
 
 
 def _text(value: Any, limit: int = MAX_TEXT) -> str:
@@ -297,7 +308,8 @@ def _loss_series(entry: Mapping[str, Any]) -> dict[str, list[float]]:
     """``{label: losses per step}`` of a training check: the distributed run's (one series,
     or one per rank) and the single-process reference's."""
     def points(value: Any) -> list[float]:
-        return [x if (x := _num(v)) is not None else math.nan for v in _list(value, MAX_STEPS)]
+        return [x if (x := _in(v, -MAX_PLOT_LOSS, MAX_PLOT_LOSS)) is not None else math.nan
+                for v in _list(value, MAX_STEPS)]
 
     series: dict[str, list[float]] = {}
     losses = entry.get("losses", entry.get("loss_per_step"))
@@ -387,8 +399,9 @@ def draw_collective(rows: list[Any]) -> str | None:
     by_type: dict[str, list[tuple[float, float | None, float | None]]] = {}
     for r in rows[:MAX_ROWS]:
         r = _map(r)
-        size, alg, bus = _num(r.get("size_bytes")), _num(r.get("algbw_gbps")), _num(r.get("busbw_gbps"))
-        if size is None or size <= 0 or (alg is None and bus is None):
+        size, alg, bus = _num(r.get("size_bytes")), _in(r.get("algbw_gbps"), 0, MAX_PLOT_GBPS), \
+            _in(r.get("busbw_gbps"), 0, MAX_PLOT_GBPS)
+        if size is None or not 0 < size <= MAX_PLOT_SIZE or (alg is None and bus is None):
             continue
         label = _plot_label(r.get("type", "?"))
         if label in by_type or len(by_type) < MAX_SERIES // 2:
