@@ -84,6 +84,15 @@ def injected(dom: Dom) -> list[str]:
     return found
 
 
+def external(dom: Dom, raw: str) -> list[str]:
+    """What a page would load from elsewhere: src/href/srcset/action/data attributes that are
+    not in-page fragments (``#id``), and CSS ``@import``/``url(...)``."""
+    loads = ("src", "href", "xlink:href", "srcset", "action", "data", "poster")
+    found = [f"{tag}[{k}={v}]" for tag, attrs in dom.tags for k, v in attrs.items()
+             if k in loads and not (v or "").startswith("#")]
+    return found + re.findall(r"@import|url\((?!#)[^)]*\)", raw)
+
+
 def picture(png: Path) -> dict:
     """Format, size, distinct colours, inked share (darker than light grey) and the pixels of
     each plot colour of a screenshot."""
@@ -142,6 +151,7 @@ def test_report_of_an_issue10_certificate_in_chromium(chromium, tmp_path):
     assert "efficiency: 0.930 (93.0 %)" in text and "throughput_n 93" in text
     # five collectives drawn (send_recv unsupported), four loss plots (moe unsupported)
     assert sum(1 for t, _ in dom.tags if t == "svg") == 9 and injected(dom) == []
+    assert external(dom, html.read_text()) == []  # readable without a network
 
 
 def test_report_of_a_real_profiles_run_in_chromium(chromium, tmp_path):
@@ -210,10 +220,16 @@ def test_hostile_strings_stay_text_in_chromium(chromium, tmp_path):
 
 
 def test_markup_planted_in_a_page_is_found_twin(chromium, tmp_path):
-    """The twin of the inertness check: the same strings pasted raw are elements."""
+    """The twins of the inertness and offline checks: the same strings pasted raw are
+    elements; a stylesheet, a font and an image from elsewhere are found."""
     page = tmp_path / "raw.html"
-    page.write_text(f"<!DOCTYPE html><html><body><p>{HOSTILE}</p></body></html>")
-    assert injected(Dom(dump_dom(chromium, page))) == ["script", "img", "img[onerror]"]
+    page.write_text(f"<!DOCTYPE html><html><head><link rel=stylesheet href='https://cdn.example/x.css'>"
+                    f"<style>@font-face {{src: url(https://f.example/a.woff)}}</style></head>"
+                    f"<body><p>{HOSTILE}</p></body></html>")
+    dom = Dom(dump_dom(chromium, page))
+    assert injected(dom) == ["script", "img", "img[onerror]"]
+    assert external(dom, page.read_text()) == ["link[href=https://cdn.example/x.css]", "img[src=x]",
+                                                "url(https://f.example/a.woff)"]
 
 
 def test_the_certification_run_writes_the_report_beside_the_certificate(tmp_path):
