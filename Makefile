@@ -1,6 +1,6 @@
 # envbuild quick start. Both targets install what they need first (scripts/setup.sh:
 # Debian's Docker engine when none answers, debootstrap, a .venv with envbuild).
-.PHONY: run test golden render clean-test
+.PHONY: run test lint golden render clean-test
 
 run:            ## install, then check, render, build and certify the default recipe
 	bash scripts/setup.sh
@@ -9,6 +9,11 @@ run:            ## install, then check, render, build and certify the default re
 test:           ## install the test tools, then run the default test suite
 	bash scripts/setup.sh --test
 	.venv/bin/python -m pytest
+
+lint:           ## ruff over builder/ and tests/, then mypy over builder/ (both always run; installs them: the test extra, into .venv)
+	test -x .venv/bin/python || python3 -m venv .venv
+	.venv/bin/pip install -q -e '.[test]'
+	status=0; .venv/bin/ruff check builder tests || status=1; .venv/bin/mypy builder || status=1; exit $$status
 
 golden:         ## regenerate golden files, the committed rendered files and the JSON schemas; review the diff
 	.venv/bin/envbuild --recipes-dir tests/recipes --images-dir tests/golden render --all

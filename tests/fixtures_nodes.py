@@ -72,7 +72,7 @@ def run_json(*args: str, timeout: float = 300) -> tuple[int, dict]:
     try:
         doc = json.loads(proc.stdout)
     except json.JSONDecodeError:
-        raise AssertionError(f"no JSON (exit {proc.returncode}): {proc.stdout[-500:]} {proc.stderr[-1000:]}")
+        raise AssertionError(f"no JSON (exit {proc.returncode}): {proc.stdout[-500:]} {proc.stderr[-1000:]}") from None
     return proc.returncode, doc
 
 

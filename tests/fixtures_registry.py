@@ -36,13 +36,13 @@ from pathlib import Path
 import pytest
 import requests
 
-from certify_helpers import certify_image
-
 from builder.certify.source import read_image
 from builder.image import engine
+from builder.launchers.base import LaunchResult
 from builder.recipe import load, rules
 from builder.render import context as render_context
-from builder.launchers.base import LaunchResult
+
+from certify_helpers import certify_image
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY_USER = "envbuild-test"
@@ -222,7 +222,7 @@ class RecordedLauncher:
         args = spec.bench_args
         sizes = [int(x) for x in args[args.index("--sizes") + 1].split(",")]
         world = spec.world_size
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         results = {}
         for rank in range(world):
             results[rank] = {

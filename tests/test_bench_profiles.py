@@ -372,7 +372,7 @@ def test_every_kind_parses(kind):
     ("moe-expert-perturb@1\n", None),
     ("moe-expert-perturb@1\x00", r"item 'moe-expert-perturb@1\x00' is not"),
     ("tp-shard-perturb@0,tp-shard-perturb@0", "fault 'tp-shard-perturb@0' given twice"),
-    (",".join(["tp-shard-perturb@%d" % i for i in range(17)]), "17 faults (at most 16)"),
+    (",".join([f"tp-shard-perturb@{i}" for i in range(17)]), "17 faults (at most 16)"),
     ("x" * 1025, "value of 1025 characters (at most 1024)"),
 ])
 def test_parse_faults_rejects(spec, message):

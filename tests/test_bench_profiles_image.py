@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.image import engine
 from builder.agent.bench import collectives as coll
+from builder.image import engine
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = REPO / "tests" / "bench_profiles_driver.py"
@@ -78,7 +78,7 @@ def run_jobs(client, image: str, out: Path, labels: dict, jobs: dict) -> dict:
     os.chmod(out, 0o777)
     container = client.containers.create(
         image, command=["sh", "-c", job_script(jobs)], labels=labels,
-        user="%d:%d" % (os.getuid() or 4242, os.getgid() or 4242), read_only=True,
+        user=f"{os.getuid() or 4242}:{os.getgid() or 4242}", read_only=True,
         tmpfs={"/tmp": "rw,exec,mode=1777"}, network_mode="none",
         environment={"PYTHONPATH": "/opt/envbuild", "HOME": "/tmp", "GLOO_SOCKET_IFNAME": "lo"},
         volumes={str(REPO / "builder" / "agent" / "bench"): {"bind": "/opt/envbuild/bench", "mode": "ro"},

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.agent.bench import DEFAULT_SIZES, RESULT_SCHEMA, allreduce, ddp, faults
+from builder.agent.bench import DEFAULT_SIZES, RESULT_SCHEMA, allreduce, ddp, faults, node, progress
 from builder.agent.bench import __main__ as cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,7 +172,7 @@ def test_parse_fault(spec, kind, rank):
     fault = faults.parse_fault(spec)
     assert (fault.kind, fault.rank) == (kind, rank)
     assert str(fault) == f"{kind}@{rank}"
-    assert "%s" % (fault,) == f"{kind}@{rank}"
+    assert "%s" % (fault,) == f"{kind}@{rank}"  # noqa: UP031 - what %-formatting prints
     assert fault.hits(kind, rank) and not fault.hits(kind, rank + 1)
     assert not fault.hits("other", rank)
 
@@ -294,8 +294,6 @@ def test_load_probe_falls_back_to_sibling_file():
 
 
 # --- progress lines and the heartbeat process ---------------------------------------------
-
-from builder.agent.bench import node, progress
 
 
 def test_phase_lines():

@@ -16,13 +16,12 @@ import tempfile
 
 import pytest
 
-from builder.image import bootstrap
-from builder.image import build
-from builder.image import engine
 from builder.core.errors import EnvbuildError, Unreachable
+from builder.image import bootstrap, build, engine
 from builder.image.buildkit import BuildFailed
 from builder.image.probecheck import compare_probe_to_lock
 from builder.image.site import SiteOptions
+
 from fixtures_engine import TEST_SESSION_LABEL
 
 OFFICIAL = "debian:bookworm-slim"
@@ -132,7 +131,7 @@ def test_build_tags_labels_and_checks(docker_client, tiny_build, test_session_id
     assert labels[TEST_SESSION_LABEL] == test_session_id
     assert "org.opencontainers.image.revision" not in labels  # tmp folder: not in a git work tree
     assert warnings == []  # asked for: no warning (auto mode warns, see test_resolve_auto_...)
-    assert any(l.startswith("#") for l in lines)
+    assert any(ln.startswith("#") for ln in lines)
 
 
 def test_wheels_and_ca_are_seen_in_the_build_only(docker_client, tiny_build, session_labels):

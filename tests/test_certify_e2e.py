@@ -30,12 +30,12 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from certify_helpers import certify_image
-
 from builder.certify.verdict import compare_probe_to_lock
-from builder.image import engine
 from builder.core.errors import EnvbuildError, ExitCode
+from builder.image import engine
 from builder.launchers import base
+
+from certify_helpers import certify_image
 
 SHORT = dict(sizes=[8, 1024, 65536], iters=3, warmup=1, ddp_steps=1, nodes=2, backend="gloo")
 REPO = Path(__file__).resolve().parent.parent

@@ -12,19 +12,20 @@ import re
 import docker.errors
 import msgspec
 import pytest
-from certify_helpers import certify_image
 from rich.console import Console
 
 from builder.certify import certificate, nccl_log, source, table, verdict
 from builder.certify import settings as certify_settings
-from builder.certify.settings import Overrides, SocketSetting
 from builder.certify.model import load_certificate
+from builder.certify.settings import Overrides, SocketSetting
 from builder.core.errors import EnvbuildError, ExitCode, ManyErrors
 from builder.core.model import convert
 from builder.launchers import base, local, output
 from builder.launchers.base import LaunchResult, LaunchSpec
 from builder.launchers.model import RankResult
 from builder.recipe.lock import lock_hash
+
+from certify_helpers import certify_image
 
 # --------------------------------------------------------------------------- fixtures
 
@@ -550,7 +551,7 @@ def _verdict_lines(cert, path=None):
     con = Console(record=True, width=120, file=io.StringIO())
     table.print_table(cert, con, path)
     lines = con.export_text().splitlines()
-    return lines[next(i for i, l in enumerate(lines) if l.startswith("verdict:")):]
+    return lines[next(i for i, ln in enumerate(lines) if ln.startswith("verdict:")):]
 
 
 def test_failing_verdict_shows_each_failing_node_log():

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from builder.core.errors import EnvbuildError, ManyErrors
 from builder.recipe import facts, load, rules
 from builder.recipe import lock as lockdoc
 from builder.recipe.rules.context import variant_cuda
-from builder.core.errors import EnvbuildError, ManyErrors
+
 from helpers import CPU, CUDA, merge, write_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,7 +192,7 @@ def test_torch_index_given_is_kept_twin(tmp_path):
      "PyTorch index); use https://download.pytorch.org/whl/cu128 or leave index.torch_url out"),
 ])
 def test_torch_index_of_another_variant_is_refused(tmp_path, url, rule, message):
-    assert [(l[0], l[3]) for l in rule_lines(tmp_path, merge(CUDA, {"index": {"torch_url": url}}), rule)] == [("error", message)]
+    assert [(ln[0], ln[3]) for ln in rule_lines(tmp_path, merge(CUDA, {"index": {"torch_url": url}}), rule)] == [("error", message)]
 
 
 @pytest.mark.parametrize("section, item, message, source", [
@@ -213,7 +214,7 @@ def test_second_stack_packages_are_refused(tmp_path, section, item, message, sou
 
 
 def test_second_stack_in_a_cpu_image(tmp_path):
-    assert [l[3] for l in rule_lines(tmp_path, merge(CPU, {"packages": {"apt": ["libnccl2"]}}), "second-stack")] == [
+    assert [ln[3] for ln in rule_lines(tmp_path, merge(CPU, {"packages": {"apt": ["libnccl2"]}}), "second-stack")] == [
         "libnccl2 is a CUDA library in a CPU image: a CPU build of torch (2.13.0+cpu) uses no NCCL; remove it"]
 
 
@@ -226,7 +227,7 @@ def test_ordinary_packages_pass_twin(tmp_path):
                                    "docker.io/pytorch/pytorch:latest"])
 def test_base_images_that_ship_torch_are_refused(tmp_path, image):
     lines = rule_lines(tmp_path, merge(CUDA, {"base": {"image": image}}), "second-stack")
-    assert [(l[0], l[2], l[3]) for l in lines] == [("error", ("base.image",),
+    assert [(ln[0], ln[2], ln[3]) for ln in lines] == [("error", ("base.image",),
         f"base image {image} already ships PyTorch: installing torch 2.8.0+cu128 makes a second one; start from its "
         "CUDA/OS base (e.g. nvidia/cuda:X.Y.Z-base-ubuntuVER or debian)")]
 
@@ -240,7 +241,7 @@ def test_base_images_that_ship_torch_are_refused(tmp_path, image):
      "S1-COMP torchaudio-2.8.0-cp311-cp311-manylinux_2_28_x86_64.whl (V)"),
 ])
 def test_companions_must_pair_with_the_torch_release(tmp_path, req, level, message, source):
-    assert [(l[0], l[3], l[4]) for l in rule_lines(tmp_path, merge(CUDA, {"packages": {"pip": [req]}}), "companion-pair")] == [
+    assert [(ln[0], ln[3], ln[4]) for ln in rule_lines(tmp_path, merge(CUDA, {"packages": {"pip": [req]}}), "companion-pair")] == [
         (level, message, source)]
 
 
@@ -250,7 +251,7 @@ def test_companions_that_pair_pass_twin(tmp_path, req):
 
 
 def test_companion_without_a_known_release_is_a_warning(tmp_path):
-    assert [(l[0], l[3]) for l in rule_lines(tmp_path, merge(CPU, {"packages": {"pip": ["torchaudio"]}}), "companion-unknown")] == [
+    assert [(ln[0], ln[3]) for ln in rule_lines(tmp_path, merge(CPU, {"packages": {"pip": ["torchaudio"]}}), "companion-unknown")] == [
         ("warning", "envbuild knows no torchaudio release whose wheel pairs with torch 2.13.0; torchaudio is unchecked (pip may find none)")]
 
 
@@ -265,19 +266,19 @@ def test_every_variant_of_every_release_has_a_driver_floor():
 def test_cu117_driver_floor_is_a_warning_from_an_unverified_row(tmp_path):
     data = merge(CUDA, {"torch": {"version": "2.0.1", "variant": "cu117"}, "cuda": {"version": "11.7", "driver": "450.0"},
                         "python": "3.10", "os": {"version": "22.04"}, "base": {"image": "nvidia/cuda:11.7.1-base-ubuntu22.04"}, "nccl": ...})
-    assert [(l[0], l[3]) for l in rule_lines(tmp_path, data, "driver-too-old")] == [
+    assert [(ln[0], ln[3]) for ln in rule_lines(tmp_path, data, "driver-too-old")] == [
         ("warning", "driver 450.0 is below 450.80.02, the oldest that runs CUDA 11.7 (cu117) even with minor-version compatibility; full support needs >= 515.43.04")]
 
 
 def test_variant_that_exists_nowhere_names_the_release_variants(tmp_path):
-    assert [(l[0], l[3]) for l in rule_lines(tmp_path, merge(CUDA, {"torch": {"variant": "cu90"}}), "torch-variant")] == [
+    assert [(ln[0], ln[3]) for ln in rule_lines(tmp_path, merge(CUDA, {"torch": {"variant": "cu90"}}), "torch-variant")] == [
         ("error", "torch 2.8.0 has no cu90 build; builds exist for cu126, cu128, cu129")]
 
 
 def test_suggestions_name_only_variants_that_exist(tmp_path):
     data = merge(CUDA, {"torch": {"version": "2.1.0", "variant": "cu118"}, "cuda": {"version": "12.2"}, "python": "3.10",
                         "os": {"version": "22.04"}, "base": {"image": "nvidia/cuda:12.2.2-base-ubuntu22.04"}, "nccl": ...})
-    assert [l[3] for l in rule_lines(tmp_path, data, "cuda-major")] == [
+    assert [ln[3] for ln in rule_lines(tmp_path, data, "cuda-major")] == [
         "torch variant cu118 is CUDA 11.8 but the recipe's CUDA is 12.2; the major versions must match (use cu121 or cuda 11.8)"]
 
 

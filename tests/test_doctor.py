@@ -16,6 +16,7 @@ from builder.core.errors import EnvbuildError
 from builder.nodes import doctor
 from builder.nodes.doctor import agent_output
 from builder.nodes.report import InvalidReport
+
 from fixtures_nodes import (  # noqa: F401 - pytest fixtures
     CASE_LABEL,
     check,
@@ -205,7 +206,7 @@ def test_recent_runs_are_not_stale(docker_client, torch_image, nodes_factory):
     running = nodes_factory.start(torch_image, "running", labels={"envbuild": "1", "envbuild.run": "aaaaaaaaaaaa"})
     sibling = nodes_factory.start(torch_image, "sibling", labels={"envbuild": "1", "envbuild.run": "aaaaaaaaaaaa"})
     sibling.stop(timeout=1)  # one node of a run ended, another still runs: the run is alive
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     assert doctor.stale_containers(docker_client, (scope,), 3600, now=now) == []
     later = [c.name for c in doctor.stale_containers(docker_client, (scope,), 3600,
                                                      now=now + datetime.timedelta(seconds=3700))]

@@ -9,8 +9,9 @@ import uuid
 import docker.errors
 import pytest
 
-from builder.image import buildkit, engine, probecheck
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.image import buildkit, engine, probecheck
+
 from fixtures_engine import TEST_SESSION_LABEL, write_script
 
 # --------------------------------------------------------------------------- connect
@@ -128,10 +129,10 @@ def test_failing_build_reports_step_and_leaves_no_tag(docker_client, bootstrap_i
     )
     assert "\n" not in str(err) and "first-line" in output and "second-line" in output
     # the failing step's own output (stdout and stderr, in either order), not the earlier step's
-    output = [l.split(" ", 2)[2] for l in err.lines if l.startswith("#") and l.split(" ")[1][:1].isdigit()]
+    output = [ln.split(" ", 2)[2] for ln in err.lines if ln.startswith("#") and ln.split(" ")[1][:1].isdigit()]
     assert sorted(output) == ["first-line", "second-line"]
     assert "step-one" not in "\n".join(err.lines)
-    assert any(l.startswith("#") for l in lines)  # lines were streamed
+    assert any(ln.startswith("#") for ln in lines)  # lines were streamed
     assert leftover_tags(docker_client, repo) == []
 
 
@@ -397,9 +398,9 @@ def test_run_probe_output_is_bounded(docker_client, python_image, session_labels
         probecheck.run_probe(docker_client, python_image, tmp_path, labels=case)
     assert info.value.exit_code == 3
     assert str(info.value) == f"image: {python_image!r} probe printed more than 1000 bytes"
-    deep = write_script(tmp_path / "deep.py", 'print("[" * 100 + "]" * 100)\n')
+    write_script(tmp_path / "deep.py", 'print("[" * 100 + "]" * 100)\n')
     with pytest.raises(EnvbuildError, match="probe printed no JSON object"):
         probecheck.run_probe(docker_client, python_image, tmp_path, module="deep", labels=case)
-    small = write_script(tmp_path / "small.py", 'print("{}")\n')  # the passing twin
+    write_script(tmp_path / "small.py", 'print("{}")\n')  # the passing twin
     assert probecheck.run_probe(docker_client, python_image, tmp_path, module="small", labels=case) == {}
     assert docker_client.containers.list(all=True, filters={"label": f"envbuild.test-case={case['envbuild.test-case']}"}) == []

@@ -13,9 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import msgspec
+import pytest
 
 from builder.agent import doctor_agent, payload
 from builder.agent.probe import container, network, nvml
@@ -23,6 +22,7 @@ from builder.core.errors import EnvbuildError
 from builder.nodes import report as nodereport
 from builder.nodes import sources
 from builder.nodes.sources import containers, slurm, ssh
+
 from fixtures_nodes import (  # noqa: F401 - pytest fixtures
     check,
     finding,

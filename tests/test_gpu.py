@@ -5,15 +5,13 @@ reachable registry with ``pytest -m gpu tests/test_gpu.py``."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from builder.image import build
+from builder.image import build, engine, site
+
 from certify_helpers import certify_image
-from builder.image import engine
-from builder.image import site
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.gpu

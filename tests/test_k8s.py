@@ -1165,6 +1165,7 @@ def run_on_docker(client, image, labels, extra_env=None):
     """`--apply`'s path (K8sLauncher.run) against tests/k8s_docker.py: the rendered Job,
     Service and ConfigMap run the real bench in the image; checked and judged as certify does."""
     from builder.image import engine
+
     from k8s_docker import DockerKubeApi
 
     image_labels, lock = read_image(client, image)

@@ -40,7 +40,7 @@ from builder.recipe.model import ResolvedWheel
 from builder.recipe.spec import Spec
 from builder.render import rendered as render
 from builder.render import write as render_write
-from builder.resolve import apt, base, lock, pip
+from builder.resolve import apt, lock, pip
 
 ROOT = Path(__file__).resolve().parent.parent
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from builder.recipe import fields
-from builder.recipe import load as recipe
 from builder.core.errors import EnvbuildError, ManyErrors
 from builder.oci import reference
+from builder.recipe import fields
+from builder.recipe import load as recipe
+
 from helpers import CPU, CUDA, merge, write_recipe
 
 
@@ -234,7 +235,7 @@ def test_huge_integer_is_named_not_a_traceback(tmp_path):
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")) + "description: *i\n",
+    ("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)) + "description: *i\n",
      "t.yaml: malformed YAML: line 6, column 4: expands to more than 100000 values (aliases counted at each use)"),
     ("? [a, b]\n: 1\n", "t.yaml: malformed YAML: line 1, column 3: a mapping key must be a plain value (no '? [a, b]' complex keys)"),
     ("description: " + "[" * 10000 + "]" * 10000 + "\n", "t.yaml: malformed YAML: line 1, column 77: nesting deeper than 64 levels"),

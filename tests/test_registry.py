@@ -21,9 +21,6 @@ import docker.errors
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
-from fixtures_registry import free_port, recipe_labels, recorded_certificate, small_image, write_docker_config
-
-from certify_helpers import certify_image
 
 from builder.certify import certificate
 from builder.certify.model import load_certificate
@@ -34,6 +31,9 @@ from builder.oci import manifest, referrers
 from builder.publish import attest, hardware, naming
 from builder.publish import pull as pulling
 from builder.publish import push as pushing
+
+from certify_helpers import certify_image
+from fixtures_registry import free_port, recipe_labels, recorded_certificate, small_image, write_docker_config
 
 INDEX = "application/vnd.oci.image.index.v1+json"
 GPU = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-00000000-0000-0000-0000-000000000001"}

@@ -10,15 +10,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 from dockerfile_parse import DockerfileParser
 from spython.main.parse.parsers import SingularityParser
 
-import msgspec
-
+from builder.core.errors import EnvbuildError
 from builder.recipe import load, rules
 from builder.render import rendered as render
 from builder.render import write as render_write
+
+from helpers import CPU, CUDA, merge, write_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
@@ -172,8 +174,6 @@ def test_rendering_is_byte_deterministic_across_processes(tmp_path):
 
 
 # --------------------------------------------------------------------------- issue 8
-from builder.core.errors import EnvbuildError
-from helpers import CPU, CUDA, merge, write_recipe  # noqa: E402
 
 
 def spec_from(tmp_path, data, name="t"):

@@ -41,8 +41,6 @@ from pathlib import Path
 
 import pytest
 
-from certify_helpers import certify_image
-
 from builder.certify import settings as certify_settings
 from builder.certify import verdict
 from builder.certify.settings import Overrides
@@ -52,6 +50,8 @@ from builder.launchers import base, slurm
 from builder.launchers.base import LaunchResult, LaunchSpec
 from builder.launchers.slurm import job as slurm_job
 from builder.launchers.slurm import script as slurm_script
+
+from certify_helpers import certify_image
 from fixtures_nodes import free_port, slurm_node  # noqa: F401 - pytest fixture (scripts/setup-slurm.sh)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -539,7 +539,7 @@ def containers(client, label: str) -> list[str]:
 def job_line(run_id: str) -> str:
     """``scontrol show job -o`` line of the job of ``run_id`` (JobName envbuild-<run>)."""
     out = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True, timeout=30).stdout
-    lines = [l for l in out.splitlines() if f"JobName=envbuild-{run_id} " in l]
+    lines = [ln for ln in out.splitlines() if f"JobName=envbuild-{run_id} " in ln]
     assert len(lines) == 1, out[-2000:]
     return lines[0]
 
@@ -602,7 +602,7 @@ def test_cli_certify_through_slurm_passes_with_the_local_shape(slurm_node, docke
     [folder] = (tmp_path / "images" / "cpu-torch2" / "certificates").glob("slurm-*")
     cert = json.loads(path.read_text())
     assert folder.name == f"slurm-{cert['run_id']}"
-    assert f"slurm: job " in proc.stdout and str(folder) in proc.stdout.replace("\n", "")
+    assert "slurm: job " in proc.stdout and str(folder) in proc.stdout.replace("\n", "")
     assert (folder / "certify.sbatch").is_file() and sorted(p.name for p in (folder / "results").glob("rank-*")) == \
         ["rank-0.json", "rank-1.json"]
     assert cert["verdict"] == {"passed": True, "exit_code": 0, "failures": [], "warnings": []}
@@ -786,7 +786,7 @@ def test_refused_submission_is_one_line_exit_3(slurm_node, torch_image, tmp_path
                            "--partition", "no-such-partition", "--slurm-dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    errors = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 1 and errors[0] == proc.stderr.strip().splitlines()[-1], proc.stderr
     assert "sbatch refused the job" in errors[0] and "Invalid partition name specified" in errors[0], errors
     assert "Traceback" not in proc.stderr

@@ -5,9 +5,9 @@ package run as two container nodes."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import os
 import time
+from pathlib import Path
 
 import jsonschema
 import msgspec
@@ -19,6 +19,7 @@ from builder.nodes import report as nodereport
 from builder.nodes import verify
 from builder.nodes.schemas import schemas
 from builder.nodes.sources.files import from_files
+
 from fixtures_nodes import (  # noqa: F401 - pytest fixtures
     bumped_torch_image,
     finding,
@@ -407,8 +408,8 @@ def test_report_strings_print_literally_and_escaped(tmp_path):
     plain = write_reports(tmp_path, {"p1.json": gpu_report(1, kernel="6.8.0-50-generic"), "p2.json": gpu_report(2)})
     proc = run_envbuild("verify", *plain)
     assert proc.returncode == 1
-    assert "should-match kernel 6.8.0-50-generic node-1" in [" ".join(l.replace("│", " ").split())
-                                                              for l in proc.stdout.splitlines()]
+    assert "should-match kernel 6.8.0-50-generic node-1" in [" ".join(ln.replace("│", " ").split())
+                                                              for ln in proc.stdout.splitlines()]
 
 
 # --- linear in nodes and fields (issue 8) ----------------------------------------------------------

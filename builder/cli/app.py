@@ -27,11 +27,6 @@ from builder.cli.parser import build_parser
 from builder.core.errors import EnvbuildError, ExitCode
 from builder.core.inputs import escape, one_line
 
-INTERRUPTED = 130
-#: Exit code of an unexpected exception (a bug in envbuild): ``EX_SOFTWARE`` of sysexits.h,
-#: as 64 is its ``EX_USAGE``; never 1, which means "done with warnings only".
-INTERNAL_ERROR = 70
-
 #: What each command runs: ``command [sub-command]`` -> (module of :mod:`builder.cli.commands`,
 #: function). The module is imported when its command runs, not before.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -83,7 +78,7 @@ def _os_error_line(exc: OSError) -> str:
 
 def _internal_error(exc: Exception) -> int:
     """An exception no stage expected (a bug): its traceback with every line escaped, then
-    one ``error:`` line; exit :data:`INTERNAL_ERROR`."""
+    one ``error:`` line; exit :attr:`ExitCode.INTERNAL_ERROR` (70)."""
     import traceback
 
     for line in traceback.format_exception(type(exc), exc, exc.__traceback__):
@@ -91,7 +86,7 @@ def _internal_error(exc: Exception) -> int:
             say(escape(part, 1000))
     say(f"error: internal error (a bug in envbuild; please report it with the lines above): "
         f"{exc.__class__.__name__}: {one_line(str(exc))}")
-    return INTERNAL_ERROR
+    return ExitCode.INTERNAL_ERROR
 
 
 def _run(argv: list[str] | None) -> int:
@@ -113,7 +108,7 @@ def _run(argv: list[str] | None) -> int:
         return exc.exit_code
     except KeyboardInterrupt as exc:
         say(f"interrupted ({escape(str(exc) or 'SIGINT', 40)}); everything envbuild started was removed")
-        return INTERRUPTED
+        return ExitCode.INTERRUPTED
     except OSError as exc:  # a path the user gave cannot be read or written
         say(_os_error_line(exc))
         return ExitCode.UNREACHABLE
@@ -127,7 +122,7 @@ def _run(argv: list[str] | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``envbuild`` console script. Returns (and, without ``argv``,
     exits with) the exit code: the table of ``builder/core/errors.py``; 130 interrupted
-    (SIGINT/SIGTERM); :data:`INTERNAL_ERROR` (70) for an unexpected exception."""
+    (SIGINT/SIGTERM); 70 for an unexpected exception (:class:`~builder.core.errors.ExitCode`)."""
     signal.signal(signal.SIGTERM, _raise_interrupt)
     code = _run(argv)
     if argv is None:

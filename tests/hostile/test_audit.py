@@ -88,7 +88,7 @@ def outcomes():
     return run_cases(CASE_OBJECTS)
 
 
-@pytest.mark.parametrize("case, spec", list(zip(CASE_OBJECTS, CASES)), ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case, spec", list(zip(CASE_OBJECTS, CASES, strict=True)), ids=[c[0] for c in CASES])
 def test_hostile_file_holds(outcomes, case, spec):
     outcome = outcomes[case.id]
     assert_held(case, outcome)

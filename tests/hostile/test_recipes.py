@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from builder.recipe import load as recipe
+
 from hostile.harness import Case, assert_held, run_cases
 
 SEED = 20261108

@@ -27,6 +27,7 @@ import pytest
 
 from builder.core import inputs
 from builder.nodes import report as nodereport
+
 from fixtures_nodes import gpu_report, set_path
 from hostile.harness import Case, Outcome, assert_held, run_cases
 
