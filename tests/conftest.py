@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from fixtures_browser import chromium  # noqa: F401 - pytest fixture
 from fixtures_engine import (  # noqa: F401 - pytest fixtures
     bootstrap_image,

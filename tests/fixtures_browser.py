@@ -18,6 +18,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+
 from fixtures_nodes import ensure_apt
 
 #: Seconds one headless Chromium run may take.

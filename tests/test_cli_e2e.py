@@ -13,9 +13,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from fixtures_browser import Dom, dump_dom
 
 from builder.core.errors import EnvbuildError
+
+from fixtures_browser import Dom, dump_dom
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,14 +20,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from certify_helpers import certify_image
-from fixtures_browser import Dom, dump_dom, screenshot
 from PIL import Image
 from rich.console import Console
 from test_certify_units import CPU_LOCK, FakeClient, FakeLauncher, _cert, _labels, rank_doc
 
 from builder.certify import report
 from builder.certify.model import load_certificate
+
+from certify_helpers import certify_image
+from fixtures_browser import Dom, dump_dom, screenshot
 
 ROOT = Path(__file__).resolve().parent.parent
 #: matplotlib's first two colours: algbw and busbw of the first data type.
