@@ -3,7 +3,7 @@
 
 The JSON Schema is generated from these models into ``schemas/audit.schema.json``
 (:func:`schema`; a test fails when the committed file is stale; regenerate with
-``python tests/test_audit_schema.py --regen`` or ``make golden``).
+``make golden``: scripts/schemas.py).
 """
 
 from __future__ import annotations

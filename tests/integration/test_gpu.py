@@ -1,6 +1,6 @@
 """GPU certification (nccl). Marked ``gpu``: deselected by default (``-m 'not gpu'`` in
 pyproject.toml); run on a machine with NVIDIA GPUs, the NVIDIA container toolkit and a
-reachable registry with ``pytest -m gpu tests/test_gpu.py``."""
+reachable registry with ``pytest -m gpu tests/integration/test_gpu.py``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from builder.image import build, engine, site
 
 from certify_helpers import certify_image
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.gpu
 
 

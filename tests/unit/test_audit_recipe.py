@@ -14,7 +14,7 @@ import pytest
 
 from builder.cli import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Files without errors whose recipe checks clean, and the torch and base of that recipe.
 ROUND_TRIP = [

@@ -15,7 +15,7 @@ from pathlib import Path
 from builder.cli import app
 from builder.cli.parser import build_parser
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: Libraries the check path must not import (top-level package names).
 HEAVY = ("docker", "jinja2", "requests", "kubernetes", "oras", "rich", "matplotlib")
 #: Runs builder.cli.app.main on argv in a fresh interpreter; prints the exit code and the

@@ -447,7 +447,7 @@ def statuses(doc: dict) -> dict[str, str]:
 
 # --- the published schemas (issue 9) ---------------------------------------------------------------
 
-SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 
 @pytest.mark.parametrize("name", sorted(schemas()))

@@ -18,7 +18,7 @@ from builder.core.errors import EnvbuildError
 
 from fixtures_browser import Dom, dump_dom
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def envbuild(*args, cwd=ROOT, env=None, timeout=900):

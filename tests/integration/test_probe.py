@@ -22,7 +22,7 @@ import pytest
 from builder.agent import payload
 from builder.agent.probe import nccl, nvml, osinfo
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PROBE = REPO / "builder" / "agent" / "probe"
 NCCL_PIN = "nvidia-nccl-cu12==2.27.3"
 WHEEL_GLOB = "/tmp/nccl/nvidia_nccl_cu12-2.27.3-*.whl"

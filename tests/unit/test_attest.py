@@ -196,7 +196,7 @@ def test_published_schema_is_current_and_a_statement_validates():
     against it, and a statement with an unknown key or another subject digest shape does not."""
     import jsonschema
 
-    published = json.loads((Path(__file__).resolve().parents[1] / "schemas/attestation.schema.json").read_text())
+    published = json.loads((Path(__file__).resolve().parents[2] / "schemas/attestation.schema.json").read_text())
     assert published == attest.attestation_schema()
     validator = jsonschema.Draft202012Validator(published)
     assert list(validator.iter_errors(stmt())) == []

@@ -14,7 +14,7 @@ from builder.recipe.rules.context import variant_cuda
 
 from helpers import CPU, CUDA, merge, write_recipe
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def spec_of(tmp_path, data):

@@ -38,7 +38,7 @@ from builder.launchers import base
 from certify_helpers import certify_image
 
 SHORT = dict(sizes=[8, 1024, 65536], iters=3, warmup=1, ddp_steps=1, nodes=2, backend="gloo")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 # --------------------------------------------------------------------------- fixtures

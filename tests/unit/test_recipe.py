@@ -330,7 +330,7 @@ import yaml  # noqa: E402
 from builder.core.model import schema_files, stale_schemas  # noqa: E402
 from builder.recipe.model import schemas  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_published_schemas_are_current():

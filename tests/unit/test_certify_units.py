@@ -26,6 +26,7 @@ from builder.launchers.model import RankResult
 from builder.recipe.lock import lock_hash
 
 from certify_helpers import certify_image
+from factories import CPU_REPORT, allreduce_entries, ddp_result, node_report, rank_result
 
 # --------------------------------------------------------------------------- fixtures
 
@@ -67,20 +68,7 @@ NCCL_LOCK["certify"].update(
 )
 NCCL_LOCK["certify"]["allreduce"]["sizes"] = [1048576, 16777216]
 
-PROBE = {
-    "schema": "envbuild.probe/1",
-    "hostname": "node-0",
-    "os": {"id": "debian", "version_id": "12", "pretty_name": "Debian GNU/Linux 12 (bookworm)"},
-    "glibc": "2.36",
-    "python": {"version": "3.11.2", "executable": "/opt/venv/bin/python3"},
-    "torch": {"version": "2.13.0+cpu", "cuda": None, "cuda_available": False, "cudnn": None,
-              "nccl_compiled": None},
-    "nccl": {"loaded": None, "found": [], "pip_packages": {}},
-    "gpus": [],
-    "driver": None,
-    "env": {},
-    "errors": [],
-}
+PROBE = node_report(CPU_REPORT)
 
 
 RUN_ID = "0123456789ab"
@@ -88,35 +76,13 @@ RUN_ID = "0123456789ab"
 
 def rank_doc(rank, world=2, *, sizes=(8, 1024, 65536), wrong=0, times=None, identical=True,
              mismatched=(), checksum="aa", probe=None, backend="gloo", busbw=0.05, ddp=True, run_id=RUN_ID):
-    """A hand-written envbuild.rank-result/1 document."""
-    times = times or [100.0 + r for r in range(world)]
-    entries = []
-    for size in sizes:
-        wbr = [0] * world
-        wbr[rank] = wrong
-        entries.append({
-            "size_bytes": size, "count": size // 4, "type": "float32", "redop": "sum",
-            "time_us": max(times), "rank_time_us": list(times),
-            "algbw_gbps": busbw, "busbw_gbps": busbw, "wrong": wrong, "wrong_by_rank": wbr,
-        })
-    doc = {
-        "schema": "envbuild.rank-result/1", "run_id": run_id, "rank": rank, "local_rank": 0, "world_size": world,
-        "node_rank": rank, "hostname": f"node-{rank}", "backend": backend, "device": "cpu",
-        "dtype": "float32", "options": {}, "allreduce": entries,
-        "ddp": None,
-        "probe": copy.deepcopy(PROBE if probe is None else probe),
-        "fault": None, "errors": [],
-        "started_at": "2026-05-12T10:00:00.000Z", "finished_at": "2026-05-12T10:00:05.000Z",
-        "elapsed_s": 5.0,
-    }
+    """A passing envbuild.rank-result/1 (tests/factories.py) with these changes."""
+    doc = rank_result(rank, world, run_id=run_id, backend=backend,
+                      allreduce=allreduce_entries(rank, world, sizes, wrong=wrong, times=times, busbw=busbw),
+                      ddp=ddp_result(rank, world, checksum=checksum, identical=identical, mismatched=mismatched)
+                      if ddp else None)
+    doc["probe"] = copy.deepcopy(PROBE if probe is None else probe)
     doc["probe"]["hostname"] = f"node-{rank}"
-    if ddp:
-        doc["ddp"] = {
-            "model": "resnet18", "source": "builtin", "steps": 3, "batch_size": 8,
-            "image_size": 64, "wall_s": 2.0, "images_per_s": 12.0 + rank, "final_loss": 6.9,
-            "param_checksum": checksum, "checksums_by_rank": [checksum] * world,
-            "params_identical": identical, "mismatched_ranks": list(mismatched),
-        }
     return doc
 
 
@@ -1076,22 +1042,20 @@ def test_valid_options_go_on_to_the_engine(dead_engine, argv, capsys):
 
 # --------------------------------------------------------------------------- models and schemas
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _schema_files():
-    from builder.certify import model as cert_model
-    from builder.core.model import json_schema
-    from builder.launchers import model as launch_model
+    from scripts import schemas as generator
 
-    for mod in (cert_model, launch_model):
-        for stem, (model, schema_id, title) in mod.schemas().items():
-            yield os.path.join(ROOT, "schemas", f"{stem}.schema.json"), json_schema(model, schema_id, title)
+    for name, data in generator.files().items():
+        if name in ("certificate.schema.json", "rank-result.schema.json"):
+            yield os.path.join(ROOT, "schemas", name), json.loads(data)
 
 
 def test_schemas_are_current():
     """schemas/certificate.schema.json and schemas/rank-result.schema.json are what the
-    models give (regenerate: `.venv/bin/python tests/test_certify_units.py --regen`)."""
+    models give (regenerate: `make golden`, scripts/schemas.py)."""
     for path, schema in _schema_files():
         with open(path) as f:
             assert f.read() == json.dumps(schema, indent=2) + "\n", f"{path} is stale"
@@ -1127,13 +1091,3 @@ def test_rank_result_schema_and_model_agree():
                                       "-1 Expected `int` >= 0")
     assert output.check_result(good, 0, "result", run_id=RUN_ID, world_size=2)[1] is None
 
-
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] != ["--regen"]:
-        sys.exit("usage: python tests/test_certify_units.py --regen")
-    for path, schema in _schema_files():
-        with open(path, "w") as f:
-            f.write(json.dumps(schema, indent=2) + "\n")
-        print(f"wrote {os.path.relpath(path, ROOT)}")

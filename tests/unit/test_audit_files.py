@@ -21,7 +21,7 @@ import pytest
 
 from builder.cli import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DIR = "tests/audit"
 
 #: (file under tests/audit/, exit code, the lines on stderr in order)

@@ -34,7 +34,7 @@ import pytest
 from builder.agent.bench import collectives as coll
 from builder.image import engine
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DRIVER = REPO / "tests" / "bench_profiles_driver.py"
 NUMPY_PIN = "numpy==2.2.6"
 SIZES = "8,1000,65536"

@@ -22,7 +22,7 @@ from builder.render import write as render_write
 
 from helpers import CPU, CUDA, merge, write_recipe
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
 
 

@@ -18,7 +18,7 @@ import pytest
 from builder.agent.bench import DEFAULT_SIZES, RESULT_SCHEMA, allreduce, ddp, faults, node, progress
 from builder.agent.bench import __main__ as cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_host_imports_do_not_pull_in_torch():

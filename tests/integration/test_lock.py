@@ -42,7 +42,7 @@ from builder.render import rendered as render
 from builder.render import write as render_write
 from builder.resolve import apt, lock, pip
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 

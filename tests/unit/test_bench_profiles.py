@@ -17,7 +17,7 @@ from builder.agent.bench import collectives as coll
 from builder.agent.bench import profile_faults as pf
 from builder.agent.bench import profiles, scaling, support, train_tp, training
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NEW_MODULES = ("collectives", "profiles", "profile_faults", "training", "support", "scaling",
                "features", "train_ddp", "train_fsdp", "train_tp", "train_pipeline", "train_moe")
 

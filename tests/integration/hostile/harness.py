@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WORKER = Path(__file__).with_name("worker.py")
 #: Address-space limit of the worker process (bytes): a blow-up fails with MemoryError.
 MEMORY_LIMIT_BYTES = 3 << 30

@@ -15,7 +15,7 @@ The goldens are rendered with a small stand-in for the in-image code (STUB_CODE)
 they do not change with every edit of builder/agent/bench; a separate test checks that the real
 ConfigMap carries the real files. Regenerate the goldens with
 
-    .venv/bin/python tests/test_k8s.py --regen      (part of `make golden`)
+    make golden      (scripts/goldens.py calls regenerate() below)
 
 and review the diff.
 """
@@ -46,6 +46,7 @@ from builder.certify import verdict as certify_verdict
 from builder.certify.settings import Overrides
 from builder.certify.source import read_image
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.core.model import convert
 from builder.launchers.base import LaunchSpec
 from builder.launchers.k8s.api import KubeApi
 from builder.launchers.k8s.cluster import JobState, PodState
@@ -58,9 +59,12 @@ from builder.launchers.k8s.options import K8sOptions
 from builder.launchers.k8s.pod import NODE_SCRIPT, RESULT_BEGIN, RESULT_END, pod_env, shm_quantity
 from builder.launchers.k8s.results import parse_result_blocks
 from builder.launchers.k8s.source import lock_from_file
+from builder.launchers.model import RankResult
 from builder.oci import reference
 
-ROOT = Path(__file__).resolve().parent.parent
+from factories import rank_result
+
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "k8s"
 K8S_VERSION = "1.30"
 RUN_ID = "0123456789ab"
@@ -137,7 +141,7 @@ def validate(obj: dict) -> None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_golden_files(case):
-    """Regenerate with `make golden` (or `.venv/bin/python tests/test_k8s.py --regen`)."""
+    """Regenerate with `make golden` (scripts/goldens.py)."""
     files = render_case(case)
     want = sorted(p.name for p in (GOLDEN / case).glob("*.yaml"))
     assert sorted(files) == want
@@ -548,7 +552,8 @@ def test_required_spread_and_no_spread():
 
 # --------------------------------------------------------------------------- results through logs
 
-RESULT = {"schema": "envbuild.rank-result/1", "run_id": RUN_ID, "rank": 0, "world_size": 2, "backend": "gloo"}
+#: A rank result without probe and benchmarks (tests/factories.py).
+RESULT = rank_result(0, 2, run_id=RUN_ID, allreduce=[], ddp=None, probe=None)
 
 
 def test_node_script_prints_results_and_keeps_the_exit_status(tmp_path):
@@ -741,7 +746,7 @@ def test_apply_collects_results_and_deletes_everything():
         ("create", "ConfigMap", "envbuild-0123456789ab-code"), ("create", "Service", "envbuild-0123456789ab"),
         ("create", "Job", "envbuild-0123456789ab")]
     assert [c for c in api.calls if c[0].startswith("delete")] == ALL_DELETED
-    assert res.rank_results == {0: {**RESULT, "rank": 0}, 1: {**RESULT, "rank": 1}}
+    assert res.rank_results == {n: convert({**RESULT, "rank": n}, RankResult) for n in (0, 1)}
     assert res.missing_ranks == [] and res.rank_problems == {}
     assert res.node_exit_codes == {0: 0, 1: 0}
     assert (res.timed_out, res.killed_after_s) == (False, None)
@@ -1003,7 +1008,7 @@ def test_apply_through_the_kubernetes_client(tmp_path):
         api = KubeApi(str(kubeconfig))
         assert api.namespace == "team-a"
         res = K8sLauncher(api=api, tick_s=0.0, code=STUB_CODE).run(small_spec())
-    assert res.rank_results == {0: {**RESULT, "rank": 0}, 1: {**RESULT, "rank": 1}}
+    assert res.rank_results == {n: convert({**RESULT, "rank": n}, RankResult) for n in (0, 1)}
     assert res.node_exit_codes == {0: 0, 1: 0} and res.cleanup_errors == []
     assert res.node_logs[0].startswith(f"[envbuild] pod envbuild-{RUN_ID}-0-abcde on gpu-host-0\n")
     job, sel = f"envbuild-{RUN_ID}", "labelSelector=batch.kubernetes.io/job-name=envbuild-0123456789ab"
@@ -1216,8 +1221,3 @@ def regenerate() -> None:
         write_manifests(render_case(case), GOLDEN / case)
         print(f"wrote {GOLDEN.relative_to(ROOT) / case}/")
 
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--regen"]:
-        sys.exit("usage: python tests/test_k8s.py --regen")
-    regenerate()

@@ -22,6 +22,7 @@ from builder.image.buildkit import BuildFailed
 from builder.image.probecheck import compare_probe_to_lock
 from builder.image.site import SiteOptions
 
+from factories import CPU_REPORT, node_report
 from fixtures_engine import TEST_SESSION_LABEL
 
 OFFICIAL = "debian:bookworm-slim"
@@ -303,15 +304,8 @@ def test_check_reads_the_environment_not_the_labels(docker_client, torch_image, 
 
 
 def probe_doc(**changes):
-    doc = {
-        "schema": "envbuild.probe/1",
-        "python": {"version": "3.11.2", "executable": "/opt/venv/bin/python3"},
-        "torch": {"version": "2.13.0+cpu", "cuda": None, "cuda_available": False, "cudnn": None, "nccl_compiled": None},
-        "os": {"id": "debian", "version_id": "12", "pretty_name": "Debian GNU/Linux 12 (bookworm)"},
-        "nccl": {"loaded": None, "found": [], "pip_packages": {}},
-    }
-    doc.update(changes)
-    return doc
+    """The cpu-torch2 node report of tests/factories.py with top-level ``changes``."""
+    return node_report(CPU_REPORT, **changes)
 
 
 CUDA_LOCK = {

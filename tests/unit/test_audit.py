@@ -3,7 +3,7 @@ definition parser, the one rule set (recipe's), --json, --driver, --build-arg, t
 command line's usage errors, and envbuild's own rendered files.
 
 The verdicts of the files under tests/audit/ are in test_audit_files.py; --to-recipe in
-test_audit_recipe.py; hostile files in tests/hostile/test_audit.py.
+test_audit_recipe.py; hostile files in tests/integration/hostile/test_audit.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from builder.audit.shell import MAX_DEPTH, MAX_VALUE, Scanner, Source, Var
 from builder.cli import app
 from builder.recipe import facts as recipe_facts
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {"V": Var("2.6.0", 2, "ARG", None, "V"), "E": Var("", 3, "ENV", None, "E"),
        "P": Var("torch==2.1.0 numpy", 4, "ARG", None, "P"), "N": Var(None, 5, "ARG", "ARG N has no default", "N")}
 

@@ -21,8 +21,8 @@ on the one node (``--slurm-nodes 1``, host networking, a free port per run):
 and after each, no container of the run (by label) is left. Runs are small (sizes 8, 1024,
 65536; 1 DDP step) except the CLI one, which uses the recipe's settings.
 
-Regenerate the goldens with ``.venv/bin/python tests/test_slurm.py --regen`` (part of
-``make golden``) and review the diff.
+Regenerate the goldens with ``make golden`` (scripts/goldens.py calls :func:`regenerate`) and
+review the diff.
 """
 
 from __future__ import annotations
@@ -52,9 +52,10 @@ from builder.launchers.slurm import job as slurm_job
 from builder.launchers.slurm import script as slurm_script
 
 from certify_helpers import certify_image
+from factories import rank_result
 from fixtures_nodes import free_port, slurm_node  # noqa: F401 - pytest fixture (scripts/setup-slurm.sh)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "slurm"
 RUN_ID = "0123456789ab"
 FOLDER = f"/shared/envbuild/images/cuda12-torch2/certificates/slurm-{RUN_ID}"
@@ -91,7 +92,7 @@ def render_case(name: str) -> str:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_golden_scripts(name):
-    """Regenerate with `make golden` (or `.venv/bin/python tests/test_slurm.py --regen`)."""
+    """Regenerate with `make golden` (scripts/goldens.py)."""
     assert render_case(name) == (GOLDEN / name).read_text(), f"{name}: run `make golden` and review the diff"
 
 
@@ -109,7 +110,7 @@ def test_scripts_are_valid_bash(name, tmp_path):
 
 
 def test_rendering_is_deterministic_across_processes():
-    code = ("import sys; sys.path.insert(0, 'tests'); import test_slurm as t; "
+    code = ("import sys; sys.path[:0] = ['tests/integration', 'tests']; import test_slurm as t; "
             "sys.stdout.write(''.join(t.render_case(n) for n in sorted(t.CASES)))")
     runs = {subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2)}
@@ -405,12 +406,10 @@ def test_judge_lists_the_job_state_first_and_keeps_the_exit_code():
 
 
 def result_doc(rank: int, world: int = 2, run_id: str = RUN_ID, **kw) -> dict:
-    """A rank result as the bench prints it (the fields the host reads)."""
-    doc = {"schema": "envbuild.rank-result/1", "run_id": run_id, "rank": rank, "local_rank": 0, "world_size": world,
-           "node_rank": rank, "hostname": f"vm-{rank}", "backend": "gloo", "device": "cpu", "dtype": "float32",
-           "options": {"sizes": [8], "iters": 3}, "allreduce": [], "ddp": None, "probe": None, "fault": None,
-           "errors": [], "started_at": "2026-12-01T08:50:00.000Z", "finished_at": None, "elapsed_s": None}
-    return {**doc, **kw}
+    """A rank result as the bench prints it (the fields the host reads; tests/factories.py)."""
+    fields = dict(run_id=run_id, hostname=f"vm-{rank}", options={"sizes": [8], "iters": 3}, allreduce=[], ddp=None,
+                  probe=None, started_at="2026-12-01T08:50:00.000Z", finished_at=None, elapsed_s=None)
+    return rank_result(rank, world, **{**fields, **kw})
 
 
 def result_line(doc) -> str:
@@ -875,8 +874,3 @@ def regenerate() -> None:
         (GOLDEN / name).write_text(render_case(name))
         print(f"wrote {(GOLDEN / name).relative_to(ROOT)}")
 
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--regen"]:
-        sys.exit("usage: python tests/test_slurm.py --regen")
-    regenerate()
