@@ -17,10 +17,14 @@ import tempfile
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from fixtures_nodes import ensure_apt
 
+#: matplotlib's first two colours: algbw and busbw of the first data type.
+C0, C1 = (31, 119, 180), (255, 127, 14)
 #: Seconds one headless Chromium run may take.
 CHROMIUM_TIMEOUT_S = 120
 
@@ -70,3 +74,23 @@ class Dom(HTMLParser):
     @property
     def text(self) -> str:
         return re.sub(r"\s+", " ", " ".join(self.parts))
+
+
+def picture(png: Path) -> dict:
+    """Format, size, distinct colours, inked share (darker than light grey) and the pixels of
+    each plot colour of a screenshot."""
+    with Image.open(png) as img:
+        fmt, rgb = img.format, np.asarray(img.convert("RGB")).astype(int)
+    flat = rgb.reshape(-1, 3)
+
+    def near(c):
+        return int((np.abs(flat - np.array(c)) <= 24).all(axis=1).sum())
+
+    packed = (flat[:, 0] << 16) | (flat[:, 1] << 8) | flat[:, 2]
+    return {"format": fmt, "size": (rgb.shape[1], rgb.shape[0]), "colours": len(np.unique(packed)),
+            "inked": float((flat.sum(axis=1) < 600).mean()), "C0": near(C0), "C1": near(C1)}
+
+
+def drawn(pic: dict) -> bool:
+    """Whether a screenshot shows a drawn page: many colours and ink on 1 % of it or more."""
+    return pic["format"] == "PNG" and pic["colours"] >= 50 and pic["inked"] >= 0.01
