@@ -117,7 +117,7 @@ def add_site_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-site-detect", action="store_true", help="do not read pip's configuration")
 
 
-# ------------------------------------------------------------------ certify: certify, make, k8s render
+# ------------------------------------------------------------------ certify: certify, make, report, k8s render
 def _certify(ce: argparse.ArgumentParser) -> None:
     ce.add_argument("image", type=t.image_ref,
                     help="image reference or ID: built by envbuild (its lock is the reference) or any image "
@@ -133,6 +133,13 @@ def _make(m: argparse.ArgumentParser) -> None:
     add_site_options(m)
     add_certify_options(m)
     add_launcher_options(m)
+
+
+def _report(rp: argparse.ArgumentParser) -> None:
+    rp.add_argument("certificate", metavar="CERT.json", type=t.path("a file"),
+                    help="a certificate JSON written by certify, make or k8s render --apply")
+    rp.add_argument("--out", metavar="FILE", type=t.path("a file name"),
+                    help="where to write the HTML report (default: next to the certificate, .html)")
 
 
 def _k8s(k: argparse.ArgumentParser) -> None:
@@ -344,6 +351,7 @@ COMMANDS: tuple[tuple[str, str, Fill], ...] = (
     ("build", "build the image with the Docker engine and check it against the lock", _build),
     ("certify", "certify an image on N container nodes", _certify),
     ("make", "check, render, build and certify (default recipe: cpu-torch2)", _make),
+    ("report", "draw the HTML report of a certificate again (verdict, stack, ranks, plots)", _report),
     ("probe", "print this host's node report as JSON", _probe),
     ("verify", "compare node reports: which node differs in what (exit 0/1/2/3)", _verify),
     ("doctor", "preflight checks: ports, interfaces, shm, GPUs, stale containers, stragglers", _doctor),

@@ -16,6 +16,8 @@ import pytest
 
 from builder.core.errors import EnvbuildError
 
+from fixtures_browser import Dom, dump_dom
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -29,10 +31,11 @@ def leftovers(client, label):
             [n.name for n in client.networks.list(filters={"label": label})])
 
 
-def test_make_cpu_torch2_end_to_end(tmp_path, docker_client, torch_image, test_labels):
+def test_make_cpu_torch2_end_to_end(tmp_path, docker_client, torch_image, test_labels, chromium):
     """check -> render -> build -> certify with 2 containers. The session's torch image
     (same rendered files, same base) makes the build a cache hit; the build check (probe
-    against lock) still runs on it."""
+    against lock) still runs on it. The certificate's HTML report lies next to it and
+    Chromium reads the run's verdict, stack and collective in it."""
     images = tmp_path / "images"
     (images / "cpu-torch2").mkdir(parents=True)
     for name in ("Dockerfile", "Singularity.def", "envbuild.lock.json"):
@@ -72,6 +75,12 @@ def test_make_cpu_torch2_end_to_end(tmp_path, docker_client, torch_image, test_l
         assert (p["os"]["id"], p["os"]["version_id"]) == ("debian", "12")
         assert p["image"]["ref"] == torch_image
     assert cert["base_used"] == "envbuild/bootstrap-debian:bookworm"
+    html = certs[0].with_suffix(".html")
+    assert f"report: {html}\n" in res.stdout and "report not written" not in res.stderr
+    dom = Dom(dump_dom(chromium, html))
+    assert "verdict: PASSED (exit code 0)" in dom.text and "torch 2.13.0+cpu 2.13.0+cpu" in dom.text, dom.text
+    assert " all_reduce " in dom.text and f"run {cert['run_id']}" in dom.text
+    assert [t for t, _ in dom.tags].count("svg") == 1
     assert leftovers(docker_client, f"envbuild.test-case={case}") == ([], [])
 
 
