@@ -31,7 +31,7 @@ def test_the_certification_run_writes_the_report_beside_the_certificate(tmp_path
     buf = io.StringIO()
     cert, path = certify_image(FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, run_id="r1",
                                launcher=FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="r1")]),
-                               console=Console(file=buf, width=400), ddp_steps=3)
+                               console=Console(file=buf, width=400), ddp_steps=3, profiles=[])
     html = report.report_path(path)
     assert html == path.with_suffix(".html") and html.is_file()
     assert "warning" not in buf.getvalue()
@@ -56,7 +56,7 @@ def test_a_report_that_cannot_be_written_keeps_the_certificate(small_disk):
     buf = io.StringIO()
     cert, path = certify_image(FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=small_disk, run_id="r1",
                                launcher=FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="r1")]),
-                               console=Console(file=buf, width=10_000), ddp_steps=3)
+                               console=Console(file=buf, width=10_000), ddp_steps=3, profiles=[])
     assert cert["verdict"]["passed"] and load_certificate(json.loads(path.read_text())).run_id == "r1"
     lines = [line for line in buf.getvalue().splitlines() if "warning" in line]
     html = path.with_suffix(".html")
