@@ -169,6 +169,8 @@ OsId = Annotated[Literal["debian", "ubuntu"], Meta(extra={"message": "is not a s
 Backend = Annotated[Literal["gloo", "nccl"], Meta(extra={"message": f"is not a backend; use {' or '.join(BACKENDS)}"})]
 Variant = Annotated[str, Meta(pattern=VARIANT.pattern, max_length=8, extra={
     "message": "is not a torch variant; use cpu or cu and the CUDA digits, such as cu128"})]
+KeepPip = Annotated[bool, Meta(description="keep pip (and setuptools) in the image", extra={
+    "message": "must be true or false"})]
 Url = Annotated[str, Meta(pattern=URL.pattern, max_length=1300, extra={"message": "is not an http(s) URL"})]
 ShmSize = Annotated[str, Meta(pattern=SHM_SIZE.pattern, max_length=16,
                               description="docker size syntax, 1024-based: 1m to 1024g",
