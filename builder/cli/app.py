@@ -282,19 +282,23 @@ def cmd_render(args) -> int:
 def _site(args):
     from builder.image.site import SiteOptions
 
-    return SiteOptions.detect(ca_cert=args.ca_cert, wheels=args.wheels, base=args.base, no_detect=args.no_site_detect)
+    # pip's configuration is read only when a build runs (a no-change build does not need it)
+    return SiteOptions.detect(ca_cert=args.ca_cert, wheels=args.wheels, base=args.base, no_detect=args.no_site_detect,
+                              deferred=True)
 
 
 def _build(args, spec: Spec):
     from builder.image import build
-    from builder.image import engine
 
-    client = engine.connect()
     options = build.BuildOptions(recipe=spec.name, images_dir=Path(args.images_dir), site=_site(args),
                                  base_mode=args.base_mode)
-    result = build.build(options, client, console=console)
+    result = build.build(options, console=console)
+    for note in result.notes:
+        console.print(f"note: {note}", markup=False, soft_wrap=True)
     verb = "reused" if result.reused else "built"
-    out.print(f"{verb} {result.tag} ({result.image_id[:19]}); base {result.base_used}; probe matches the lock", soft_wrap=True)
+    how = " (recorded for this image ID)" if result.probe_cached else ""
+    out.print(f"{verb} {result.tag} ({result.image_id[:19]}); base {result.base_used}; probe matches the lock{how}",
+              soft_wrap=True)
     return result
 
 
