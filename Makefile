@@ -1,6 +1,6 @@
 # envbuild quick start. Both targets install what they need first (scripts/setup.sh:
 # Debian's Docker engine when none answers, debootstrap, a .venv with envbuild).
-.PHONY: run test golden render clean-test
+.PHONY: run test golden render clean-test bench
 
 run:            ## install, then check, render, build and certify the default recipe
 	bash scripts/setup.sh
@@ -17,3 +17,7 @@ golden:         ## regenerate golden files, the committed rendered files and the
 	.venv/bin/python tests/test_k8s.py --regen   # tests/golden/k8s/: Kubernetes manifests
 	.venv/bin/python tests/test_slurm.py --regen # tests/golden/slurm/: sbatch scripts
 	.venv/bin/python tests/test_audit_schema.py --regen # schemas/audit.schema.json
+
+bench:          ## measure every figure of issue 13 against its reference; writes benchmarks/RESULTS.md (not a test)
+	bash scripts/setup.sh
+	.venv/bin/python benchmarks/bench.py

@@ -78,8 +78,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args()
     client = engine.connect()
-    image = args.image or build.build("cpu-torch2", ROOT / "images", site.SiteOptions.detect(),
-                                      client).tag
+    image = args.image or build.build(build.BuildOptions(recipe="cpu-torch2", images_dir=ROOT / "images",
+                                                         site=site.SiteOptions.detect(deferred=True)), client).tag
     res = run_nodes(client, image, args)
     rows, missed = [], []
     print("# %12s %14s %14s %7s" % ("size(B)", "harness GB/s", "plain GB/s", "ratio"))

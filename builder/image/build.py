@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # the docker SDK (~0.25 s to import) only where an engine cal
 
     from .bootstrap import Warn
     from .engine import OnLine
+    from .indexes import IndexPlan
 
 #: Repository of built images; the tag is the inputs hash.
 IMAGE_REPO_PREFIX = "envbuild/"
@@ -401,7 +402,7 @@ def _build_in_context(options: BuildOptions, site: SiteOptions, client: docker.D
 
 
 def _index_plan(client: docker.DockerClient, dockerfile: bytes, lock: Mapping[str, Any], site: SiteOptions,
-                base_id: str, origin: str) -> Any:
+                base_id: str, origin: str) -> IndexPlan:
     """Which indexes pip asks (:func:`builder.image.indexes.plan`) for a Dockerfile that declares
     ``ARG PIP_EXTRA_INDEX_URL`` (the lock is then checked whole: :func:`builder.recipe.lock.validate_lock`)."""
     from builder.recipe.lock import validate_lock
