@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from builder.image import build
-from builder.certify import certify
+from builder.certify import run
+from builder.certify.source import EngineImage
 from builder.image import engine
 from builder.image import site
 
@@ -41,8 +42,8 @@ def main() -> int:
     result = build.build(options, client, cli=cli)
     build_s = time.monotonic() - t0
     t1 = time.monotonic()
-    cert, path = certify.certify(client, result.tag, nodes=None, gpus_per_node=None, backend=None, port=None,
-                                 timeout_s=None, min_busbw_gbps=None, images_dir=ROOT / "images", console=None)
+    model, path = run.run(run.plan(EngineImage(client, result.tag)), images_dir=ROOT / "images")
+    cert = model.to_dict()
     certify_s = time.monotonic() - t1
     size = client.images.get(result.tag).attrs["Size"]
     largest = cert["allreduce"][-1]

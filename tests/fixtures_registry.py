@@ -13,7 +13,7 @@ test, and gives the test its own repository namespace.
 
 ``RecordedLauncher`` is a certification launcher that starts nothing: each rank "reports"
 the passing result a correct image would give (the probe equal to the image's lock), so
-``builder.certify.certify.certify`` (settings, judging, certificate writer) produces a real
+``builder.certify.run`` (settings, judging, certificate writer) produces a real
 certificate document in milliseconds for small test images.
 """
 
@@ -36,7 +36,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from builder.certify import certify
+from certify_helpers import certify_image
+
+from builder.certify.source import read_image
 from builder.image import engine
 from builder.recipe import load, rules
 from builder.render import context as render_context
@@ -250,8 +252,8 @@ class RecordedLauncher:
 
 def recorded_certificate(client, image: str, images_dir: Path, labels: dict[str, str], *,
                          gpus: list[dict] | None = None, driver: str | None = None, **kw) -> tuple[dict, Path]:
-    """``certify.certify`` of ``image`` through :class:`RecordedLauncher`: a real
+    """The certification of ``image`` through :class:`RecordedLauncher`: a real
     certificate document, written under ``images_dir/<recipe>/certificates/``."""
-    _, lock = certify.read_image(client, image)
-    return certify.certify(client, image, images_dir=images_dir, launcher=RecordedLauncher(lock, gpus, driver),
-                           labels=labels, gpu_visible=bool(gpus), **kw)
+    _, lock = read_image(client, image)
+    return certify_image(client, image, images_dir=images_dir, launcher=RecordedLauncher(lock, gpus, driver),
+                         labels=labels, gpu_visible=bool(gpus), **kw)

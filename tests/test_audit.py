@@ -9,7 +9,6 @@ test_audit_recipe.py; hostile files in tests/hostile/test_audit.py.
 from __future__ import annotations
 
 import contextlib
-import copy
 import glob
 import io
 import json
@@ -17,11 +16,12 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import yaml
 
 from builder.audit import definition, dockerfile, run
 from builder.audit.shell import MAX_DEPTH, MAX_VALUE, Scanner, Source, Var
 from builder.cli import app
-from builder.recipe import compat
+from builder.recipe import facts as recipe_facts
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"V": Var("2.6.0", 2, "ARG", None, "V"), "E": Var("", 3, "ENV", None, "E"),
@@ -179,15 +179,27 @@ def test_definition_arguments_build_args_and_files_from(tmp_path):
 
 
 # ------------------------------------------------------------------- one rule set
-def test_the_audit_applies_recipe_s_rules_not_a_copy(monkeypatch):
+@pytest.fixture
+def fresh_facts():
+    """Facts read anew from ``builder.recipe.facts.FILE`` in the test, and again after it."""
+    recipe_facts.facts.cache_clear()
+    yield
+    recipe_facts.facts.cache_clear()
+
+
+def test_the_audit_applies_recipe_s_rules_not_a_copy(monkeypatch, tmp_path, fresh_facts):
     """The facts the recipe rules read decide the audit's verdict: give torch 2.5.1 a
-    cu126 build in the facts and no-build.Dockerfile passes."""
+    cu126 build in the facts file and no-build.Dockerfile passes."""
     monkeypatch.chdir(ROOT)
     assert _audit("audit", "tests/audit/no-build.Dockerfile")[0] == 2
-    facts = copy.deepcopy(compat.facts())
-    facts["torch"]["2.5.1"]["variants"]["list"].append("cu126")
-    monkeypatch.setattr(compat, "facts", lambda: facts)
+    data = yaml.safe_load(recipe_facts.FILE.read_text(encoding="utf-8"))
+    data["torch"]["2.5.1"]["variants"]["list"].append("cu126")
+    changed = tmp_path / "compat.yaml"
+    changed.write_text(yaml.safe_dump(data), encoding="utf-8")
+    monkeypatch.setattr(recipe_facts, "FILE", changed)
+    recipe_facts.facts.cache_clear()
     code, _out, err = _audit("audit", "tests/audit/no-build.Dockerfile")
+    monkeypatch.undo()
     assert (code, "has no cu126 build" in err) == (0, False)
 
 

@@ -30,10 +30,12 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from builder.certify import certify
+from certify_helpers import certify_image
+
+from builder.certify.verdict import compare_probe_to_lock
 from builder.image import engine
 from builder.core.errors import EnvbuildError, ExitCode
-from builder.launchers import local
+from builder.launchers import base
 
 SHORT = dict(sizes=[8, 1024, 65536], iters=3, warmup=1, ddp_steps=1, nodes=2, backend="gloo")
 REPO = Path(__file__).resolve().parent.parent
@@ -104,7 +106,7 @@ def assert_nothing_left(client, run_id: str, labels: dict[str, str]) -> None:
 def run_certify(client, image, tmp_path, labels, **kw):
     args = {**SHORT, "timeout_s": 120, **kw}
     t0 = time.monotonic()
-    cert, path = certify.certify(client, image, images_dir=tmp_path, labels=labels, **args)
+    cert, path = certify_image(client, image, images_dir=tmp_path, labels=labels, **args)
     elapsed = time.monotonic() - t0
     assert path.is_file() and json.loads(path.read_text()) == cert
     assert path.parent == tmp_path / cert["recipe"] / "certificates"
@@ -135,7 +137,7 @@ def test_two_nodes_pass(client, image, tmp_path, labels):
     assert set(cert["probe"]) == {"0", "1"}
     for r, probe in cert["probe"].items():
         assert probe["hostname"] == f"node-{r}"
-        assert certify.compare_probe_to_lock(probe, cert["lock"]) == []
+        assert compare_probe_to_lock(probe, cert["lock"]) == []
     assert cert["transports"] is None and cert["nccl"] is None
     assert cert["image"]["labels"]["envbuild.lock-hash"] == cert["lock_hash"]
     assert cert["node_status"] == {"0": {"name": "node-0", "exit_code": 0},
@@ -209,7 +211,7 @@ def test_unreachable_busbw_floor_names_slowest_rank(client, image, tmp_path, lab
 
 def test_nccl_refused_without_gpus(client, image, tmp_path, labels):
     with pytest.raises(EnvbuildError) as e:
-        certify.certify(client, image, images_dir=tmp_path, labels=labels, backend="nccl")
+        certify_image(client, image, images_dir=tmp_path, labels=labels, backend="nccl")
     assert e.value.exit_code == ExitCode.CHECK_FAILED
     assert "needs GPUs; none visible" in str(e.value) and "--backend gloo" in str(e.value)
     assert _leftovers(client, f"envbuild.test-case={labels['envbuild.test-case']}") == []
@@ -231,7 +233,7 @@ def test_cli_interrupted_leaves_nothing(client, image, tmp_path, labels, sig, wh
     """SIGINT once the ranks joined and the sweep began; SIGTERM as soon as the first node
     container exists (the launcher may still be creating the others)."""
     case = f"envbuild.test-case={labels['envbuild.test-case']}"
-    env = {**os.environ, local.EXTRA_LABELS_ENV: ",".join(f"{k}={v}" for k, v in labels.items())}
+    env = {**os.environ, base.EXTRA_LABELS_ENV: ",".join(f"{k}={v}" for k, v in labels.items())}
     t0 = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "builder.cli", "--images-dir", str(tmp_path), "certify", image,
@@ -379,7 +381,7 @@ def test_paused_rank_is_named_apart_from_the_rank_waiting_for_it(client, image, 
     t = _when_rank_started(client, case, 1, pause)
     cert, elapsed = run_certify(client, image, tmp_path, labels, timeout_s=40)
     t.join(1)
-    assert seen["mounts"] == [("/opt/envbuild/bench", False), ("/opt/envbuild/probe", False)]
+    assert seen["mounts"] == [("/opt/envbuild", False)]  # the one payload, read-only
     assert seen["tmpfs"] == ["/results", "/tmp", "/tmp/home"]
     v = cert["verdict"]
     assert v["exit_code"] == ExitCode.UNREACHABLE
@@ -418,7 +420,7 @@ def test_envbuild_killed_with_sigkill_leaves_nothing_running(client, image, tmp_
     removes it, naming it."""
     timeout = 20
     case = f"envbuild.test-case={labels['envbuild.test-case']}"
-    env = {**os.environ, local.EXTRA_LABELS_ENV: ",".join(f"{k}={v}" for k, v in labels.items())}
+    env = {**os.environ, base.EXTRA_LABELS_ENV: ",".join(f"{k}={v}" for k, v in labels.items())}
     t0 = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "builder.cli", "--images-dir", str(tmp_path), "certify", image,
@@ -476,7 +478,7 @@ def tiny_disk(tmp_path):
 
 
 def test_full_disk_names_the_file_and_still_prints_the_verdict(client, image, tiny_disk, labels):
-    env = {**os.environ, local.EXTRA_LABELS_ENV: ",".join(f"{k}={v}" for k, v in labels.items())}
+    env = {**os.environ, base.EXTRA_LABELS_ENV: ",".join(f"{k}={v}" for k, v in labels.items())}
     proc = subprocess.run(
         [sys.executable, "-m", "builder.cli", "--images-dir", str(tiny_disk), "certify", image,
          "--backend", "gloo", "--nodes", "2", "--timeout", "120"],

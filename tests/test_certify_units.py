@@ -10,15 +10,21 @@ import os
 import re
 
 import docker.errors
+import msgspec
 import pytest
+from certify_helpers import certify_image
 from rich.console import Console
 
-from builder.certify import certify
-from builder.recipe.lock import lock_hash
-from builder.certify import nccl_log
-from builder.core.errors import EnvbuildError, ExitCode
+from builder.certify import certificate, nccl_log, source, table, verdict
+from builder.certify import settings as certify_settings
+from builder.certify.settings import Overrides, SocketSetting
+from builder.certify.model import load_certificate
+from builder.core.errors import EnvbuildError, ExitCode, ManyErrors
+from builder.core.model import convert
+from builder.launchers import base, local, output
 from builder.launchers.base import LaunchResult, LaunchSpec
-from builder.launchers import local
+from builder.launchers.model import RankResult
+from builder.recipe.lock import lock_hash
 
 # --------------------------------------------------------------------------- fixtures
 
@@ -114,8 +120,8 @@ def rank_doc(rank, world=2, *, sizes=(8, 1024, 65536), wrong=0, times=None, iden
 
 
 def launch(results, world=2, **kw):
-    base = dict(
-        rank_results={d["rank"]: d for d in results},
+    fields = dict(
+        rank_results={d["rank"]: convert(d, RankResult) for d in results},
         node_logs={n: "" for n in range(world)},
         node_exit_codes={n: 0 for n in range(world)},
         timed_out=False,
@@ -123,13 +129,17 @@ def launch(results, world=2, **kw):
         started_at="2026-05-12T10:00:00Z",
         finished_at="2026-05-12T10:00:09Z",
     )
-    base.update(kw)
-    return LaunchResult(**base)
+    fields.update(kw)
+    return LaunchResult(**fields)
 
 
-def settings(lock=CPU_LOCK, **kw):
-    kw.setdefault("gpu_visible", False)
-    return certify.resolve_settings(lock, **kw)
+def settings(lock=CPU_LOCK, gpu_visible=False, **kw):
+    return certify_settings.resolve(lock, Overrides(**kw), gpu_visible=gpu_visible)
+
+
+def judge(*args, **kw):
+    """The verdict as plain data (as the certificate holds it)."""
+    return verdict.judge(*args, **kw).to_dict()
 
 
 # --------------------------------------------------------------------------- settings
@@ -190,12 +200,12 @@ def test_bad_values_are_usage_errors(kw):
 
 
 def test_judge_pass():
-    v = certify.judge(settings(), launch([rank_doc(0), rank_doc(1)]), CPU_LOCK)
+    v = judge(settings(), launch([rank_doc(0), rank_doc(1)]), CPU_LOCK)
     assert v == {"passed": True, "exit_code": 0, "failures": [], "warnings": []}
 
 
 def test_judge_wrong_allreduce_names_rank_and_sizes():
-    v = certify.judge(settings(), launch([rank_doc(0), rank_doc(1, wrong=1)]), CPU_LOCK)
+    v = judge(settings(), launch([rank_doc(0), rank_doc(1, wrong=1)]), CPU_LOCK)
     assert not v["passed"] and v["exit_code"] == 2
     assert len(v["failures"]) == 1
     assert v["failures"][0].startswith("rank 1: all-reduce sum wrong at 8 B (1 wrong element)")
@@ -204,14 +214,14 @@ def test_judge_wrong_allreduce_names_rank_and_sizes():
 
 def test_judge_ddp_mismatch_names_rank():
     docs = [rank_doc(r, identical=False, mismatched=[1], checksum="ab"[r]) for r in (0, 1)]
-    v = certify.judge(settings(), launch(docs), CPU_LOCK)
+    v = judge(settings(), launch(docs), CPU_LOCK)
     assert v["exit_code"] == 2
     assert v["failures"] == ["DDP parameters differ after 3 step(s): rank 1 differs from the others"]
 
 
 def test_judge_timeout_is_exit_3():
     res = launch([], timed_out=True, node_exit_codes={0: None, 1: None})
-    v = certify.judge(settings(), res, CPU_LOCK)
+    v = judge(settings(), res, CPU_LOCK)
     assert v["exit_code"] == 3
     assert v["failures"] == ["rank 0 did not finish within 60 s (timeout)",
                              "rank 1 did not finish within 60 s (timeout)"]
@@ -219,7 +229,7 @@ def test_judge_timeout_is_exit_3():
 
 def test_judge_rank_exit_code():
     res = launch([], node_exit_codes={0: 1, 1: 1}, rank_exit_codes={0: 1, 1: 3})
-    v = certify.judge(settings(), res, CPU_LOCK)
+    v = judge(settings(), res, CPU_LOCK)
     assert v["exit_code"] == 2
     assert "rank 1 exited with 3" in v["failures"]
 
@@ -229,7 +239,7 @@ def test_judge_killed_after_grace_and_signal():
                  node_exit_codes={0: 0, 1: None, 2: None}, rank_exit_codes={2: -9},
                  killed_after_s=20.0)
     res.rank_results.pop(1)
-    v = certify.judge(settings(nodes=3), res, CPU_LOCK)
+    v = judge(settings(nodes=3), res, CPU_LOCK)
     assert v["failures"] == ["rank 1 did not finish: killed 20 s after another node failed",
                              "rank 2 killed by SIGKILL (exit 137)"]
     assert v["exit_code"] == 2
@@ -237,14 +247,14 @@ def test_judge_killed_after_grace_and_signal():
 
 def test_judge_unreadable_result_is_exit_3():
     res = launch([rank_doc(0)], rank_problems={1: "unreadable result file: JSONDecodeError"})
-    v = certify.judge(settings(), res, CPU_LOCK)
+    v = judge(settings(), res, CPU_LOCK)
     assert v["failures"] == ["rank 1: unreadable result file: JSONDecodeError"]
     assert v["exit_code"] == 3
 
 
 def test_judge_definite_failure_beats_timeout():
     res = launch([rank_doc(0, wrong=2)], timed_out=True, node_exit_codes={0: 0, 1: None})
-    v = certify.judge(settings(), res, CPU_LOCK)
+    v = judge(settings(), res, CPU_LOCK)
     assert v["exit_code"] == 2
     assert "rank 1 did not finish within 60 s (timeout)" in v["failures"]
 
@@ -252,7 +262,7 @@ def test_judge_definite_failure_beats_timeout():
 def test_judge_probe_against_lock_and_across_ranks():
     other = copy.deepcopy(PROBE)
     other["torch"]["version"] = "2.12.0+cpu"
-    v = certify.judge(settings(), launch([rank_doc(0), rank_doc(1, probe=other)]), CPU_LOCK)
+    v = judge(settings(), launch([rank_doc(0), rank_doc(1, probe=other)]), CPU_LOCK)
     assert v["exit_code"] == 2
     assert any(f.startswith("rank 1: image differs from the lock: ") and "2.12.0+cpu" in f
                for f in v["failures"])
@@ -264,19 +274,19 @@ def test_judge_missing_probe():
     doc = rank_doc(1)
     doc["probe"] = None
     doc["errors"] = ["probe failed: OSError: boom"]
-    v = certify.judge(settings(), launch([rank_doc(0), doc]), CPU_LOCK)
+    v = judge(settings(), launch([rank_doc(0), doc]), CPU_LOCK)
     assert "rank 1: probe failed: OSError: boom" in v["failures"]
 
 
 def test_busbw_not_gated_on_gloo_by_default():
-    v = certify.judge(settings(), launch([rank_doc(0, busbw=1e-6), rank_doc(1, busbw=1e-6)]), CPU_LOCK)
+    v = judge(settings(), launch([rank_doc(0, busbw=1e-6), rank_doc(1, busbw=1e-6)]), CPU_LOCK)
     assert v["passed"]
 
 
 def test_busbw_floor_names_slowest_rank():
     s = settings(min_busbw_gbps=1e9)
     times = [120.0, 340.5]
-    v = certify.judge(s, launch([rank_doc(0, times=times), rank_doc(1, times=times)]), CPU_LOCK)
+    v = judge(s, launch([rank_doc(0, times=times), rank_doc(1, times=times)]), CPU_LOCK)
     assert v["exit_code"] == 2
     (f,) = v["failures"]
     assert "at 65536 B is below the floor of 1e+09 GB/s (argument)" in f
@@ -287,9 +297,9 @@ def test_busbw_floor_from_nccl_recipe():
     s = settings(NCCL_LOCK, gpu_visible=True)
     sizes = s.sizes
     ok = [rank_doc(r, sizes=sizes, backend="nccl", busbw=11.0, times=[9.0, 8.0]) for r in (0, 1)]
-    assert certify.judge(s, launch(ok), NCCL_LOCK)["failures"] == []
+    assert judge(s, launch(ok), NCCL_LOCK)["failures"] == []
     slow = [rank_doc(r, sizes=sizes, backend="nccl", busbw=9.0, times=[9.0, 8.0]) for r in (0, 1)]
-    (f,) = certify.judge(s, launch(slow), NCCL_LOCK)["failures"]
+    (f,) = judge(s, launch(slow), NCCL_LOCK)["failures"]
     assert "(recipe); slowest rank 0" in f
 
 
@@ -297,7 +307,7 @@ def test_judge_nccl_without_transport_lines_warns():
     s = settings(NCCL_LOCK, gpu_visible=True, min_busbw_gbps=0)
     docs = [rank_doc(r, sizes=s.sizes, backend="nccl") for r in (0, 1)]
     res = launch(docs, node_logs={0: NCCL_NODE0, 1: ""})
-    v = certify.judge(s, res, NCCL_LOCK)
+    v = judge(s, res, NCCL_LOCK)
     assert v["passed"]
     # rank 1 appears in node 0's lines only as the peer: its own lines are missing
     assert v["warnings"] == ["no NCCL transport lines (NCCL_DEBUG=INFO) for rank 1"]
@@ -374,10 +384,10 @@ def test_nccl_plugin_line_is_fallback_for_network():
 # --------------------------------------------------------------------------- certificate
 
 
-def _cert(verdict=None, results=None, s=None, **launch_kw):
+def _cert_model(results=None, s=None, **launch_kw):
     s = s or settings()
     res = launch([rank_doc(0), rank_doc(1)] if results is None else results, **launch_kw)
-    v = verdict or certify.judge(s, res, CPU_LOCK)
+    v = verdict.judge(s, res, CPU_LOCK)
     labels = {
         "envbuild.recipe": "cpu-torch2",
         "envbuild.lock-hash": "sha256:a0d76dd47f233ebba933a62d27f20c99af5f57613d4a8877dfaf3df561831414",
@@ -387,11 +397,16 @@ def _cert(verdict=None, results=None, s=None, **launch_kw):
         "org.opencontainers.image.title": "envbuild/cpu-torch2",
         "maintainer": "someone",
     }
-    return certify.build_certificate(
-        image_ref="envbuild/cpu-torch2:a0d76dd47f23", image_id="sha256:" + "1" * 64,
-        repo_digests=[], labels=labels, lock=CPU_LOCK, settings=s, launch=res, verdict=v,
+    image = source.ImageFacts("envbuild/cpu-torch2:a0d76dd47f23", labels, CPU_LOCK, image_id="sha256:" + "1" * 64)
+    return certificate.build_certificate(
+        image=image, settings=s, launch=res, verdict=v,
         run_id="0123456789ab", host={"hostname": "h", "docker_server_version": "20.10.24"},
     )
+
+
+def _cert(results=None, s=None, **launch_kw):
+    """The certificate as plain data (as written)."""
+    return _cert_model(results, s, **launch_kw).to_dict()
 
 
 def test_certificate_shape():
@@ -445,12 +460,13 @@ def test_certificate_for_missing_rank():
 
 
 def test_write_certificate(tmp_path):
-    cert = _cert()
-    p1 = certify.write_certificate(cert, tmp_path)
+    model = _cert_model()
+    cert = model.to_dict()
+    p1 = certificate.write_certificate(model, tmp_path)
     assert p1 == (tmp_path / "cpu-torch2" / "certificates"
                   / "cpu-torch2-a0d76dd47f23-20260512T100009Z-0123456789ab.json")
     assert json.loads(p1.read_text()) == cert
-    p2 = certify.write_certificate(cert, tmp_path)
+    p2 = certificate.write_certificate(model, tmp_path)
     assert p2.name == "cpu-torch2-a0d76dd47f23-20260512T100009Z-0123456789ab-2.json"
     assert sorted(x.name for x in p1.parent.iterdir()) == sorted([p1.name, p2.name])  # no temp files
     assert json.loads(p1.read_text()) == cert  # the first was not overwritten
@@ -465,9 +481,9 @@ def _write_many(images_dir, run_ids, barrier_n):
     barrier, out = ctx.Barrier(barrier_n), ctx.Queue()
 
     def write(run_id):
-        cert = {**_cert(), "run_id": run_id}
+        cert = msgspec.structs.replace(_cert_model(), run_id=run_id)
         barrier.wait(timeout=60)
-        out.put(certify.write_certificate(cert, images_dir).name)
+        out.put(certificate.write_certificate(cert, images_dir).name)
 
     procs = [ctx.Process(target=write, args=(r,)) for r in run_ids]
     for p in procs:
@@ -497,16 +513,16 @@ def test_forty_simultaneous_certificates_are_forty_files(tmp_path, same_run):
 
 
 def test_certificate_name_parts_are_sanitized(tmp_path):
-    cert = {**_cert(), "recipe": "../x y", "run_id": "a/b\n"}
-    assert certify.certificate_path(tmp_path, cert) == (
+    cert = msgspec.structs.replace(_cert_model(), recipe="../x y", run_id="a/b\n")
+    assert certificate.certificate_path(tmp_path, cert) == (
         tmp_path / "_x_y" / "certificates" / "_x_y-a0d76dd47f23-20260512T100009Z-a_b_.json")
 
 
 def test_print_table():
     buf = io.StringIO()
     con = Console(file=buf, width=140, color_system=None)
-    cert = _cert(results=[rank_doc(0), rank_doc(1, wrong=1)])
-    certify.print_table(cert, con)
+    cert = _cert_model(results=[rank_doc(0), rank_doc(1, wrong=1)])
+    table.print_table(cert, con)
     text = buf.getvalue()
     for col in ("size (B)", "count", "type", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong",
                 "images/s", "verdict: FAILED (exit 2)", "rank 1: all-reduce sum wrong"):
@@ -532,14 +548,14 @@ NODE1_LOG = "".join(f"gloo: step {i}\n" for i in range(1, 8)) + "\n"
 
 def _verdict_lines(cert, path=None):
     con = Console(record=True, width=120, file=io.StringIO())
-    certify.print_table(cert, con, path)
+    table.print_table(cert, con, path)
     lines = con.export_text().splitlines()
     return lines[next(i for i, l in enumerate(lines) if l.startswith("verdict:")):]
 
 
 def test_failing_verdict_shows_each_failing_node_log():
-    cert = _cert(results=[], rank_exit_codes={0: 1}, node_exit_codes={0: 1, 1: None}, killed_after_s=0.0,
-                 node_logs={0: NODE0_LOG, 1: NODE1_LOG})
+    cert = _cert_model(results=[], rank_exit_codes={0: 1}, node_exit_codes={0: 1, 1: None}, killed_after_s=0.0,
+                       node_logs={0: NODE0_LOG, 1: NODE1_LOG})
     assert _verdict_lines(cert, "images/c.json") == [
         "verdict: FAILED (exit 2)",
         "  fail: rank 0 exited with 1",
@@ -558,7 +574,7 @@ def test_failing_verdict_shows_each_failing_node_log():
 
 def test_failing_verdict_without_failing_nodes_shows_no_log():
     # both nodes exited 0 and reported: the failure line is the whole story
-    cert = _cert(results=[rank_doc(0), rank_doc(1, wrong=1)], node_logs={0: NODE0_LOG, 1: NODE1_LOG})
+    cert = _cert_model(results=[rank_doc(0), rank_doc(1, wrong=1)], node_logs={0: NODE0_LOG, 1: NODE1_LOG})
     assert _verdict_lines(cert) == [
         "verdict: FAILED (exit 2)",
         "  fail: rank 1: all-reduce sum wrong at 8 B (1 wrong element), 1024 B (1 wrong element), 65536 B (1 "
@@ -570,7 +586,7 @@ def test_failing_verdict_without_failing_nodes_shows_no_log():
 
 
 def test_lock_label_matching_its_hash_is_read():
-    assert certify.lock_from_labels(_labels(CPU_LOCK), "img:1") == CPU_LOCK
+    assert source.lock_from_labels(_labels(CPU_LOCK), "img:1") == CPU_LOCK
 
 
 def test_edited_lock_label_is_refused():
@@ -578,7 +594,7 @@ def test_edited_lock_label_is_refused():
     edited["certify"]["nodes"] = "lots"
     labels = {**_labels(CPU_LOCK), "envbuild.lock": json.dumps(edited)}  # rebuilt FROM it, lock label edited
     with pytest.raises(EnvbuildError) as e:
-        certify.lock_from_labels(labels, "img:1")
+        source.lock_from_labels(labels, "img:1")
     assert e.value.exit_code == ExitCode.CHECK_FAILED
     assert str(e.value) == (
         "image: 'img:1' label envbuild.lock was changed after the build: it hashes to "
@@ -590,7 +606,7 @@ def test_edited_lock_label_is_refused():
 def test_lock_label_that_is_not_json_is_one_line():
     labels = {**_labels(CPU_LOCK), "envbuild.lock": "{not json"}
     with pytest.raises(EnvbuildError) as e:
-        certify.lock_from_labels(labels, "img:1")
+        source.lock_from_labels(labels, "img:1")
     assert e.value.exit_code == ExitCode.CHECK_FAILED
     assert str(e.value) == ("image: 'img:1' label envbuild.lock is not a JSON object (Expecting property name "
                             "enclosed in double quotes: line 1 column 2 (char 1))")
@@ -646,7 +662,7 @@ def _labels(lock):
 def test_certify_with_fake_launcher(tmp_path):
     fl = FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="r1")])
     buf = io.StringIO()
-    cert, path = certify.certify(
+    cert, path = certify_image(
         FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, launcher=fl, run_id="r1",
         console=Console(file=buf), extra_env={"ENVBUILD_BENCH_FAULT": "exit@1"}, labels={"a": "b"},
         ddp_steps=3,
@@ -666,7 +682,7 @@ def test_certify_refuses_a_result_of_another_run(tmp_path):
     """A planted or stale result (another run id) is refused and named, whatever launcher
     read it; the twin (this run's) passed above."""
     fl = FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="0ld0ld0ld0ld")])
-    cert, _ = certify.certify(FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, launcher=fl,
+    cert, _ = certify_image(FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, launcher=fl,
                               run_id="r1", ddp_steps=3)
     assert cert["verdict"]["failures"] == [
         "rank 1: result of rank 1 is from run '0ld0ld0ld0ld', not this run r1: refused (stale or planted)"]
@@ -676,10 +692,10 @@ def test_certify_refuses_a_result_of_another_run(tmp_path):
 def test_certify_records_the_image_socket_setting_and_the_override(tmp_path):
     env = ("PATH=/usr/bin", "GLOO_SOCKET_IFNAME=lo")
     fl = FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="r1")])
-    cert, _ = certify.certify(FakeClient(_labels(CPU_LOCK), env), "img:1", images_dir=tmp_path, launcher=fl,
+    cert, _ = certify_image(FakeClient(_labels(CPU_LOCK), env), "img:1", images_dir=tmp_path, launcher=fl,
                               run_id="r1", ddp_steps=3)
     assert cert["socket"]["source"] == "image" and cert["socket"]["GLOO_SOCKET_IFNAME"] == "lo"
-    cert, _ = certify.certify(FakeClient(_labels(CPU_LOCK), env), "img:1", images_dir=tmp_path, launcher=fl,
+    cert, _ = certify_image(FakeClient(_labels(CPU_LOCK), env), "img:1", images_dir=tmp_path, launcher=fl,
                               run_id="r1", ddp_steps=3, socket_ifname="eth0")
     assert fl.specs[-1].socket_ifname == "eth0"
     assert {k: cert["socket"][k] for k in ("source", "override", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")} == {
@@ -689,33 +705,33 @@ def test_certify_records_the_image_socket_setting_and_the_override(tmp_path):
 @pytest.mark.parametrize("bad", ["eth0\n", "eth0;rm", "", "a" * 16, "eth0,", "^", "eth 0", "eth0\x1b[31m", "^^lo"])
 def test_bad_socket_ifname_is_a_usage_error(tmp_path, bad):
     with pytest.raises(EnvbuildError) as e:
-        certify.check_socket_ifname(bad)
+        base.check_socket_ifname(bad)
     assert e.value.exit_code == ExitCode.USAGE and "\n" not in str(e.value)
     fl = FakeLauncher([])
     with pytest.raises(EnvbuildError):
-        certify.certify(FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, launcher=fl, socket_ifname=bad)
+        certify_image(FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, launcher=fl, socket_ifname=bad)
     assert fl.specs == []
 
 
 @pytest.mark.parametrize("good", ["eth0", "^lo,docker", "=ib0", "^=lo", "eth0:1", "enp1s0f0np0"])
 def test_good_socket_ifname(good):
-    assert certify.check_socket_ifname(good) == good
+    assert base.check_socket_ifname(good) == good
 
 
 def test_certify_refuses_nccl_before_launching(tmp_path):
     fl = FakeLauncher([])
     with pytest.raises(EnvbuildError) as e:
-        certify.certify(FakeClient(_labels(NCCL_LOCK)), "img:1", images_dir=tmp_path, launcher=fl)
+        certify_image(FakeClient(_labels(NCCL_LOCK)), "img:1", images_dir=tmp_path, launcher=fl)
     assert e.value.exit_code == 2 and "needs GPUs" in str(e.value)
     assert fl.specs == [] and not any(tmp_path.iterdir())
 
 
 def test_certify_refuses_image_not_built_by_envbuild(tmp_path):
     with pytest.raises(EnvbuildError) as e:
-        certify.certify(FakeClient({"maintainer": "x"}), "img:1", images_dir=tmp_path, launcher=FakeLauncher([]))
+        certify_image(FakeClient({"maintainer": "x"}), "img:1", images_dir=tmp_path, launcher=FakeLauncher([]))
     assert e.value.exit_code == 2 and "not built by envbuild" in str(e.value)
     with pytest.raises(EnvbuildError, match="no such image"):
-        certify.certify(FakeClient(None), "img:1", images_dir=tmp_path, launcher=FakeLauncher([]))
+        certify_image(FakeClient(None), "img:1", images_dir=tmp_path, launcher=FakeLauncher([]))
 
 
 # --------------------------------------------------------------------------- launcher helpers
@@ -731,8 +747,7 @@ def _spec(**kw):
 
 def test_container_kwargs_cpu(tmp_path):
     spec = _spec()
-    kw = local.container_kwargs(spec, 1, network="net", labels=local.labels_for(spec, {}),
-                                bench_dir=tmp_path / "bench", probe_path=tmp_path / "probe")
+    kw = local.container_kwargs(spec, 1, network="net", labels=base.labels_for(spec, {}), code_dir=tmp_path / "agent")
     assert kw["command"] == ["python3", "-m", "bench.node", "--deadline-s", "70", "--",
                              "python3", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                              "--node-rank", "1", "--master-addr", "node-0", "--master-port", "29511",
@@ -748,22 +763,22 @@ def test_container_kwargs_cpu(tmp_path):
     assert "NCCL_DEBUG" not in env and "device_requests" not in kw
     assert kw["labels"]["envbuild"] == "1" and kw["labels"]["envbuild.run"] == "abc123def456"
     assert kw["labels"]["envbuild.test-session"] == "s"
-    # nothing on the host is writable by the nodes: the code only, read-only
-    mounts = {v["bind"]: v["mode"] for v in kw["volumes"].values()}
-    assert mounts == {"/opt/envbuild/bench": "ro", "/opt/envbuild/probe": "ro"}
+    # nothing on the host is writable by the nodes: the code only (the one payload), read-only
+    mounts = {src: (v["bind"], v["mode"]) for src, v in kw["volumes"].items()}
+    assert mounts == {str(tmp_path / "agent"): ("/opt/envbuild", "ro")}
     assert kw["shm_size"] == "256m"
 
 
 @pytest.mark.parametrize("ifname,gloo,nccl", [("eth0", "eth0", "eth0"), ("=ib0,ib1", "ib0,ib1", "=ib0,ib1"),
                                               ("^lo,docker", "", "^lo,docker")])
 def test_socket_ifname_override_sets_both(tmp_path, ifname, gloo, nccl):
-    env = local.node_env(_spec(socket_ifname=ifname), 0)
+    env = base.node_env(_spec(socket_ifname=ifname), 0)
     assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == (gloo, nccl)
 
 
 def test_container_kwargs_gpus(tmp_path):
     spec = _spec(gpus_per_node=2, backend="nccl")
-    kw = local.container_kwargs(spec, 1, network="net", labels={}, bench_dir=tmp_path, probe_path=tmp_path / "p.py")
+    kw = local.container_kwargs(spec, 1, network="net", labels={}, code_dir=tmp_path)
     (req,) = kw["device_requests"]
     assert req["DeviceIDs"] == ["2", "3"] and req["Capabilities"] == [["gpu"]]
     assert kw["environment"]["NCCL_DEBUG"] == "INFO"
@@ -772,13 +787,13 @@ def test_container_kwargs_gpus(tmp_path):
 
 
 def test_extra_labels_env():
-    assert local.parse_extra_labels(None) == {}
-    assert local.parse_extra_labels(" a=1, envbuild.test-session=xyz ,c=") == {
+    assert base.parse_extra_labels(None) == {}
+    assert base.parse_extra_labels(" a=1, envbuild.test-session=xyz ,c=") == {
         "a": "1", "envbuild.test-session": "xyz", "c": ""}
     with pytest.raises(EnvbuildError):
-        local.parse_extra_labels("novalue")
+        base.parse_extra_labels("novalue")
     spec = _spec(labels={"envbuild.run": "spoof"})
-    labels = local.labels_for(spec, {local.EXTRA_LABELS_ENV: "k=v"})
+    labels = base.labels_for(spec, {base.EXTRA_LABELS_ENV: "k=v"})
     assert labels == {"k": "v", "envbuild": "1", "envbuild.run": "abc123def456"}
 
 
@@ -809,27 +824,8 @@ Root Cause (first observed failure):
 
 
 def test_parse_torchrun_failures():
-    assert local.parse_torchrun_failures(TORCHRUN_FAILURE) == {3: -9, 2: 3}
-    assert local.parse_torchrun_failures("all fine\n") == {}
-
-
-def test_read_results(tmp_path):
-    (tmp_path / "rank-0.json").write_text(json.dumps(rank_doc(0, world=5)))
-    (tmp_path / "rank-1.json").write_text("{not json")
-    (tmp_path / "rank-2.json").write_text(json.dumps({"schema": "other"}))
-    (tmp_path / "rank-3.json").write_text(json.dumps(rank_doc(3, world=5, run_id="ffffffffffff")))
-    os.mkfifo(tmp_path / "rank-4.json")  # a FIFO does not hang the reader
-    results, problems = local.read_results(tmp_path, 5, run_id=RUN_ID)
-    assert set(results) == {0}
-    assert problems == {
-        1: f"unreadable result file: {tmp_path}/rank-1.json: not valid JSON: Expecting property name "
-           "enclosed in double quotes: line 1 column 2 (char 1)",
-        2: "result file is not envbuild.rank-result/1 (got 'other')",
-        3: "result file of rank 3 is from run 'ffffffffffff', not this run 0123456789ab: refused (stale or planted)",
-        4: f"unreadable result file: {tmp_path}/rank-4.json: is not a regular file (a FIFO); give a result file",
-    }
-    # without a run id (an old caller) the stale result is taken: the twin of the check
-    assert set(local.read_results(tmp_path, 5)[0]) == {0, 3}
+    assert output.parse_torchrun_failures(TORCHRUN_FAILURE) == {3: -9, 2: 3}
+    assert output.parse_torchrun_failures("all fine\n") == {}
 
 
 def test_names():
@@ -853,7 +849,7 @@ def _timed_out(progress, world=2, **kw):
 def test_paused_rank_is_named_apart_from_the_rank_waiting_for_it():
     res = _timed_out({0: _state("all-reduce", "1024 B", seq=3),
                       1: _state("all-reduce", "8 B", seq=2, silent=24.6, state="S")})
-    v = certify.judge(settings(), res, CPU_LOCK)
+    v = judge(settings(), res, CPU_LOCK)
     assert v["failures"] == [
         "rank 1 did not finish within 60 s (timeout): hung: no heartbeat for 24.6 s (frozen or gone); "
         "last in all-reduce 8 B",
@@ -864,7 +860,7 @@ def test_paused_rank_is_named_apart_from_the_rank_waiting_for_it():
 
 def test_stopped_rank_is_named_by_its_process_state():
     res = _timed_out({0: _state("ddp", "step 1"), 1: _state("ddp", "step 1", state="T", silent=1.0)})
-    assert certify.judge(settings(), res, CPU_LOCK)["failures"] == [
+    assert judge(settings(), res, CPU_LOCK)["failures"] == [
         "rank 1 did not finish within 60 s (timeout): hung: stopped by a signal (process state T) in ddp step 1",
         "rank 0 did not finish within 60 s (timeout): blocked in ddp step 1, waiting for rank 1",
     ]
@@ -872,7 +868,7 @@ def test_stopped_rank_is_named_by_its_process_state():
 
 def test_rank_alive_outside_a_collective_is_the_hung_one():
     res = _timed_out({0: _state("all-reduce", "8 B"), 1: _state("test fault", "sleep 3600 s", collective=False)})
-    assert certify.judge(settings(), res, CPU_LOCK)["failures"] == [
+    assert judge(settings(), res, CPU_LOCK)["failures"] == [
         "rank 1 did not finish within 60 s (timeout): hung: stopped making progress in test fault sleep 3600 s "
         "for 25 s (alive, outside any collective)",
         "rank 0 did not finish within 60 s (timeout): blocked in all-reduce 8 B, waiting for rank 1",
@@ -882,7 +878,7 @@ def test_rank_alive_outside_a_collective_is_the_hung_one():
 def test_rank_behind_the_others_is_the_hung_one():
     res = _timed_out({0: _state("all-reduce", "8 B", seq=2), 1: _state("all-reduce", "1024 B", seq=3),
                       2: _state("all-reduce", "1024 B", seq=3)}, world=3)
-    assert certify.judge(settings(nodes=3), res, CPU_LOCK)["failures"] == [
+    assert judge(settings(nodes=3), res, CPU_LOCK)["failures"] == [
         "rank 0 did not finish within 60 s (timeout): hung: stopped making progress in all-reduce 8 B for 25 s; "
         "ranks 1, 2 got further",
         "rank 1 did not finish within 60 s (timeout): blocked in all-reduce 1024 B, waiting for rank 0",
@@ -893,7 +889,7 @@ def test_rank_behind_the_others_is_the_hung_one():
 def test_no_rank_singled_out_when_all_wait_in_the_same_phase():
     res = _timed_out({0: _state("init", "process group (gloo)", seq=1),
                       1: _state("init", "process group (gloo)", seq=1)})
-    assert certify.judge(settings(), res, CPU_LOCK)["failures"] == [
+    assert judge(settings(), res, CPU_LOCK)["failures"] == [
         "rank 0 did not finish within 60 s (timeout): blocked in init process group (gloo) for 25 s "
         "(no rank got further)",
         "rank 1 did not finish within 60 s (timeout): blocked in init process group (gloo) for 25 s "
@@ -903,7 +899,7 @@ def test_no_rank_singled_out_when_all_wait_in_the_same_phase():
 
 def test_rank_that_never_reported_progress_is_hung():
     res = _timed_out({0: _state("init", "process group (gloo)", seq=1)})
-    assert certify.judge(settings(), res, CPU_LOCK)["failures"] == [
+    assert judge(settings(), res, CPU_LOCK)["failures"] == [
         "rank 1 did not finish within 60 s (timeout): hung: never reported progress",
         "rank 0 did not finish within 60 s (timeout): blocked in init process group (gloo), waiting for rank 1",
     ]
@@ -914,26 +910,26 @@ def test_rank_that_never_reported_progress_is_hung():
                                        (124, "ended by its watchdog at the deadline (exit 124)"),
                                        (3, "exited with 3"), (1, "exited with 1")])
 def test_signal_text(code, text):
-    assert certify.signal_text(code) == text
+    assert verdict.signal_text(code) == text
 
 
 def test_node_killed_by_a_signal_is_named():
     res = launch([rank_doc(0)], node_exit_codes={0: 0, 1: 137})
-    assert certify.judge(settings(), res, CPU_LOCK)["failures"] == [
+    assert judge(settings(), res, CPU_LOCK)["failures"] == [
         "rank 1 wrote no result: node 1 killed by SIGKILL (exit 137)"]
 
 
 def test_foreign_text_stays_one_line():
     res = launch([rank_doc(0)], rank_problems={1: "bad\nsecond line \x1b[31m"}, notes=["job\nended"])
-    v = certify.judge(settings(), res, CPU_LOCK)
+    v = judge(settings(), res, CPU_LOCK)
     assert v["failures"] == ["job ended", "rank 1: bad second line \\x1b[31m"]
 
 
 # --------------------------------------------------------------------------- socket settings
 
 
-def _sock(source="image", gloo=None, nccl=None):
-    return {"source": source, "override": None, "GLOO_SOCKET_IFNAME": gloo, "NCCL_SOCKET_IFNAME": nccl}
+def _sock(source="image", gloo=None, nccl=None, override=None):
+    return SocketSetting(source=source, override=override, GLOO_SOCKET_IFNAME=gloo, NCCL_SOCKET_IFNAME=nccl)
 
 
 IFACES = {0: {"eth0": False, "lo": True}, 1: {"eth0": False, "lo": True}}
@@ -943,7 +939,7 @@ def test_loopback_only_socket_setting_explains_a_failing_run():
     seen = {r: {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": None} for r in (0, 1)}
     res = launch([], rank_exit_codes={0: 1}, node_exit_codes={0: 1, 1: None}, killed_after_s=20.0,
                  socket_seen=seen, interfaces_seen=IFACES)
-    v = certify.judge(settings(), res, CPU_LOCK, _sock(gloo="lo"))
+    v = judge(settings(), res, CPU_LOCK, _sock(gloo="lo"))
     assert v["failures"] == [
         "GLOO_SOCKET_IFNAME=lo (from the image's ENV) selects only the loopback interface on ranks 0, 1: ranks "
         "on 2 nodes cannot reach each other over it; set it to the nodes' network interface (or leave it unset) "
@@ -957,20 +953,20 @@ def test_loopback_only_socket_setting_explains_a_failing_run():
 def test_network_interface_setting_adds_nothing_and_a_passing_run_stays_passed():
     seen = {r: {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"} for r in (0, 1)}
     res = launch([], rank_exit_codes={0: 1}, node_exit_codes={0: 1, 1: 1}, socket_seen=seen, interfaces_seen=IFACES)
-    sock = {**_sock("--socket-ifname", "eth0", "eth0"), "override": "eth0"}
-    assert certify.judge(settings(), res, CPU_LOCK, sock)["failures"] == ["rank 0 exited with 1",
+    sock = _sock("--socket-ifname", "eth0", "eth0", override="eth0")
+    assert judge(settings(), res, CPU_LOCK, sock)["failures"] == ["rank 0 exited with 1",
                                                                          "rank 1 wrote no result: node 1 exited with 1"]
     # loopback on one node only (a single-node run) passes as it ran
     seen1 = {0: {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": None}}
     res = launch([rank_doc(0, world=1)], world=1, socket_seen=seen1, interfaces_seen={0: IFACES[0]})
-    assert certify.judge(settings(nodes=1), res, CPU_LOCK, _sock(gloo="lo"))["passed"]
+    assert judge(settings(nodes=1), res, CPU_LOCK, _sock(gloo="lo"))["passed"]
 
 
 def test_nccl_setting_uses_nccl_prefix_syntax():
     s = settings(NCCL_LOCK, gpu_visible=True)
     seen = {r: {"GLOO_SOCKET_IFNAME": None, "NCCL_SOCKET_IFNAME": "^eth"} for r in (0, 1)}
     res = launch([], rank_exit_codes={0: 1, 1: 1}, socket_seen=seen, interfaces_seen=IFACES)
-    f = certify.judge(s, res, NCCL_LOCK, _sock(nccl="^eth"))["failures"]
+    f = judge(s, res, NCCL_LOCK, _sock(nccl="^eth"))["failures"]
     assert f[0].startswith("NCCL_SOCKET_IFNAME=^eth (from the image's ENV) selects only the loopback interface")
 
 
@@ -978,15 +974,15 @@ def test_rank_that_saw_another_setting_is_a_warning():
     seen = {0: {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": None},
             1: {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": None}}
     res = launch([rank_doc(0), rank_doc(1)], socket_seen=seen, interfaces_seen=IFACES)
-    v = certify.judge(settings(), res, CPU_LOCK, _sock(gloo="eth0"))
+    v = judge(settings(), res, CPU_LOCK, _sock(gloo="eth0"))
     assert v["passed"] and v["warnings"] == ["rank 0 ran with GLOO_SOCKET_IFNAME='eth1', not 'eth0' "
                                              "(from the image's ENV)"]
 
 
 def test_socket_settings_sources():
-    assert certify.socket_settings({"PATH": "/bin"}, None) == _sock("default") | {"override": None}
-    assert certify.socket_settings({"NCCL_SOCKET_IFNAME": "ib"}, None) == _sock("image", None, "ib")
-    assert certify.socket_settings({"NCCL_SOCKET_IFNAME": "ib"}, "^lo") == {
+    assert certify_settings.socket_settings({"PATH": "/bin"}, None) == _sock("default")
+    assert certify_settings.socket_settings({"NCCL_SOCKET_IFNAME": "ib"}, None) == _sock("image", None, "ib")
+    assert certify_settings.socket_settings({"NCCL_SOCKET_IFNAME": "ib"}, "^lo").to_dict() == {
         "source": "--socket-ifname", "override": "^lo", "GLOO_SOCKET_IFNAME": "", "NCCL_SOCKET_IFNAME": "^lo"}
 
 
@@ -1006,7 +1002,7 @@ def _line(**doc):
 
 
 def test_progress_tracker_keeps_phase_and_heartbeat_apart():
-    from builder.launchers.base import ProgressTracker
+    from builder.launchers.progress import ProgressTracker
 
     clock = Clock()
     t = ProgressTracker(2, RUN_ID, clock=clock)
@@ -1075,3 +1071,68 @@ def test_valid_options_go_on_to_the_engine(dead_engine, argv, capsys):
     argv = [a.replace("OUT", str(dead_engine / "out")) for a in argv]
     assert cli.main(["--images-dir", str(dead_engine / "images"), *argv]) == 3
     assert "no Docker engine answers at unix://" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- models and schemas
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _schema_files():
+    from builder.certify import model as cert_model
+    from builder.core.model import json_schema
+    from builder.launchers import model as launch_model
+
+    for mod in (cert_model, launch_model):
+        for stem, (model, schema_id, title) in mod.schemas().items():
+            yield os.path.join(ROOT, "schemas", f"{stem}.schema.json"), json_schema(model, schema_id, title)
+
+
+def test_schemas_are_current():
+    """schemas/certificate.schema.json and schemas/rank-result.schema.json are what the
+    models give (regenerate: `.venv/bin/python tests/test_certify_units.py --regen`)."""
+    for path, schema in _schema_files():
+        with open(path) as f:
+            assert f.read() == json.dumps(schema, indent=2) + "\n", f"{path} is stale"
+
+
+def _validator(stem):
+    import jsonschema
+
+    with open(os.path.join(ROOT, "schemas", f"{stem}.schema.json")) as f:
+        return jsonschema.Draft202012Validator(json.load(f))
+
+
+def test_certificate_validates_against_its_schema_and_reads_back(tmp_path):
+    model = _cert_model(results=[rank_doc(0), rank_doc(1, wrong=1)], rank_exit_codes={1: 3})
+    path = certificate.write_certificate(model, tmp_path)
+    doc = json.loads(path.read_text())
+    assert list(_validator("certificate").iter_errors(doc)) == []
+    assert load_certificate(doc, str(path)) == model  # the file reads back as the same model
+    # the fault twins: an unknown key, a value out of its bounds
+    for bad in ({**doc, "extra": 1}, {**doc, "verdict": {**doc["verdict"], "exit_code": 256}}):
+        assert list(_validator("certificate").iter_errors(bad)) != []
+        with pytest.raises(ManyErrors):
+            load_certificate(bad, "c.json")
+
+
+def test_rank_result_schema_and_model_agree():
+    good = rank_doc(0)
+    assert list(_validator("rank-result").iter_errors(good)) == [] and convert(good, RankResult).rank == 0
+    bad = {**good, "allreduce": [{**good["allreduce"][0], "wrong": -1}]}
+    assert list(_validator("rank-result").iter_errors(bad)) != []
+    result, why = output.check_result(bad, 0, "result", run_id=RUN_ID, world_size=2)
+    assert result is None and why == ("result of rank 0 is not a valid envbuild.rank-result/1: allreduce[0].wrong: "
+                                      "-1 Expected `int` >= 0")
+    assert output.check_result(good, 0, "result", run_id=RUN_ID, world_size=2)[1] is None
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--regen"]:
+        sys.exit("usage: python tests/test_certify_units.py --regen")
+    for path, schema in _schema_files():
+        with open(path, "w") as f:
+            f.write(json.dumps(schema, indent=2) + "\n")
+        print(f"wrote {os.path.relpath(path, ROOT)}")

@@ -365,13 +365,13 @@ def _image_with_lock_label(client, labels, lock_doc, name):
 
 def test_certify_reads_image_labels_through_the_lock_schema(docker_client, test_labels):
     """A forged lock label whose hash label matches (so the hash check cannot catch it)."""
-    from builder.certify import certify
+    from builder.certify.source import read_image
 
     bad = _image_with_lock_label(docker_client, test_labels, forged(("certify", "nodes"), "abc"), "bad-lock")
     with pytest.raises(EnvbuildError) as info:
-        certify.read_image(docker_client, bad)
+        read_image(docker_client, bad)
     assert (str(info.value), info.value.exit_code) == (
         f"{bad}: label envbuild.lock: certify.nodes: 'abc' must be an integer in 1..1024", 2)
     good = _image_with_lock_label(docker_client, test_labels, LOCK, "good-lock")
-    labels, lock = certify.read_image(docker_client, good)
+    labels, lock = read_image(docker_client, good)
     assert lock == LOCK and labels["envbuild.lock-hash"] == lockdoc.lock_hash(LOCK)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from builder.image import build
-from builder.certify import certify
+from certify_helpers import certify_image
 from builder.image import engine
 from builder.image import site
 
@@ -38,9 +38,9 @@ def test_cuda_image_probe_matches_lock(cuda_image):
 
 def test_certify_nccl_one_node_one_gpu(cuda_image, tmp_path):
     client, result = cuda_image
-    cert, _ = certify.certify(client, result.tag, nodes=1, gpus_per_node=1, backend="nccl", port=None,
-                              timeout_s=600, min_busbw_gbps=None, images_dir=tmp_path, console=None,
-                              sizes=[1048576, 134217728], ddp_steps=3)
+    cert, _ = certify_image(client, result.tag, nodes=1, gpus_per_node=1, backend="nccl", port=None,
+                            timeout_s=600, min_busbw_gbps=None, images_dir=tmp_path, console=None,
+                            sizes=[1048576, 134217728], ddp_steps=3)
     assert cert["verdict"]["passed"], cert["verdict"]
     assert cert["backend"]["used"] == "nccl"
     assert cert["probe"]["0"]["nccl"]["loaded"]["version"] == "2.27.3"

@@ -41,7 +41,10 @@ import pytest
 import yaml
 from referencing import Registry, Resource
 
-from builder.certify import certify
+from builder.certify import settings as certify_settings
+from builder.certify import verdict as certify_verdict
+from builder.certify.settings import Overrides
+from builder.certify.source import read_image
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
 from builder.launchers.base import LaunchSpec
 from builder.launchers.k8s.api import KubeApi
@@ -80,7 +83,7 @@ STUB_CODE = {path: f"# {path}: stand-in for envbuild's in-image code\n" for path
 def spec_for(recipe: str, image: str | None = None, run_id: str = RUN_ID, env=None) -> tuple[LaunchSpec, dict]:
     """The LaunchSpec `envbuild k8s render RECIPE --image ...` builds (same steps as cli.py)."""
     lock, labels = lock_from_file(ROOT / "images", recipe)
-    s = certify.resolve_settings(lock, gpu_visible=True, recipe_backend=labels.get("envbuild.backend"))
+    s = certify_settings.resolve(lock, gpu_visible=True, recipe_backend=labels.get("envbuild.backend"))
     spec = LaunchSpec(image=image or IMAGES[recipe], nodes=s.nodes, gpus_per_node=s.gpus_per_node,
                       backend=s.backend, port=s.port, shm_size=s.shm_size, timeout_s=s.timeout_s,
                       bench_args=s.bench_args(), env=dict(env or {}), run_id=run_id,
@@ -760,8 +763,8 @@ def test_apply_failed_node_names_rank_and_killed_node():
     assert res.missing_ranks == [0, 1]
     assert (res.timed_out, res.killed_after_s) == (False, 0.0)
     assert [c for c in api.calls if c[0].startswith("delete")] == ALL_DELETED
-    s = certify.resolve_settings({"certify": {"nodes": 2, "backend": "gloo", "timeout_s": 30}}, gpu_visible=True)
-    verdict = certify.judge(s, res, {})
+    s = certify_settings.resolve({"certify": {"nodes": 2, "backend": "gloo", "timeout_s": 30}}, gpu_visible=True)
+    verdict = certify_verdict.judge(s, res, {}).to_dict()
     assert verdict["passed"] is False and verdict["exit_code"] == 2
     assert verdict["failures"][:2] == ["rank 0 did not finish: killed 0 s after another node failed",
                                        "rank 1 exited with 3"]
@@ -1158,14 +1161,13 @@ def test_unreachable_api_server_is_exit_3(tmp_path):
 
 def run_on_docker(client, image, labels, extra_env=None):
     """`--apply`'s path (K8sLauncher.run) against tests/k8s_docker.py: the rendered Job,
-    Service and ConfigMap run the real bench in the image; judged by certify.judge."""
+    Service and ConfigMap run the real bench in the image; checked and judged as certify does."""
+    from builder.image import engine
     from k8s_docker import DockerKubeApi
 
-    from builder.image import engine
-
-    image_labels, lock = certify.read_image(client, image)
-    s = certify.resolve_settings(lock, gpu_visible=True, sizes=[8, 1024, 65536], iters=3, warmup=1, ddp_steps=1,
-                                 timeout_s=120, recipe_backend=image_labels.get("envbuild.backend"))
+    image_labels, lock = read_image(client, image)
+    s = certify_settings.resolve(lock, Overrides(sizes=[8, 1024, 65536], iters=3, warmup=1, ddp_steps=1, timeout_s=120),
+                                 gpu_visible=True, recipe_backend=image_labels.get("envbuild.backend"))
     spec = LaunchSpec(image=image, nodes=s.nodes, gpus_per_node=s.gpus_per_node, backend=s.backend, port=s.port,
                       shm_size=s.shm_size, timeout_s=s.timeout_s, bench_args=s.bench_args(),
                       env=dict(extra_env or {}), run_id=engine.new_run_id(),
@@ -1174,18 +1176,19 @@ def run_on_docker(client, image, labels, extra_env=None):
     res = K8sLauncher(K8sOptions(allow_tag=True), api=api, tick_s=0.5, log_every_s=2.0).run(spec)
     left = client.containers.list(all=True, filters={"label": f"envbuild.run={spec.run_id}"})
     assert left == [] and api.networks == {} and api.dirs == [], "the launcher left something behind"
-    return s, spec, res, certify.judge(s, res, lock)
+    certify_verdict.check_results(res, spec)
+    return s, spec, res, certify_verdict.judge(s, res, lock).to_dict()
 
 
 def test_apply_on_docker_stand_in_passes(docker_client, torch_image, test_labels):
     s, spec, res, verdict = run_on_docker(docker_client, torch_image, test_labels)
     assert verdict["failures"] == [] and verdict["passed"] is True, verdict
     assert sorted(res.rank_results) == [0, 1] and res.node_exit_codes == {0: 0, 1: 0}
-    assert [res.rank_results[r]["hostname"] for r in (0, 1)] == [f"envbuild-{spec.run_id}-0",
-                                                                  f"envbuild-{spec.run_id}-1"]
-    assert [e["size_bytes"] for e in res.rank_results[0]["allreduce"]] == [8, 1024, 65536]
-    assert res.rank_results[1]["ddp"]["params_identical"] is True
-    assert res.rank_results[0]["probe"]["os"]["id"] == "debian"
+    assert [res.rank_results[r].hostname for r in (0, 1)] == [f"envbuild-{spec.run_id}-0",
+                                                              f"envbuild-{spec.run_id}-1"]
+    assert [e.size_bytes for e in res.rank_results[0].allreduce] == [8, 1024, 65536]
+    assert res.rank_results[1].ddp.params_identical is True
+    assert res.rank_results[0].probe["os"]["id"] == "debian"
 
 
 def test_apply_on_docker_stand_in_failing_rank(docker_client, torch_image, test_labels):

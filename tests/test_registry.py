@@ -6,7 +6,7 @@ tests/fixtures_registry.py), reached through the Docker config in ``DOCKER_CONFI
 has no OCI Referrers API, so certificates are found through the ``sha256-<hex>`` fallback
 tag or the ``<tag>.cert`` pointer. Test images are small (the bootstrapped Debian base plus
 a marker file, with the labels of the rendered cpu-torch2 lock); their certificates come
-from ``builder.certify.certify.certify`` with a launcher that replays passing rank results
+from ``builder.certify.run`` with a launcher that replays passing rank results
 (``RecordedLauncher``). One test certifies the session's real torch image instead.
 """
 
@@ -23,7 +23,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from fixtures_registry import free_port, recipe_labels, recorded_certificate, small_image, write_docker_config
 
-from builder.certify import certify
+from certify_helpers import certify_image
+
+from builder.certify import certificate
+from builder.certify.model import load_certificate
 from builder.cli.app import main
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
 from builder.oci import client as oci
@@ -169,7 +172,7 @@ def test_push_refused_without_a_passing_certificate(registry, namespace, make_ce
     failing = {**good.cert, "image": {**good.cert["image"], "id": img.id},
                "verdict": {"passed": False, "exit_code": 2, "failures": ["rank 1: all-reduce sum wrong at 8 B"],
                            "warnings": []}}
-    certify.write_certificate(failing, img.images_dir)
+    certificate.write_certificate(load_certificate(failing), img.images_dir)
     code, out, err = run_cli(capsys, *base, "--image", img.tag)
     assert code == ExitCode.CHECK_FAILED and "failed certification (rank 1: all-reduce sum wrong at 8 B)" in err
 
@@ -437,9 +440,9 @@ def test_real_certificate_of_the_torch_image_is_published_and_pulled(registry, n
     """The certificate of a real (short) certification run of the session's torch image
     is published with it and verified on pull (the image is in the engine already, so
     the pull checks digest, ID and labels without downloading)."""
-    cert, path = certify.certify(docker_client, torch_image, images_dir=tmp_path / "images", nodes=2,
-                                 sizes=[1024], iters=1, warmup=0, ddp_steps=1, ddp_batch=2, ddp_image_size=32,
-                                 timeout_s=300, labels=test_labels)
+    cert, path = certify_image(docker_client, torch_image, images_dir=tmp_path / "images", nodes=2,
+                               sizes=[1024], iters=1, warmup=0, ddp_steps=1, ddp_batch=2, ddp_image_size=32,
+                               timeout_s=300, labels=test_labels)
     assert cert["verdict"]["passed"], cert["verdict"]
     name = f"{registry.host}/{namespace}/cpu-torch2"
     added = []

@@ -1,19 +1,21 @@
-"""Slurm launcher (builder/launchers/slurm.py) and `envbuild certify --launcher slurm`.
+"""Slurm launcher (builder/launchers/slurm/) and `envbuild certify --launcher slurm`.
 
 Golden files for the rendered batch scripts (docker on a one-node test cluster, docker with
 GPUs, pyxis and apptainer on a GPU partition), each also checked with ``bash -n``; the values
-a script cannot carry refused with exit 64; the parsers of scontrol/sacct output.
+a script cannot carry refused with exit 64; the parsers of squeue --json (Slurm 22.05's
+shape and the later one) and scontrol/sacct text; the node logs, where the ranks print
+their results, read as they grow and checked against the run; the private run folder.
 
 Then a real one-node Slurm (Debian slurm-wlm + munge, started by scripts/setup-slurm.sh
 through the session fixture ``slurm_node``) running the CPU image through docker, 2 tasks
 on the one node (``--slurm-nodes 1``, host networking, a free port per run):
 
 - ``envbuild certify --launcher slurm`` passes, and its certificate has the shape of the
-  local launcher's (same keys everywhere);
+  local launcher's (same keys everywhere: the socket section, each rank's last progress);
 - a rank that exits non-zero (TEST-ONLY ``ENVBUILD_BENCH_FAULT=exit@1``) gives a failing
   verdict (exit 2) naming the job's state FAILED and the tail of its log;
 - a job over its 1-minute time limit (``sleep@1``) is cancelled by Slurm and reported
-  (TIMEOUT, exit 3), in about 70 s;
+  (TIMEOUT, exit 3, the hung rank named apart from the one waiting for it), in about 70 s;
 - Ctrl-C cancels the job; an sbatch that refuses the job is one line, exit 3;
 
 and after each, no container of the run (by label) is left. Runs are small (sizes 8, 1024,
@@ -28,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,11 +41,17 @@ from pathlib import Path
 
 import pytest
 
-from builder.certify import certify
-from builder.image import engine
+from certify_helpers import certify_image
+
+from builder.certify import settings as certify_settings
+from builder.certify import verdict
+from builder.certify.settings import Overrides
 from builder.core.errors import EnvbuildError, ExitCode
-from builder.launchers import local, slurm
+from builder.image import engine
+from builder.launchers import base, slurm
 from builder.launchers.base import LaunchResult, LaunchSpec
+from builder.launchers.slurm import job as slurm_job
+from builder.launchers.slurm import script as slurm_script
 from fixtures_nodes import free_port, slurm_node  # noqa: F401 - pytest fixture (scripts/setup-slurm.sh)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,7 +136,7 @@ def test_script_details():
 
 def test_extra_labels_from_the_environment_reach_the_containers():
     text = slurm.render_script(CPU_SPEC, slurm.SlurmOptions(), FOLDER,
-                               environ={local.EXTRA_LABELS_ENV: "envbuild.test-session=abc"})
+                               environ={base.EXTRA_LABELS_ENV: "envbuild.test-session=abc"})
     assert "--label envbuild.test-session=abc" in text
 
 
@@ -169,7 +178,9 @@ def test_extra_labels_from_the_environment_reach_the_containers():
     (dict(sbatch_args=("--contiguous=yes",)), "--sbatch-arg", "--sbatch-arg: '--contiguous=yes' takes no value: --contiguous"),
     (dict(socket_ifname="eth0;rm"), "--socket-ifname", None),
     (dict(socket_ifname="eth0\n"), "--socket-ifname",
-     r"--socket-ifname: 'eth0\n' is not a network interface name (1-15 letters, digits, _.:-)"),
+     r"--socket-ifname: 'eth0\n' is not a network interface name list ([^][=]NAME[,NAME...], names of at most 15 "
+     "characters [A-Za-z0-9_.:-])"),
+    (dict(socket_ifname="^^lo"), "--socket-ifname", None),
     (dict(container_image="a,b", runtime="pyxis"), "--container-image", None),
     (dict(container_image="/shared/x.sqsh\n", runtime="pyxis"), "--container-image", None),
     (dict(container_image="/shared/x.sif\x1b[2J", runtime="apptainer"), "--container-image",
@@ -199,13 +210,29 @@ def test_values_a_script_cannot_carry_are_usage_errors(change, field, message):
     dict(partition="gpu,debug"), dict(time_limit="1-00:30:00"), dict(sbatch_args=(
         "--account=ml", "--exclusive", "--exclusive=user", "--constraint=a100", "--nodelist=gpu[01-04]", "--mem=0",
         "--qos=high")),
-    dict(socket_ifname="ib0"), dict(container_image="registry.example#envbuild/x:1", runtime="pyxis"),
+    dict(socket_ifname="ib0"), dict(socket_ifname="^lo,docker"), dict(socket_ifname="=ib0,ib1"),
+    dict(container_image="registry.example#envbuild/x:1", runtime="pyxis"),
     dict(pending_timeout_s=604800.0),
 ])
 def test_values_a_script_can_carry_twins(change):
     text = slurm.render_script(CPU_SPEC, slurm.SlurmOptions(slurm_nodes=1, **change), FOLDER, environ={})
     for a in change.get("sbatch_args", ()):
         assert f"\n#SBATCH {a}\n" in text
+
+
+@pytest.mark.parametrize("spec_ifname, option_ifname, gloo, nccl", [
+    (None, "^lo,docker", "GLOO_SOCKET_IFNAME=", "'NCCL_SOCKET_IFNAME=^lo,docker'"),
+    ("=ib0", None, "GLOO_SOCKET_IFNAME=ib0", "NCCL_SOCKET_IFNAME==ib0"),
+    ("eth0", "ib0", "GLOO_SOCKET_IFNAME=ib0", "NCCL_SOCKET_IFNAME=ib0"),
+])
+def test_socket_ifname_reaches_the_nodes_as_each_library_reads_it(spec_ifname, option_ifname, gloo, nccl):
+    """NCCL's forms (``^`` exclude, ``=`` exact) set NCCL_SOCKET_IFNAME as written and
+    GLOO_SOCKET_IFNAME as gloo reads it (names without ``=``; nothing for ``^``), as the
+    local launcher does (base.socket_env); the Slurm option wins over the spec's."""
+    spec = dataclasses.replace(CPU_SPEC, socket_ifname=spec_ifname)
+    text = slurm.render_script(spec, slurm.SlurmOptions(slurm_nodes=1, socket_ifname=option_ifname), FOLDER,
+                               environ={})
+    assert f"--env {gloo} " in text and f"--env {nccl} " in text
 
 
 def test_template_refuses_a_newline_that_got_past_the_checks():
@@ -229,7 +256,7 @@ def test_template_refuses_a_newline_that_got_past_the_checks():
         if not field.startswith("run"):
             assert e.value.field == field
     # inside the template too: a value no walk saw (jinja2 finalize, the sh filter)
-    env = slurm._environment()
+    env = slurm_script._environment()
     with pytest.raises(EnvbuildError) as e:
         env.from_string("#SBATCH {{ opt }}\n").render(opt="--comment=x\n#SBATCH --wrap=id")
     assert str(e.value) == (r"script: '--comment=x\n#SBATCH --wrap=id' would put a newline or control character "
@@ -324,10 +351,10 @@ def collect(tmp_path, state, reason, *, job_log, logs, exits=("SIGTERM", "SIGTER
         (folder / slurm.RESULTS_DIR / f"node-{node}.exit").write_text(status + "\n")
     launcher = slurm.SlurmLauncher(tmp_path, slurm.SlurmOptions(slurm_nodes=1, time_limit="1"))
     launcher.job_id = "21"
-    outcome = slurm._Outcome(slurm.JobInfo(state=state, reason=reason, exit_code="0:15"), started_at="")
-    launch = launcher._collect(CPU_SPEC, folder, outcome, 60, [])
-    s = certify.resolve_settings({"certify": {"nodes": 2}}, gpu_visible=False, sizes=[8])
-    return launch, certify.judge(s, launch, {})
+    outcome = slurm.Outcome(slurm.JobInfo(state=state, reason=reason, exit_code="0:15"), started_at="")
+    launch = launcher.collect(CPU_SPEC, folder, outcome, 60, [])
+    s = certify_settings.resolve({"certify": {"nodes": 2}}, Overrides(sizes=[8]), gpu_visible=False)
+    return launch, verdict.judge(s, launch, {}).to_dict()
 
 
 def test_time_limit_verdict_comes_from_the_job_state_not_a_log_line(tmp_path):
@@ -351,7 +378,7 @@ def test_a_time_limit_log_line_without_the_state_is_no_timeout_twin(tmp_path):
                         exits=("1", "1"))
     assert not launch.timed_out and launch.rank_exit_codes == {1: -15} and launch.notes == []
     assert v["exit_code"] == 2 and v["failures"] == ["rank 0 wrote no result: node 0 exited with 1",
-                                                     "rank 1 was killed by signal 15"]
+                                                     "rank 1 killed by SIGTERM (exit 143)"]
 
 
 def test_a_node_stopped_after_another_failed_is_not_blamed_for_the_signal(tmp_path):
@@ -367,14 +394,134 @@ def test_a_node_stopped_after_another_failed_is_not_blamed_for_the_signal(tmp_pa
 
 
 def test_judge_lists_the_job_state_first_and_keeps_the_exit_code():
-    s = certify.resolve_settings({"certify": {"nodes": 2}}, gpu_visible=False, sizes=[8])
+    s = certify_settings.resolve({"certify": {"nodes": 2}}, Overrides(sizes=[8]), gpu_visible=False)
     launch = LaunchResult(rank_results={}, node_logs={}, node_exit_codes={0: None, 1: None}, timed_out=True,
                           missing_ranks=[0, 1], started_at="", finished_at="",
                           notes=["Slurm job 7 ended TIMEOUT (TimeLimit)"], deadline_s=60.0)
-    v = certify.judge(s, launch, {})
+    v = verdict.judge(s, launch, {}).to_dict()
     assert v["exit_code"] == ExitCode.UNREACHABLE
     assert v["failures"] == ["Slurm job 7 ended TIMEOUT (TimeLimit)", "rank 0 did not finish within 60 s (timeout)",
                              "rank 1 did not finish within 60 s (timeout)"]
+
+
+def result_doc(rank: int, world: int = 2, run_id: str = RUN_ID, **kw) -> dict:
+    """A rank result as the bench prints it (the fields the host reads)."""
+    doc = {"schema": "envbuild.rank-result/1", "run_id": run_id, "rank": rank, "local_rank": 0, "world_size": world,
+           "node_rank": rank, "hostname": f"vm-{rank}", "backend": "gloo", "device": "cpu", "dtype": "float32",
+           "options": {"sizes": [8], "iters": 3}, "allreduce": [], "ddp": None, "probe": None, "fault": None,
+           "errors": [], "started_at": "2026-12-01T08:50:00.000Z", "finished_at": None, "elapsed_s": None}
+    return {**doc, **kw}
+
+
+def result_line(doc) -> str:
+    return "@@envbuild-result " + (doc if isinstance(doc, str) else json.dumps(doc)) + "\n"
+
+
+def test_node_logs_results_are_checked_against_the_run(tmp_path):
+    """The ranks print their results in their node logs; each is checked whole: another
+    run's (stale or planted), another schema, not JSON, a rank the node does not host, a
+    field out of bounds; a log that is a FIFO is not read (and does not hang the reader).
+    The twin: this run's result of the rank the node hosts is taken."""
+    spec = dataclasses.replace(CPU_SPEC, nodes=6)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "node-0.log").write_text("torchrun says hi\n" + result_line(result_doc(0, 6)) + "bye\n")
+    (logs / "node-1.log").write_text(result_line("{not json"))
+    (logs / "node-2.log").write_text(result_line({"schema": "other", "rank": 2}))
+    (logs / "node-3.log").write_text(result_line(result_doc(3, 6, run_id="ffffffffffff")))
+    (logs / "node-4.log").write_text(result_line(result_doc(0, 6)) + result_line(result_doc(4, 6, allreduce=[
+        {"size_bytes": -8, "count": 2, "type": "float32", "redop": "sum", "time_us": 1.0, "rank_time_us": [1.0],
+         "algbw_gbps": 0.1, "busbw_gbps": 0.1, "wrong": 0, "wrong_by_rank": [0]}])))
+    os.mkfifo(logs / "node-5.log")
+    nl = slurm.NodeLogs(logs, spec)
+    nl.finish()
+    assert sorted(nl.results()) == [0] and nl.results()[0].hostname == "vm-0"
+    assert nl.problems() == {
+        1: "unreadable result printed by node 1: node-1 output: not valid JSON: Expecting property name enclosed in "
+           "double quotes: line 1 column 2 (char 1)",
+        2: "result is not envbuild.rank-result/1 (got 'other')",
+        3: "result of rank 3 is from run 'ffffffffffff', not this run 0123456789ab: refused (stale or planted)",
+        4: "result of rank 4 is not a valid envbuild.rank-result/1: allreduce[0].size_bytes: -8 Expected `int` >= 0",
+        5: f"the log of node 5 was not read: {logs}/node-5.log is not a regular file",
+    }
+    assert nl.logs()[0] == "torchrun says hi\nbye\n"  # result lines are not log
+    # the twin of rank 3: the same document of this very run is taken
+    (logs / "node-3.log").write_text(result_line(result_doc(3, 6, run_id="ffffffffffff")))
+    twin = slurm.NodeLogs(logs, dataclasses.replace(spec, run_id="ffffffffffff"))
+    twin.finish()
+    assert 3 in twin.results()
+
+
+def test_node_logs_are_read_as_they_grow(tmp_path):
+    """Each poll reads what a log gained; a line split over two polls is read whole once."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    line = result_line(result_doc(1))
+    (logs / "node-1.log").write_text("@@envbuild-progress " + json.dumps({"rank": 1, "run": RUN_ID, "seq": 1,
+                                                                         "phase": "init"}) + "\n" + line[:40])
+    nl = slurm.NodeLogs(logs, CPU_SPEC)
+    nl.poll()
+    assert nl.results() == {} and nl.tracker.snapshot()[1]["phase"] == "init"
+    with open(logs / "node-1.log", "a") as f:
+        f.write(line[40:])
+    nl.poll()
+    assert sorted(nl.results()) == [1] and nl.problems() == {}
+
+
+def test_run_folder_is_private_and_holds_the_payload(tmp_path):
+    """results/ is the job's user's only (0700, nothing the docker nodes' UID or another user
+    can write); code/ is a read-only copy of the one payload (builder.agent.payload)."""
+    from builder.agent import payload
+
+    folder = tmp_path / "slurm-x"
+    script = slurm.write_run_dir(folder, "#!/bin/bash\n")
+    assert script == folder / "certify.sbatch" and (script.stat().st_mode & 0o777) == 0o755
+    assert ((folder / "results").stat().st_mode & 0o777) == 0o700
+    code = folder / "code"
+    assert sorted(p.relative_to(code).as_posix() for p in code.rglob("*.py")) == sorted(payload.files())
+    assert all((p.stat().st_mode & 0o222) == 0 for p in code.rglob("*"))
+    text = render_case("docker.sbatch")
+    assert 'chmod 0700 "$ENVBUILD_RESULTS"' in text and "0777" not in text
+    assert "--tmpfs /results:rw,mode=1777" in text and ":/results" not in text  # nothing of the host
+    assert text.count("--result-to-stdout") == 1
+
+
+#: ``squeue --json`` of Slurm 22.05.8 (OpenAPI v0.0.38), cut down: it lists every job the
+#: controller holds whatever ``-j`` says.
+SQUEUE_2205 = {"meta": {"plugin": {"type": "openapi/v0.0.38"}}, "errors": [], "jobs": [
+    {"job_id": 96, "job_state": "FAILED", "state_reason": "NonZeroExitCode", "exit_code": 256, "nodes": "vm",
+     "time_limit": 525600, "name": "wrap"},
+    {"job_id": 97, "job_state": "PENDING", "state_reason": "PartitionNodeLimit", "exit_code": 0, "nodes": "",
+     "time_limit": 2, "name": "envbuild-4f09cd13d9e8"},
+    {"job_id": 98, "job_state": "TIMEOUT", "state_reason": "TimeLimit", "exit_code": 15, "nodes": "vm",
+     "time_limit": 1, "name": "envbuild-x"}]}
+#: The same jobs as later plugins write them (numbers as {"set", "infinite", "number"}).
+SQUEUE_LATER = {"jobs": [
+    {"job_id": 98, "job_state": ["TIMEOUT", "COMPLETING"], "state_reason": "TimeLimit",
+     "exit_code": {"status": ["SIGNALED"], "return_code": {"set": True, "infinite": False, "number": 0},
+                   "signal": {"id": {"set": True, "infinite": False, "number": 15}, "name": "TERM"}},
+     "nodes": "vm", "time_limit": {"set": True, "infinite": False, "number": 1}},
+    {"job_id": 99, "job_state": ["RUNNING"], "state_reason": "None", "nodes": "vm",
+     "time_limit": {"set": False, "infinite": True, "number": 0}}]}
+
+
+def test_parse_squeue_json():
+    text = json.dumps(SQUEUE_2205)
+    info = slurm.parse_squeue_json(text, "96")
+    assert (info.state, info.reason, info.exit_code, info.nodes, info.time_limit, info.source) == \
+        ("FAILED", "NonZeroExitCode", "1:0", "vm", "365-00:00:00", "squeue --json")
+    pending = slurm.parse_squeue_json(text, "97")
+    assert (pending.state, pending.nodes, pending.time_limit) == ("PENDING", None, "00:02:00")
+    assert slurm.never_starts(pending, 2).startswith("cannot start (pending, reason PartitionNodeLimit)")
+    assert slurm.parse_squeue_json(text, "98").exit_code == "0:15"
+    assert slurm.parse_squeue_json(text, "9") is None  # purged: sacct is asked next
+    later = slurm.parse_squeue_json(json.dumps(SQUEUE_LATER), "98")
+    assert (later.state, later.exit_code, later.time_limit) == ("TIMEOUT", "0:15", "00:01:00") and later.terminal
+    running = slurm.parse_squeue_json(json.dumps(SQUEUE_LATER), "99")
+    assert (running.state, running.reason, running.time_limit, running.terminal) == ("RUNNING", None, None, False)
+    for bad in ("not json", "[]", json.dumps({"jobs": [{"job_id": 5, "job_state": "RUN;NING"}]})):
+        with pytest.raises(ValueError):
+            slurm.parse_squeue_json(bad, "5")
 
 
 # --------------------------------------------------------------------------- real Slurm
@@ -407,8 +554,8 @@ def run_slurm(client, image, tmp_path, labels, options=None, launcher=None, **kw
     launcher = launcher or make_launcher(client, tmp_path, options)
     args = {**SHORT, "timeout_s": 120, "port": free_port(), **kw}
     t0 = time.monotonic()
-    cert, path = certify.certify(client, image, images_dir=tmp_path, labels=labels, launcher=launcher,
-                                 run_id=run_id, **args)
+    cert, path = certify_image(client, image, images_dir=tmp_path, labels=labels, launcher=launcher,
+                               run_id=run_id, **args)
     elapsed = time.monotonic() - t0
     assert json.loads(path.read_text()) == cert
     assert containers(client, f"{engine.RUN_LABEL}={run_id}") == []
@@ -447,7 +594,7 @@ def test_cli_certify_through_slurm_passes_with_the_local_shape(slurm_node, docke
                            "--launcher", "slurm", "--slurm-nodes", "1", "--nodes", "2", "--port", str(port),
                            "--timeout", "180", "--pending-timeout", "180"],
                           capture_output=True, text=True, timeout=600,
-                          env={**os.environ, local.EXTRA_LABELS_ENV: extra})
+                          env={**os.environ, base.EXTRA_LABELS_ENV: extra})
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "verdict: PASSED" in proc.stdout and "Traceback" not in proc.stderr
@@ -466,8 +613,8 @@ def test_cli_certify_through_slurm_passes_with_the_local_shape(slurm_node, docke
     assert "JobState=COMPLETED" in job and "NumTasks=2" in job
 
     # the same image through the local launcher: the same shape, key for key
-    local_cert, _ = certify.certify(docker_client, torch_image, images_dir=tmp_path / "local", labels=case_labels,
-                                    timeout_s=180, **SHORT)
+    local_cert, _ = certify_image(docker_client, torch_image, images_dir=tmp_path / "local", labels=case_labels,
+                                  timeout_s=180, **SHORT)
     assert local_cert["verdict"]["passed"], local_cert["verdict"]
     assert shape(outline(cert)) == shape(outline(local_cert))
     print(f"slurm CLI certify: {elapsed:.1f} s")
@@ -487,7 +634,13 @@ def test_rank_exit_gives_failing_verdict_with_job_state(slurm_node, docker_clien
     assert cert["node_status"]["1"]["exit_code"] == 1 and cert["node_status"]["0"]["exit_code"] in (None, 1)
     assert elapsed < 90, elapsed  # no waiting for the timeout or the time limit
     assert any("TEST fault exit@1" in line for line in cert["node_status"]["1"]["log_tail"])
-    assert "JobState=FAILED" in job_line(cert["run_id"])
+    job = job_line(cert["run_id"])
+    assert "JobState=FAILED" in job
+    # the launcher reads the job's state from Slurm's JSON output, and it agrees with scontrol's
+    # (the batch script's exit code is srun's: 1, or 143 when the stopped node's status came last)
+    info = slurm.job_info(launcher.job_id)
+    assert (info.source, info.state, info.reason) == ("squeue --json", "FAILED", "NonZeroExitCode")
+    assert info.exit_code == slurm_job._field(job, "ExitCode") and info.exit_code in ("1:0", "143:0"), job
     print(f"exit fault: {elapsed:.1f} s")
 
 
@@ -507,15 +660,20 @@ def test_job_over_its_time_limit_is_cancelled_and_reported(slurm_node, docker_cl
     job = job_line(cert["run_id"])
     state = slurm.parse_scontrol_job(job)
     assert (state.state, state.reason, state.time_limit) == ("TIMEOUT", "TimeLimit", "00:01:00"), job
-    run_time = slurm._field(job, "RunTime")
+    run_time = slurm_job._field(job, "RunTime")
     assert run_time >= "00:01:00", job  # HH:MM:SS: ran to its limit
     v = cert["verdict"]
     assert not v["passed"] and v["exit_code"] == ExitCode.UNREACHABLE and cert["timed_out"], v
     assert v["failures"][0].startswith(f"Slurm job {launcher.job_id} ended TIMEOUT (TimeLimit): cancelled by "
                                        "Slurm at its time limit (--time=1)"), v
     assert "envbuild cancelled it" not in v["failures"][0], v
-    assert v["failures"][1:] == ["rank 0 did not finish within 60 s (timeout)",
-                                 "rank 1 did not finish within 60 s (timeout)"]
+    # the ranks' progress, read from the node logs as the job ran, names the hung one (the
+    # shared hang naming, as the local launcher's)
+    hung, waiting = v["failures"][1:]
+    assert re.fullmatch(r"rank 1 did not finish within 60 s \(timeout\): hung: stopped making progress in test "
+                        r"fault sleep 3600 s for \d+(\.\d)? s \(alive, outside any collective\)", hung), hung
+    assert waiting == "rank 0 did not finish within 60 s (timeout): blocked in all-reduce 8 B, waiting for rank 1"
+    assert cert["ranks"]["1"]["last_progress"]["phase"] == "test fault"
     assert {n["exit_code"] for n in cert["node_status"].values()} == {None}
     # the trap's line, in the whole log: torchrun's own SIGTERM traceback may follow it and
     # push it out of the certificate's log tail
@@ -570,7 +728,7 @@ def test_job_that_can_never_start_fails_fast(slurm_node, docker_client, torch_im
     proc = subprocess.run([str(exe), "--images-dir", str(tmp_path), "certify", torch_image, "--launcher", "slurm",
                            "--nodes", "2", "--port", str(free_port()), "--timeout", "120"],
                           capture_output=True, text=True, timeout=300,
-                          env={**os.environ, local.EXTRA_LABELS_ENV: extra})
+                          env={**os.environ, base.EXTRA_LABELS_ENV: extra})
     elapsed = time.monotonic() - t0
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     [path] = (tmp_path / "cpu-torch2" / "certificates").glob("*.json")
@@ -602,7 +760,7 @@ def test_ctrl_c_cancels_the_job_and_removes_the_containers(slurm_node, docker_cl
     proc = subprocess.Popen([str(exe), "--images-dir", str(tmp_path), "certify", torch_image, "--launcher", "slurm",
                              "--slurm-nodes", "1", "--port", str(free_port()), "--slurm-dir", str(tmp_path / "s")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, local.EXTRA_LABELS_ENV: extra})
+                            env={**os.environ, base.EXTRA_LABELS_ENV: extra})
     try:
         deadline = time.monotonic() + 180
         while not [c for c in docker_client.containers.list(filters={"label": case})]:

@@ -18,12 +18,15 @@ from importlib import resources
 
 import yaml
 
-from builder.recipe import compat
 from builder.oci import reference
+from builder.recipe import facts as recipe_facts
+from builder.recipe.rules.context import cuda_variant
 
-_CUDA_TAG = re.compile(r"(?P<cuda>[0-9]+\.[0-9]+(?:\.[0-9]+)?)-(?P<flavour>[a-z0-9-]+?)-(?P<os>ubuntu|rockylinux|ubi|centos)(?P<osver>[0-9.]+)")
+_CUDA_TAG = re.compile(r"(?P<cuda>[0-9]+\.[0-9]+(?:\.[0-9]+)?)-(?P<flavour>[a-z0-9-]+?)-"
+                       r"(?P<os>ubuntu|rockylinux|ubi|centos)(?P<osver>[0-9.]+)")
 _NGC_TAG = re.compile(r"(?P<release>[0-9]{2}\.[0-9]{2})-py3(?:-[a-z0-9]+)?")
-_PT_TAG = re.compile(r"(?P<torch>[0-9]+\.[0-9]+\.[0-9]+)-cuda(?P<cuda>[0-9]+\.[0-9]+)-cudnn(?P<cudnn>[0-9]+)-(?P<flavour>runtime|devel)")
+_PT_TAG = re.compile(r"(?P<torch>[0-9]+\.[0-9]+\.[0-9]+)-cuda(?P<cuda>[0-9]+\.[0-9]+)-cudnn(?P<cudnn>[0-9]+)-"
+                     r"(?P<flavour>runtime|devel)")
 _PY_TAG = re.compile(r"(?P<py>3\.[0-9]{1,2})(?:\.[0-9]{1,3})?(?:-(?P<rest>[a-z0-9.-]+))?")
 _OS_WORD = re.compile(r"(?P<word>[a-z]+|[0-9]+(?:\.[0-9]+)?)(?:[.-].*)?")
 MOVING = frozenset({"latest", "stable", "testing", "unstable", "sid", "rolling", "devel", "oldstable"})
@@ -62,9 +65,9 @@ class BaseInfo:
 def os_release(os_id: str, word: str) -> str | None:
     """The release number of ``word`` (``bookworm`` -> ``12``, ``22.04`` -> ``22.04``,
     ``12.5`` -> ``12``) for ``os_id`` by the recipe facts; None when unknown."""
-    releases = compat.facts()["os"].get(os_id, {})
+    releases = recipe_facts.facts().os.get(os_id, {})
     for version, rel in releases.items():
-        if word == version or word in rel.get("codenames", []) or (os_id == "debian" and word.split(".")[0] == version):
+        if word == version or word in rel.codenames or (os_id == "debian" and word.split(".")[0] == version):
             return version
     return None
 
@@ -85,7 +88,8 @@ def read(ref: str | None, bootstrap: str = "docker", header: dict[str, str] | No
     if bootstrap in ("debootstrap",):
         return _debootstrap(header)
     if bootstrap in ("localimage", "docker-archive", "oci-archive", "oci"):
-        return BaseInfo(ref, "local", why=f"{bootstrap} {ref!r} is an image file: its CUDA, OS and Python are not in the definition")
+        return BaseInfo(ref, "local",
+                        why=f"{bootstrap} {ref!r} is an image file: its CUDA, OS and Python are not in the definition")
     if bootstrap == "scratch" or ref == "scratch":
         return BaseInfo(ref, "other", why="an empty (scratch) base has no OS")
     if ref is None:
@@ -108,7 +112,8 @@ def _nvidia_cuda(ref: str, repo: str, tag: str | None) -> BaseInfo | None:
         return None
     m = _CUDA_TAG.fullmatch(tag or "")
     if not m:
-        return BaseInfo(ref, "nvidia-cuda", repo, tag, why=f"the tag {tag!r} is not <X.Y.Z>-<flavour>-<os><ver>", source="NV-IMG")
+        return BaseInfo(ref, "nvidia-cuda", repo, tag, why=f"the tag {tag!r} is not <X.Y.Z>-<flavour>-<os><ver>",
+                        source="NV-IMG")
     os_id = m.group("os")
     info = BaseInfo(ref, "nvidia-cuda", repo, tag, cuda=m.group("cuda"), flavour=m.group("flavour"), source="NV-IMG")
     if os_id == "ubuntu":
@@ -142,7 +147,7 @@ def _pytorch(ref: str, repo: str, tag: str | None) -> BaseInfo | None:
                         why=f"the tag {tag!r} names no torch and CUDA release (it moves)", source="PT-IMG")
     cuda = m.group("cuda")
     return BaseInfo(ref, "pytorch", repo, tag, cuda=cuda, flavour=m.group("flavour"), torch=m.group("torch"),
-                    variant=compat.cuda_variant(cuda), why="the OS and Python of pytorch/pytorch images are not in the tag",
+                    variant=cuda_variant(cuda), why="the OS and Python of pytorch/pytorch images are not in the tag",
                     source="PT-IMG")
 
 
@@ -164,7 +169,8 @@ def _python(ref: str, repo: str, tag: str | None) -> BaseInfo | None:
         return None
     m = _PY_TAG.fullmatch(tag or "")
     if not m:
-        return BaseInfo(ref, "python", repo, tag, why=f"the tag {tag or 'latest'!r} names no Python release (it moves)", source="PY-IMG")
+        return BaseInfo(ref, "python", repo, tag, why=f"the tag {tag or 'latest'!r} names no Python release (it moves)",
+                        source="PY-IMG")
     info = BaseInfo(ref, "python", repo, tag, python=m.group("py"), os_id="debian", source="PY-IMG")
     words = (m.group("rest") or "").split("-")
     if any(w.startswith("alpine") for w in words):
@@ -182,5 +188,6 @@ def _debootstrap(header: dict[str, str]) -> BaseInfo:
     os_id = "ubuntu" if "ubuntu" in mirror else "debian" if "debian" in mirror else None
     version = os_release(os_id, word) if os_id else None
     if version is None:
-        return BaseInfo(None, "other", why=f"debootstrap of {word or '?'!r} from {mirror or '?'!r}: not a release envbuild knows")
+        return BaseInfo(None, "other",
+                        why=f"debootstrap of {word or '?'!r} from {mirror or '?'!r}: not a release envbuild knows")
     return BaseInfo(f"{os_id}:{word}", os_id, os_id, word, os_id=os_id, os_version=version, source="DISTRO")

@@ -64,7 +64,8 @@ def _blocks(file: str, lines: list[str]) -> list[_Block]:
             body = []
             blocks[-1].sections[ident] = (n, args, body)
             continue
-        if key and key.group(1).lower() == "bootstrap" and (body is not None or not blocks or "bootstrap" in blocks[-1].header):
+        if key and key.group(1).lower() == "bootstrap" and (
+                body is not None or not blocks or "bootstrap" in blocks[-1].header):
             blocks.append(_Block(n))
             body = None
         if body is not None:
@@ -77,7 +78,8 @@ def _blocks(file: str, lines: list[str]) -> list[_Block]:
             raise Malformed(file, n, f"a command in the header ({stripped[:60]!r}) outside any section; "
                             "commands belong in %post")
         if not blocks:
-            raise Malformed(file, n, f"header key {key.group(1)[:40]} before Bootstrap:; a definition starts with Bootstrap:")
+            raise Malformed(file, n,
+                            f"header key {key.group(1)[:40]} before Bootstrap:; a definition starts with Bootstrap:")
         blocks[-1].header.setdefault(key.group(1).lower(), (n, key.group(2)))
     if not blocks:
         raise Malformed(file, 1, "no Bootstrap: header; a definition starts with Bootstrap: (and From:)")
@@ -105,7 +107,8 @@ def _stage(file: str, b: _Block, index: int, names: dict[str, int], templates) -
     line, ref = b.header.get("from", (boot_line, ""))
     if agent in NEEDS_FROM and not ref:
         raise Malformed(file, boot_line, f"Bootstrap: {agent} needs a From: line naming the image")
-    word = (Scanner(Source([(line, ref)]), lambda _n: None, shell=False, templates=templates).words() or [Word("", ref, line)])[0]
+    scanner = Scanner(Source([(line, ref)]), lambda _n: None, shell=False, templates=templates)
+    word = (scanner.words() or [Word("", ref, line)])[0]
     header = {k: v for k, (_n, v) in b.header.items() if k not in ("bootstrap", "from")}
     name = header.get("stage", "").lower() or None
     stage = Stage(index, name, b.line, Base(word, line, agent, None, header))

@@ -134,7 +134,8 @@ class _Reader:
     def lookup_global(self, name: str) -> Var | None:
         return self.global_args.get(name) or platform_var(name)
 
-    def words(self, item: dict, lookup, undeclared: str = "is not set by this file (the base image may set it)") -> list[Word]:
+    def words(self, item: dict, lookup,
+              undeclared: str = "is not set by this file (the base image may set it)") -> list[Word]:
         return Scanner(self.source(item), lookup, shell=False, undeclared=undeclared).words()
 
     def note_unknown(self, word: Word, what: str) -> None:

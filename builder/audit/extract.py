@@ -60,7 +60,7 @@ class Item:
     via: str | None = None
 
     @classmethod
-    def of(cls, word: Word, text: str | None = None) -> "Item":
+    def of(cls, word: Word, text: str | None = None) -> Item:
         return cls(word.text if text is None else text, word.line, _via(word.uses, word.line))
 
 
@@ -252,7 +252,8 @@ def pip_install(cmd: Command, stage: int, notes: list[Note]) -> PipInstall | Non
         w = words[k]
         k += 1
         if w.text is None:
-            notes.append(Note("warning", "unexpanded", w.line, w.raw, f"a {tool} install argument cannot be expanded: {w.why}; audited without it"))
+            notes.append(Note("warning", "unexpanded", w.line, w.raw,
+                              f"a {tool} install argument cannot be expanded: {w.why}; audited without it"))
             continue
         text = w.text
         opt, eq, value = text.partition("=") if text.startswith("--") else (text, "", "")
@@ -264,7 +265,8 @@ def pip_install(cmd: Command, stage: int, notes: list[Note]) -> PipInstall | Non
                 vw = words[k]
                 k += 1
                 if vw.text is None:
-                    notes.append(Note("warning", "unexpanded", vw.line, vw.raw, f"the value of {opt} cannot be expanded: {vw.why}; audited without it"))
+                    notes.append(Note("warning", "unexpanded", vw.line, vw.raw,
+                                      f"the value of {opt} cannot be expanded: {vw.why}; audited without it"))
                     if role in ("index", "extra", "find"):
                         own.append(Index(role, Item(vw.raw, vw.line), known=False))
                     continue
@@ -340,7 +342,8 @@ def conda_install(cmd: Command, stage: int) -> CondaInstall | None:
             if m:
                 if m.group("channel"):
                     got.channels.append(m.group("channel"))
-                got.specs.append((Item.of(w), m.group("name").lower(), m.group("op"), m.group("version"), m.group("build")))
+                got.specs.append((Item.of(w), m.group("name").lower(), m.group("op"), m.group("version"),
+                                  m.group("build")))
     return got
 
 
@@ -372,8 +375,9 @@ def apt_install(cmd: Command) -> list[AptPackage]:
 
 #: Programs whose commands are housekeeping of an image build (no trace in a recipe).
 HOUSEKEEPING = frozenset({"apt-get", "apt", "rm", "mkdir", "ln", "echo", "true", "cd", "set", ":", "test", "[",
-                          "[[", "chmod", "chown", "export", "unset", "printf", "ldconfig", "apt-key", "update-ca-certificates",
-                          "dpkg-reconfigure", "locale-gen", "useradd", "groupadd", "exit", "sleep", "touch", "cp", "mv"})
+                          "[[", "chmod", "chown", "export", "unset", "printf", "ldconfig", "apt-key",
+                          "update-ca-certificates", "dpkg-reconfigure", "locale-gen", "useradd", "groupadd", "exit",
+                          "sleep", "touch", "cp", "mv"})
 
 
 def _housekeeping(cmd: Command) -> bool:
@@ -421,6 +425,7 @@ def extract(parsed: Parsed) -> Stack:
     unused = [s for s in parsed.stages if s not in used]
     for s in unused:
         if s.commands:
-            stack.notes.append(Note("note", "stage-unused", s.line, s.name or str(s.index),
-                                    f"stage {s.name or s.index} is not used by the final image; its installs are not audited"))
+            stack.notes.append(Note(
+                "note", "stage-unused", s.line, s.name or str(s.index),
+                f"stage {s.name or s.index} is not used by the final image; its installs are not audited"))
     return stack

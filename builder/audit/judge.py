@@ -1,8 +1,9 @@
 """The one adapter between the audit and recipe's rules: the file's pins as a recipe, run
-through the recipe schema and ``compat.check`` (the very code ``envbuild check`` runs),
-each finding mapped back to the file and line of the value it came from.
+through the recipe schema (:func:`builder.recipe.load.validate`) and
+:func:`builder.recipe.rules.check` (the very code ``envbuild check`` runs), each finding
+mapped back to the file and line of the value it came from.
 
-One rule set, not a copy: the rules live in :mod:`builder.recipe.compat`; this module only
+One rule set, not a copy: the rules live in :mod:`builder.recipe.rules`; this module only
 builds the recipe-shaped mapping (:func:`recipe_data`), runs it (:func:`check_data`) and
 maps the results (:func:`judge`). It is the only audit module that knows the recipe's
 schema and rule ids, so when recipe's models and rules move, only this module changes.
@@ -18,19 +19,19 @@ notes: that value is not judged (it cannot be one a recipe holds).
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, cast
 
-from builder.core import inputs
 from builder.core.errors import EnvbuildError
-from builder.recipe import compat
-from builder.recipe import schema as recipe_schema
+from builder.recipe import load
+from builder.recipe import rules as recipe_rules
+from builder.recipe.rules.network import SOCKET_VARIABLES
+from builder.recipe.spec import Finding as RuleFinding
+from builder.recipe.spec import Spec
 
 from .extract import Item
-from .model import Finding, cut
+from .model import Finding, Level, cut
 from .pins import Pins, variant_cuda
-
-#: Environment variables the recipe rules read (socket-ifname-loopback).
-RULE_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 
 def recipe_data(p: Pins, driver: str | None) -> tuple[dict[str, Any], dict[str, Item], frozenset[str]]:
@@ -55,7 +56,7 @@ def recipe_data(p: Pins, driver: str | None) -> tuple[dict[str, Any], dict[str, 
     if st.base.cuda:
         data["cuda"] = {"version": ".".join(st.base.cuda.split(".")[:2])}
         at["cuda.version"] = at["cuda"] = st.base_item
-    elif vcuda:
+    elif t and vcuda:
         data["cuda"] = {"version": vcuda}
         at["cuda.version"] = at["cuda"] = t.item
     elif t and t.variant == "cpu":
@@ -78,7 +79,7 @@ def recipe_data(p: Pins, driver: str | None) -> tuple[dict[str, Any], dict[str, 
     for key, pin in (("nccl", p.nccl), ("cudnn", p.cudnn)):
         if pin:
             data[key], at[key] = pin[1], pin[0]
-    apt_items = {}
+    apt_items: dict[str, Item] = {}
     for a in st.apt:
         apt_items.setdefault(f"{a.name}={a.version}" if a.version else a.name, a.item)
     apt = list(apt_items)
@@ -88,7 +89,8 @@ def recipe_data(p: Pins, driver: str | None) -> tuple[dict[str, Any], dict[str, 
         at[f"packages.apt[{i}]"] = item
     for i, (item, _req, _tool) in enumerate(p.pip):
         at[f"packages.pip[{i}]"] = item
-    env = {e.name: e.value for e in st.env if e.name in RULE_ENV and e.value is not None}
+    # the environment variables the recipe rules read (socket-ifname-loopback)
+    env = {e.name: e.value for e in st.env if e.name in SOCKET_VARIABLES and e.value is not None}
     if env:
         data["env"] = env
         for e in st.env:
@@ -97,18 +99,18 @@ def recipe_data(p: Pins, driver: str | None) -> tuple[dict[str, Any], dict[str, 
     return data, at, unknown
 
 
-def check_data(data: dict[str, Any], file: str, unknown: frozenset[str] = frozenset()) -> compat.Spec:
+def check_data(data: dict[str, Any], file: str, unknown: frozenset[str] = frozenset()) -> Spec:
     """``data`` (a recipe as loaded YAML) through the recipe schema and every rule: what
-    :func:`builder.recipe.schema.parse` and :func:`builder.recipe.compat.check` do with a
-    file, without the file. ``file`` names it in the results; the rules leave the
-    ``unknown`` fields alone (as fields that failed the schema)."""
-    loader = recipe_schema._Loader(file, dict(inputs.control_char_paths(data)))
-    raw = loader.mapping(data, recipe_schema._SCHEMA, "", recipe_schema._REQUIRED_TOP)
-    recipe = recipe_schema._build("audit", file, raw, frozenset(loader.invalid) | unknown)
-    return compat.check(recipe, loader.errors)
+    ``envbuild check`` does with a file (:func:`builder.recipe.load.parse`, then
+    :func:`builder.recipe.rules.check`), without the file. ``file`` names it in the results;
+    the rules leave the ``unknown`` fields alone (as fields that failed the schema)."""
+    loaded = load.validate(data, file, "audit")
+    if unknown:
+        loaded = dataclasses.replace(loaded, invalid=loaded.invalid | unknown)
+    return recipe_rules.check(loaded)
 
 
-def _applies(f: compat.Finding, p: Pins) -> bool:
+def _applies(f: RuleFinding, p: Pins) -> bool:
     if f.rule in ("torch-index", "cuda-minor"):
         return False
     if f.rule == "os-python" and p.python_from != "system":
@@ -128,14 +130,14 @@ def _origin(fields: tuple[str, ...] | list[str], at: dict[str, Item]) -> Item | 
 
 def _finding(level: str, rule: str, fields: tuple[str, ...], message: str, source: str, file: str,
              origin: Item | None) -> Finding:
-    return Finding(level=level, rule=rule, file=file, line=origin.line if origin else None,
+    return Finding(level=cast(Level, level), rule=rule, file=file, line=origin.line if origin else None,
                    value=cut(origin.value) if origin else None, via=origin.via if origin else None,
                    message=message, source=source, fields=fields)
 
 
-def judge(p: Pins, driver: str | None = None) -> tuple[list[Finding], compat.Spec]:
+def judge(p: Pins, driver: str | None = None) -> tuple[list[Finding], Spec]:
     """Recipe's schema and rules on ``p``: their findings, each at the file and line of its
-    value, and the :class:`~builder.recipe.compat.Spec` (the resolved pins)."""
+    value, and the :class:`~builder.recipe.spec.Spec` (the resolved pins)."""
     data, at, unknown = recipe_data(p, driver)
     file = p.stack.file
     spec = check_data(data, file, unknown)

@@ -21,12 +21,12 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder.recipe import compat
+from builder.recipe.facts import facts
+from builder.recipe.fields import RELEASE, VARIANT
+from builder.recipe.rules import context
 
 from .extract import CondaInstall, Index, Item, PipInstall, Stack
 
-_VARIANT = re.compile(r"cpu|cu[0-9]{2,3}")
-_RELEASE = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,6}){0,3}")
 #: apt packages envbuild installs itself (the system Python and its venv module).
 ENVBUILD_APT = frozenset({"python3", "python3-venv", "python3-pip", "python-is-python3"})
 
@@ -55,7 +55,7 @@ class TorchPin:
     @property
     def release(self) -> str | None:
         """The version when it is a plain release (``2.5.1``), else None."""
-        return self.version if self.version and _RELEASE.fullmatch(self.version) else None
+        return self.version if self.version and RELEASE.fullmatch(self.version) else None
 
 
 @dataclass
@@ -83,10 +83,7 @@ class Pins:
 def variant_cuda(variant: str | None) -> str | None:
     """The CUDA of a wheel variant: ``cu128`` -> ``12.8``, ``cu90`` -> ``9.0``; None for
     ``cpu`` or no variant (PyTorch's variant naming, PT-IDX)."""
-    if not variant or not re.fullmatch(r"cu[0-9]{2,3}", variant):
-        return None
-    digits = variant[2:]
-    return f"{digits[:-1]}.{digits[-1]}"
+    return context.variant_cuda(variant) if variant and VARIANT.fullmatch(variant) else None
 
 
 def _pip_torch(pip: PipInstall, item: Item, req: Requirement) -> TorchPin:
@@ -100,9 +97,10 @@ def _pip_torch(pip: PipInstall, item: Item, req: Requirement) -> TorchPin:
             pin.version = specs[0].version
     main = pip.main
     pytorch = [i for i in pip.indexes if i.pytorch]
-    pin.pypi_in_play = not pip.no_index and (main is None or main.pypi or any(i.pypi for i in pip.indexes if i.role == "extra"))
+    extra_pypi = any(i.pypi for i in pip.indexes if i.role == "extra")
+    pin.pypi_in_play = not pip.no_index and (main is None or main.pypi or extra_pypi)
     unknown = next((i for i in pip.indexes if not i.known), None)
-    if pin.local and _VARIANT.fullmatch(pin.local):
+    if pin.local and VARIANT.fullmatch(pin.local):
         pin.variant, pin.variant_from = pin.local, f"the local version +{pin.local}"
         pin.index = next((i for i in pytorch if i.variant == pin.local), pytorch[0] if pytorch else None)
         return pin
@@ -121,10 +119,10 @@ def _pip_torch(pip: PipInstall, item: Item, req: Requirement) -> TorchPin:
     if pytorch:
         pin.index, pin.variant_from = pytorch[0], f"{pytorch[0].url.value} (every variant: pip picks one)"
         return pin
-    rel = compat.facts()["torch"].get(pin.version or "")
+    rel = facts().torch.get(pin.version or "")
     if rel:
         mirror = "" if main is None or main.pypi else f" (assuming {main.url.value} mirrors PyPI)"
-        pin.variant, pin.variant_from = rel["default"], f"PyPI's build of torch {pin.version}{mirror}"
+        pin.variant, pin.variant_from = rel.default, f"PyPI's build of torch {pin.version}{mirror}"
     return pin
 
 
@@ -138,7 +136,7 @@ def _conda_torch(conda: CondaInstall, spec) -> TorchPin:
     for _it, name, _op, ver, _b in conda.specs:
         mm = ".".join((ver or "").split(".")[:2])
         if name in ("pytorch-cuda", "cudatoolkit", "cuda-version") and re.fullmatch(r"[0-9]+\.[0-9]+", mm):
-            pin.variant, pin.variant_from = compat.cuda_variant(mm), f"{name}={ver}"
+            pin.variant, pin.variant_from = context.cuda_variant(mm), f"{name}={ver}"
         elif name == "cpuonly":
             pin.variant, pin.variant_from = "cpu", "cpuonly"
     m = re.search(r"cuda([0-9]+)\.([0-9]+)", build or "")
@@ -158,9 +156,9 @@ def _python(stack: Stack, torch: TorchPin | None) -> tuple[Item | None, str | No
     if b.python:
         return Item(b.python, stack.base_item.line, stack.base_item.via), "base"
     if b.os_id and b.os_version:
-        rel = compat.facts()["os"].get(b.os_id, {}).get(b.os_version)
+        rel = facts().os.get(b.os_id, {}).get(b.os_version)
         if rel:
-            return Item(str(rel["python"]), stack.base_item.line, stack.base_item.via), "system"
+            return Item(rel.python, stack.base_item.line, stack.base_item.via), "system"
     return None, None
 
 
@@ -181,7 +179,7 @@ def _wheel_pin(req: Requirement, stem: str) -> tuple[str, str] | None:
     """``(major, version)`` of an exact ``nvidia-<stem>-cuNN==V`` pin, else None."""
     m = re.fullmatch(rf"nvidia-{stem}-cu([0-9]+)", canonicalize_name(req.name))
     specs = list(req.specifier)
-    if m and len(specs) == 1 and specs[0].operator == "==" and _RELEASE.fullmatch(specs[0].version):
+    if m and len(specs) == 1 and specs[0].operator == "==" and RELEASE.fullmatch(specs[0].version):
         return m.group(1), specs[0].version
     return None
 
@@ -193,7 +191,8 @@ def pins(stack: Stack) -> Pins:
         for spec in conda.specs:
             if spec[1] == "pytorch":
                 found.append(_conda_torch(conda, spec))
-    found.sort(key=lambda t: (next(i for i, s in enumerate(stack.stages) if s.index == (t.pip or t.conda).stage), t.item.line))
+    order = {s.index: i for i, s in reversed(list(enumerate(stack.stages)))}
+    found.sort(key=lambda t: (order[(t.pip or t.conda).stage], t.item.line))
     torch = found[-1] if found else None
     b = stack.base
     if torch is None and b.torch:

@@ -1,5 +1,5 @@
 """Audit-only rules: what a file can get wrong that a recipe cannot, worded like the recipe
-rules (:mod:`builder.recipe.compat`), each naming the source of its fact.
+rules (:mod:`builder.recipe.rules`), each naming the source of its fact.
 
 Errors: an unpinned or ranged torch (``torch-unpinned``: which CUDA build PyPI's newest
 release is changes from release to release, compat.md §5.1); a wheel variant whose CUDA
@@ -18,11 +18,13 @@ paths not followed, find-links wheels.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from packaging.version import InvalidVersion, Version
 
-from builder.recipe import compat
+from builder.recipe.facts import facts
+from builder.recipe.rules.context import cuda_variant
+from builder.recipe.rules.network import SOCKET_VARIABLES, loopback_only
 
 from . import bases
 from .extract import Item
@@ -58,11 +60,12 @@ def _base(p: Pins, out: _Out) -> None:
     b = p.stack.base
     if b.why:
         level = NOTE if p.os or (b.kind == "ngc-pytorch" and b.cuda) else WARNING
-        out.add(level, "base-unread", p.stack.base_item, f"base image: {b.why}; the rules on what it does not say are skipped",
-                b.source or "audit")
+        out.add(level, "base-unread", p.stack.base_item,
+                f"base image: {b.why}; the rules on what it does not say are skipped", b.source or "audit")
     if p.torch and p.torch.installer == "base":
         out.add(NOTE, "torch-from-base", p.stack.base_item,
-                f"torch {b.torch} comes with the base image (no pip or conda install of torch in this file)", b.source or "audit")
+                f"torch {b.torch} comes with the base image (no pip or conda install of torch in this file)",
+                b.source or "audit")
 
 
 def _torch(p: Pins, out: _Out) -> None:
@@ -83,8 +86,8 @@ def _torch(p: Pins, out: _Out) -> None:
                 "compat.md §5.1 (V)")
     elif t.variant is None:
         out.add(WARNING, "variant-unknown", t.item,
-                f"cannot tell which build of torch {t.version} this installs ({t.variant_from or 'no index names a variant'}); "
-                "the rules on its CUDA are skipped", "PT-IDX (V)")
+                f"cannot tell which build of torch {t.version} this installs "
+                f"({t.variant_from or 'no index names a variant'}); the rules on its CUDA are skipped", "PT-IDX (V)")
 
 
 def _pypi_wins(p: Pins, out: _Out) -> None:
@@ -95,17 +98,17 @@ def _pypi_wins(p: Pins, out: _Out) -> None:
         return
     if t.installer == "uv" and (t.pip.strategy or "first-index") != "unsafe-best-match":
         return
-    rel = compat.facts()["torch"].get(t.version or "")
-    if (t.version and t.local) or (rel and t.version and rel["default"] == t.variant):
+    rel = facts().torch.get(t.version or "")
+    if (t.version and t.local) or (rel and t.version and rel.default == t.variant):
         return  # an exact +local pin; or PyPI's build of that release is the very variant
     url, variant = t.index.url.value, t.index.variant or t.variant or "<variant>"
     option = {"index": "--index-url", "extra": "--extra-index-url", "find": "--find-links"}[t.index.role]
-    pypi = f"PyPI's torch {t.version} (its {rel['default']} build)" if rel else "PyPI's torch"
+    pypi = f"PyPI's torch {t.version} (its {rel.default} build)" if rel else "PyPI's torch"
     tool = "pip" if t.installer == "pip" else "uv with --index-strategy unsafe-best-match"
     out.add(WARNING, "pypi-wins", t.item,
-            f"torch{t.spec} comes from {option} {url} with PyPI still read: {tool} takes the highest matching version of "
-            f"every index, so {pypi} can be installed instead of +{variant}; pin torch=={t.version or 'X.Y.Z'}+{variant} "
-            f"or use --index-url {url}", "compat.md §5.1 (V)")
+            f"torch{t.spec} comes from {option} {url} with PyPI still read: {tool} takes the highest matching "
+            f"version of every index, so {pypi} can be installed instead of +{variant}; pin "
+            f"torch=={t.version or 'X.Y.Z'}+{variant} or use --index-url {url}", "compat.md §5.1 (V)")
 
 
 def _wheel_cuda(p: Pins, out: _Out) -> None:
@@ -116,13 +119,14 @@ def _wheel_cuda(p: Pins, out: _Out) -> None:
         return
     base_mm = ".".join(b.cuda.split(".")[:2])
     if vc != base_mm and vc.split(".")[0] == base_mm.split(".")[0]:
-        alt = compat.cuda_variant(base_mm)
-        rel = compat.facts()["torch"].get(t.version or "")
-        fix = (f"use torch +{alt} or a CUDA {vc} base" if rel and alt in rel["variants"]["list"]
+        alt = cuda_variant(base_mm)
+        rel = facts().torch.get(t.version or "")
+        fix = (f"use torch +{alt} or a CUDA {vc} base" if rel and alt in rel.variants.list
                else f"use a CUDA {vc} base (torch {t.version} has no {alt} build)" if rel else f"use a CUDA {vc} base")
         out.add(ERROR, "wheel-cuda-base", t.item,
-                f"{_what(t)} (from {t.variant_from}) is built for CUDA {vc} but the base image {b.image} has CUDA {b.cuda}: "
-                f"two CUDA runtimes in one image, and extensions built with the base's nvcc get a CUDA mismatch; {fix}",
+                f"{_what(t)} (from {t.variant_from}) is built for CUDA {vc} but the base image {b.image} has CUDA "
+                f"{b.cuda}: two CUDA runtimes in one image, and extensions built with the base's nvcc get a CUDA "
+                f"mismatch; {fix}",
                 "compat.md §5.5, NV-IMG (V)")
 
 
@@ -140,13 +144,13 @@ def _conda(p: Pins, out: _Out) -> None:
             pass
         if t.channel == "pytorch" and version and Version(f"{version.major}.{version.minor}") > last:
             out.add(ERROR, "conda-torch", t.item,
-                    f"the pytorch conda channel has no pytorch {t.version}: {row['version']} was the last release published "
-                    "there; install the wheel (pip install torch==X.Y.Z+<variant> --index-url https://download.pytorch.org/whl/<variant>)",
+                    f"the pytorch conda channel has no pytorch {t.version}: {row['version']} was the last release "
+                    "published there; install the wheel (pip install torch==X.Y.Z+<variant> --index-url https://download.pytorch.org/whl/<variant>)",
                     f"{row['source']} ({row['tag']})")
         else:
             out.add(WARNING, "conda-torch", t.item,
-                    f"pytorch from conda{' (-c ' + t.channel + ')' if t.channel else ''} is a conda build, not the wheel "
-                    "envbuild's rules and recipes pin; the pytorch channel publishes no release after "
+                    f"pytorch from conda{' (-c ' + t.channel + ')' if t.channel else ''} is a conda build, not the "
+                    "wheel envbuild's rules and recipes pin; the pytorch channel publishes no release after "
                     f"{row['version']}; --to-recipe writes the wheel of the same release and variant",
                     f"{row['source']} ({row['tag']})")
 
@@ -158,19 +162,20 @@ def _twice(p: Pins, out: _Out) -> None:
         lines = ", ".join(f"line {t.item.line}: {t.item.value}" + (f" from {t.variant_from}" if t.variant_from else "")
                           for t in p.all_torch[:5])
         out.add(WARNING, "torch-twice", p.torch.item,
-                f"torch is installed {len(p.all_torch)} times with different pins ({lines}); the image gets the last one",
-                "audit")
+                f"torch is installed {len(p.all_torch)} times with different pins ({lines}); the image gets the "
+                "last one", "audit")
 
 
 def _socket(p: Pins, out: _Out) -> None:
     """Other ``*_SOCKET_IFNAME`` variables (tensorpipe's ``TP_SOCKET_IFNAME``...) that select
     only loopback [NCCL-ENV, multinode.md]; NCCL's and gloo's are the recipe rule's."""
     for e in p.stack.env:
-        if e.name.endswith("_SOCKET_IFNAME") and e.name not in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") \
-                and e.value is not None and compat.loopback_only("GLOO_SOCKET_IFNAME", e.value):
+        if e.name.endswith("_SOCKET_IFNAME") and e.name not in SOCKET_VARIABLES \
+                and e.value is not None and loopback_only("GLOO_SOCKET_IFNAME", e.value):
             out.add(ERROR, "socket-ifname-loopback", Item(f"{e.name}={e.value}", e.line),
                     f"{e.name}={e.value} selects only the loopback interface; ranks on several nodes cannot reach each "
-                    "other over it (remove it, or name the interface the nodes share, e.g. eth0)", "NCCL-ENV, multinode.md (M)")
+                    "other over it (remove it, or name the interface the nodes share, e.g. eth0)",
+                    "NCCL-ENV, multinode.md (M)")
 
 
 def _not_followed(p: Pins, out: _Out) -> None:
@@ -181,12 +186,15 @@ def _not_followed(p: Pins, out: _Out) -> None:
                     "the pins in it are not judged", "audit")
         for idx in pip.indexes:
             if idx.role == "find" and not idx.pytorch:
-                out.add(NOTE, "find-links", idx.url, "wheels may also come from this find-links location: not checked", "audit")
+                out.add(NOTE, "find-links", idx.url,
+                        "wheels may also come from this find-links location: not checked", "audit")
     for conda in p.stack.conda:
         for f in conda.files:
-            out.add(NOTE, "not-followed", f, "a conda package list is not followed (audit reads this file only)", "audit")
+            out.add(NOTE, "not-followed", f, "a conda package list is not followed (audit reads this file only)",
+                    "audit")
     for item in p.others:
-        out.add(NOTE, "not-read", item, "not a requirement audit reads (a path, URL or editable install): not judged", "audit")
+        out.add(NOTE, "not-read", item,
+                "not a requirement audit reads (a path, URL or editable install): not judged", "audit")
 
 
 #: The audit-only rules, in the order their findings are listed.

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from builder.core.errors import EnvbuildError, ExitCode
-from builder.recipe import compat
+from builder.recipe.spec import Spec
 
 from . import definition, dockerfile, judge, model, rules
 from .extract import extract
@@ -31,7 +31,7 @@ class Audited:
 
     result: model.FileAudit
     pins: Pins | None = None
-    spec: compat.Spec | None = None
+    spec: Spec | None = None
 
 
 def kind_of(path: str) -> str:
@@ -76,7 +76,8 @@ def audit_file(path: str, *, driver: str | None = None, build_args: dict[str, st
     try:
         parsed = parser.parse(path, build_args)
     except Malformed as e:
-        line = model.Finding(level="error", rule="malformed", file=path, line=e.line, message=e.message.split(": ", 1)[1])
+        line = model.Finding(level="error", rule="malformed", file=path, line=e.line,
+                             message=e.message.split(": ", 1)[1])
         return Audited(model.FileAudit(file=path, kind=kind, verdict="malformed", exit_code=3, findings=(line,)))
     except EnvbuildError as e:  # unreadable: missing, a FIFO, a directory, too large
         line = model.Finding(level="error", rule="unreadable", file=path, message=e.message)

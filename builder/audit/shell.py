@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 #: Longest expanded value, in characters.
 MAX_VALUE = 65536
@@ -354,7 +354,8 @@ class Scanner:
         self.i = m.end()
         var = self.templates(m.group(1)) if self.templates else None
         if var is None:
-            return _Part(None, why=f"{{{{ {m.group(1)} }}}} is not a build argument of %arguments (give it with --build-arg)")
+            return _Part(None, why=f"{{{{ {m.group(1)} }}}} is not a build argument of %arguments "
+                                   "(give it with --build-arg)")
         uses.append(var)
         return _Part(var.value, why=var.why) if var.value is not None else _Part(None, why=var.why)
 

@@ -26,7 +26,7 @@ from packaging.utils import canonicalize_name
 from builder.core import inputs
 from builder.core.errors import EnvbuildError
 from builder.core.files import write_atomic
-from builder.recipe import compat
+from builder.recipe.facts import facts
 
 from . import judge
 from .pins import ENVBUILD_APT, Pins, variant_cuda
@@ -107,14 +107,17 @@ def _fit(data: dict, where: dict[str, tuple[str, int]], comments: list[tuple[int
 def _leftovers(p: Pins, comments: list[tuple[int, str]]) -> None:
     t = p.torch
     if t and t.installer == "conda":
-        comments.append(_c(t.item.line, t.item.value, f"conda's pytorch becomes the wheel torch {t.version}+{t.variant}"))
+        comments.append(_c(t.item.line, t.item.value,
+                           f"conda's pytorch becomes the wheel torch {t.version}+{t.variant}"))
     if t and t.index is not None:
-        comments.append(_c(t.index.url.line, t.index.url.value, "the recipe reads torch from the variant's PyTorch index (derived)"))
+        comments.append(_c(t.index.url.line, t.index.url.value,
+                           "the recipe reads torch from the variant's PyTorch index (derived)"))
     for key, pin in (("NCCL", p.nccl), ("cuDNN", p.cudnn)):
         if pin:
-            comments.append(_c(pin[0].line, pin[0].value, f"the {key} torch pins is resolved by envbuild from the facts"))
-    system = compat.facts()["os"][p.os[0]][p.os[1]]["python"] if p.os else None
-    if p.python_from not in ("system", None) and p.python and p.python.value != str(system):
+            comments.append(_c(pin[0].line, pin[0].value,
+                               f"the {key} torch pins is resolved by envbuild from the facts"))
+    system = facts().os[p.os[0]][p.os[1]].python if p.os else None
+    if p.python_from not in ("system", None) and p.python and p.python.value != system:
         comments.append(_c(p.python.line, f"Python {p.python.value} ({p.python_from})",
                            f"envbuild installs the OS release's system Python ({system}) in a venv"))
     root = p.stack.stages[-1]
@@ -144,13 +147,13 @@ def recipe_text(p: Pins, out: str, driver: str | None) -> tuple[str, dict]:
     missing = [what for what, ok in (("the OS of the base image", os_), ("a torch release", t and t.release),
                                      ("the torch build (its variant)", t and t.variant)) if not ok]
     if missing:
-        raise EnvbuildError(f"cannot write a recipe: {inputs.escape(p.stack.file, 200)} does not say {' and '.join(missing)}",
-                            file=out)
+        raise EnvbuildError(f"cannot write a recipe: {inputs.escape(p.stack.file, 200)} does not say "
+                            f"{' and '.join(missing)}", file=out)
     comments: list[tuple[int, str]] = []
     base = _base(p, comments)
     apt, pip = _packages(p, comments)
     _leftovers(p, comments)
-    python = str(compat.facts()["os"][os_[0]][os_[1]]["python"])
+    python = facts().os[os_[0]][os_[1]].python
     vcuda = variant_cuda(t.variant)
     data: dict = {"description": f"from {inputs.escape(Path(p.stack.file).name, 60)} by envbuild audit",
                   "base": {"image": base}, "os": {"id": os_[0], "version": os_[1]}, "python": python,
@@ -169,7 +172,8 @@ def recipe_text(p: Pins, out: str, driver: str | None) -> tuple[str, dict]:
         else:
             data["env"][name_] = value
     data = _fit(data, where, comments)
-    head = [f"# Recipe {inputs.escape(Path(out).stem, 80)}: written by `envbuild audit {inputs.escape(p.stack.file, 200)} --to-recipe`.",
+    head = [f"# Recipe {inputs.escape(Path(out).stem, 80)}: written by "
+            f"`envbuild audit {inputs.escape(p.stack.file, 200)} --to-recipe`.",
             "# Not carried over (by line of the audited file):"]
     comments.sort(key=lambda c: c[0])
     shown = [text for _line, text in comments[:MAX_COMMENTS]] or ["(nothing)"]
@@ -189,7 +193,8 @@ def write(audited: Audited, out: str, driver: str | None = None) -> Path:
         OSError: the file cannot be written (the CLI: exit 3).
     """
     if audited.pins is None or audited.result.exit_code >= 2:
-        raise EnvbuildError(f"not written: {inputs.escape(audited.result.file, 200)} has errors (fix them first)", file=out)
+        raise EnvbuildError(f"not written: {inputs.escape(audited.result.file, 200)} has errors (fix them first)",
+                            file=out)
     text, _data = recipe_text(audited.pins, out, driver)
     spec = judge.check_data(inputs.load_yaml(text, out), out)
     if spec.failed:

@@ -29,8 +29,8 @@ Stdlib only.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 # anything before the prefix (a torchrun "[rank0]:" tag, a timestamp) is skipped
 _PREFIX_RE = re.compile(
@@ -110,9 +110,10 @@ def parse(texts: str | Iterable[str]) -> NcclLog:
                 pending.append((proc, msg))
     plugin_nets: dict[int, str] = {}
     for proc, msg in pending:
-        rank = proc_rank.get(proc)
-        if rank is None:
+        found = proc_rank.get(proc)
+        if found is None:
             continue
+        rank = found
         if (u := _USING_NETWORK_RE.match(msg)) is not None:
             out.networks.setdefault(rank, u.group("net"))  # the choice: wins
         elif (n := _NET_PLUGIN_RE.match(msg)) is not None:

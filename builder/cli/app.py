@@ -360,69 +360,59 @@ def _check_launcher_args(args) -> None:
     slurm.check_slurm_dir(os.path.abspath(args.slurm_dir or args.images_dir))
 
 
-def _launcher(args, client, image: str):
-    """``(launcher, run id)`` for ``--launcher``: ``(None, None)`` for local (certify's
-    default); a :class:`~builder.launchers.slurm.SlurmLauncher` whose run folder goes under
+def _overrides(args):
+    """The :class:`~builder.certify.settings.Overrides` of the certification options."""
+    from builder.certify.settings import Overrides
+
+    return Overrides(nodes=args.nodes, gpus_per_node=args.gpus_per_node, backend=args.backend, port=args.port,
+                     timeout_s=args.timeout, min_busbw_gbps=args.min_busbw, socket_ifname=args.socket_ifname)
+
+
+def _launcher(args, client, recipe_name: str):
+    """The launcher of ``--launcher``: None for local (certify's default, on the image's
+    engine); a :class:`~builder.launchers.slurm.SlurmLauncher` whose run folder goes under
     ``--slurm-dir`` (default ``images/<recipe>/certificates/``); the Kubernetes launcher
     with its default options (``envbuild k8s render --apply`` has all of them). The
     arguments were checked by :func:`_check_launcher_args` (again here: cheap, local)."""
     _check_launcher_args(args)
     kind = getattr(args, "launcher", None) or "local"
     if kind == "local":
-        return None, None
-    from builder.certify import certify
-    from builder.image import engine
-
-    run_id = engine.new_run_id()
+        return None
     if kind == "k8s":
         from builder.launchers.k8s.launcher import K8sLauncher
         from builder.launchers.k8s.options import K8sOptions
 
-        return K8sLauncher(K8sOptions()), run_id
+        return K8sLauncher(K8sOptions())
     from builder.launchers import slurm
 
-    labels, lock = certify.read_image(client, image)
-    recipe_name = labels.get("envbuild.recipe") or lock.get("recipe") or "unknown"
     base = Path(args.slurm_dir) if args.slurm_dir else slurm.default_slurm_dir(args.images_dir, recipe_name)
-    return slurm.SlurmLauncher(base, _slurm_options(args), client=client), run_id
+    return slurm.SlurmLauncher(base, _slurm_options(args), client=client)
 
 
 def _certify(args, image: str) -> int:
     """Certify ``image`` as the options say; print the verdict (also when the certificate
     cannot be written: then exit 3 after it, naming the file)."""
-    from builder.certify import certify
+    from builder.certify import certificate, run, table
+    from builder.certify.source import EngineImage
     from builder.image import engine
 
     _check_launcher_args(args)
     client = engine.connect()
-    launcher, run_id = _launcher(args, client, image)
+    kind = getattr(args, "launcher", None) or "local"
+    # on a cluster the nodes have the GPUs, not this host's engine: the scheduler decides
+    p = run.plan(EngineImage(client, image), _overrides(args), gpu_visible=True if kind != "local" else None)
+    launcher = _launcher(args, client, p.image.labels.get("envbuild.recipe") or p.image.lock.get("recipe") or "unknown")
     try:
-        cert, path = certify.certify(
-            client,
-            image,
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            backend=args.backend,
-            port=args.port,
-            timeout_s=args.timeout,
-            min_busbw_gbps=args.min_busbw,
-            images_dir=Path(args.images_dir),
-            console=console,
-            launcher=launcher,
-            run_id=run_id,
-            # on a cluster the nodes have the GPUs, not this host's engine: the scheduler decides
-            gpu_visible=True if launcher is not None else None,
-            socket_ifname=args.socket_ifname,
-        )
-    except certify.CertificateNotWritten as e:
-        certify.print_table(e.certificate, out, written=False)
+        cert, path = run.run(p, images_dir=Path(args.images_dir), console=console, launcher=launcher)
+    except certificate.CertificateNotWritten as e:
+        table.print_table(e.certificate, out, written=False)
         raise
-    certify.print_table(cert, out, path=path)
+    table.print_table(cert, out, path=path)
     if getattr(launcher, "job_id", None):
         out.print(f"slurm: job {launcher.job_id}; script, logs and results in {launcher.folder}",
                   markup=False, soft_wrap=True)
     out.print(f"certificate: {path}", markup=False, soft_wrap=True)
-    return ExitCode.OK if cert["verdict"]["passed"] else ExitCode(cert["verdict"]["exit_code"])
+    return ExitCode.OK if cert.verdict.passed else ExitCode(cert.verdict.exit_code)
 
 
 def cmd_certify(args) -> int:
@@ -691,13 +681,13 @@ def _k8s_source(args):
         return ref, lock, labels, None, {str(k): str(v) for k, v in env.items()}
     if args.image:
         raise UsageError(f"envbuild k8s render: --image goes with a recipe name; {name!r} is read as an image")
-    from builder.certify import certify
+    from builder.certify.source import read_image
     from builder.image import engine
     from builder.oci import reference
 
     reference.parse(name, field="image")
     client = engine.connect()
-    labels, lock = certify.read_image(client, name)
+    labels, lock = read_image(client, name)
     img = client.images.get(name)
     ref = naming.require_digest(name, args.allow_tag, candidates=list(img.attrs.get("RepoDigests") or []))
     return ref, lock, labels, img.id, engine.image_env(client, name)
@@ -728,56 +718,40 @@ def cmd_k8s_render(args) -> int:
     """``envbuild k8s render IMAGE_OR_RECIPE --out DIR [--apply]``: write the Kubernetes
     manifests of a certification run; with ``--apply`` run them and write the certificate."""
     import dataclasses
-    import socket
 
-    from builder.certify import certify
-    from builder.image import engine
-    from builder.launchers.base import LaunchSpec
+    from builder.certify import certificate, run, table
+    from builder.certify.source import ImageFacts
     from builder.launchers.k8s.kubeconfig import find_kubeconfig
     from builder.launchers.k8s.launcher import K8sLauncher
     from builder.launchers.k8s.manifests import render_manifests, write_manifests
 
     opts, env = _k8s_options(args)
     ref, lock, labels, image_id, image_env = _k8s_source(args)
-    s = certify.resolve_settings(
-        lock, gpu_visible=True, nodes=args.nodes, gpus_per_node=args.gpus_per_node, backend=args.backend,
-        port=args.port, timeout_s=args.timeout, min_busbw_gbps=args.min_busbw,
-        recipe_backend=labels.get("envbuild.backend"))
-    for w in s.warnings:
-        console.print(f"warning: {w}", soft_wrap=True, markup=False)
-    run_id = args.run_id or engine.new_run_id()
     recipe_name = labels.get("envbuild.recipe") or lock.get("recipe")
-    spec = LaunchSpec(image=ref, nodes=s.nodes, gpus_per_node=s.gpus_per_node, backend=s.backend, port=s.port,
-                      shm_size=s.shm_size, timeout_s=s.timeout_s, bench_args=s.bench_args(), env=env, run_id=run_id,
-                      labels={"envbuild.recipe": recipe_name} if recipe_name else {}, socket_ifname=args.socket_ifname)
+    facts = ImageFacts(ref, labels, lock, image_env, image_id, (ref,) if "@" in ref else ())
+    p = run.plan(facts, _overrides(args), gpu_visible=True, run_id=args.run_id, extra_env=env,
+                 labels={"envbuild.recipe": recipe_name} if recipe_name else {})
+    for w in p.settings.warnings:
+        console.print(f"warning: {w}", soft_wrap=True, markup=False)
     annotations = {k: labels[k] for k in ("envbuild.lock-hash",) if labels.get(k)}
     opts = dataclasses.replace(opts, annotations=annotations)
-    for path in write_manifests(render_manifests(spec, opts), args.out):
+    for path in write_manifests(render_manifests(p.spec, opts), args.out):
         out.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
     if not args.apply:
-        out.print(f"run {run_id}: apply with `kubectl apply -f {args.out}`", markup=False, highlight=False, soft_wrap=True)
+        out.print(f"run {p.spec.run_id}: apply with `kubectl apply -f {args.out}`", markup=False, highlight=False,
+                  soft_wrap=True)
         return ExitCode.OK
     launcher = K8sLauncher(opts, kubeconfig=args.kubeconfig or find_kubeconfig(manifests=str(args.out)),
                            context=args.context, namespace=args.namespace)
-    head = f"k8s run {run_id}: {s.nodes} pod(s) x {s.nproc_per_node} rank(s), backend {s.backend}, image {ref}"
-    console.print(head, markup=False, highlight=False, soft_wrap=True)
-    with console.status(head) as status:
-        launch = launcher.run(spec, on_progress=lambda msg: status.update(msg))
-    sock = certify.socket_settings(image_env, args.socket_ifname)
-    certify.check_results(launch, spec)
-    verdict = certify.judge(s, launch, lock, sock)
-    cert = certify.build_certificate(
-        image_ref=ref, image_id=image_id, repo_digests=[ref] if "@" in ref else [], labels=labels, lock=lock,
-        settings=s, launch=launch, verdict=verdict, run_id=run_id, sock=sock,
-        host={"hostname": socket.gethostname(), "launcher": "k8s", "namespace": launcher.api.namespace})
     try:
-        path = certify.write_certificate(cert, Path(args.images_dir))
-    except certify.CertificateNotWritten:
-        certify.print_table(cert, out, written=False)
+        cert, path = run.run(p, images_dir=Path(args.images_dir), console=console, launcher=launcher,
+                             host={"launcher": "k8s", "namespace": launcher.api.namespace})
+    except certificate.CertificateNotWritten as e:
+        table.print_table(e.certificate, out, written=False)
         raise
-    certify.print_table(cert, out, path=path)
+    table.print_table(cert, out, path=path)
     out.print(f"certificate: {path}", markup=False, highlight=False, soft_wrap=True)
-    return ExitCode.OK if verdict["passed"] else ExitCode(verdict["exit_code"])
+    return ExitCode.OK if cert.verdict.passed else ExitCode(cert.verdict.exit_code)
 
 
 def _add_k8s(sub) -> None:
@@ -829,11 +803,11 @@ def _add_site(p: argparse.ArgumentParser) -> None:
 
 
 def _socket_ifname_arg(text: str) -> str:
-    """argparse type of ``--socket-ifname`` (:func:`builder.certify.certify.check_socket_ifname`)."""
-    from builder.certify import certify
+    """argparse type of ``--socket-ifname`` (:func:`builder.launchers.base.check_socket_ifname`)."""
+    from builder.launchers.base import check_socket_ifname
 
     try:
-        return certify.check_socket_ifname(text)
+        return check_socket_ifname(text)
     except EnvbuildError as e:
         raise argparse.ArgumentTypeError(f"{show(text)} {e.message}") from None
 

@@ -1,25 +1,58 @@
-"""The launcher interface: start the ranks of a certification run somewhere, collect results.
+"""What every launcher shares: the interface, and how a node is set up.
 
 A launcher takes a :class:`LaunchSpec` (plain data: which image, how many nodes and GPUs,
-the bench options) and returns a :class:`LaunchResult` (plain data: the per-rank result
-documents of the in-image bench, schema ``envbuild.rank-result/1``, plus what happened to
-each node). Judging the results is :mod:`builder.certify.certify`'s job, not the launcher's.
+the bench options) and returns a :class:`LaunchResult` (the per-rank result documents of
+the in-image bench, :class:`~builder.launchers.model.RankResult`, plus what happened to
+each node). Judging the results is :mod:`builder.certify.verdict`'s job, not the launcher's.
 
 Launchers: :class:`builder.launchers.local.LocalDockerLauncher` (one Docker container per
 simulated node on this engine), :class:`builder.launchers.slurm.SlurmLauncher` (one Slurm
-batch job) and the Kubernetes launcher implement the same :class:`Launcher` protocol.
+batch job) and the Kubernetes launcher implement the same :class:`Launcher` protocol. They
+share, from here: the torchrun command (:func:`torchrun_argv`), the node environment
+(:func:`node_env`), the labels of what they create (:func:`labels_for`), the socket
+settings (:func:`socket_env`, :func:`check_socket_ifname`), the in-image code
+(:func:`agent_dir`: the one payload of :mod:`builder.agent.payload`, mounted read-only at
+:data:`MOUNT_POINT`) and the signal deferral of their cleanup (:func:`deferred_signals`);
+from :mod:`.output`, the reading and checking of what the nodes print, and from
+:mod:`.progress`, the progress tracking and hang naming.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import os
 import re
+import signal
 import threading
-import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from builder.agent import payload
+from builder.core.errors import EnvbuildError, ExitCode
+from builder.image import engine
+
+from .model import RankResult
 
 #: Called with one-line progress messages while a launch runs (e.g. for a status line).
 OnProgress = Callable[[str], None]
+
+#: Where the in-image code is mounted (read-only) inside each node; also ``PYTHONPATH``
+#: (makes ``-m bench`` and ``import probe`` work).
+MOUNT_POINT = payload.MOUNT_POINT
+PYTHONPATH = MOUNT_POINT
+#: Where each rank writes its result file inside its node (a private tmpfs or folder).
+RESULTS_MOUNT = "/results"
+#: The arbitrary user the docker nodes run as; deliberately without a passwd entry.
+RUN_USER = "12345:12345"
+#: ``HOME`` inside each node (on the ``/tmp`` tmpfs).
+HOME = "/tmp/home"
+#: Environment variable with extra labels ``key=value,...`` (for tests and CI).
+EXTRA_LABELS_ENV = "ENVBUILD_EXTRA_LABELS"
+
+_LABEL_KEY_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._/-]*\Z")
 
 
 @dataclass
@@ -50,13 +83,13 @@ class LaunchSpec:
     gpus_per_node: int
     backend: str
     port: int
-    shm_size: Optional[str]
+    shm_size: str | None
     timeout_s: float
     bench_args: list[str]
     env: dict[str, str]
     run_id: str
     labels: dict[str, str] = field(default_factory=dict)
-    socket_ifname: Optional[str] = None
+    socket_ifname: str | None = None
 
     @property
     def nproc_per_node(self) -> int:
@@ -83,22 +116,22 @@ class LaunchResult:
     """What a launch produced.
 
     Attributes:
-        rank_results: ``{rank: document}`` for every rank whose result file was read
-            (schema ``envbuild.rank-result/1``).
+        rank_results: ``{rank: result}`` for every rank whose result was read and checked
+            (:func:`builder.launchers.output.check_result`). A launcher that hands plain
+            documents instead has them checked by the certification run.
         node_logs: ``{node: stdout+stderr text}`` of each node that started.
         node_exit_codes: ``{node: exit status}``; None for a node that was killed (still
             running at the deadline or after the grace period) or never started.
         timed_out: the deadline (``timeout_s``) passed with ranks missing.
-        missing_ranks: ranks with no (readable) result file, sorted.
+        missing_ranks: ranks with no (readable) result, sorted.
         started_at: UTC ISO time the nodes were started, e.g. ``"2026-05-12T10:00:00Z"``.
         finished_at: UTC ISO time the launch ended.
         rank_exit_codes: ``{rank: exit status}`` of worker processes that failed, as
             torchrun reported them (e.g. ``{1: 3}``); ranks torchrun did not report are
             absent.
-        rank_problems: ``{rank: reason}`` for ranks that could not be checked: result
-            files that exist but could not be read or are not ``envbuild.rank-result/1``
-            documents, or ranks stopped from outside before they reported (a Slurm job
-            cancelled or never started).
+        rank_problems: ``{rank: reason}`` for ranks that could not be checked: results
+            that could not be read or are not of this run, or ranks stopped from outside
+            before they reported (a Slurm job cancelled or never started).
         killed_after_s: for a launch cut short because a node failed: seconds of grace
             the other nodes got before being killed; None otherwise.
         cleanup_errors: what could not be removed afterwards (one line each); filled in
@@ -109,7 +142,8 @@ class LaunchResult:
         deadline_s: the deadline actually enforced, in seconds, when it is not
             ``spec.timeout_s`` (e.g. a Slurm time limit); None otherwise.
         progress: ``{rank: state}`` of the ranks' progress lines when the launch gave up
-            waiting (:meth:`ProgressTracker.snapshot`); {} when the launcher reads none.
+            waiting (:meth:`~builder.launchers.progress.ProgressTracker.snapshot`); {} when
+            the launcher reads none.
         socket_seen: ``{rank: {"GLOO_SOCKET_IFNAME": str|None, "NCCL_SOCKET_IFNAME":
             str|None}}``: what each rank saw (its ``start`` progress line), {} if unknown.
         interfaces_seen: ``{rank: {interface: is loopback}}`` from the same line.
@@ -117,19 +151,19 @@ class LaunchResult:
             line each, e.g. a network left by an envbuild killed with SIGKILL).
     """
 
-    rank_results: dict[int, dict]
+    rank_results: dict[int, RankResult]
     node_logs: dict[int, str]
-    node_exit_codes: dict[int, Optional[int]]
+    node_exit_codes: dict[int, int | None]
     timed_out: bool
     missing_ranks: list[int]
     started_at: str
     finished_at: str
     rank_exit_codes: dict[int, int] = field(default_factory=dict)
     rank_problems: dict[int, str] = field(default_factory=dict)
-    killed_after_s: Optional[float] = None
+    killed_after_s: float | None = None
     cleanup_errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    deadline_s: Optional[float] = None
+    deadline_s: float | None = None
     progress: dict[int, dict] = field(default_factory=dict)
     socket_seen: dict[int, dict] = field(default_factory=dict)
     interfaces_seen: dict[int, dict] = field(default_factory=dict)
@@ -146,50 +180,135 @@ class Launcher(Protocol):
     or hangs is not an exception but part of the result.
     """
 
-    def run(self, spec: LaunchSpec, on_progress: Optional[OnProgress] = None) -> LaunchResult:
+    def run(self, spec: LaunchSpec, on_progress: OnProgress | None = None) -> LaunchResult:
         ...
 
 
-#: Schema of the per-rank result the in-image bench writes (``builder/agent/bench/__init__.py``).
-RESULT_SCHEMA = "envbuild.rank-result/1"
-
-#: Largest result document or progress line read, in bytes (as node reports: 16 MiB).
-MAX_RESULT_BYTES = 16 << 20
+def utc_now_iso() -> str:
+    """Current UTC time, ISO 8601 with seconds and ``Z``: ``"2026-05-12T10:00:00Z"``."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def result_problem(doc: object, rank: int, what: str = "result file", *, run_id: Optional[str] = None,
-                   world_size: Optional[int] = None) -> Optional[str]:
-    """Why ``doc`` is not a usable result of ``rank`` of this run (None when it is): not a
-    ``envbuild.rank-result/1`` mapping, written by another rank, by another run (its
-    ``run_id`` is not ``run_id``: a stale or planted result), or for another world size.
-    ``run_id``/``world_size`` None skip those checks. ``what`` names where it came from in
-    the message (``"result file"``, ``"result"``). One line, values escaped."""
-    from builder.core.inputs import show
+# --------------------------------------------------------------------------- labels
 
-    if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA:
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        return f"{what} is not {RESULT_SCHEMA} (got {show(got, 60)})"
-    if doc.get("rank") != rank:
-        return f"{what} rank-{rank}.json says rank {show(doc.get('rank'), 40)}"
-    if run_id is not None and doc.get("run_id") != run_id:
-        return (f"{what} of rank {rank} is from run {show(doc.get('run_id'), 60)}, not this run "
-                f"{run_id}: refused (stale or planted)")
-    if world_size is not None and doc.get("world_size") != world_size:
-        return (f"{what} of rank {rank} is for world size {show(doc.get('world_size'), 40)}, not "
-                f"{world_size}: refused")
-    return None
+
+def parse_extra_labels(text: str | None) -> dict[str, str]:
+    """Parse ``"key=value,key2=value2"`` (blanks around items ignored) into a dict.
+
+    ``None`` or ``""`` gives ``{}``. Values may be empty (``"key="``).
+
+    Raises:
+        EnvbuildError: (exit 2) an item has no ``=`` or its key is not a label key.
+    """
+    labels: dict[str, str] = {}
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not _LABEL_KEY_RE.fullmatch(key):
+            raise EnvbuildError("expected key=value[,key=value...]", field=EXTRA_LABELS_ENV, value=text)
+        labels[key] = value.strip()
+    return labels
+
+
+def extra_labels_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The labels in ``$ENVBUILD_EXTRA_LABELS`` (see :func:`parse_extra_labels`)."""
+    environ = os.environ if environ is None else environ
+    return parse_extra_labels(environ.get(EXTRA_LABELS_ENV))
+
+
+def labels_for(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Labels of everything a launch creates: env extras, then ``spec.labels``, then
+    :func:`builder.image.engine.run_labels` (which win)."""
+    return {**extra_labels_from_env(environ), **spec.labels, **engine.run_labels(spec.run_id)}
+
+
+# --------------------------------------------------------------------------- the node
+
+
+def agent_dir() -> Path:
+    """The in-image code every launcher ships (:data:`builder.agent.payload.AGENT_DIR`:
+    ``bench/``, ``probe/``...), checked to be there.
+
+    Raises:
+        EnvbuildError: (exit 2) the bench or the probe is missing from the package.
+    """
+    root = payload.AGENT_DIR
+    for p in (root / "bench" / "__main__.py", root / "probe" / "__main__.py"):
+        if not p.is_file():
+            raise EnvbuildError("missing from the envbuild package", field="file", value=str(p))
+    return root
+
+
+def torchrun_argv(spec: LaunchSpec, node: Any, *, master_addr: Any = "node-0", master_port: Any = None) -> list[Any]:
+    """The command of node ``node``: torchrun (static rendezvous on ``master_addr``, port
+    ``master_port``, default ``spec.port``) running the bench, which prints its result on
+    stdout (``--result-to-stdout``) besides its file in :data:`RESULTS_MOUNT`. ``node`` and
+    the master may be words a launcher fills in later (a shell variable)."""
+    return [
+        "python3", "-m", "torch.distributed.run",
+        "--nnodes", str(spec.nodes),
+        "--nproc-per-node", str(spec.nproc_per_node),
+        "--node-rank", node if not isinstance(node, int) else str(node),
+        "--master-addr", master_addr,
+        "--master-port", str(spec.port) if master_port is None else master_port,
+        "--max-restarts", "0",
+        "-m", "bench", "--out", RESULTS_MOUNT,
+        *spec.bench_args, "--result-to-stdout",
+    ]
+
+
+def node_env(spec: LaunchSpec, node: int) -> dict[str, str]:
+    """Environment of node ``node``: the launcher's settings, the ``--socket-ifname``
+    override (:func:`socket_env`; without it the image's own ``GLOO_SOCKET_IFNAME``/
+    ``NCCL_SOCKET_IFNAME``, if any, stay in effect), then ``spec.env``."""
+    env = {
+        "PYTHONPATH": PYTHONPATH,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "HOME": HOME,
+        # getpass.getuser() looks at USER before the (missing) passwd entry
+        "USER": "envbuild",
+        **socket_env(spec.socket_ifname),
+        "ENVBUILD_RUN_ID": spec.run_id,
+        "ENVBUILD_NODE": str(node),
+        "ENVBUILD_IMAGE": spec.image,  # the probe records the image in use (node report)
+    }
+    if spec.backend == "nccl":
+        env["NCCL_DEBUG"] = "INFO"
+    env.update(spec.env)
+    return env
 
 
 # --------------------------------------------------------------------------- socket settings
 
 #: What ``--socket-ifname`` accepts: NCCL_SOCKET_IFNAME's syntax (``src/misc/socket.cc``):
 #: an optional ``^`` (exclude) and ``=`` (exact names), then a comma list of interface
-#: names or prefixes (Linux names: at most 15 characters, IFNAMSIZ 16).
+#: names or prefixes (Linux names: at most 15 characters, IFNAMSIZ 16). Use with fullmatch.
 SOCKET_IFNAME_RE = re.compile(r"\A\^?=?[A-Za-z0-9_.:-]{1,15}(?:,[A-Za-z0-9_.:-]{1,15}){0,15}\Z")
 SOCKET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
-def socket_env(ifname: Optional[str]) -> dict[str, str]:
+def check_socket_ifname(value: str | None, field_: str = "socket_ifname") -> str | None:
+    """``value`` when it is a valid ``--socket-ifname`` (None passes): NCCL's syntax, an
+    optional ``^`` and ``=`` then a comma list of interface names (at most 15 characters
+    each, ``[A-Za-z0-9_.:-]``; :data:`SOCKET_IFNAME_RE`, matched whole).
+
+    Raises:
+        EnvbuildError: (exit 64, field ``field_``) anything else, e.g. ``'eth0\\n'``,
+            ``'eth0;rm'``, ``''``.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str) or not SOCKET_IFNAME_RE.fullmatch(value):
+        raise EnvbuildError("is not a network interface name list ([^][=]NAME[,NAME...], names of at "
+                            "most 15 characters [A-Za-z0-9_.:-])", field=field_, value=value,
+                            exit_code=ExitCode.USAGE)
+    return value
+
+
+def socket_env(ifname: str | None) -> dict[str, str]:
     """The environment ``--socket-ifname IFNAME`` sets on every node ({} for None).
 
     ``NCCL_SOCKET_IFNAME`` gets the value as written. ``GLOO_SOCKET_IFNAME`` (a comma
@@ -205,141 +324,35 @@ def socket_env(ifname: Optional[str]) -> dict[str, str]:
     return {"GLOO_SOCKET_IFNAME": gloo, "NCCL_SOCKET_IFNAME": ifname}
 
 
-# --------------------------------------------------------------------------- progress
-
-PROGRESS_PREFIX = "@@envbuild-progress "
-RESULT_PREFIX = "@@envbuild-result "
-#: A rank whose last progress line is older than this many seconds when the launch gives
-#: up has stopped (the bench beats every 2 s while alive, ``bench.progress``).
-SILENT_AFTER_S = 10.0
+# --------------------------------------------------------------------------- signals
 
 
-def parse_progress_line(line: str) -> Optional[dict]:
-    """The document of one ``@@envbuild-progress {...}`` line, checked (never raises):
-    a phase line (``rank`` and ``seq`` integers, ``phase`` a string) or a beat line of
-    the rank's heartbeat process (``rank`` and ``beat`` integers, ``state`` a string);
-    None for anything else."""
-    if not line.startswith(PROGRESS_PREFIX) or len(line) > 65536:
-        return None
-    from builder.core.errors import EnvbuildError
-    from builder.core.inputs import load_json
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Hold off SIGINT and SIGTERM while cleaning up; re-raise one afterwards.
 
-    try:
-        doc = load_json(line[len(PROGRESS_PREFIX):], "progress line", max_depth=4)
-    except EnvbuildError:
-        return None
-    if not isinstance(doc, dict) or type(doc.get("rank")) is not int:
-        return None
-    if type(doc.get("seq")) is int and isinstance(doc.get("phase"), str):
-        return doc
-    if type(doc.get("beat")) is int and isinstance(doc.get("state"), str) and "phase" not in doc:
-        return doc
-    return None
-
-
-#: Process states (``/proc/PID/stat``) of a rank stopped by a signal (SIGSTOP, a tracer).
-STOPPED_STATES = ("T", "t")
-
-
-class ProgressTracker:
-    """The last phase and heartbeat of every rank, and when they arrived (thread-safe).
-
-    Args:
-        world_size: ranks of the run; lines of other ranks are ignored.
-        run_id: lines of another run are ignored (None: not checked).
-        clock: seconds, monotonic (the host's clock at arrival is what counts: a frozen
-            rank's own clock says nothing).
+    In the main thread only (elsewhere a no-op). A signal received inside raises
+    ``KeyboardInterrupt`` once the block is done, so a second Ctrl-C cannot cut the
+    cleanup short.
     """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
 
-    def __init__(self, world_size: int, run_id: Optional[str] = None, clock=time.monotonic) -> None:
-        self.world_size = world_size
-        self.run_id = run_id
-        self.clock = clock
-        self._mu = threading.Lock()
-        self._phase: dict[int, dict] = {}
-        self._state: dict[int, str] = {}
-        self._seen_at: dict[int, float] = {}
-        self._phase_at: dict[int, float] = {}
-        self.socket: dict[int, dict] = {}
-        self.interfaces: dict[int, dict] = {}
+    def _note(signum: int, frame: object) -> None:
+        received.append(signum)
 
-    def feed(self, line: str, at: Optional[float] = None) -> bool:
-        """Take one output line; True when it was a progress line of this run."""
-        doc = parse_progress_line(line)
-        if doc is None or not 0 <= doc["rank"] < self.world_size:
-            return False
-        if self.run_id is not None and doc.get("run") != self.run_id:
-            return False
-        now = self.clock() if at is None else at
-        r = doc["rank"]
-        with self._mu:
-            self._seen_at[r] = now
-            if "beat" in doc:
-                self._state[r] = doc["state"][:8]
-                return True
-            prev = self._phase.get(r)
-            if prev is None or doc["seq"] != prev["seq"]:
-                self._phase_at[r] = now
-            self._phase[r] = doc
-            if doc["phase"] == "start" and "socket" in doc:
-                self.socket[r] = _socket_of(doc.get("socket"))
-                ifs = doc.get("interfaces")
-                if isinstance(ifs, dict):
-                    self.interfaces[r] = {str(k)[:32]: bool(v) for k, v in list(ifs.items())[:64]}
-        return True
-
-    def snapshot(self, at: Optional[float] = None) -> dict[int, dict]:
-        """``{rank: {"phase", "detail", "collective", "seq", "state", "silent_s",
-        "in_phase_s"}}`` at ``at`` (default now), for each rank that printed a phase: its
-        last phase, its process state in the last beat (None before the first),
-        seconds since its last line of either kind (``silent_s``) and since it entered
-        the phase (``in_phase_s``)."""
-        now = self.clock() if at is None else at
-        with self._mu:
-            out = {}
-            for r, d in sorted(self._phase.items()):
-                detail = d.get("detail")
-                out[r] = {"phase": d["phase"][:80], "detail": detail[:80] if isinstance(detail, str) else None,
-                          "collective": bool(d.get("collective")), "seq": d["seq"],
-                          "state": self._state.get(r),
-                          "silent_s": round(max(0.0, now - self._seen_at[r]), 1),
-                          "in_phase_s": round(max(0.0, now - self._phase_at[r]), 1)}
-            return out
-
-
-def progress_from_logs(logs, world_size: int, run_id: Optional[str] = None) -> ProgressTracker:
-    """A :class:`ProgressTracker` fed from whole node logs read after the fact (a launcher
-    that cannot watch the output as it comes, e.g. Kubernetes pod logs): each line counts
-    at the time it carries (``t``, the rank's clock); :meth:`ProgressTracker.snapshot` at
-    ``tracker.latest`` then tells how long each rank was silent before the last line seen."""
-    tracker = ProgressTracker(world_size, run_id)
-    tracker.latest = 0.0
-    for text in logs:
-        for line in (text or "").splitlines():
-            doc = parse_progress_line(line) if line.startswith(PROGRESS_PREFIX) else None
-            t = doc.get("t") if doc else None
-            if isinstance(t, (int, float)) and not isinstance(t, bool):
-                tracker.feed(line, at=float(t))
-                tracker.latest = max(tracker.latest, float(t))
-    return tracker
-
-
-def _socket_of(value: object) -> dict:
-    value = value if isinstance(value, Mapping) else {}
-    return {k: (value.get(k) if isinstance(value.get(k), str) else None) for k in SOCKET_VARS}
-
-
-def parse_result_line(line: str, node: int) -> tuple[Optional[dict], Optional[str]]:
-    """``(document, None)`` of one ``@@envbuild-result {...}`` line printed by node
-    ``node``, or ``(None, why)`` when it is not JSON within the bounds
-    (:func:`builder.core.inputs.load_json`; at most :data:`MAX_RESULT_BYTES`)."""
-    from builder.core.errors import EnvbuildError
-    from builder.core.inputs import load_json
-
-    body = line[len(RESULT_PREFIX):]
-    if len(body) > MAX_RESULT_BYTES:
-        return None, f"a result line of node {node} is over {MAX_RESULT_BYTES} bytes"
+    old = {}
+    for s in (signal.SIGINT, signal.SIGTERM):
+        try:
+            old[s] = signal.signal(s, _note)
+        except (ValueError, OSError):
+            pass
     try:
-        return load_json(body, f"node-{node} output"), None
-    except EnvbuildError as e:
-        return None, f"unreadable result printed by node {node}: {e}"
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if received:
+            raise KeyboardInterrupt(signal.Signals(received[0]).name)

@@ -1,6 +1,6 @@
 """A certificate as an in-toto attestation, optionally signed in a DSSE envelope.
 
-The certificate (``envbuild.certificate/1``, :mod:`builder.certify`) is published next to
+The certificate (``envbuild.certificate/1``, :mod:`builder.certify.certificate`) is published next to
 the image it certifies as an **in-toto Statement v1**
 (https://github.com/in-toto/attestation/blob/main/spec/v1/statement.md)::
 

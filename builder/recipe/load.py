@@ -19,11 +19,13 @@ All problems of one file are reported together, one line each, in document order
 ``recipes/x.yaml: torch.version: '2.8;rm -rf /' is not a version``. :func:`parse` returns
 the recipe with the fields that failed left out (named in :attr:`Loaded.invalid`) and the
 errors, so that the compatibility rules can still run on the fields that validated;
-:func:`load` raises them. The schema is documented in README.md ("Recipe schema").
+:func:`load` raises them; :func:`validate` does what :func:`parse` does for a mapping built
+in memory. The schema is documented in README.md ("Recipe schema").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import typing
 from dataclasses import dataclass
@@ -87,18 +89,27 @@ def parse(path: str | Path) -> Loaded:
     data = inputs.load_yaml(text, file)
     if not isinstance(data, dict):
         raise EnvbuildError("a recipe must be a YAML mapping", file=file)
+    loaded = validate(data, file, p.stem)
+    if not (len(loaded.name) <= MAX_RECIPE_NAME and RECIPE_NAME.fullmatch(loaded.name)):
+        named = EnvbuildError(
+            f"is not named as a recipe: <name>.yaml with a <name> of at most {MAX_RECIPE_NAME} characters "
+            "[a-z0-9] joined by '.', '_', '__' or '-' (a docker repository name)", file=file)
+        loaded = dataclasses.replace(loaded, errors=(named, *loaded.errors))
+    return loaded
+
+
+def validate(data: dict[Any, Any], file: str, name: str) -> Loaded:
+    """A recipe mapping (as :func:`builder.core.inputs.load_yaml` gives it) validated field by
+    field: what :func:`parse` does once the file is read, for a recipe built in memory
+    (``envbuild audit`` builds one from a Dockerfile). ``file`` and ``name`` name it in the
+    errors and the :class:`Loaded`. Returns the :class:`Loaded` with every schema error
+    (exit 2), in document order, the recipe without those fields; never raises for bad data."""
     data = normalise(data, Recipe)
     found = list(docmodel.violations(data, Recipe, control=control_message))
-    errors = docmodel.errors(found, file=file)
-    name = p.stem
-    if not (len(name) <= MAX_RECIPE_NAME and RECIPE_NAME.fullmatch(name)):
-        errors.insert(0, EnvbuildError(
-            f"is not named as a recipe: <name>.yaml with a <name> of at most {MAX_RECIPE_NAME} characters "
-            "[a-z0-9] joined by '.', '_', '__' or '-' (a docker repository name)", file=file))
     invalid = frozenset(field for field, _value, _message in found)
     recipe = docmodel.partial(data, Recipe, invalid) if found else msgspec.convert(data, Recipe, strict=True)
     return Loaded(name=name, path=file, recipe=_canonical(recipe, data, invalid), invalid=invalid,
-                  errors=tuple(errors))
+                  errors=tuple(docmodel.errors(found, file=file)))
 
 
 def load(path: str | Path) -> Loaded:

@@ -23,7 +23,7 @@ waiting, ``T``/``t`` stopped by a signal such as SIGSTOP). A separate process, n
 thread: a rank blocked in a call that holds the GIL (gloo's rendezvous does) still beats,
 while a frozen container (``docker pause``) beats no more. The heartbeat process ends as
 soon as the rank is gone. The host tells a rank that stopped making progress from the
-ranks that wait for it (:class:`builder.launchers.base.ProgressTracker`).
+ranks that wait for it (:class:`builder.launchers.progress.ProgressTracker`).
 
 A rank's result document may be printed the same way (``@@envbuild-result <JSON>``, one
 line; see :func:`Progress.result`). Every line of this module is written under a lock

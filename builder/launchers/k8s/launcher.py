@@ -110,7 +110,7 @@ class K8sLauncher:
                 kubeconfig, cluster unreachable, an image that cannot be pulled.
             KeyboardInterrupt: passed on, after the cleanup.
         """
-        from ..local import deferred_signals, utc_now_iso
+        from ..base import deferred_signals, utc_now_iso
 
         say = on_progress or (lambda msg: None)
         objects = load_objects(render_manifests(spec, self.options, self.code))

@@ -94,7 +94,7 @@ def manifest_labels(spec: LaunchSpec, environ: Mapping[str, str] | None = None) 
     """
     from builder.image import engine
 
-    from ..local import extra_labels_from_env
+    from ..base import extra_labels_from_env
 
     return check_labels({
         **extra_labels_from_env(environ),

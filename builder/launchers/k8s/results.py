@@ -16,7 +16,10 @@ from typing import Any
 from builder.core.errors import EnvbuildError
 from builder.core.inputs import load_json, one_line
 
-from ..base import MAX_RESULT_BYTES, LaunchResult, LaunchSpec, progress_from_logs, result_problem
+from ..base import LaunchResult, LaunchSpec
+from ..model import MAX_RESULT_BYTES
+from ..output import result_problem
+from ..progress import progress_from_logs
 from .pod import RESULT_BEGIN, RESULT_END
 
 _BEGIN_RE = re.compile(rf"{re.escape(RESULT_BEGIN)} rank-(\d{{1,9}})\.json")
@@ -28,8 +31,8 @@ def parse_result_blocks(log: str, run_id: str | None = None, world_size: int | N
     """The result documents a node printed between marker lines (:data:`~.pod.NODE_SCRIPT`).
 
     Each block is parsed with :func:`builder.core.inputs.load_json` (bounded; at most
-    :data:`~builder.launchers.base.MAX_RESULT_BYTES`) and checked with
-    :func:`~builder.launchers.base.result_problem` (and the run id and world size when
+    :data:`~builder.launchers.model.MAX_RESULT_BYTES`) and checked with
+    :func:`~builder.launchers.output.result_problem` (and the run id and world size when
     given).
 
     Returns:
@@ -104,11 +107,11 @@ def assemble_result(spec: LaunchSpec, outcome: Outcome, *, started_at: str, fini
     Results come from the logs (:func:`parse_result_blocks`, checked against the run),
     only for the ranks the node hosts; the per-rank exit codes from torchrun's failure
     summary in the logs; the ranks' progress from their progress lines
-    (:func:`~builder.launchers.base.progress_from_logs`). A failed (not timed-out) run
+    (:func:`~builder.launchers.progress.progress_from_logs`). A failed (not timed-out) run
     whose other nodes were stopped by the Job controller gets ``killed_after_s`` 0
     (``backoffLimit: 0`` gives them no grace).
     """
-    from ..local import parse_torchrun_failures
+    from ..output import parse_torchrun_failures
 
     exit_codes: dict[int, int | None] = {n: None for n in range(spec.nodes)}
     exit_codes.update({n: c for n, c in outcome.exit_codes.items() if 0 <= n < spec.nodes})

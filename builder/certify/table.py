@@ -1,0 +1,137 @@
+"""The certificate on a terminal: nccl-tests columns, DDP per rank, NCCL transports, the
+verdict with its reasons, and for a failing verdict the log excerpt of each failing node."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from .model import Certificate
+
+#: Lines of a failing node's log shown under a failing verdict when none looks like an error.
+LOG_SHOW_LINES = 5
+
+#: A Python exception line (``OverflowError: ...``), also prefixed by torch (``[rank0]: ...``);
+#: torchrun's own ``ChildFailedError`` wraps the real cause and is skipped.
+_ERROR_LINE_RE = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception)(?::.*)?$")
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def log_excerpt(tail: Sequence[str]) -> list[str]:
+    """The lines of a node's log tail worth showing: the last Python exception line
+    (``OverflowError: ...``; not torchrun's ``ChildFailedError`` wrapper), else the last
+    :data:`LOG_SHOW_LINES` non-blank lines."""
+    lines = [line.rstrip() for line in tail if line.strip()]
+    for line in reversed(lines):
+        if _ERROR_LINE_RE.match(line.strip()) and "ChildFailedError" not in line:
+            return [line.strip()]
+    return lines[-LOG_SHOW_LINES:]
+
+
+def failing_nodes(cert: Certificate) -> list[int]:
+    """Nodes that exited non-zero or host a rank that did not report, in order."""
+    bad = {int(n) for n, v in cert.node_status.items() if v.exit_code not in (None, 0)}
+    bad |= {int(r.node) for r in cert.ranks.values() if not r.reported}
+    return sorted(bad)
+
+
+def _head(cert: Certificate) -> str:
+    b = cert.backend
+    return (f"{cert.image.ref}: recipe {cert.recipe}, lock {str(cert.lock_hash or '').split(':')[-1][:12]}, "
+            f"backend {b.used}" + (f" (recipe: {b.recipe})" if b.used != b.recipe else "")
+            + f", {cert.nodes} node(s) x {cert.nproc_per_node} = world {cert.world_size}")
+
+
+def _allreduce(cert: Certificate, console: Any) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    th = cert.thresholds
+    t = Table(title="all-reduce (sum)", title_justify="left")
+    for col in ("size (B)", "count", "type", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"):
+        t.add_column(col, justify="right")
+    for row in cert.allreduce:
+        gate = th.min_busbw_gbps is not None and row.size_bytes == th.busbw_size
+        t.add_row(str(row.size_bytes), str(row.count), str(row.type), _fmt(row.time_us, ".2f"),
+                  _fmt(row.algbw_gbps, ".3f"), Text(_fmt(row.busbw_gbps, ".3f") + (" *" if gate else "")),
+                  Text(str(row.wrong), style="red" if row.wrong else ""))
+    console.print(t)
+    if th.min_busbw_gbps is not None:
+        console.print(f"* gate: busbw >= {th.min_busbw_gbps:g} GB/s at {th.busbw_size} B ({th.source})",
+                      markup=False, highlight=False)
+
+
+def _ddp_and_transports(cert: Certificate, console: Any) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    ddp = cert.ddp
+    if ddp:
+        d = Table(title=f"DDP {ddp.model} ({ddp.source}): {ddp.steps} step(s) x {ddp.batch_size} images "
+                        f"{ddp.image_size}px", title_justify="left")
+        for col in ("rank", "images/s", "param checksum", "identical"):
+            d.add_column(col, justify="right" if col != "param checksum" else "left")
+        mism = set(ddp.mismatched_ranks)
+        for r, v in sorted(ddp.ranks.items(), key=lambda kv: int(kv[0])):
+            d.add_row(r, _fmt(v.images_per_s, ".2f"), str(v.param_checksum or "-")[:16],
+                      Text("no", style="red") if int(r) in mism else Text("yes"))
+        console.print(d)
+    if cert.transports:
+        n = Table(title="NCCL transports", title_justify="left")
+        n.add_column("rank", justify="right")
+        n.add_column("transports")
+        n.add_column("network")
+        nets = cert.nccl.networks if cert.nccl else {}
+        for r, via in sorted(cert.transports.items(), key=lambda kv: int(kv[0])):
+            n.add_row(r, ", ".join(via) if via else "-", nets.get(r, "-"))
+        console.print(n)
+
+
+def _failing_logs(cert: Certificate, console: Any, path: str | os.PathLike[str] | None, written: bool) -> None:
+    from rich.text import Text
+
+    where = f"the certificate {path}" if path is not None else "the certificate"
+    for n in failing_nodes(cert):
+        status = cert.node_status.get(str(n))
+        tail = status.log_tail if status is not None and isinstance(status.log_tail, list) else []
+        excerpt = log_excerpt(tail)
+        if not excerpt:
+            continue
+        if len(excerpt) == 1:
+            console.print(Text(f"  node {n} log: ", style="red") + Text(excerpt[0]), soft_wrap=True)
+        else:
+            console.print(Text(f"  node {n} log (last {len(excerpt)} lines):", style="red"), soft_wrap=True)
+            for line in excerpt:
+                console.print(Text(f"    {line}"), soft_wrap=True)
+        if written:
+            console.print(Text(f"  (full tail: node_status.{n}.log_tail in {where})"), soft_wrap=True)
+
+
+def print_table(cert: Certificate, console: Any, path: str | os.PathLike[str] | None = None,
+                written: bool = True) -> None:
+    """Print the certificate: the all-reduce table (nccl-tests columns), DDP images/s per
+    rank, NCCL transports, and the verdict with its reasons (rich tables). A failing
+    verdict is followed by each failing node's log excerpt (:func:`log_excerpt`) and where
+    its full tail is (``node_status.<n>.log_tail`` of the certificate at ``path``; not
+    said when the certificate was not ``written``)."""
+    from rich.text import Text
+
+    console.print(_head(cert), markup=False, highlight=False, soft_wrap=True)
+    _allreduce(cert, console)
+    _ddp_and_transports(cert, console)
+    v = cert.verdict
+    if v.passed:
+        console.print(Text("verdict: PASSED", style="bold green"))
+    else:
+        console.print(Text(f"verdict: FAILED (exit {v.exit_code})", style="bold red"))
+    for f in v.failures:
+        console.print(Text("  fail: ", style="red") + Text(f), soft_wrap=True)
+    for w in v.warnings:
+        console.print(Text("  warning: ", style="yellow") + Text(w), soft_wrap=True)
+    if not v.passed:
+        _failing_logs(cert, console, path, written)

@@ -1,0 +1,223 @@
+"""Rank progress: the ``@@envbuild-progress`` lines every rank prints, tracked per rank, and
+the naming of the ranks that hang (shared by every launcher and by the verdict).
+
+Each rank of the bench prints a line when it enters a phase and, from a heartbeat
+process, every 2 s while it is alive (``builder/agent/bench/progress.py``)::
+
+    @@envbuild-progress {"rank": 1, "run": "0123456789ab", "seq": 4, "phase": "all-reduce",
+                         "detail": "1024 B", "collective": true, "t": 1767258000.1}
+    @@envbuild-progress {"rank": 1, "run": "0123456789ab", "beat": 17, "state": "S", "t": ...}
+
+A launcher feeds the lines it reads to a :class:`ProgressTracker` (with the host's arrival
+time: a frozen rank's own clock says nothing) and hands :meth:`ProgressTracker.snapshot`
+to the verdict in ``LaunchResult.progress``; :func:`name_hangs` tells there which stuck
+rank stopped making progress and which ones wait for it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from builder.core.errors import EnvbuildError
+from builder.core.inputs import load_json, one_line
+
+PROGRESS_PREFIX = "@@envbuild-progress "
+#: A rank whose last progress line is older than this many seconds when the launch gives
+#: up has stopped (the bench beats every 2 s while alive, ``bench.progress``).
+SILENT_AFTER_S = 10.0
+#: Process states (``/proc/PID/stat``) of a rank stopped by a signal (SIGSTOP, a tracer).
+STOPPED_STATES = ("T", "t")
+#: The socket variables a rank reports in its ``start`` line.
+SOCKET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+#: Longest progress line read, in characters.
+MAX_PROGRESS_LINE = 65536
+
+
+def parse_progress_line(line: str) -> dict | None:
+    """The document of one ``@@envbuild-progress {...}`` line, checked (never raises):
+    a phase line (``rank`` and ``seq`` integers, ``phase`` a string) or a beat line of
+    the rank's heartbeat process (``rank`` and ``beat`` integers, ``state`` a string);
+    None for anything else."""
+    if not line.startswith(PROGRESS_PREFIX) or len(line) > MAX_PROGRESS_LINE:
+        return None
+    try:
+        doc = load_json(line[len(PROGRESS_PREFIX):], "progress line", max_depth=4)
+    except EnvbuildError:
+        return None
+    if not isinstance(doc, dict) or type(doc.get("rank")) is not int:
+        return None
+    if type(doc.get("seq")) is int and isinstance(doc.get("phase"), str):
+        return doc
+    if type(doc.get("beat")) is int and isinstance(doc.get("state"), str) and "phase" not in doc:
+        return doc
+    return None
+
+
+def _socket_of(value: object) -> dict[str, str | None]:
+    value = value if isinstance(value, Mapping) else {}
+    return {k: (value.get(k) if isinstance(value.get(k), str) else None) for k in SOCKET_VARS}
+
+
+class ProgressTracker:
+    """The last phase and heartbeat of every rank, and when they arrived (thread-safe).
+
+    Args:
+        world_size: ranks of the run; lines of other ranks are ignored.
+        run_id: lines of another run are ignored (None: not checked).
+        clock: seconds, monotonic (the host's clock at arrival is what counts: a frozen
+            rank's own clock says nothing).
+
+    ``socket`` and ``interfaces`` hold what each rank's ``start`` line said: ``{rank:
+    {"GLOO_SOCKET_IFNAME": str|None, "NCCL_SOCKET_IFNAME": str|None}}`` and ``{rank:
+    {interface: is loopback}}``; ``latest`` the latest time fed (:func:`progress_from_logs`).
+    """
+
+    def __init__(self, world_size: int, run_id: str | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.world_size = world_size
+        self.run_id = run_id
+        self.clock = clock
+        self._mu = threading.Lock()
+        self._phase: dict[int, dict] = {}
+        self._state: dict[int, str] = {}
+        self._seen_at: dict[int, float] = {}
+        self._phase_at: dict[int, float] = {}
+        self.socket: dict[int, dict] = {}
+        self.interfaces: dict[int, dict] = {}
+        self.latest = 0.0
+
+    def feed(self, line: str, at: float | None = None) -> bool:
+        """Take one output line; True when it was a progress line of this run."""
+        doc = parse_progress_line(line)
+        if doc is None or not 0 <= doc["rank"] < self.world_size:
+            return False
+        if self.run_id is not None and doc.get("run") != self.run_id:
+            return False
+        now = self.clock() if at is None else at
+        r = doc["rank"]
+        with self._mu:
+            self._seen_at[r] = now
+            self.latest = max(self.latest, now)
+            if "beat" in doc:
+                self._state[r] = doc["state"][:8]
+                return True
+            prev = self._phase.get(r)
+            if prev is None or doc["seq"] != prev["seq"]:
+                self._phase_at[r] = now
+            self._phase[r] = doc
+            if doc["phase"] == "start" and "socket" in doc:
+                self.socket[r] = _socket_of(doc.get("socket"))
+                ifs = doc.get("interfaces")
+                if isinstance(ifs, dict):
+                    self.interfaces[r] = {str(k)[:32]: bool(v) for k, v in list(ifs.items())[:64]}
+        return True
+
+    def snapshot(self, at: float | None = None) -> dict[int, dict]:
+        """``{rank: {"phase", "detail", "collective", "seq", "state", "silent_s",
+        "in_phase_s"}}`` at ``at`` (default now), for each rank that printed a phase: its
+        last phase, its process state in the last beat (None before the first),
+        seconds since its last line of either kind (``silent_s``) and since it entered
+        the phase (``in_phase_s``)."""
+        now = self.clock() if at is None else at
+        with self._mu:
+            out = {}
+            for r, d in sorted(self._phase.items()):
+                detail = d.get("detail")
+                out[r] = {"phase": d["phase"][:80], "detail": detail[:80] if isinstance(detail, str) else None,
+                          "collective": bool(d.get("collective")), "seq": d["seq"],
+                          "state": self._state.get(r),
+                          "silent_s": round(max(0.0, now - self._seen_at[r]), 1),
+                          "in_phase_s": round(max(0.0, now - self._phase_at[r]), 1)}
+            return out
+
+
+def progress_from_logs(logs: Iterable[str], world_size: int, run_id: str | None = None) -> ProgressTracker:
+    """A :class:`ProgressTracker` fed from whole node logs read after the fact (a launcher
+    that cannot watch the output as it comes, e.g. Kubernetes pod logs): each line counts
+    at the time it carries (``t``, the rank's clock); :meth:`ProgressTracker.snapshot` at
+    ``tracker.latest`` then tells how long each rank was silent before the last line seen."""
+    tracker = ProgressTracker(world_size, run_id)
+    for text in logs:
+        for line in (text or "").splitlines():
+            doc = parse_progress_line(line) if line.startswith(PROGRESS_PREFIX) else None
+            t = doc.get("t") if doc else None
+            if isinstance(t, (int, float)) and not isinstance(t, bool):
+                tracker.feed(line, at=float(t))
+    return tracker
+
+
+# --------------------------------------------------------------------------- hang naming
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """``"rank 1"`` or ``"ranks 0, 2"`` (sorted)."""
+    ordered = sorted(ranks)
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(str(r) for r in ordered)
+
+
+def _phase_text(state: Mapping[str, Any]) -> str:
+    detail = state.get("detail")
+    return one_line(f"{state.get('phase')} {detail}" if detail else str(state.get("phase")), 80)
+
+
+def _hung_ranks(progress: Mapping[int, dict], prog: Mapping[int, dict | None],
+                stuck: Sequence[int]) -> tuple[set[int], set[int], set[int]]:
+    """``(silent, idle, hung)`` ranks of ``stuck`` by the rule of :func:`name_hangs`."""
+    silent = {r for r, p in prog.items() if p is None or p.get("silent_s", 0) > SILENT_AFTER_S
+              or p.get("state") in STOPPED_STATES}
+    idle = {r for r, p in prog.items() if r not in silent and p is not None and not p.get("collective")}
+    hung = silent | idle
+    if not hung:
+        seqs = {r: p["seq"] for r, p in prog.items() if p is not None}
+        ahead = [p["seq"] for r, p in progress.items() if r not in stuck] + list(seqs.values())
+        lowest = min(seqs.values())
+        if max(ahead) > lowest:
+            hung = {r for r, q in seqs.items() if q == lowest}
+    return silent, idle, hung
+
+
+def _why(r: int, p: dict | None, sets: tuple[set[int], set[int], set[int]], others: list[int]) -> str:
+    silent, idle, hung = sets
+    if r in silent or p is None:
+        if p is None:
+            return "hung: never reported progress"
+        if p.get("state") in STOPPED_STATES:
+            return f"hung: stopped by a signal (process state {p['state']}) in {_phase_text(p)}"
+        return f"hung: no heartbeat for {p['silent_s']:g} s (frozen or gone); last in {_phase_text(p)}"
+    if r in idle:
+        return (f"hung: stopped making progress in {_phase_text(p)} for {p['in_phase_s']:g} s "
+                "(alive, outside any collective)")
+    if r in hung:
+        return (f"hung: stopped making progress in {_phase_text(p)} for {p['in_phase_s']:g} s; "
+                f"{ranks_text(others)} got further")
+    if hung:
+        return f"blocked in {_phase_text(p)}, waiting for {ranks_text(hung)}"
+    return f"blocked in {_phase_text(p)} for {p['in_phase_s']:g} s (no rank got further)"
+
+
+def name_hangs(progress: Mapping[int, dict], stuck: Sequence[int], limit_s: float) -> dict[int, tuple[str, bool]]:
+    """For the ranks ``stuck`` at the deadline (no result, no exit status, no problem):
+    ``{rank: (failure line, hung?)}`` from ``progress`` (:meth:`ProgressTracker.snapshot`
+    when the launch gave up waiting, after ``limit_s`` seconds).
+
+    The rule: a rank is **hung** (it stopped making progress) when its heartbeat stopped
+    (no progress line for more than :data:`SILENT_AFTER_S` s at the deadline: frozen,
+    gone, or never started) or says it is stopped (process state ``T``: SIGSTOP), or
+    when it is alive but outside any collective (computing or sleeping instead of
+    reaching the next collective). The other stuck ranks are alive inside a collective:
+    **blocked, waiting** for the hung ones. When no rank is hung by that rule but some got
+    further than others, the ranks furthest behind (the lowest phase number) are the hung
+    ones; when all are in the same phase, none is singled out (e.g. a network that joins
+    no rank to another). Without any progress (a launcher that reads none) each line
+    only says the rank did not finish.
+    """
+    head = {r: f"rank {r} did not finish within {limit_s:g} s (timeout)" for r in stuck}
+    if not progress:
+        return {r: (head[r], False) for r in stuck}
+    prog = {r: progress.get(r) for r in stuck}
+    sets = _hung_ranks(progress, prog, stuck)
+    others = sorted(x for x in progress if x not in sets[2])
+    return {r: (f"{head[r]}: {_why(r, prog[r], sets, others)}", r in sets[2]) for r in stuck}
