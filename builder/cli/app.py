@@ -20,21 +20,19 @@ import signal
 import sys
 from pathlib import Path
 
-from rich.console import Console
-from rich.text import Text
-
 from builder.core import inputs
 from builder.core.paths import image_dir
 from builder.recipe import fields, load, rules
 from builder.recipe.spec import Spec
-from builder.render import rendered as render
-from builder.render import write as render_write
 from builder.core.errors import EnvbuildError, ExitCode, ManyErrors, Unreachable
 from builder.core.inputs import escape, has_control, one_line, show
 
+from .term import LazyConsole, level_line, plain_line
+
 INTERRUPTED = 130
-console = Console(stderr=True, highlight=False, emoji=False)
-out = Console(highlight=False, emoji=False)
+#: rich consoles, made on first use (the check path never imports rich: builder.cli.term).
+console = LazyConsole(stderr=True)
+out = LazyConsole()
 
 
 class UsageError(Exception):
@@ -185,10 +183,9 @@ def _print_findings(spec: Spec) -> None:
     (schema errors capped as :class:`~builder.core.errors.ManyErrors` caps them)."""
     if spec.schema_errors:
         for line in str(ManyErrors(list(spec.schema_errors))).splitlines():
-            console.print(Text.assemble(("error", "red"), ": ", line), soft_wrap=True)
-    style = {"error": "red", "warning": "yellow", "note": "cyan"}
+            level_line("error", line)
     for f in spec.findings:
-        console.print(Text.assemble((f.level, style[f.level]), ": ", f.line(spec.path)), soft_wrap=True)
+        level_line(f.level, f.line(spec.path))
 
 
 def cmd_check(args) -> int:
@@ -197,8 +194,8 @@ def cmd_check(args) -> int:
     _print_findings(spec)
     if spec.failed:
         return ExitCode.CHECK_FAILED
-    out.print(Text(f"{inputs.escape(spec.path)}: ok: torch {spec.torch_local}, python {spec.recipe.python}, "
-                   f"cuda {spec.cuda or 'none'}, nccl {spec.nccl or 'none'}"), soft_wrap=True)
+    plain_line(f"{inputs.escape(spec.path)}: ok: torch {spec.torch_local}, python {spec.recipe.python}, "
+               f"cuda {spec.cuda or 'none'}, nccl {spec.nccl or 'none'}")
     return ExitCode.WARNINGS if spec.warnings else ExitCode.OK
 
 
@@ -226,12 +223,11 @@ def cmd_audit(args) -> int:
     if args.json:
         sys.stdout.write(report.to_json().decode())
     else:
-        style = {"error": "red", "warning": "yellow", "note": "cyan"}
         for result in report.files:
             for f in result.findings:
-                console.print(Text.assemble((f.level, style[f.level]), ": ", f.text()), soft_wrap=True)
+                level_line(f.level, f.text())
             if result.stack is not None:
-                out.print(Text(run.summary(result)), soft_wrap=True)
+                plain_line(run.summary(result))
     code = report.exit_code
     if args.to_recipe is not None:
         try:
@@ -244,6 +240,9 @@ def cmd_audit(args) -> int:
 
 
 def _render(args, spec: Spec) -> int:
+    from builder.render import rendered as render
+    from builder.render import write as render_write
+
     rendered = render.render_for(rules.require_ok(spec), args.images_dir)
     if getattr(args, "check_only", False):
         stale = render_write.stale(rendered, args.images_dir)
@@ -304,6 +303,9 @@ def _build(args, spec: Spec):
 
 def cmd_build(args) -> int:
     """``envbuild build RECIPE``: build the rendered Dockerfile, then check the probe against the lock."""
+    from builder.render import rendered as render
+    from builder.render import write as render_write
+
     spec = rules.require_ok(_load_spec(args.recipe, args.recipes_dir))
     rendered = render.render_for(spec, args.images_dir)
     stale = render_write.stale(rendered, args.images_dir)
@@ -849,15 +851,19 @@ def _add_launcher(p: argparse.ArgumentParser) -> None:
 
 
 def _add_node_sources(p: argparse.ArgumentParser) -> None:
-    from builder.nodes import sources
     from builder.core.inputs import show
 
-    def checked(check, split: bool = False):
-        """argparse type: ``check`` (a :mod:`builder.nodes.sources` validator) on the value, or on
-        each item of a comma list (``split``); a refused value is a usage error (exit 64)."""
+    def checked(name: str, split: bool = False, *extra: str):
+        """argparse type: the :mod:`builder.nodes.sources` validator ``name`` (imported when a
+        value is parsed: building the parser imports nothing of it) on the value, or on each
+        item of a comma list (``split``); ``extra``: further arguments of the validator; a
+        refused value is a usage error (exit 64)."""
         def parse(text: str):
+            from builder.nodes import sources
+
+            check = getattr(sources, name)
             try:
-                return [check(h) for h in text.split(",") if h] if split else check(text)
+                return [check(h, *extra) for h in text.split(",") if h] if split else check(text, *extra)
             except EnvbuildError as e:
                 raise argparse.ArgumentTypeError(f"{show(e.value)} {e.message}") from None
         return parse
@@ -865,24 +871,24 @@ def _add_node_sources(p: argparse.ArgumentParser) -> None:
     p.add_argument("reports", nargs="*", metavar="REPORT", help="node report files (envbuild probe --host > node.json)")
     g = p.add_argument_group("nodes (any mix of sources)")
     g.add_argument("--image", action="append", default=[], metavar="IMAGE", type=_image_ref, help="running containers of IMAGE on this engine (repeatable)")
-    g.add_argument("--container", action="append", default=[], metavar="NAME", type=checked(sources.check_container),
+    g.add_argument("--container", action="append", default=[], metavar="NAME", type=checked("check_container"),
                    help="this running container (repeatable)")
-    g.add_argument("--label", action="append", default=[], metavar="KEY[=VALUE]", type=checked(sources.check_label),
+    g.add_argument("--label", action="append", default=[], metavar="KEY[=VALUE]", type=checked("check_label"),
                    help="running containers with this label (repeatable; with --image: all must match)")
     g.add_argument("--nodes", type=_int_in(1, MAX_NODES), metavar="N", help="containers: exactly N must run; --slurm: srun --nodes=N")
-    g.add_argument("--hosts", action="append", default=[], metavar="A,B,C", type=checked(sources.check_host, split=True),
+    g.add_argument("--hosts", action="append", default=[], metavar="A,B,C", type=checked("check_host", True),
                    help="hosts over ssh, [user@]host[:port]")
-    g.add_argument("--ssh-config", metavar="FILE", type=checked(lambda t: sources.check_path(t, "--ssh-config")),
+    g.add_argument("--ssh-config", metavar="FILE", type=checked("check_path", False, "--ssh-config"),
                    help="ssh -F FILE")
-    g.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE", type=checked(sources.check_ssh_option),
+    g.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE", type=checked("check_ssh_option"),
                    help="ssh -o KEY=VALUE (repeatable; connection, authentication and host-key keys only)")
     g.add_argument("--connect-timeout", type=_int_in(1, 3600), default=5, metavar="S", help="ssh ConnectTimeout; doctor: TCP connect limit (default 5)")
     g.add_argument("--slurm", action="store_true", help="one srun --ntasks-per-node=1 step gathers every node")
-    g.add_argument("--partition", metavar="P", type=checked(sources.check_partition), help="srun --partition")
-    g.add_argument("--srun-arg", action="append", default=[], metavar="--NAME[=VALUE]", type=checked(sources.check_srun_arg),
+    g.add_argument("--partition", metavar="P", type=checked("check_partition"), help="srun --partition")
+    g.add_argument("--srun-arg", action="append", default=[], metavar="--NAME[=VALUE]", type=checked("check_srun_arg"),
                    help="extra srun option (repeatable; resources, placement and accounting options only)")
     g.add_argument("--timeout", dest="node_timeout", type=_float_in(0, 86400, lo_open=True), default=120, metavar="S", help="seconds per node (default 120)")
-    g.add_argument("--python", default="python3", type=checked(sources.check_python),
+    g.add_argument("--python", default="python3", type=checked("check_python"),
                    help="interpreter on the nodes, a name or path (default python3)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (for machines)")
 
@@ -1025,8 +1031,9 @@ def _raise_interrupt(signum, frame):
 
 
 def _say(line: str) -> None:
-    """One line on stderr as it is (already escaped: no markup, no raw control character)."""
-    console.print(line, soft_wrap=True, markup=False, highlight=False)
+    """One line on stderr as it is (already escaped: no markup, no raw control character);
+    without rich (:func:`builder.cli.term.plain_line`), so an error path imports no more than it needs."""
+    plain_line(line, sys.stderr)
 
 
 def _os_error_line(exc: OSError) -> str:
