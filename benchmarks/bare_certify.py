@@ -52,8 +52,9 @@ def run(client: docker.DockerClient, image: str) -> dict:
                 environment={"PYTHONPATH": "/opt/envbuild", "PYTHONDONTWRITEBYTECODE": "1", "HOME": HOME,
                              "USER": "envbuild"},
                 user=RUN_USER, read_only=True, tmpfs={"/tmp": "rw,exec,mode=1777", HOME: "rw,mode=1777"},
+                # only the rank script (benchmarks/ holds bench.py, which would shadow the bench package)
                 volumes={str(ROOT / "builder" / "agent" / "bench"): {"bind": "/opt/envbuild/bench", "mode": "ro"},
-                         str(ROOT / "benchmarks"): {"bind": "/opt/bare", "mode": "ro"}},
+                         str(ROOT / "benchmarks" / "bare_rank.py"): {"bind": "/opt/bare/bare_rank.py", "mode": "ro"}},
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], shm_size=cert.get("shm_size"),
                 network=net.name, networking_config={net.name: client.api.create_endpoint_config(aliases=[alias])}))
         for c in containers:

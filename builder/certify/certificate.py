@@ -42,6 +42,7 @@ from .model import (
     ImageInfo,
     NcclInfo,
     NodeStatus,
+    PhaseTime,
     RankEntry,
     RunSettingsDoc,
     SocketRecord,
@@ -182,6 +183,7 @@ def build_certificate(*, image: ImageFacts, settings: RunSettings, launch: Launc
         transports=transports, nccl=nccl, ranks=_rank_entries(s, launch, lock),
         node_status=_node_status(s, launch, verdict.passed), timed_out=launch.timed_out, verdict=verdict,
         started_at=launch.started_at, finished_at=launch.finished_at, host=Host(**dict(host)),
+        phases=[PhaseTime(name=n, seconds=s_) for n, s_ in launch.phases],
     )
 
 

@@ -175,6 +175,15 @@ class Host(Model, frozen=True):
     namespace: Name | None | UnsetType = UNSET
 
 
+class PhaseTime(Model, frozen=True):
+    """One host-side phase of the run (:mod:`builder.launchers.phases`): ``name`` (``containers
+    up``, ``ranks up``, ``init``, ``all-reduce``, ``ddp``, ``probe``, ``write``, ``exit``,
+    ``teardown``...) and its wall ``seconds`` on the host's clock."""
+
+    name: Name
+    seconds: Annotated[float, Meta(ge=0, le=1e9)]
+
+
 class Certificate(Model, frozen=True):
     """A certificate: the image, its recipe lock, the settings, every rank's results and
     probe, and the verdict (``verdict.passed``)."""
@@ -207,6 +216,7 @@ class Certificate(Model, frozen=True):
     started_at: Stamp
     finished_at: Stamp
     host: Host
+    phases: Annotated[list[PhaseTime], Meta(max_length=256)] = []
 
 
 def load_certificate(data: Any, file: str | None = None) -> Certificate:
