@@ -17,6 +17,7 @@ golden:         ## regenerate golden files, the committed rendered files and the
 	.venv/bin/python tests/test_k8s.py --regen   # tests/golden/k8s/: Kubernetes manifests
 	.venv/bin/python tests/test_slurm.py --regen # tests/golden/slurm/: sbatch scripts
 	.venv/bin/python tests/test_audit_schema.py --regen # schemas/audit.schema.json
+	.venv/bin/python tests/test_fast_paths.py --regen   # builder/recipe/data/compat.json: the facts as JSON
 
 bench:          ## measure every figure of issue 13 against its reference; writes benchmarks/RESULTS.md (not a test)
 	bash scripts/setup.sh

@@ -66,6 +66,35 @@ def test_check_error_lines_without_rich(tmp_path):
     assert _imports_after("--recipes-dir", str(tmp_path), "check", "bad") == {"code": 2, "heavy": []}
 
 
+@pytest.mark.parametrize("argv", [["check", "cpu-torch2"], ["--recipes-dir", "tests/recipes", "check", "x"],
+                                  ["--images-dir=out", "check", "recipes/cpu-torch2.yaml"]])
+def test_check_parser_parses_as_the_full_parser(argv):
+    from builder.cli import app
+
+    assert app._is_check(argv)
+    assert vars(app.check_parser().parse_args(argv)) == vars(app.parser().parse_args(argv))
+
+
+@pytest.mark.parametrize("argv", [["check"], ["check", "a", "b"], ["--recipes-dir", "check"]])
+def test_check_parser_refuses_as_the_full_parser(argv):
+    from builder.cli import app
+
+    errors = []
+    for make in (app.check_parser, app.parser):
+        with pytest.raises(app.UsageError) as e:
+            make().parse_args(argv)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1]
+
+
+@pytest.mark.parametrize("argv", [[], ["render", "check"], ["--recipes-dir", "check", "render"], ["-h", "check"],
+                                  ["chec", "x"]])
+def test_other_commands_take_the_full_parser(argv):
+    from builder.cli import app
+
+    assert not app._is_check(argv)
+
+
 SAMPLES = ["numpy==2.3.5", "numpy == 2.3.5", "scipy>=1.11", "scipy >=1.11 ", "Foo.Bar_baz-1<3", "a>1", "a!=1.0",
            "a~=1.4", "a~=1", "a<=0", "torch==2.13.0", "Torch_==1", "numpy===2.3.5", "numpy==2.3.*", "numpy=2",
            "numpy==", "numpy==2.3.5rc1", "numpy==v2", " numpy==1", "numpy\t==\t1.0", "numpy==1.0.0.0.0.0.0.0.0.0",
@@ -162,3 +191,66 @@ def test_rank_fast_exit_skips_finalization_and_keeps_its_output():
 def test_rank_normal_exit_runs_finalization():
     out = subprocess.run([sys.executable, "-c", EXIT, "normal"], capture_output=True, text=True, timeout=60)
     assert (out.returncode, out.stdout) == (3, "result line\nfinalized\n")
+
+
+# --------------------------------------------------------------------------- item 5: the facts as JSON
+
+
+def test_compat_json_is_current_and_reads_the_same():
+    from builder.recipe import facts
+
+    raw = facts.FILE.read_bytes()
+    assert facts.JSON_FILE.read_bytes() == facts.json_bytes(raw), "stale: python tests/test_fast_paths.py --regen"
+    facts.facts.cache_clear()
+    assert facts.facts() == facts.from_yaml(raw)
+
+
+def _altered_json(digest: str) -> bytes:
+    import msgspec
+
+    from builder.recipe import facts
+
+    doc = msgspec.json.decode(facts.JSON_FILE.read_bytes())
+    doc["source_sha256"] = digest
+    doc["facts"]["cuda_image_nccl"] = {"99.9": "9.9.9"}
+    return msgspec.json.encode(doc)
+
+
+def test_facts_come_from_the_json_made_of_this_yaml(tmp_path, monkeypatch):
+    import hashlib
+
+    from builder.recipe import facts
+
+    path = tmp_path / "compat.json"
+    path.write_bytes(_altered_json(hashlib.sha256(facts.FILE.read_bytes()).hexdigest()))
+    monkeypatch.setattr(facts, "JSON_FILE", path)
+    facts.facts.cache_clear()
+    try:
+        assert facts.facts().cuda_image_nccl == {"99.9": "9.9.9"}
+    finally:
+        facts.facts.cache_clear()
+
+
+def test_a_json_of_another_yaml_is_not_used(tmp_path, monkeypatch):
+    from builder.recipe import facts
+
+    path = tmp_path / "compat.json"
+    path.write_bytes(_altered_json("0" * 64))
+    monkeypatch.setattr(facts, "JSON_FILE", path)
+    facts.facts.cache_clear()
+    try:
+        assert facts.facts() == facts.from_yaml(facts.FILE.read_bytes())
+        assert facts.facts().cuda_image_nccl != {"99.9": "9.9.9"}
+        path.write_bytes(b"{not json")
+        facts.facts.cache_clear()
+        assert facts.facts() == facts.from_yaml(facts.FILE.read_bytes())
+    finally:
+        facts.facts.cache_clear()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--regen"]:
+        sys.exit("usage: python tests/test_fast_paths.py --regen")
+    from builder.recipe import facts as _facts
+
+    print(f"wrote {_facts.write_json().relative_to(REPO)}")

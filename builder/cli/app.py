@@ -941,16 +941,49 @@ def _add_publish(sub) -> None:
     pl.set_defaults(func=cmd_pull)
 
 
-def parser() -> argparse.ArgumentParser:
-    """The argument parser (usage errors raise :class:`UsageError`, exit 64)."""
+def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """The ``envbuild`` parser with its global options, and its (empty) subcommand action."""
     p = _Parser(prog="envbuild", description="Reproducible, certified PyTorch images for multi-node clusters.")
     p.add_argument("--recipes-dir", default="recipes", type=_path("a folder"), help="where recipes live (default: recipes)")
     p.add_argument("--images-dir", default="images", type=_path("a folder"), help="where rendered files and certificates go (default: images)")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    return p, p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
+
+def _add_check(sub) -> None:
     c = sub.add_parser("check", help="validate a recipe and its version compatibility (offline)")
     c.add_argument("recipe", type=_RECIPE, help="a name under --recipes-dir or a path to a YAML file")
     c.set_defaults(func=cmd_check)
+
+
+def check_parser() -> argparse.ArgumentParser:
+    """The parser of ``envbuild [GLOBAL OPTIONS] check RECIPE`` alone: the same global options
+    and ``check`` subcommand as :func:`parser`, without building the other commands' options
+    (~20-30 ms: ``envbuild check`` starts within 3x of ``python -c "import yaml"``, issue 13)."""
+    p, sub = _top_parser()
+    _add_check(sub)
+    return p
+
+
+def _is_check(argv: list[str] | None) -> bool:
+    """Whether ``argv`` (default ``sys.argv[1:]``) names the ``check`` command: its first word
+    that is neither a global option nor its value is ``check`` (no ``-h`` before it)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w in ("--recipes-dir", "--images-dir"):
+            i += 2
+        elif w.startswith(("--recipes-dir=", "--images-dir=")):
+            i += 1
+        else:
+            return w == "check"
+    return False
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser (usage errors raise :class:`UsageError`, exit 64)."""
+    p, sub = _top_parser()
+    _add_check(sub)
 
     au = sub.add_parser("audit", help="audit Dockerfiles and Apptainer/Singularity definitions with the recipe rules (offline)")
     au.add_argument("files", nargs="+", metavar="FILE", type=_path("a file"), help="Dockerfile, Containerfile or definition file")
@@ -1061,7 +1094,7 @@ def _run(argv: list[str] | None) -> int:
     becomes escaped ``error:`` lines on stderr and an exit code."""
     try:
         try:
-            args = parser().parse_args(argv)
+            args = (check_parser() if _is_check(argv) else parser()).parse_args(argv)
         except SystemExit as exc:  # --help: argparse printed it and exits by itself
             return exc.code if isinstance(exc.code, int) else ExitCode.OK
         _check_args(args)
