@@ -31,7 +31,6 @@ def main() -> int:
     args = p.parse_args()
 
     import torch.distributed as dist
-
     from bench import profiles
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
@@ -43,10 +42,10 @@ def main() -> int:
             scaling=not args.no_scaling, features=not args.no_features,
             log=print if rank == 0 else None)
     except ValueError as e:
-        print("driver: error: %s" % e, file=sys.stderr)
+        print(f"driver: error: {e}", file=sys.stderr)
         return 64
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "rank-%d.json" % rank), "w") as f:
+    with open(os.path.join(args.out, f"rank-{rank}.json"), "w") as f:
         json.dump(result, f, indent=1, allow_nan=False)
     dist.destroy_process_group()
     return 0

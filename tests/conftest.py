@@ -34,8 +34,7 @@ def torch_image(docker_client, bootstrap_image, session_labels) -> str:
     CA bundle and wheel folder). An image with the same tag made earlier by a user is reused
     as is (and kept); one built here carries the session label and is removed at the end.
     """
-    from builder.image import build
-    from builder.image import site
+    from builder.image import build, site
 
     result = build.build(build.BuildOptions(recipe="cpu-torch2", images_dir=ROOT / "images",
                                             site=site.SiteOptions.detect(), base_mode="auto", labels=session_labels),

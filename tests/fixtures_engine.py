@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.image import bootstrap
-from builder.image import engine
 from builder.core.errors import EnvbuildError, Unreachable
+from builder.image import bootstrap, engine
 
 TEST_SESSION_LABEL = "envbuild.test-session"
 

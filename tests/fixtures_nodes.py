@@ -1,5 +1,5 @@
 """Fixtures for the verify/doctor/gather tests: container "nodes", an sshd on loopback, a
-real one-node Slurm, and hand-written node reports (import the fixtures in conftest.py).
+real one-node Slurm, and node reports written to files (import the fixtures in conftest.py).
 
 Everything created on the engine carries the session labels (``test_labels``) plus a
 per-test label ``envbuild.test-case=<id>``; each test's containers are removed by that
@@ -11,7 +11,6 @@ running for later sessions (the Slurm launcher uses it too).
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -72,7 +71,7 @@ def run_json(*args: str, timeout: float = 300) -> tuple[int, dict]:
     try:
         doc = json.loads(proc.stdout)
     except json.JSONDecodeError:
-        raise AssertionError(f"no JSON (exit {proc.returncode}): {proc.stdout[-500:]} {proc.stderr[-1000:]}")
+        raise AssertionError(f"no JSON (exit {proc.returncode}): {proc.stdout[-500:]} {proc.stderr[-1000:]}") from None
     return proc.returncode, doc
 
 
@@ -296,75 +295,8 @@ def slurm_node() -> str:
 
 # --------------------------------------------------------------------------- hand-written reports
 
-#: A complete ``envbuild.probe/1`` report of a GPU node, written by hand (values as NVML,
-#: torch and the kernel report them on an H100 node with the cu128 wheel).
-GPU_REPORT: dict = {
-    "schema": "envbuild.probe/1",
-    "hostname": "node-1",
-    "kernel": "6.8.0-49-generic",
-    "os": {"id": "ubuntu", "version_id": "24.04", "pretty_name": "Ubuntu 24.04.1 LTS"},
-    "glibc": "2.39",
-    "python": {"version": "3.12.3", "executable": "/opt/venv/bin/python3"},
-    "torch": {"version": "2.8.0+cu128", "cuda": "12.8", "cuda_available": True, "cudnn": "91002",
-              "nccl_compiled": "2.27.3"},
-    "nccl": {
-        "loaded": {"version": "2.27.3", "code": 22703,
-                   "path": "/opt/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"},
-        "found": [{"path": "/opt/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2",
-                   "realpath": "/opt/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2",
-                   "version": "2.27.3", "code": 22703, "error": None}],
-        "pip_packages": {"nvidia-nccl-cu12": "2.27.3"},
-    },
-    "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-8f6a1c52-0d1e-4a7b-9c3e-1f2a3b4c5d01",
-              "pci_bus_id": "00000000:18:00.0", "memory_total_bytes": 85520809984, "pci_id": "10de:2330"}],
-    "driver": "570.124.06",
-    "env": {"NCCL_SOCKET_IFNAME": "eth0"},
-    "container": {"runtime": "docker", "version": "27.3.1", "installed": {}},
-    "image": {"ref": "registry.example/envbuild/cuda12-torch2@sha256:" + "ab" * 32,
-              "digest": "sha256:" + "ab" * 32, "id": "sha256:" + "cd" * 32},
-    "network": {
-        "interfaces": [
-            {"name": "lo", "index": 1, "up": True, "loopback": True, "mtu": 65536,
-             "addresses": [{"family": "inet", "address": "127.0.0.1", "prefixlen": 8}]},
-            {"name": "eth0", "index": 2, "up": True, "loopback": False, "mtu": 9000,
-             "addresses": [{"family": "inet", "address": "10.0.0.11", "prefixlen": 24}]},
-        ],
-        "default_route_interface": "eth0",
-        "hostname_addresses": ["10.0.0.11"],
-        "ip_local_port_range": [32768, 60999],
-    },
-    "shm": {"path": "/dev/shm", "size_bytes": 1073741824, "free_bytes": 1073741824},
-    "gpu_processes": [],
-    "errors": [],
-}
-
-
-def gpu_report(n: int, **changes) -> dict:
-    """:data:`GPU_REPORT` for node ``node-n`` (own hostname, address 10.0.0.1n, GPU UUID
-    ending in n), then ``changes`` applied: keys are dotted paths (a number indexes a
-    list: ``gpus.0.uuid``), values replace."""
-    doc = copy.deepcopy(GPU_REPORT)
-    doc["hostname"] = f"node-{n}"
-    doc["gpus"][0]["uuid"] = f"GPU-8f6a1c52-0d1e-4a7b-9c3e-1f2a3b4c5d{n:02d}"
-    doc["network"]["interfaces"][1]["addresses"][0]["address"] = f"10.0.0.{10 + n}"
-    doc["network"]["hostname_addresses"] = [f"10.0.0.{10 + n}"]
-    for path, value in changes.items():
-        set_path(doc, path, value)
-    return doc
-
-
-def set_path(doc: dict, path: str, value) -> dict:
-    """Set ``doc[a][b][0]...`` for the dotted ``path`` ``"a.b.0"`` (a number indexes a
-    list) to ``value``; returns ``doc``."""
-    cur = doc
-    parts = path.split(".")
-    for p in parts[:-1]:
-        cur = cur[int(p)] if isinstance(cur, list) else cur[p]
-    if isinstance(cur, list):
-        cur[int(parts[-1])] = value
-    else:
-        cur[parts[-1]] = value
-    return doc
+#: The report documents come from tests/factories.py (one factory for every test).
+from factories import GPU_REPORT, gpu_report, set_path  # noqa: E402, F401 - re-exported for the tests
 
 
 def write_reports(folder: Path, docs: dict[str, dict | str]) -> list[str]:

@@ -36,13 +36,14 @@ from pathlib import Path
 import pytest
 import requests
 
-from certify_helpers import certify_image
-
 from builder.certify.source import read_image
 from builder.image import engine
+from builder.launchers.base import LaunchResult
 from builder.recipe import load, rules
 from builder.render import context as render_context
-from builder.launchers.base import LaunchResult
+
+from certify_helpers import certify_image
+from factories import CPU_REPORT, allreduce_entries, ddp_result, node_report, rank_result
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY_USER = "envbuild-test"
@@ -204,8 +205,7 @@ class RecordedLauncher:
     def probe(self) -> dict:
         lock = self.lock
         nccl = {"loaded": {"version": lock.get("nccl")} if lock.get("nccl") else None, "found": [], "pip_packages": {}}
-        return {
-            "schema": "envbuild.probe/1",
+        return node_report(CPU_REPORT, **{
             "hostname": "node",
             "os": {"id": lock["os"]["id"], "version_id": lock["os"]["version_id"]},
             "glibc": lock["os"].get("glibc"),
@@ -214,37 +214,27 @@ class RecordedLauncher:
             "nccl": nccl,
             "gpus": self.gpus,
             "driver": self.driver,
-            "env": {},
-            "errors": [],
-        }
+        })
 
     def run(self, spec, on_progress=None) -> LaunchResult:
         args = spec.bench_args
         sizes = [int(x) for x in args[args.index("--sizes") + 1].split(",")]
         world = spec.world_size
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         results = {}
         for rank in range(world):
-            results[rank] = {
-                "schema": "envbuild.rank-result/1",
-                "run_id": spec.run_id,  # certify refuses a result of another run
-                "rank": rank,
-                "world_size": world,
-                "backend": spec.backend,
-                "hostname": f"node-{spec.node_of_rank(rank)}",
-                "device": "cuda" if spec.gpus_per_node else "cpu",
-                "errors": [],
-                "allreduce": [
-                    {"size_bytes": s, "count": s // 4, "type": "float32", "redop": "sum", "time_us": 100.0,
-                     "algbw_gbps": 500.0, "busbw_gbps": 500.0, "wrong": 0, "wrong_by_rank": [0] * world,
-                     "rank_time_us": [100.0] * world}
-                    for s in sizes
-                ],
-                "ddp": {"model": "resnet18", "source": "recorded", "steps": 1, "batch_size": 2, "image_size": 32,
-                        "params_identical": True, "mismatched_ranks": [], "param_checksum": "0" * 16,
-                        "images_per_s": 1.0, "wall_s": 1.0, "final_loss": 1.0},
-                "probe": self.probe(),
-            }
+            results[rank] = rank_result(  # tests/factories.py, with what this replay gives
+                rank, world,
+                run_id=spec.run_id,  # certify refuses a result of another run
+                backend=spec.backend,
+                hostname=f"node-{spec.node_of_rank(rank)}",
+                device="cuda" if spec.gpus_per_node else "cpu",
+                allreduce=allreduce_entries(rank, world, sizes, times=[100.0] * world, busbw=500.0),
+                ddp=ddp_result(rank, world, source="recorded", steps=1, batch_size=2, image_size=32,
+                               checksum="0" * 16, images_per_s=1.0, wall_s=1.0, final_loss=1.0, checksums_by_rank=[]),
+                probe=self.probe(),
+                local_rank=None, node_rank=None, dtype=None, started_at=None, finished_at=None, elapsed_s=None,
+            )
         return LaunchResult(rank_results=results, node_logs={n: "" for n in range(spec.nodes)},
                             node_exit_codes={n: 0 for n in range(spec.nodes)}, timed_out=False,
                             missing_ranks=[], started_at=now, finished_at=now)

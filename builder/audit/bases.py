@@ -187,7 +187,7 @@ def _debootstrap(header: dict[str, str]) -> BaseInfo:
     mirror = header.get("mirrorurl", "").lower()
     os_id = "ubuntu" if "ubuntu" in mirror else "debian" if "debian" in mirror else None
     version = os_release(os_id, word) if os_id else None
-    if version is None:
+    if os_id is None or version is None:
         return BaseInfo(None, "other",
                         why=f"debootstrap of {word or '?'!r} from {mirror or '?'!r}: not a release envbuild knows")
     return BaseInfo(f"{os_id}:{word}", os_id, os_id, word, os_id=os_id, os_version=version, source="DISTRO")

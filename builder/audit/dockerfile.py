@@ -159,8 +159,8 @@ class _Reader:
                        else Var(None, line, "ARG", w.why, name))
             elif not scope_global and name in self.global_args:
                 var = self.global_args[name]
-            elif platform_var(name) is not None:
-                var = platform_var(name)
+            elif (platform := platform_var(name)) is not None:
+                var = platform
             else:
                 var = Var(None, line, "ARG", _NO_DEFAULT.format(name=name, line=line), name)
             (self.global_args if scope_global else self.args)[name] = var
@@ -172,7 +172,7 @@ class _Reader:
         if words and "=" not in words[0].raw.split("$", 1)[0]:  # legacy form: ENV NAME value...
             rest = words[1:]
             unknown = next((w for w in rest if w.text is None), None)
-            value = None if unknown else " ".join(w.text for w in rest)
+            value = None if unknown else " ".join(w.text or "" for w in rest)  # all known here
             pairs.append((words[0].raw, unknown or (rest[0] if rest else words[0]), value))
         else:
             for w in words:

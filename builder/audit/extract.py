@@ -21,6 +21,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from . import bases
+from .model import PipTool
 from .parsed import EnvSet, Note, Parsed, Stage
 from .shell import Command, Var, Word
 
@@ -61,7 +62,9 @@ class Item:
 
     @classmethod
     def of(cls, word: Word, text: str | None = None) -> Item:
-        return cls(word.text if text is None else text, word.line, _via(word.uses, word.line))
+        """``text``, else the word's expanded text, else (it cannot be expanded) the word as written."""
+        value = text if text is not None else word.text if word.text is not None else word.raw
+        return cls(value, word.line, _via(word.uses, word.line))
 
 
 def _via(uses: tuple[Var, ...], line: int) -> str | None:
@@ -96,7 +99,7 @@ class PipInstall:
 
     line: int
     stage: int
-    tool: str
+    tool: PipTool
     indexes: list[Index]
     requirements: list[tuple[Item, Requirement | None]] = field(default_factory=list)
     files: list[Item] = field(default_factory=list)
@@ -196,13 +199,14 @@ def _command(words: list[Word]) -> tuple[str, int] | None:
     return None
 
 
-def _pip_start(words: list[Word]) -> tuple[str, int, Item | None] | None:
+def _pip_start(words: list[Word]) -> tuple[PipTool, int, Item | None] | None:
     """``(tool, index of the first install argument, interpreter item)`` of a pip install."""
     found = _command(words)
     if found is None:
         return None
     name, k = found
     python = None
+    tool: PipTool
     py = _PYTHON.fullmatch(name)
     if py and k < len(words):
         if words[k].text == "-m" and k + 1 < len(words) and words[k + 1].text in ("pip", "pip3"):

@@ -3,12 +3,12 @@
 
 The JSON Schema is generated from these models into ``schemas/audit.schema.json``
 (:func:`schema`; a test fails when the committed file is stale; regenerate with
-``python tests/test_audit_schema.py --regen`` or ``make golden``).
+``make golden``: scripts/schemas.py).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal, overload
 
 import msgspec
 from msgspec import Meta
@@ -16,10 +16,14 @@ from msgspec import Meta
 from builder.core import inputs
 from builder.core.model import Model, json_schema
 
-SCHEMA = "envbuild.audit/1"
+SCHEMA: Final = "envbuild.audit/1"
 SCHEMA_ID = "https://envbuild.dev/schemas/audit.schema.json"
 Level = Literal["error", "warning", "note"]
 Verdict = Literal["clean", "warnings", "errors", "malformed", "unreadable"]
+FileKind = Literal["dockerfile", "definition"]
+PipTool = Literal["pip", "uv"]
+Installer = Literal["pip", "uv", "conda", "base"]
+Manager = Literal["pip", "uv", "conda", "apt"]
 #: Longest value kept in a finding (characters); the text line shows at most ~200.
 MAX_VALUE = 1000
 Text = Annotated[str, Meta(max_length=2000)]
@@ -28,7 +32,7 @@ Line = Annotated[int, Meta(ge=1, le=10_000_000)]
 Name = Annotated[str, Meta(max_length=300)]
 
 
-class Finding(Model, kw_only=True):
+class Finding(Model, kw_only=True, frozen=True):
     """One finding: ``level``, the ``rule`` id (a recipe rule such as ``torch-variant``
     or an audit rule such as ``torch-unpinned``), where (``file``, ``line``), the ``value``
     as the file has it (expanded), ``via`` the variables that gave it (``TORCH: ARG at
@@ -55,7 +59,7 @@ class Finding(Model, kw_only=True):
         return f"{where}{head}{inputs.one_line(self.message, 600)}{source}"
 
 
-class Base(Model, kw_only=True):
+class Base(Model, kw_only=True, frozen=True):
     """The base image of the final image and what its name says (None: not said)."""
 
     image: Value | None
@@ -69,29 +73,29 @@ class Base(Model, kw_only=True):
     torch: Name | None = None
 
 
-class Torch(Model, kw_only=True):
+class Torch(Model, kw_only=True, frozen=True):
     """The torch the image gets: the requirement as written, the exact release (None:
     not pinned to one), the wheel ``variant`` and where it comes from (``variant_from``),
     the ``installer`` (pip, uv, conda or the base image) and the PyTorch ``index``."""
 
     requirement: Value
     line: Line
-    installer: Literal["pip", "uv", "conda", "base"]
+    installer: Installer
     version: Name | None = None
     variant: Name | None = None
     variant_from: Text | None = None
     index: Value | None = None
 
 
-class Package(Model, kw_only=True):
+class Package(Model, kw_only=True, frozen=True):
     """An installed package beside torch: its ``manager`` and ``spec`` (``numpy==2.1.0``)."""
 
-    manager: Literal["pip", "uv", "conda", "apt"]
+    manager: Manager
     spec: Value
     line: Line
 
 
-class EnvVar(Model, kw_only=True):
+class EnvVar(Model, kw_only=True, frozen=True):
     """An environment variable of the image (ENV, ``%environment``); value None when it
     cannot be expanded."""
 
@@ -100,7 +104,7 @@ class EnvVar(Model, kw_only=True):
     line: Line
 
 
-class Stack(Model, kw_only=True):
+class Stack(Model, kw_only=True, frozen=True):
     """What the file builds: base, OS, Python (and where it comes from), CUDA, torch,
     the NCCL/cuDNN wheel pins, the other packages and the environment."""
 
@@ -116,20 +120,20 @@ class Stack(Model, kw_only=True):
     env: tuple[EnvVar, ...] = ()
 
 
-class FileAudit(Model, kw_only=True):
+class FileAudit(Model, kw_only=True, frozen=True):
     """The audit of one file: its ``kind``, ``verdict`` and ``exit_code`` (0 clean, 1
     warnings, 2 errors, 3 malformed or unreadable), every finding, and the stack read
     (None when the file could not be parsed)."""
 
     file: Text
-    kind: Literal["dockerfile", "definition"]
+    kind: FileKind
     verdict: Verdict
     exit_code: Annotated[int, Meta(ge=0, le=3)]
     findings: tuple[Finding, ...] = ()
     stack: Stack | None = None
 
 
-class Report(Model, kw_only=True):
+class Report(Model, kw_only=True, frozen=True):
     """``envbuild audit --json``: every file's audit; ``exit_code`` the worst of them."""
 
     schema: Literal["envbuild.audit/1"] = SCHEMA
@@ -143,6 +147,12 @@ class Report(Model, kw_only=True):
 def schema() -> dict:
     """The JSON Schema of :class:`Report` (``schemas/audit.schema.json``)."""
     return json_schema(Report, SCHEMA_ID, "envbuild audit report")
+
+
+@overload
+def cut(value: str) -> str: ...
+@overload
+def cut(value: None) -> None: ...
 
 
 def cut(value: str | None) -> str | None:

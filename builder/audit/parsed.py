@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from builder.core import inputs
 from builder.core.errors import EnvbuildError, ExitCode
 
+from .model import Level
 from .shell import Command, Var, Word
 
 #: Largest file audited, in bytes (1 MiB, as a recipe).
@@ -39,7 +40,7 @@ class Note:
     """Something a parser met that the verdict should name: ``rule`` (``unexpanded``...),
     ``level``, ``line``, the ``value`` as written and the ``message``."""
 
-    level: str
+    level: Level
     rule: str
     line: int
     value: str | None

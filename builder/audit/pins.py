@@ -26,6 +26,7 @@ from builder.recipe.fields import RELEASE, VARIANT
 from builder.recipe.rules import context
 
 from .extract import CondaInstall, Index, Item, PipInstall, Stack
+from .model import Installer, PipTool
 
 #: apt packages envbuild installs itself (the system Python and its venv module).
 ENVBUILD_APT = frozenset({"python3", "python3-venv", "python3-pip", "python-is-python3"})
@@ -40,7 +41,7 @@ class TorchPin:
     used (None: PyPI); ``pypi_in_play`` True when pip also reads PyPI."""
 
     item: Item
-    installer: str
+    installer: Installer
     version: str | None = None
     local: str | None = None
     variant: str | None = None
@@ -71,7 +72,7 @@ class Pins:
     cuda: str | None = None
     nccl: tuple[Item, str, str] | None = None
     cudnn: tuple[Item, str, str] | None = None
-    pip: list[tuple[Item, Requirement, str]] = field(default_factory=list)
+    pip: list[tuple[Item, Requirement, PipTool]] = field(default_factory=list)
     others: list[Item] = field(default_factory=list)
 
     @property
@@ -184,6 +185,14 @@ def _wheel_pin(req: Requirement, stem: str) -> tuple[str, str] | None:
     return None
 
 
+def _install(t: TorchPin) -> PipInstall | CondaInstall:
+    """The pip or conda install of ``t`` (a torch of the base image has none)."""
+    install = t.pip or t.conda
+    if install is None:
+        raise ValueError(f"torch pin of {t.installer} without an install")
+    return install
+
+
 def pins(stack: Stack) -> Pins:
     """The :class:`Pins` of ``stack``."""
     found: list[TorchPin] = [_pip_torch(p, it, r) for p, it, r in stack.torch_requirements()]
@@ -192,7 +201,7 @@ def pins(stack: Stack) -> Pins:
             if spec[1] == "pytorch":
                 found.append(_conda_torch(conda, spec))
     order = {s.index: i for i, s in reversed(list(enumerate(stack.stages)))}
-    found.sort(key=lambda t: (order[(t.pip or t.conda).stage], t.item.line))
+    found.sort(key=lambda t: (order[_install(t).stage], t.item.line))
     torch = found[-1] if found else None
     b = stack.base
     if torch is None and b.torch:

@@ -19,6 +19,7 @@ paths not followed, find-links wheels.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from packaging.version import InvalidVersion, Version
 
@@ -28,10 +29,12 @@ from builder.recipe.rules.network import SOCKET_VARIABLES, loopback_only
 
 from . import bases
 from .extract import Item
-from .model import Finding, cut
+from .model import Finding, Level, cut
 from .pins import Pins, TorchPin, variant_cuda
 
-ERROR, WARNING, NOTE = "error", "warning", "note"
+ERROR: Final = "error"
+WARNING: Final = "warning"
+NOTE: Final = "note"
 
 
 class _Out:
@@ -39,7 +42,7 @@ class _Out:
         self.file = file
         self.items: list[Finding] = []
 
-    def add(self, level: str, rule: str, item: Item | None, message: str, source: str) -> None:
+    def add(self, level: Level, rule: str, item: Item | None, message: str, source: str) -> None:
         self.items.append(Finding(level=level, rule=rule, file=self.file, line=item.line if item else None,
                                   value=cut(item.value) if item else None, via=item.via if item else None,
                                   message=message, source=source))
@@ -59,7 +62,7 @@ def _base(p: Pins, out: _Out) -> None:
     """What the base image's name does not say [NV-IMG, NGC-RN, PT-IMG, PY-IMG, DISTRO]."""
     b = p.stack.base
     if b.why:
-        level = NOTE if p.os or (b.kind == "ngc-pytorch" and b.cuda) else WARNING
+        level: Level = NOTE if p.os or (b.kind == "ngc-pytorch" and b.cuda) else WARNING
         out.add(level, "base-unread", p.stack.base_item,
                 f"base image: {b.why}; the rules on what it does not say are skipped", b.source or "audit")
     if p.torch and p.torch.installer == "base":
@@ -96,7 +99,7 @@ def _pypi_wins(p: Pins, out: _Out) -> None:
     t = p.torch
     if t is None or t.index is None or not t.pypi_in_play or t.installer not in ("pip", "uv"):
         return
-    if t.installer == "uv" and (t.pip.strategy or "first-index") != "unsafe-best-match":
+    if t.installer == "uv" and ((t.pip.strategy if t.pip else None) or "first-index") != "unsafe-best-match":
         return
     rel = facts().torch.get(t.version or "")
     if (t.version and t.local) or (rel and t.version and rel.default == t.variant):

@@ -34,13 +34,13 @@ class Audited:
     spec: Spec | None = None
 
 
-def kind_of(path: str) -> str:
+def kind_of(path: str) -> model.FileKind:
     """``definition`` for ``*.def``, ``Singularity``, ``Apptainer`` (and ``.<suffix>``
     variants), else ``dockerfile`` (Dockerfile, Containerfile, ``*.Dockerfile``...)."""
     return "definition" if _DEF_NAME.fullmatch(posixpath.basename(str(path))) else "dockerfile"
 
 
-def _verdict(findings: list[model.Finding]) -> tuple[str, int]:
+def _verdict(findings: list[model.Finding]) -> tuple[model.Verdict, int]:
     levels = {f.level for f in findings}
     if "error" in levels:
         return "errors", int(ExitCode.CHECK_FAILED)

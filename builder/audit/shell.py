@@ -124,6 +124,16 @@ class _Part:
     why: str | None = None
 
 
+def _known(parts: list[_Part]) -> list[str] | _Part:
+    """Every part's text, else the part saying why not: none (cannot be expanded), over MAX_VALUE in all."""
+    texts = [p.text for p in parts if p.text is not None]
+    if len(texts) < len(parts):
+        return next(p for p in parts if p.text is None)
+    if sum(map(len, texts)) > MAX_VALUE:  # before anything is joined
+        return _Part(None, why=f"expands to more than {MAX_VALUE} characters")
+    return texts
+
+
 def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -281,20 +291,18 @@ class Scanner:
         return self._fields(parts, raw, self.src.line_at(start), tuple(uses))
 
     def _fields(self, parts: list[_Part], raw: str, line: int, uses: tuple[Var, ...]) -> list[Word]:
-        bad = next((p for p in parts if p.text is None), None)
-        if bad is None and sum(len(p.text) for p in parts) > MAX_VALUE:  # before anything is joined
-            bad = _Part(None, why=f"expands to more than {MAX_VALUE} characters")
-        if bad is not None:
-            return [Word(None, raw, line, bad.why, uses)]
+        known = _known(parts)
+        if isinstance(known, _Part):
+            return [Word(None, raw, line, known.why, uses)]
         fields: list[str] = []
         cur: list[str] = []
         started = False
-        for p in parts:
+        for p, text in zip(parts, known, strict=True):
             if not p.split:
-                cur.append(p.text)
-                started = started or p.keep or bool(p.text)
+                cur.append(text)
+                started = started or p.keep or bool(text)
                 continue
-            pieces = _BLANKS.split(p.text)
+            pieces = _BLANKS.split(text)
             for k, piece in enumerate(pieces):
                 if k > 0 and (started or cur):
                     fields.append("".join(cur))
@@ -485,12 +493,10 @@ class Scanner:
                 parts.append(sub._backtick() if self.shell else _Part(c))
                 if not self.shell:
                     sub.i += 1
-        bad = next((p for p in parts if p.text is None), None)
-        if bad is not None:
-            raise _Unknown(bad.why or "cannot be expanded")
-        if sum(len(p.text) for p in parts) > MAX_VALUE:
-            raise _Unknown(f"expands to more than {MAX_VALUE} characters")
-        return "".join(p.text for p in parts)
+        known = _known(parts)
+        if isinstance(known, _Part):
+            raise _Unknown(known.why or "cannot be expanded")
+        return "".join(known)
 
     # ------------------------------------------------------------------ commands
     def commands(self) -> list[Command]:

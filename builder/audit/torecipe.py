@@ -146,7 +146,7 @@ def recipe_text(p: Pins, out: str, driver: str | None) -> tuple[str, dict]:
     t, os_ = p.torch, p.os
     missing = [what for what, ok in (("the OS of the base image", os_), ("a torch release", t and t.release),
                                      ("the torch build (its variant)", t and t.variant)) if not ok]
-    if missing:
+    if missing or t is None or os_ is None:  # (t and os_ are set when nothing is missing: for mypy)
         raise EnvbuildError(f"cannot write a recipe: {inputs.escape(p.stack.file, 200)} does not say "
                             f"{' and '.join(missing)}", file=out)
     comments: list[tuple[int, str]] = []

@@ -12,6 +12,8 @@ code  meaning
 3     could not check: engine, registry or node unreachable, timeout,
       unreadable or invalid report
 64    command-line usage error
+70    internal error: an exception envbuild did not expect (a bug)
+130   interrupted (SIGINT/SIGTERM); what was started is removed
 ====  =====================================================================
 """
 
@@ -29,6 +31,11 @@ class ExitCode(IntEnum):
     CHECK_FAILED = 2
     UNREACHABLE = 3
     USAGE = 64
+    #: An unexpected exception (a bug in envbuild): ``EX_SOFTWARE`` of sysexits.h, as 64 is its
+    #: ``EX_USAGE``; never 1, which means "done with warnings only".
+    INTERNAL_ERROR = 70
+    #: SIGINT/SIGTERM: 128 + SIGINT, as a shell reports a command it interrupted.
+    INTERRUPTED = 130
 
 
 _UNSET = object()

@@ -58,17 +58,15 @@ Control = Callable[[str], str]
 class _Document:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (tuples become lists; UNSET fields left out), as ``json.loads`` gives it."""
-        return msgspec.json.decode(msgspec.json.encode(self))  # type: ignore[no-any-return]
+        data: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(self))
+        return data
 
 
-if typing.TYPE_CHECKING:
-    # mypy reads a Struct's ``frozen`` per class (dataclass_transform), not inherited as msgspec
-    # does at run time: declared here without it so that subclasses type-check.
-    class Model(_Document, msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-        """Base of every envbuild document: strict, immutable, keyword-only."""
-else:
-    class Model(_Document, msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-        """Base of every envbuild document: strict, immutable, keyword-only."""
+class Model(_Document, msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Base of every envbuild document: strict, immutable, keyword-only.
+
+    msgspec inherits ``frozen`` at run time; mypy reads it per class (dataclass_transform), so
+    every subclass says ``frozen=True`` again (a non-frozen subclass of a frozen one is an error)."""
 
 
 #: The value of a violation about a key that is missing or unknown (no value to show).

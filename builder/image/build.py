@@ -553,7 +553,7 @@ def build(
     client = client or engine.connect()
     progress = ConsoleProgress(console, on_line)
     base, tag, digest, image_id = _locate(options, client, rendered, found, progress, warn)
-    reused, notes = image_id is not None, []
+    reused, notes = image_id is not None, list[str]()
     if image_id is None:
         image_id = _make_image(options, client, rendered, base, tag, digest, progress, cli, notes)
     return _checked(options, client, rendered[2], rendered[1], (base, tag, digest, image_id), reused, notes, progress)

@@ -119,7 +119,7 @@ def folder_wheels(folder: Path) -> list[tuple[Path, str, Any, frozenset[Any]]]:
     is read as ``+`` (a saved download URL). Files whose names do not parse are left out."""
     from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-    out = []
+    out: list[tuple[Path, Any, Any, frozenset[Any]]] = []
     for n, path in enumerate(sorted(folder.glob("*.whl"))):
         if n >= MAX_WHEELS:
             break

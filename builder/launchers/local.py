@@ -331,7 +331,7 @@ class LocalDockerLauncher:
         watches: list[NodeWatch] = []
         state: dict[str, Any] = {"network": None, "created": 0}
         cleanup_errors: list[str] = []
-        clock, phases = PhaseClock(), []  # phases: completed after the cleanup (teardown)
+        clock, phases = PhaseClock(), list[tuple[str, float]]()  # completed after the cleanup (teardown)
         tracker = ProgressTracker(spec.world_size, spec.run_id)
         try:
             clock.mark("launch")

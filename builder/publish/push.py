@@ -31,8 +31,8 @@ import docker.errors
 import requests
 
 from builder.core import inputs
-from builder.core.paths import image_dir
 from builder.core.errors import EnvbuildError, Unreachable
+from builder.core.paths import image_dir
 from builder.oci import referrers
 from builder.oci.client import Credentials, RegistryClient
 from builder.oci.manifest import MT_OCI_MANIFEST, sha256_digest

@@ -18,8 +18,8 @@ import docker
 import docker.errors
 
 from builder.core import inputs
-from builder.core.paths import image_dir
 from builder.core.errors import EnvbuildError, ExitCode
+from builder.core.paths import image_dir
 
 CERTIFICATE_SCHEMA = "envbuild.certificate/1"
 #: Labels an image must carry with the certificate's values to be published with it.

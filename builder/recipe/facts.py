@@ -12,7 +12,7 @@ as JSON with the sha256 of the ``compat.yaml`` they came from: when that digest 
 :func:`facts` decodes it (~0.1 ms, checked by the same model) instead of parsing the YAML
 (~20 ms, most of what ``envbuild check`` spends on the facts; issue 13 item 5). An edited
 ``compat.yaml`` is always read itself until the JSON is regenerated
-(``.venv/bin/python tests/test_fast_paths.py --regen``; a test fails while it is stale).
+(``.venv/bin/python tests/unit/test_fast_paths.py --regen``; a test fails while it is stale).
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ JSON_FILE = FILE.with_suffix(".json")
 Tag = Literal["V", "M", "S", "U"]
 
 
-class Variants(Model):
+class Variants(Model, frozen=True):
     """The wheel variants of a torch release (``cu126``, ``cu128``...) and the tag of that list."""
 
     tag: Tag
     list: tuple[str, ...]
 
 
-class NcclPin(Model):
+class NcclPin(Model, frozen=True):
     """The NCCL wheel a torch build pins: ``package`` (None: bundled) and ``version`` (None: unknown)."""
 
     package: str | None
@@ -49,12 +49,12 @@ class NcclPin(Model):
     tag: Tag
 
 
-class CudnnPin(Model):
+class CudnnPin(Model, frozen=True):
     version: str
     tag: Tag
 
 
-class TorchRelease(Model):
+class TorchRelease(Model, frozen=True):
     """One torch release: variants, the Python range of its wheels, their manylinux tag
     (per variant where it differs), the NCCL and cuDNN each variant pins."""
 
@@ -67,7 +67,7 @@ class TorchRelease(Model):
     cudnn: dict[str, CudnnPin] = {}
 
 
-class OsRelease(Model):
+class OsRelease(Model, frozen=True):
     """An OS release's glibc and system Python 3, and its codenames (``bookworm``)."""
 
     glibc: str
@@ -75,7 +75,7 @@ class OsRelease(Model):
     codenames: tuple[str, ...] = ()
 
 
-class DriverFloor(Model):
+class DriverFloor(Model, frozen=True):
     """Driver floors of a CUDA release: full support (``ga``) and minor-version compatibility."""
 
     ga: str
@@ -83,7 +83,7 @@ class DriverFloor(Model):
     tag: Tag = "V"
 
 
-class BaseImageRow(Model):
+class BaseImageRow(Model, frozen=True):
     """Base images (``pattern``, a whole-repository regex) that already ship PyTorch."""
 
     pattern: str
@@ -91,7 +91,7 @@ class BaseImageRow(Model):
     source: str
 
 
-class PackageRow(Model):
+class PackageRow(Model, frozen=True):
     """Packages (``pattern``, a whole-name regex) that are a second ``stack`` beside torch's."""
 
     pattern: str
@@ -100,13 +100,13 @@ class PackageRow(Model):
     source: str
 
 
-class SecondStack(Model):
+class SecondStack(Model, frozen=True):
     apt: tuple[PackageRow, ...]
     pip: tuple[PackageRow, ...]
     base: tuple[BaseImageRow, ...]
 
 
-class Companion(Model):
+class Companion(Model, frozen=True):
     """A torchvision/torchaudio release: the torch its wheel requires (a specifier), the wheel read."""
 
     torch: str
@@ -114,12 +114,12 @@ class Companion(Model):
     wheel: str
 
 
-class TorchIndex(Model):
+class TorchIndex(Model, frozen=True):
     url: str
     tag: Tag
 
 
-class Facts(Model):
+class Facts(Model, frozen=True):
     """The facts, by topic: ``torch`` releases, ``os`` releases (by id, then version),
     ``cuda_driver`` floors and ``cuda_image_nccl`` (the system NCCL of an nvidia/cuda image)
     by CUDA version, ``second_stack`` rows, ``companions`` (by package, then release), the
@@ -135,7 +135,7 @@ class Facts(Model):
     cuda_image_nccl: dict[str, str]
 
 
-class FactsJson(Model):
+class FactsJson(Model, frozen=True):
     """``data/compat.json``: the facts and the sha256 (hex) of the ``compat.yaml`` they are of."""
 
     source_sha256: str

@@ -99,7 +99,7 @@ _PEP508 = "is not a PEP 508 requirement (name[extras] and version specifiers onl
 #: ``scipy >= 1.11``; ``~=`` needs two release segments). Group 1 name, 2 operator, 3 version.
 #: Anything else goes through packaging's parser; both give the same canonical string
 #: (``name`` as written, then ``operator`` and ``version`` without blanks: packaging's
-#: ``str(Requirement)``; tests/test_recipe_fastreq.py compares them).
+#: ``str(Requirement)``; tests/unit/test_fast_paths.py compares them).
 SIMPLE_REQUIREMENT = re.compile(
     r"\A([A-Za-z0-9](?:[A-Za-z0-9._-]{0,126}[A-Za-z0-9])?)[ \t]*"
     r"(?:(==|!=|<=|>=|<|>)[ \t]*([0-9]{1,20}(?:\.[0-9]{1,20}){0,9})|(~=)[ \t]*([0-9]{1,20}(?:\.[0-9]{1,20}){1,9}))"

@@ -70,7 +70,7 @@ DEFAULT_SIZES: tuple[Size, ...] = (8, 1024, 65536, 1048576, 4194304)
 
 
 # ---------------------------------------------------------------------------- certify settings
-class AllreduceSettings(Model):
+class AllreduceSettings(Model, frozen=True):
     """All-reduce sweep: message ``sizes`` in bytes, ``iters`` timed and ``warmup`` untimed iterations."""
 
     sizes: Sizes = DEFAULT_SIZES
@@ -78,7 +78,7 @@ class AllreduceSettings(Model):
     warmup: Warmup = 5
 
 
-class DdpSettings(Model):
+class DdpSettings(Model, frozen=True):
     """DDP training check: ``steps`` of ResNet-18 on ``batch_size`` synthetic images of ``image_size``² pixels."""
 
     steps: Steps = 3
@@ -86,7 +86,7 @@ class DdpSettings(Model):
     image_size: ImageSize = 64
 
 
-class Thresholds(Model):
+class Thresholds(Model, frozen=True):
     """Pass/fail gates. ``min_busbw_gbps`` (GB/s = 1e9 B/s) applies at ``busbw_size`` bytes
     (the largest size when null)."""
 
@@ -94,7 +94,7 @@ class Thresholds(Model):
     busbw_size: BusbwSize | None = None
 
 
-class CertifySettings(Model):
+class CertifySettings(Model, frozen=True):
     """How ``envbuild certify`` runs: simulated ``nodes``, ``gpus_per_node``, backend, rendezvous ``port``,
     ``shm_size`` (docker syntax, e.g. ``1g``), ``timeout_s`` (seconds) for the whole run.
 
@@ -116,30 +116,30 @@ DEFAULT_CERTIFY = CertifySettings()
 
 
 # ---------------------------------------------------------------------------- recipe
-class Base(Model):
+class Base(Model, frozen=True):
     image: ImageRef
 
 
-class Os(Model):
+class Os(Model, frozen=True):
     id: OsId
     version: Release
 
 
-class Cuda(Model):
+class Cuda(Model, frozen=True):
     """The CUDA release the image targets; ``driver``: the cluster's driver, checked against the floors."""
 
     version: Release
     driver: Release | None = None
 
 
-class Torch(Model):
+class Torch(Model, frozen=True):
     """The torch release; ``variant`` (``cpu``, ``cu128``) derived from ``cuda.version`` when left out."""
 
     version: Release
     variant: Variant | None = None
 
 
-class Packages(Model):
+class Packages(Model, frozen=True):
     """Extra Debian packages (``name`` or ``name=version``) and pip requirements (PEP 508, no URLs or markers).
 
     ``keep_pip``: keep pip (and setuptools/wheel) in the image; by default the build removes
@@ -152,14 +152,14 @@ class Packages(Model):
     keep_pip: KeepPip = False
 
 
-class Index(Model):
+class Index(Model, frozen=True):
     """The pip index and the torch wheel index (None: the variant's folder of the PyTorch index)."""
 
     url: Url = DEFAULT_INDEX_URL
     torch_url: Url | None = None
 
 
-class Recipe(Model, kw_only=True):
+class Recipe(Model, kw_only=True, frozen=True):
     """A recipe file: base image, OS, Python, CUDA, PyTorch, NCCL and cuDNN of an image, the extra
     apt/pip packages, the package indexes, the image's environment and the certification
     settings. ``cuda`` is None for a CPU image. Versions are strings in release form ("2.8.0")."""
@@ -179,7 +179,7 @@ class Recipe(Model, kw_only=True):
 
 
 # ---------------------------------------------------------------------------- resolved pins
-class ResolvedBase(Model):
+class ResolvedBase(Model, frozen=True):
     """The base image ``ref`` and its manifest ``digest``; ``source``: where the digest came from."""
 
     ref: ImageRef
@@ -187,7 +187,7 @@ class ResolvedBase(Model):
     source: Literal["recipe", "engine", "registry", "none"] = "none"
 
 
-class ResolvedWheel(Model):
+class ResolvedWheel(Model, frozen=True):
     """One wheel pip's resolver chose: ``name==version`` with the sha256 of its file."""
 
     name: PipName
@@ -197,7 +197,7 @@ class ResolvedWheel(Model):
     requested: bool = False
 
 
-class PipResolver(Model):
+class PipResolver(Model, frozen=True):
     """What pip resolved for: the image's Python and platform tag, the indexes, whether site wheels were seen."""
 
     python: PythonVersion | UnsetType = UNSET
@@ -206,11 +206,11 @@ class PipResolver(Model):
     site_wheels: bool | UnsetType = UNSET
 
 
-class AptSource(Model):
+class AptSource(Model, frozen=True):
     image: Note
 
 
-class Resolved(Model):
+class Resolved(Model, frozen=True):
     """``envbuild.resolved.json``: the pins ``envbuild lock`` resolved for the lock of hash
     ``lock_hash``; ``unresolved`` lists what stayed open, one line each."""
 
@@ -226,42 +226,42 @@ class Resolved(Model):
 
 
 # ---------------------------------------------------------------------------- lock
-class LockOs(Model):
+class LockOs(Model, frozen=True):
     id: OsId
     version_id: Release
     glibc: Release
 
 
-class LockTorch(Model):
+class LockTorch(Model, frozen=True):
     version: Release
     variant: Variant
     local: TorchLocal
 
 
-class LockDriver(Model):
+class LockDriver(Model, frozen=True):
     """Driver floors of the variant's CUDA: full support (``min``) and minor-version compatibility."""
 
     min: Release | None = None
     minor_compat_min: Release | None = None
 
 
-class LockIndex(Model):
+class LockIndex(Model, frozen=True):
     url: Url
     torch_url: Url | None = None
 
 
-class PinnedWheel(Model):
+class PinnedWheel(Model, frozen=True):
     name: PipName
     version: PipVersion
     hashes: Hashes
 
 
-class LockBase(Model):
+class LockBase(Model, frozen=True):
     ref: ImageRef | None
     digest: Sha256 | None
 
 
-class LockResolved(Model):
+class LockResolved(Model, frozen=True):
     """The ``resolved`` section of a lock: the pins of :class:`Resolved` the build uses."""
 
     base: LockBase
@@ -297,7 +297,7 @@ def certify_settings(section: Any) -> CertifySettings:
     return msgspec.convert(msgspec.to_builtins(section), CertifySettings, strict=True)
 
 
-class Lock(Model):
+class Lock(Model, frozen=True):
     """``envbuild.lock.json`` / the image label ``envbuild.lock``: the resolved pins of a recipe
     and its certification settings; ``resolved`` only once ``envbuild lock`` ran."""
 

@@ -56,7 +56,8 @@ def base_digest(ref: str, engine: Any = None, registry: RegistryFactory | None =
     """
     image = reference.try_parse(ref)
     if image is None:
-        return ResolvedBase(ref=ref, digest=None, source="none"), f"base {ref}: not resolved to a digest (not an image reference)"
+        return (ResolvedBase(ref=ref, digest=None, source="none"),
+                f"base {ref}: not resolved to a digest (not an image reference)")
     if image.digest:
         return ResolvedBase(ref=ref, digest=image.digest, source="recipe"), None
     host, path, tag = image.registry, image.repository, image.tag or "latest"

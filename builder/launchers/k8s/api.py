@@ -88,7 +88,7 @@ def _discoverer() -> type:
     requests per run."""
     from kubernetes.dynamic.discovery import LazyDiscoverer
 
-    class MemoryDiscoverer(LazyDiscoverer):  # type: ignore[misc]
+    class MemoryDiscoverer(LazyDiscoverer):
         def _write_cache(self) -> None:
             pass
 

@@ -76,7 +76,8 @@ def code_data(code: Mapping[str, str] | None = None) -> CodeData:
     """
     files = dict(in_image_code() if code is None else code)
     if any(p not in files for p in REQUIRED):
-        raise EnvbuildError("in-image code lacks probe/__main__.py or bench/__main__.py", field="code", value=sorted(files))
+        raise EnvbuildError("in-image code lacks probe/__main__.py or bench/__main__.py", field="code",
+                            value=sorted(files))
     paths = sorted(files)
     keys = [code_key(p) for p in paths]
     if len(set(keys)) != len(keys):

@@ -11,9 +11,9 @@ import re
 from collections.abc import Mapping, Sequence
 
 from builder.core.errors import EnvbuildError, ExitCode
+from builder.oci import reference
 
 from ..base import LaunchSpec
-from builder.oci import reference
 
 _RUN_ID_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
 _LABEL_NAME_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")

@@ -17,7 +17,7 @@ from builder.core.errors import EnvbuildError
 from builder.core.inputs import load_json, one_line
 
 from ..base import LaunchResult, LaunchSpec
-from ..model import MAX_RESULT_BYTES
+from ..model import MAX_RESULT_BYTES, RankResult
 from ..output import result_problem
 from ..progress import progress_from_logs
 from .pod import RESULT_BEGIN, RESULT_END
@@ -111,12 +111,12 @@ def assemble_result(spec: LaunchSpec, outcome: Outcome, *, started_at: str, fini
     whose other nodes were stopped by the Job controller gets ``killed_after_s`` 0
     (``backoffLimit: 0`` gives them no grace).
     """
-    from ..output import parse_torchrun_failures
+    from ..output import check_result, parse_torchrun_failures
 
     exit_codes: dict[int, int | None] = {n: None for n in range(spec.nodes)}
     exit_codes.update({n: c for n, c in outcome.exit_codes.items() if 0 <= n < spec.nodes})
     node_logs: dict[int, str] = {}
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int, RankResult] = {}
     problems: dict[int, str] = {}
     rank_exit: dict[int, int] = {}
     for node in range(spec.nodes):
@@ -128,7 +128,11 @@ def assemble_result(spec: LaunchSpec, outcome: Outcome, *, started_at: str, fini
         mine = set(spec.ranks_of_node(node))
         for rank, doc in got.items():
             if rank in mine:
-                results[rank] = doc
+                model, why = check_result(doc, rank, "result", run_id=spec.run_id, world_size=spec.world_size)
+                if model is not None:
+                    results[rank] = model
+                else:
+                    problems.setdefault(rank, why or "refused")
             else:
                 problems.setdefault(rank, f"result of rank {rank} printed by node {node}, which does not host it")
         for rank, why in bad.items():

@@ -17,10 +17,10 @@ from typing import Any
 import jinja2
 
 from builder.agent import payload
-from builder.core.paths import image_dir
 from builder.core.errors import EnvbuildError, ExitCode
 from builder.core.files import template_environment
 from builder.core.inputs import control_char_paths, has_control
+from builder.core.paths import image_dir
 from builder.image import engine
 
 from ..base import (

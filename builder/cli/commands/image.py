@@ -1,0 +1,65 @@
+"""``envbuild build`` and ``envbuild base bootstrap``: the image on the Docker engine."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from builder.cli.output import console, out
+from builder.core.errors import EnvbuildError, ExitCode
+
+if TYPE_CHECKING:
+    from builder.image.build import BuildResult
+    from builder.image.site import SiteOptions
+    from builder.recipe.spec import Spec
+
+
+def site_options(args: argparse.Namespace) -> SiteOptions:
+    """The site options (``--ca-cert``, ``--wheels``, ``--base``; pip's configuration unless
+    ``--no-site-detect``) of build, lock and make."""
+    from builder.image.site import SiteOptions
+
+    return SiteOptions.detect(ca_cert=args.ca_cert, wheels=args.wheels, base=args.base, no_detect=args.no_site_detect)
+
+
+def build_spec(args: argparse.Namespace, spec: Spec) -> BuildResult:
+    """Build the image of ``spec`` from its rendered files (or reuse it) and print its tag."""
+    from builder.image import build, engine
+
+    client = engine.connect()
+    options = build.BuildOptions(recipe=spec.name, images_dir=Path(args.images_dir), site=site_options(args),
+                                 base_mode=args.base_mode)
+    result = build.build(options, client, console=console())
+    verb = "reused" if result.reused else "built"
+    out().print(f"{verb} {result.tag} ({result.image_id[:19]}); base {result.base_used}; probe matches the lock",
+                soft_wrap=True)
+    return result
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """``envbuild build RECIPE``: build the rendered Dockerfile, then check the probe against the lock."""
+    from builder.cli.commands.recipe import load_spec
+    from builder.core.paths import image_dir
+    from builder.recipe import rules
+    from builder.render import rendered as render
+    from builder.render import write as render_write
+
+    spec = rules.require_ok(load_spec(args.recipe, args.recipes_dir))
+    rendered = render.render_for(spec, args.images_dir)
+    stale = render_write.stale(rendered, args.images_dir)
+    if stale:
+        raise EnvbuildError(f"rendered files are stale ({', '.join(stale)}); run `envbuild render {spec.name}`",
+                            file=str(image_dir(args.images_dir, spec.name).folder))
+    build_spec(args, spec)
+    return ExitCode.OK
+
+
+def cmd_base(args: argparse.Namespace) -> int:
+    """``envbuild base bootstrap``: make a local Debian base image with debootstrap (air-gapped sites)."""
+    from builder.image import bootstrap, engine
+
+    client = engine.connect()
+    ref = bootstrap.bootstrap_debian(client, suite=args.suite, stands_for=args.stands_for)
+    out().print(f"base image {ref} (stands in for {args.stands_for})")
+    return ExitCode.OK

@@ -1,0 +1,174 @@
+"""``envbuild check``, ``audit``, ``render`` and ``lock``: the recipe, its rules, its rendered
+files and its resolved pins."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from builder.cli import output
+from builder.cli.checks import UsageError
+from builder.cli.output import console, out
+from builder.core.errors import EnvbuildError, ExitCode
+
+if TYPE_CHECKING:
+    from builder.recipe.spec import Spec
+
+
+def load_spec(name: str, recipes_dir: str) -> Spec:
+    """The recipe ``name`` (or path) checked: schema errors and rule findings together in
+    one :class:`~builder.recipe.spec.Spec` (the rules run on the fields that validated).
+    Raises what :func:`builder.recipe.load.find` and :func:`builder.recipe.load.parse` raise
+    (unreadable file: 3; malformed YAML: 2)."""
+    from builder.recipe import load, rules
+
+    return rules.check(load.parse(load.find(name, recipes_dir)))
+
+
+def print_findings(spec: Spec) -> None:
+    """Every schema error, then every finding of ``spec``, one escaped line each on stderr
+    (schema errors capped as :class:`~builder.core.errors.ManyErrors` caps them)."""
+    from builder.core.errors import ManyErrors
+
+    if spec.schema_errors:
+        for line in str(ManyErrors(list(spec.schema_errors))).splitlines():
+            output.finding("error", line)
+    for f in spec.findings:
+        output.finding(f.level, f.line(spec.path))
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """``envbuild check RECIPE``: 0 compatible, 1 warnings only, 2 errors (schema or rules)."""
+    from builder.core.inputs import escape
+
+    spec = load_spec(args.recipe, args.recipes_dir)
+    print_findings(spec)
+    if spec.failed:
+        return ExitCode.CHECK_FAILED
+    output.put(f"{escape(spec.path)}: ok: torch {spec.torch_local}, python {spec.recipe.python}, "
+               f"cuda {spec.cuda or 'none'}, nccl {spec.nccl or 'none'}")
+    return ExitCode.WARNINGS if spec.warnings else ExitCode.OK
+
+
+def _check_to_recipe(args: argparse.Namespace) -> None:
+    """``--to-recipe``: one FILE and a recipe file name (``<name>.yaml``), else exit 64."""
+    from builder.core.inputs import show
+    from builder.recipe import fields, load
+
+    target = Path(args.to_recipe)
+    if len(args.files) != 1:
+        raise UsageError("envbuild audit: --to-recipe takes exactly one FILE")
+    if target.suffix not in load.SUFFIXES or not (len(target.stem) <= fields.MAX_RECIPE_NAME
+                                                   and fields.RECIPE_NAME.fullmatch(target.stem)):
+        raise UsageError(f"envbuild audit: --to-recipe: {show(args.to_recipe)} is not a recipe file name "
+                         "(<name>.yaml, <name> lower-case [a-z0-9] joined by '.', '_' or '-')")
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    """``envbuild audit FILE... [--json] [--to-recipe OUT.yaml] [--driver V] [--build-arg N=V]``:
+    audit Dockerfiles and Apptainer/Singularity definitions with the recipe rules
+    (:mod:`builder.audit`). 0 clean, 1 warnings, 2 errors, 3 malformed or unreadable (the
+    worst file); ``--to-recipe`` refused: 2."""
+    from builder.audit import run, torecipe
+    from builder.core.inputs import escape
+
+    if args.to_recipe is not None:
+        _check_to_recipe(args)
+    build_args = dict(item.split("=", 1) for item in args.build_arg)
+    report, done = run.audit(args.files, driver=args.driver, build_args=build_args)
+    if args.json:
+        sys.stdout.write(report.to_json().decode())
+    else:
+        from rich.text import Text
+
+        for result in report.files:
+            for f in result.findings:
+                output.finding(f.level, f.text())
+            if result.stack is not None:
+                out().print(Text(run.summary(result)), soft_wrap=True)
+    code = report.exit_code
+    if args.to_recipe is not None:
+        try:
+            written = torecipe.write(done[0], args.to_recipe, args.driver)
+        except EnvbuildError as e:
+            output.say(f"error: {escape(str(e), 1000)}")
+            return max(code, int(e.exit_code))
+        output.say(f"wrote {escape(str(written), 1000)}: check it with `envbuild check {escape(str(written), 1000)}`")
+    return code
+
+
+def render_spec(args: argparse.Namespace, spec: Spec) -> int:
+    """Write the rendered files of ``spec`` under ``--images-dir`` (``check_only``: only say
+    which are stale, exit 2)."""
+    from builder.core.paths import image_dir
+    from builder.recipe import rules
+    from builder.render import rendered as render
+    from builder.render import write as render_write
+
+    rendered = render.render_for(rules.require_ok(spec), args.images_dir)
+    if getattr(args, "check_only", False):
+        stale = render_write.stale(rendered, args.images_dir)
+        if stale:
+            for name in stale:
+                path = image_dir(args.images_dir, spec.name).file(name)
+                console().print(f"{path}: stale; run `envbuild render {spec.name}`", soft_wrap=True, markup=False)
+            return ExitCode.CHECK_FAILED
+        out().print(f"{image_dir(args.images_dir, spec.name).folder}: up to date", markup=False)
+        return ExitCode.OK
+    where, written = render_write.write(rendered, args.images_dir)
+    for name in rendered.files:
+        out().print(f"{'wrote' if name in written else 'up to date'} {where / name}", markup=False)
+    return ExitCode.OK
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    """``envbuild render RECIPE [--check]``: write (or check for drift) the rendered files.
+    A recipe with errors is reported (schema errors and rule errors together) and not rendered."""
+    from builder.recipe import load, rules
+
+    if args.all == (args.recipe is not None):
+        raise UsageError("envbuild render: give either a RECIPE or --all")
+    names = (sorted({p.stem for s in load.SUFFIXES for p in Path(args.recipes_dir).glob(f"*{s}")})
+             if args.all else [args.recipe])
+    if not names:
+        raise EnvbuildError("no recipes (*.yaml) here", file=str(args.recipes_dir))
+    worst: int = ExitCode.OK
+    for name in names:
+        spec = load_spec(name, args.recipes_dir)
+        if spec.failed:
+            rules.require_ok(spec)  # raises every schema and rule error, one line each
+        print_findings(spec)
+        worst = max(worst, render_spec(args, spec), ExitCode.WARNINGS if spec.warnings else ExitCode.OK)
+    return worst
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    """``envbuild lock RECIPE``: resolve the base digest, pip hashes and apt versions into
+    ``images/RECIPE/envbuild.resolved.json`` and render again; 1 when something stayed open."""
+    from builder.cli.commands.image import site_options
+    from builder.image import engine
+    from builder.oci.client import RegistryClient
+    from builder.recipe import rules
+    from builder.resolve import lock
+
+    spec = rules.require_ok(load_spec(args.recipe, args.recipes_dir))
+    client = None
+    if not (args.no_base and args.no_apt):
+        try:
+            client = engine.connect()
+        except EnvbuildError as e:
+            output.warn(str(e))
+    result = lock.lock(spec, args.images_dir, site_options(args), client, base=not args.no_base, pip=not args.no_pip,
+                       apt=not args.no_apt, base_mode=args.base_mode, registry=RegistryClient,
+                       say=output.progress)
+    doc = result.resolved
+    out().print(f"wrote {result.path}", markup=False)
+    for path in result.written:
+        out().print(f"wrote {path}", markup=False)
+    out().print(f"  base {doc.base.ref} -> {doc.base.digest or 'unresolved'}; "
+                f"pip {len(doc.pip)} package(s) with hashes; apt {len(doc.apt)} pin(s)", markup=False, soft_wrap=True)
+    for note in result.unresolved:
+        output.warn(note)
+    return ExitCode.WARNINGS if result.unresolved else ExitCode.OK

@@ -1,0 +1,340 @@
+"""The argument parser of ``envbuild``: the commands in the order ``envbuild --help`` lists them
+(:data:`COMMANDS`), one function per command that adds its arguments, and one per option group
+several commands share (site, certification, launcher, node sources, registry). Usage errors
+raise :class:`~builder.cli.checks.UsageError` (exit 64).
+
+A command's arguments are added when its parser first parses (``envbuild check`` builds only
+the check parser), and building them imports no stage: the argument types
+(:mod:`builder.cli.argtypes`) import theirs when a value is parsed. The parsed namespace holds
+``command`` (and ``base_command`` / ``k8s_command``): the key :data:`builder.cli.app.COMMANDS` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from builder.cli import argtypes as t
+from builder.cli.checks import UsageError
+
+#: Adds a command's arguments to its parser.
+Fill = Callable[[argparse.ArgumentParser], None]
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are :class:`UsageError` and whose arguments are added by
+    ``fill`` when it first parses (or :meth:`filled` is called)."""
+
+    def __init__(self, *args: Any, fill: Fill | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fill = fill
+
+    def filled(self) -> _Parser:
+        """This parser with its arguments added (once)."""
+        if self._fill is not None:
+            fill, self._fill = self._fill, None
+            fill(self)
+        return self
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        self.filled()
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:  # argparse exits 2 by default: the table says 64
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (usage errors raise :class:`UsageError`, exit 64)."""
+    p = _Parser(prog="envbuild", description="Reproducible, certified PyTorch images for multi-node clusters.")
+    p.add_argument("--recipes-dir", default="recipes", type=t.path("a folder"),
+                   help="where recipes live (default: recipes)")
+    p.add_argument("--images-dir", default="images", type=t.path("a folder"),
+                   help="where rendered files and certificates go (default: images)")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, summary, fill in COMMANDS:
+        sub.add_parser(name, help=summary, fill=fill)
+    return p
+
+
+# ------------------------------------------------------------------ recipe: check, audit, render, lock
+def _check(c: argparse.ArgumentParser) -> None:
+    c.add_argument("recipe", type=t.recipe, help="a name under --recipes-dir or a path to a YAML file")
+
+
+def _audit(au: argparse.ArgumentParser) -> None:
+    au.add_argument("files", nargs="+", metavar="FILE", type=t.path("a file"),
+                    help="Dockerfile, Containerfile or definition file")
+    au.add_argument("--json", action="store_true", help="print the report as JSON (schemas/audit.schema.json)")
+    au.add_argument("--to-recipe", metavar="OUT.yaml", type=t.path("a file name", no_dash=True),
+                    help="write the recipe of the same stack (one FILE without errors)")
+    au.add_argument("--driver", metavar="VERSION", type=t.driver,
+                    help="the cluster's NVIDIA driver: check the floors of the wheel's CUDA")
+    au.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE", type=t.build_arg,
+                    help="a build argument, as docker build --build-arg (or apptainer build --build-arg)")
+
+
+def _render(r: argparse.ArgumentParser) -> None:
+    r.add_argument("recipe", nargs="?", type=t.recipe)
+    r.add_argument("--all", action="store_true", help="every recipe under --recipes-dir")
+    r.add_argument("--check", dest="check_only", action="store_true",
+                   help="fail (exit 2) if the committed files are stale")
+
+
+def _lock(lk: argparse.ArgumentParser) -> None:
+    lk.add_argument("recipe", type=t.recipe)
+    lk.add_argument("--no-base", action="store_true", help="do not resolve the base image digest")
+    lk.add_argument("--no-pip", action="store_true", help="do not resolve pip requirements")
+    lk.add_argument("--no-apt", action="store_true", help="do not resolve apt versions")
+    add_site_options(lk)
+
+
+# ------------------------------------------------------------------ image: build, base bootstrap
+def _build(b: argparse.ArgumentParser) -> None:
+    b.add_argument("recipe", type=t.recipe)
+    add_site_options(b)
+
+
+def _base(ba: argparse.ArgumentParser) -> None:
+    bsub = ba.add_subparsers(dest="base_command", required=True, parser_class=_Parser)
+    bb = bsub.add_parser("bootstrap", help="debootstrap a Debian base image under its own name")
+    bb.add_argument("--suite", default="bookworm", type=t.suite, help="Debian suite to debootstrap (default bookworm)")
+    bb.add_argument("--stands-for", default="debian:bookworm-slim", type=t.image_ref,
+                    help="the official image this base stands in for (recorded in a label)")
+
+
+def add_site_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("site options (enter at build time; the rendered files do not change)")
+    g.add_argument("--ca-cert", metavar="FILE", type=t.path("a file"),
+                   help="CA bundle handed to pip in the build (default: from pip's configuration)")
+    g.add_argument("--wheels", metavar="DIR", type=t.path("a folder"),
+                   help="local wheel folder for pip --find-links (default: from pip's configuration)")
+    g.add_argument("--base", metavar="IMAGE", type=t.image_ref, help="base image override (e.g. a site mirror)")
+    g.add_argument("--base-mode", choices=("auto", "pull", "bootstrap", "local"), default="auto",
+                   help="auto: use the base if present or pullable, else bootstrap a Debian base locally (default)")
+    g.add_argument("--no-site-detect", action="store_true", help="do not read pip's configuration")
+
+
+# ------------------------------------------------------------------ certify: certify, make, k8s render
+def _certify(ce: argparse.ArgumentParser) -> None:
+    ce.add_argument("image", type=t.image_ref,
+                    help="image reference or ID (built by envbuild: it carries the envbuild.* labels)")
+    add_certify_options(ce)
+    add_launcher_options(ce)
+
+
+def _make(m: argparse.ArgumentParser) -> None:
+    m.add_argument("recipe", nargs="?", default="cpu-torch2", type=t.recipe)
+    add_site_options(m)
+    add_certify_options(m)
+    add_launcher_options(m)
+
+
+def _k8s(k: argparse.ArgumentParser) -> None:
+    ksub = k.add_subparsers(dest="k8s_command", required=True, parser_class=_Parser)
+    r = ksub.add_parser("render", help="write an Indexed Job + headless Service (or a Kubeflow TrainJob) to --out")
+    r.add_argument("source", metavar="IMAGE_OR_RECIPE", type=t.text("an image or recipe name", 1000),
+                   help="an image on this engine (REPO@sha256:...; settings from its labels) or a recipe name "
+                        "(settings from images/RECIPE/envbuild.lock.json; needs --image)")
+    r.add_argument("--out", required=True, metavar="DIR", type=t.path("a folder"),
+                   help="folder for the manifests (created)")
+    r.add_argument("--image", metavar="REPO@sha256:DIGEST", type=t.image_ref,
+                   help="with a recipe name: the image the pods run, by digest")
+    r.add_argument("--allow-tag", action="store_true",
+                   help="accept an image reference without digest (development clusters)")
+    r.add_argument("--kubeflow", action="store_true", help="render a Kubeflow Trainer v2 TrainJob "
+                   "(trainer.kubeflow.org/v1alpha1) instead of Job + Service")
+    r.add_argument("--runtime", default="torch-distributed",
+                   type=t.pattern(t.K8S_SUBDOMAIN, "a Kubernetes object name (RFC 1123 subdomain)", 253),
+                   help="the TrainJob's ClusterTrainingRuntime (default torch-distributed)")
+    r.add_argument("--run-id", metavar="ID", type=t.text("a run id", 40),
+                   help="names the objects envbuild-ID (default: random); fixes the output")
+    r.add_argument("--ttl", type=t.int_in(0, 2**31 - 1), default=3600, metavar="S",
+                   help="ttlSecondsAfterFinished of the Job (default 3600)")
+    r.add_argument("--spread", choices=("preferred", "required", "none"), default="preferred",
+                   help="pod anti-affinity on kubernetes.io/hostname (default preferred; required: one node per host)")
+    r.add_argument("--ifname", dest="socket_ifname", type=t.socket_ifname,
+                   help=argparse.SUPPRESS)  # old name of --socket-ifname
+    r.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", type=t.env_item,
+                   help="extra environment of every pod (repeatable)")
+    r.add_argument("--apply", action="store_true",
+                   help="create the objects with the kubernetes client, wait, collect the results from the pod logs, "
+                        "delete everything and write the certificate")
+    r.add_argument("--kubeconfig", metavar="FILE", type=t.path("a file"),
+                   help="default: $KUBECONFIG, ~/.kube/config, or in-cluster")
+    r.add_argument("--context", type=t.text("a kubeconfig context"),
+                   help="kubeconfig context (default: the current one)")
+    r.add_argument("--namespace", type=t.pattern(t.K8S_LABEL, "a Kubernetes namespace (RFC 1123 label)", 63),
+                   help="default: the context's namespace, else default")
+    add_certify_options(r)
+
+
+def add_certify_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("certification (defaults from the image's envbuild.* labels)")
+    g.add_argument("--nodes", type=t.int_in(1, t.MAX_NODES),
+                   help="simulated nodes (containers); default from the recipe (2)")
+    g.add_argument("--gpus-per-node", type=t.int_in(0, 64), help="GPUs per node container (0 on CPU)")
+    g.add_argument("--backend", choices=("gloo", "nccl"),
+                   help="override the recipe's backend (recorded in the certificate)")
+    g.add_argument("--port", type=t.int_in(1, 65535), help="rendezvous port on the first node (default 29500)")
+    g.add_argument("--timeout", type=t.int_in(1, t.MAX_TIMEOUT_S), help="seconds before hung ranks are killed")
+    g.add_argument("--min-busbw", type=t.float_in(0, 1e6, lo_open=True), metavar="GBPS",
+                   help="busbw floor in GB/s at the gate size; gates also on gloo")
+    g.add_argument("--socket-ifname", metavar="IF", type=t.socket_ifname,
+                   help="set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME on every node (NCCL syntax: "
+                        "eth0, ^lo,docker, =ib0); default: the image's own settings, else unset "
+                        "(the libraries choose); the certificate records which was used")
+
+
+def add_launcher_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--launcher", choices=("local", "slurm", "k8s"), default="local",
+                   help="where the ranks run: local (containers on this Docker engine; default), slurm "
+                        "(one sbatch job), k8s (an Indexed Job; more options: envbuild k8s render --apply)")
+    g = p.add_argument_group("Slurm (--launcher slurm; README: Running on a cluster)")
+    g.add_argument("--partition", metavar="P", type=t.slurm_value("check_partition"),
+                   help="sbatch --partition (default: the cluster's default)")
+    g.add_argument("--time-limit", metavar="TIME", type=t.slurm_value("parse_time_limit"),
+                   help="sbatch --time, e.g. 10 (minutes) or 1:00:00 "
+                   "(default: --timeout rounded up to minutes)")
+    g.add_argument("--container-runtime", choices=("docker", "pyxis", "apptainer"),
+                   help="how each node runs the image: docker run (default: the image is in each node's engine), "
+                        "pyxis (srun --container-image), apptainer (apptainer exec)")
+    g.add_argument("--container-image", metavar="REF", type=t.slurm_value("check_container_image"),
+                   help="what the nodes run (default: IMAGE; apptainer: "
+                   "docker-daemon:IMAGE); pyxis: an enroot URI or a .sqsh path, apptainer: a .sif path")
+    g.add_argument("--slurm-dir", metavar="DIR", type=t.path("a folder"),
+                   help="run folders go to DIR/slurm-<run>/ (script, logs, results; "
+                   "on a filesystem every node sees); default images/RECIPE/certificates")
+    g.add_argument("--slurm-nodes", type=t.int_in(1, t.MAX_NODES), metavar="M",
+                   help="Slurm nodes the --nodes envbuild nodes share "
+                   "(default: one each; 1 runs them all on one machine)")
+    g.add_argument("--sbatch-arg", action="append", metavar="ARG", type=t.slurm_value("check_sbatch_arg"),
+                   help="extra #SBATCH option, e.g. --account=X (repeatable; README lists those passed on)")
+    g.add_argument("--pending-timeout", type=t.float_in(0, t.MAX_TIMEOUT_S, lo_open=True), metavar="S",
+                   help="seconds the job may wait in the queue (default 600)")
+
+
+# ------------------------------------------------------------------ nodes: probe, verify, doctor
+def _probe(pr: argparse.ArgumentParser) -> None:
+    pr.add_argument("--host", action="store_true", help="probe the host (outside containers); the default")
+
+
+def _verify(ve: argparse.ArgumentParser) -> None:
+    add_node_sources(ve)
+
+
+def _doctor(do: argparse.ArgumentParser) -> None:
+    """``envbuild doctor``: the node sources and the preflight options."""
+    add_node_sources(do)
+    do.add_argument("--checks", metavar="A,B", type=t.text("a list of checks", 1000),
+                    help="run only these checks: nodes, port, interface, shm, gpu-uuid, "
+                    "gpu-processes, stale-containers, straggler (default all)")
+    do.add_argument("--port", type=t.int_in(1, 65535), default=29500,
+                    help="rendezvous port checked on the master (default 29500)")
+    do.add_argument("--master", metavar="NODE", type=t.text("a node name"),
+                    help="the master node (default: the first node)")
+    do.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl when every node has GPUs, else gloo")
+    do.add_argument("--min-shm", default="256m", metavar="SIZE", type=t.size,
+                    help="smallest /dev/shm accepted (default 256m)")
+    do.add_argument("--straggler-ratio", type=t.float_in(1, 100, lo_open=True), default=1.5, metavar="R",
+                    help="a node slower than R x the median is a straggler (default 1.5)")
+    do.add_argument("--fix", action="store_true", help="remove stale envbuild containers (nothing else)")
+    do.add_argument("--stale-after", type=t.float_in(0, 365 * 86400), default=3600, metavar="S",
+                    help="a running envbuild container older than S seconds is stale (default 3600; 0: every "
+                         "running one, including a certification in progress)")
+    do.add_argument("--stale-label", action="append", default=[], metavar="KEY[=VALUE]", type=t.label,
+                    help="look for stale containers only among those with this label too (repeatable)")
+
+
+def add_node_sources(p: argparse.ArgumentParser) -> None:
+    """The node sources of ``verify`` and ``doctor``, each value checked by
+    :mod:`builder.nodes.sources` (:func:`builder.cli.argtypes.node_source`)."""
+    source = t.node_source
+    p.add_argument("reports", nargs="*", metavar="REPORT", help="node report files (envbuild probe --host > node.json)")
+    g = p.add_argument_group("nodes (any mix of sources)")
+    g.add_argument("--image", action="append", default=[], metavar="IMAGE", type=t.image_ref,
+                   help="running containers of IMAGE on this engine (repeatable)")
+    g.add_argument("--container", action="append", default=[], metavar="NAME", type=source("check_container"),
+                   help="this running container (repeatable)")
+    g.add_argument("--label", action="append", default=[], metavar="KEY[=VALUE]", type=source("check_label"),
+                   help="running containers with this label (repeatable; with --image: all must match)")
+    g.add_argument("--nodes", type=t.int_in(1, t.MAX_NODES), metavar="N",
+                   help="containers: exactly N must run; --slurm: srun --nodes=N")
+    g.add_argument("--hosts", action="append", default=[], metavar="A,B,C", type=source("check_host", split=True),
+                   help="hosts over ssh, [user@]host[:port]")
+    g.add_argument("--ssh-config", metavar="FILE", type=source("check_path", "--ssh-config"),
+                   help="ssh -F FILE")
+    g.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE", type=source("check_ssh_option"),
+                   help="ssh -o KEY=VALUE (repeatable; connection, authentication and host-key keys only)")
+    g.add_argument("--connect-timeout", type=t.int_in(1, 3600), default=5, metavar="S",
+                   help="ssh ConnectTimeout; doctor: TCP connect limit (default 5)")
+    g.add_argument("--slurm", action="store_true", help="one srun --ntasks-per-node=1 step gathers every node")
+    g.add_argument("--partition", metavar="P", type=source("check_partition"), help="srun --partition")
+    g.add_argument("--srun-arg", action="append", default=[], metavar="--NAME[=VALUE]", type=source("check_srun_arg"),
+                   help="extra srun option (repeatable; resources, placement and accounting options only)")
+    g.add_argument("--timeout", dest="node_timeout", type=t.float_in(0, 86400, lo_open=True), default=120, metavar="S",
+                   help="seconds per node (default 120)")
+    g.add_argument("--python", default="python3", type=source("check_python"),
+                   help="interpreter on the nodes, a name or path (default python3)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (for machines)")
+
+
+# ------------------------------------------------------------------ publish: push, pull
+def _push(pu: argparse.ArgumentParser) -> None:
+    pu.add_argument("recipe", type=t.registry_component("a recipe name (lower-case letters, digits, ._-)"))
+    pu.add_argument("--registry", required=True, metavar="HOST[:PORT]", type=t.registry, help="the registry")
+    pu.add_argument("--image", metavar="REF", type=t.image_ref,
+                    help="the local image (default: the newest certified one of RECIPE)")
+    pu.add_argument("--sign-key", metavar="FILE", type=t.path("a file"),
+                    help="sign the certificate (DSSE) with this PEM private key "
+                    "(Ed25519 or ECDSA; default: $ENVBUILD_SIGN_KEY)")
+    pu.add_argument("--no-fs-hash", action="store_true", help="do not record the filesystem content hash")
+    add_registry_options(pu)
+
+
+def _pull(pl: argparse.ArgumentParser) -> None:
+    pl.add_argument("target", metavar="RECIPE|REF", type=t.text("a recipe name or image reference", 1000),
+                    help="recipe name (HOST/NAMESPACE/RECIPE:certified) or image reference")
+    pl.add_argument("--registry", metavar="HOST[:PORT]", type=t.registry, help="the registry (unless REF names one)")
+    pl.add_argument("--verify-key", metavar="FILE", type=t.path("a file"),
+                    help="require a certificate signed by this PEM public key "
+                    "(default: $ENVBUILD_VERIFY_KEY)")
+    pl.add_argument("--allow-uncertified-hw", action="store_true",
+                    help="driver or GPUs the certificate does not cover: warn (exit 1) instead of refusing")
+    pl.add_argument("--format", choices=("docker", "sif"), default="docker",
+                    help="docker: pull into the engine (default); sif: apptainer pull by digest")
+    pl.add_argument("--output", metavar="FILE", type=t.path("a file name", no_dash=True),
+                    help="SIF file for --format sif (default RECIPE_LOCK.sif)")
+    pl.add_argument("--print-only", action="store_true", help="--format sif: print the command, do not run it")
+    add_registry_options(pl)
+
+
+def add_registry_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("registry (credentials come from your Docker config: docker login HOST)")
+    g.add_argument("--namespace", default="envbuild", type=t.registry_component("a repository path", path=True),
+                   help="repository prefix: HOST/NAMESPACE/RECIPE (default: envbuild)")
+    g.add_argument("--plain-http", action="store_true",
+                   help="plain HTTP (default: HTTPS; loopback registries fall back to HTTP)")
+    g.add_argument("--registry-ca", metavar="FILE", type=t.path("a file"),
+                   help="CA bundle of the registry's TLS certificate")
+
+
+#: The commands: (name, one-line help, the function adding its arguments), in ``--help`` order.
+COMMANDS: tuple[tuple[str, str, Fill], ...] = (
+    ("check", "validate a recipe and its version compatibility (offline)", _check),
+    ("audit", "audit Dockerfiles and Apptainer/Singularity definitions with the recipe rules (offline)", _audit),
+    ("render", "render Dockerfile, Singularity.def and lock under images/RECIPE/", _render),
+    ("build", "build the image with the Docker engine and check it against the lock", _build),
+    ("certify", "certify an image on N container nodes", _certify),
+    ("make", "check, render, build and certify (default recipe: cpu-torch2)", _make),
+    ("probe", "print this host's node report as JSON", _probe),
+    ("verify", "compare node reports: which node differs in what (exit 0/1/2/3)", _verify),
+    ("doctor", "preflight checks: ports, interfaces, shm, GPUs, stale containers, stragglers", _doctor),
+    ("push", "publish a certified image and its certificate to a registry, by digest", _push),
+    ("pull", "pull a certified image by digest after checking its certificate and this node", _pull),
+    ("lock", "resolve base digest, pip hashes and apt versions into images/RECIPE/", _lock),
+    ("k8s", "Kubernetes: render (and --apply) the manifests that certify an image on a cluster", _k8s),
+    ("base", "base images", _base),
+)

@@ -1,0 +1,494 @@
+"""builder/publish (push, pull, store, hardware) and builder/oci (client, referrers) against a real
+registry, through ``envbuild push``/``pull`` and their functions.
+
+The registry is Debian's docker-registry 2.8 with htpasswd auth (``registry_server``,
+tests/fixtures_registry.py), reached through the Docker config in ``DOCKER_CONFIG``. It
+has no OCI Referrers API, so certificates are found through the ``sha256-<hex>`` fallback
+tag or the ``<tag>.cert`` pointer. Test images are small (the bootstrapped Debian base plus
+a marker file, with the labels of the rendered cpu-torch2 lock); their certificates come
+from ``builder.certify.run`` with a launcher that replays passing rank results
+(``RecordedLauncher``). One test certifies the session's real torch image instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from types import SimpleNamespace
+
+import docker.errors
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from builder.certify import certificate
+from builder.certify.model import load_certificate
+from builder.cli.app import main
+from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.oci import client as oci
+from builder.oci import manifest, referrers
+from builder.publish import attest, hardware, naming
+from builder.publish import pull as pulling
+from builder.publish import push as pushing
+
+from certify_helpers import certify_image
+from fixtures_registry import free_port, recipe_labels, recorded_certificate, small_image, write_docker_config
+
+INDEX = "application/vnd.oci.image.index.v1+json"
+GPU = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-00000000-0000-0000-0000-000000000001"}
+
+
+def run_cli(capsys, *argv):
+    """Run ``envbuild ARGV`` in this process: (exit code, stdout, stderr)."""
+    code = main([str(a) for a in argv])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("error: ")]
+
+
+@pytest.fixture
+def make_certified(docker_client, bootstrap_image, test_labels, tmp_path):
+    """make(recipe="cpu-torch2", gpus=None, driver=None) -> a small image with a passing
+    certificate under tmp_path/images (attributes: tag, id, cert, path, images_dir)."""
+
+    def make(recipe: str = "cpu-torch2", gpus=None, driver=None, certified: bool = True):
+        marker = uuid.uuid4().hex[:12]
+        tag = f"envbuild-test/registry:{marker}"
+        image_id = small_image(docker_client, tag, {**recipe_labels(recipe), **test_labels}, marker, bootstrap_image)
+        cert = path = None
+        if certified:
+            cert, path = recorded_certificate(docker_client, tag, tmp_path / "images", test_labels,
+                                              gpus=gpus, driver=driver)
+            assert cert["verdict"]["passed"], cert["verdict"]
+        return SimpleNamespace(tag=tag, id=image_id, cert=cert, path=path, images_dir=tmp_path / "images",
+                               recipe=recipe, lock12=naming.lock12(recipe_labels(recipe)["envbuild.lock-hash"]))
+
+    return make
+
+
+def names_of(client, image_id) -> set[str]:
+    try:
+        attrs = client.images.get(image_id).attrs
+    except docker.errors.ImageNotFound:
+        return set()
+    return set(attrs.get("RepoTags") or []) | set(attrs.get("RepoDigests") or [])
+
+
+def refs_under(client, name: str) -> list[str]:
+    """Every local tag or digest reference of repository ``name``."""
+    out = []
+    for img in client.images.list():
+        for r in (img.attrs.get("RepoTags") or []) + (img.attrs.get("RepoDigests") or []):
+            if r.startswith(name + ":") or r.startswith(name + "@"):
+                out.append(r)
+    return out
+
+
+def no_gpu_host():
+    return {"driver": None, "gpus": []}
+
+
+# --------------------------------------------------------------------------- push + pull
+
+
+def test_push_then_pull_by_digest_on_a_clean_engine(registry, namespace, make_certified, docker_client, capsys):
+    img = make_certified()
+    code, out, err = run_cli(capsys, "--images-dir", img.images_dir, "push", "cpu-torch2",
+                             "--registry", registry.host, "--namespace", namespace)
+    assert code == 0, err
+    name = f"{registry.host}/{namespace}/cpu-torch2"
+    digest = re.search(rf"pushed {re.escape(name)}@(sha256:[0-9a-f]{{64}})", out).group(1)
+    assert f"tags: {img.lock12}, certified" in out and "unsigned" in out
+    assert "filesystem content envbuild.fshash/1 sha256:" in out
+
+    # the registry: both tags name the pushed digest; the certificate artifact refers to it
+    s = registry.session()
+    api = f"http://{registry.host}/v2/{namespace}/cpu-torch2"
+    for tag in (img.lock12, "certified"):
+        r = s.head(f"{api}/manifests/{tag}", headers={"Accept": manifest.MANIFEST_ACCEPT})
+        assert r.headers["Docker-Content-Digest"] == digest
+    index = s.get(f"{api}/manifests/{referrers.fallback_tag(digest)}", headers={"Accept": INDEX}).json()
+    [entry] = index["manifests"]
+    assert entry["artifactType"] == "application/vnd.in-toto+json"
+    artifact = s.get(f"{api}/manifests/{entry['digest']}", headers={"Accept": manifest.MT_OCI_MANIFEST}).json()
+    assert artifact["subject"]["digest"] == digest
+    assert artifact["config"]["mediaType"] == "application/vnd.oci.empty.v1+json"
+    statement = s.get(f"{api}/blobs/{artifact['layers'][0]['digest']}").json()
+    assert statement["subject"][0] == {"name": name, "digest": {"sha256": digest.split(":")[1]}}
+    assert statement["predicate"]["certificate"] == json.loads(img.path.read_text())
+    assert statement["predicate"]["image"]["id"] == img.id
+    # the push left no registry-named reference on the local image
+    assert not any(r.startswith(registry.host) for r in names_of(docker_client, img.id))
+
+    # a clean engine: the image is gone before the pull
+    docker_client.images.remove(img.id, force=True)
+    assert names_of(docker_client, img.id) == set()
+    code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
+    assert code == 0, err
+    assert f"certified {name}@{digest}" in out and "found by" not in err
+    pulled = docker_client.images.get(f"{name}@{digest}")
+    assert pulled.id == img.id
+    assert set(pulled.tags) == {f"{name}:certified", f"{name}:{img.lock12}"}
+
+    # by digest alone: the certificate is found through the fallback tag sha256-<hex>
+    code, out, err = run_cli(capsys, "pull", f"{name}@{digest}")
+    assert code == 0, err
+    assert f"(tag {referrers.fallback_tag(digest)})" in out
+
+
+def test_pull_format_sif_prints_the_apptainer_pull_by_digest(registry, namespace, make_certified, docker_client,
+                                                             capsys):
+    img = make_certified()
+    pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
+                      fs_hash=False)
+    docker_client.images.remove(img.id, force=True)
+    code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace,
+                             "--format", "sif", "--print-only")
+    assert code == 0, err
+    assert (f"apptainer pull --no-https cpu-torch2_{img.lock12}.sif docker://{pushed.repository}@{pushed.digest}"
+            in out)
+    assert names_of(docker_client, img.id) == set()  # nothing pulled into the engine
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def test_push_refused_without_a_passing_certificate(registry, namespace, make_certified, docker_client, capsys,
+                                                    tmp_path):
+    img = make_certified(certified=False)
+    base = ("--images-dir", img.images_dir, "push", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
+    code, out, err = run_cli(capsys, *base, "--image", img.tag)
+    assert code == ExitCode.CHECK_FAILED
+    assert len(error_lines(err)) == 1 and "has no certificate" in err and img.tag in err
+    code, out, err = run_cli(capsys, *base)
+    assert code == ExitCode.CHECK_FAILED and "no passing certificate for recipe cpu-torch2" in err
+
+    # a failing certificate of that very image is refused too, naming the failure
+    good = make_certified()
+    failing = {**good.cert, "image": {**good.cert["image"], "id": img.id},
+               "verdict": {"passed": False, "exit_code": 2, "failures": ["rank 1: all-reduce sum wrong at 8 B"],
+                           "warnings": []}}
+    certificate.write_certificate(load_certificate(failing), img.images_dir)
+    code, out, err = run_cli(capsys, *base, "--image", img.tag)
+    assert code == ExitCode.CHECK_FAILED and "failed certification (rank 1: all-reduce sum wrong at 8 B)" in err
+
+    # nothing reached the registry
+    r = registry.session().get(f"http://{registry.host}/v2/{namespace}/cpu-torch2/tags/list")
+    assert r.status_code == 404
+
+
+def test_pull_refused_when_the_tag_moved_after_certification(registry, namespace, make_certified, docker_client,
+                                                             capsys):
+    img = make_certified()
+    pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
+                      fs_hash=False)
+    other = make_certified(certified=False)
+    creds = oci.docker_credentials(registry.host)
+    moved = pushing.engine_push(docker_client, other.id, pushed.repository, "certified", creds)
+    assert moved != pushed.digest
+    docker_client.images.remove(other.id, force=True)
+
+    code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
+    assert code == ExitCode.CHECK_FAILED
+    [line] = error_lines(err)
+    assert moved in line and pushed.digest in line and "moved after certification" in line
+    assert all(moved not in r for r in refs_under(docker_client, pushed.repository))
+    assert names_of(docker_client, other.id) == set()
+
+    # the lock-hash tag was not moved: pulling it still works
+    code, out, err = run_cli(capsys, "pull", f"{pushed.repository}:{img.lock12}")
+    assert code == 0, err
+
+
+def test_pull_refused_when_no_certificate_is_published(registry, namespace, make_certified, docker_client, capsys):
+    img = make_certified(certified=False)
+    name = f"{registry.host}/{namespace}/cpu-torch2"
+    digest = pushing.engine_push(docker_client, img.id, name, "certified", oci.docker_credentials(registry.host))
+    docker_client.images.remove(img.id, force=True)
+    code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
+    assert code == ExitCode.CHECK_FAILED
+    [line] = error_lines(err)
+    assert f"no certificate is published for {name}@{digest}" in line and referrers.fallback_tag(digest) in line
+    assert names_of(docker_client, img.id) == set() and refs_under(docker_client, name) == []
+
+
+def test_pull_refused_when_the_certificate_was_altered_in_the_registry(registry, namespace, make_certified,
+                                                                        docker_client, capsys):
+    img = make_certified()
+    pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
+                 fs_hash=False)
+    docker_client.images.remove(img.id, force=True)
+    s = registry.session()
+    api = f"http://{registry.host}/v2/{namespace}/cpu-torch2"
+    artifact = s.get(f"{api}/manifests/certified.cert", headers={"Accept": manifest.MT_OCI_MANIFEST}).json()
+    blob = registry.blob_path(artifact["layers"][0]["digest"])
+    data = blob.read_bytes()
+    altered = data.replace(b'"exit_code":0', b'"exit_code":1', 1)
+    assert altered != data and len(altered) == len(data)
+    blob.write_bytes(altered)
+    try:
+        code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
+    finally:
+        blob.write_bytes(data)
+    assert code == ExitCode.CHECK_FAILED
+    [line] = error_lines(err)
+    assert "altered in the registry" in line and artifact["layers"][0]["digest"] in line
+    assert names_of(docker_client, img.id) == set()
+
+
+def test_forged_certificate_pull_leaves_no_half_tagged_image(registry, namespace, make_certified, docker_client,
+                                                             capsys):
+    """A tag moved to another image *and* a certificate copied onto it: the statement names
+    the new digest, but the pulled image is not the certified image: refused after the
+    pull, and the pulled image is removed again (no tag, no digest reference)."""
+    img = make_certified()
+    pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
+                      fs_hash=False)
+    other = make_certified(certified=False)
+    client = oci.RegistryClient(registry.host)
+    repo = f"{namespace}/cpu-torch2"
+    moved = pushing.engine_push(docker_client, other.id, pushed.repository, "certified", client.credentials)
+    docker_client.images.remove(other.id, force=True)
+    subject_body, subject = client.get_manifest(repo, moved)
+    forged = attest.statement(subject_name=pushed.repository, subject_digest=moved, certificate=img.cert,
+                              image={"id": img.id})
+    blob, mt = attest.encode(forged)
+    _, body, _ = referrers.attach(client, repo, subject, blob, mt, artifact_type=naming.ARTIFACT_TYPE,
+                                  annotations={naming.ANN_PREDICATE: attest.PREDICATE_TYPE})
+    client.put_manifest(repo, "certified.cert", body, manifest.MT_OCI_MANIFEST)
+
+    code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
+    assert code == ExitCode.CHECK_FAILED
+    [line] = error_lines(err)
+    assert "is not the certified one" in line and other.id in line and img.id in line
+    assert names_of(docker_client, other.id) == set()
+    assert all(moved not in r for r in refs_under(docker_client, pushed.repository))
+    assert not any(r.endswith(":certified") for r in refs_under(docker_client, pushed.repository))
+
+    # with a site key configured, the unsigned forgery is refused before anything is pulled
+    key = ed25519.Ed25519PrivateKey.generate()
+    code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace,
+                             "--verify-key", write_public(key, img.images_dir / "site.pub"))
+    assert code == ExitCode.CHECK_FAILED and "not signed" in err
+
+
+def write_public(key, path):
+    path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                   serialization.PublicFormat.SubjectPublicKeyInfo))
+    return path
+
+
+def write_private(key, path):
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    return path
+
+
+def test_signed_certificate_is_verified_on_pull(registry, namespace, make_certified, docker_client, capsys,
+                                                tmp_path, monkeypatch):
+    img = make_certified()
+    site = ed25519.Ed25519PrivateKey.generate()
+    intruder = ed25519.Ed25519PrivateKey.generate()
+    code, out, err = run_cli(capsys, "--images-dir", img.images_dir, "push", "cpu-torch2", "--registry", registry.host,
+                             "--namespace", namespace, "--no-fs-hash",
+                             "--sign-key", write_private(site, tmp_path / "site.key"))
+    assert code == 0, err
+    assert f"signed by {attest.key_id(site)}" in out
+    pull = ("pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
+
+    monkeypatch.setenv(attest.ENV_VERIFY_KEY, str(write_public(intruder, tmp_path / "intruder.pub")))
+    code, out, err = run_cli(capsys, *pull)
+    assert code == ExitCode.CHECK_FAILED
+    [line] = error_lines(err)
+    assert "signature does not verify" in line and str(tmp_path / "intruder.pub") in line
+    assert names_of(docker_client, img.id) == {img.tag}  # nothing pulled or tagged
+
+    monkeypatch.setenv(attest.ENV_VERIFY_KEY, str(write_public(site, tmp_path / "site.pub")))
+    code, out, err = run_cli(capsys, *pull)
+    assert code == 0, err
+    assert f"signature verified ({attest.key_id(site)})" in out
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+def test_node_hardware_is_checked_against_the_certificate(registry, namespace, make_certified, docker_client):
+    img = make_certified("cuda12-torch2", gpus=[GPU], driver="570.124.06")
+    pushing.push(docker_client, "cuda12-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
+                 fs_hash=False)
+    docker_client.images.remove(img.id, force=True)
+    floor = img.cert["lock"]["driver"]["min"]
+
+    def pull(host, **kw):
+        return pulling.pull(docker_client, "cuda12-torch2", registry.host, namespace=namespace, host_report=host, **kw)
+
+    with pytest.raises(pulling.Refused) as e:
+        pull({"driver": "535.104.05", "gpus": [GPU]})
+    assert f"driver 535.104.05 is below the image's floor {floor}" in str(e.value)
+    with pytest.raises(pulling.Refused) as e:
+        pull({"driver": None, "gpus": []})
+    assert f"needs an NVIDIA driver >= {floor}" in str(e.value)
+    a100 = {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-2"}
+    with pytest.raises(pulling.Refused) as e:
+        pull({"driver": "575.57.08", "gpus": [a100]})
+    assert "GPU NVIDIA A100-SXM4-80GB is not covered by the certificate (NVIDIA H100 80GB HBM3)" in str(e.value)
+    assert names_of(docker_client, img.id) == set()  # refused before pulling
+
+    result = pull({"driver": "575.57.08", "gpus": [a100]}, allow_uncertified_hw=True)
+    assert result.warnings and result.image_id == img.id
+    assert pull({"driver": "575.57.08", "gpus": [GPU]}).warnings == []
+
+
+def test_check_hardware_rules():
+    cpu_cert = {"lock": {"cuda": None, "driver": {"min": None}}, "probe": {}}
+    assert hardware.check_hardware(cpu_cert, {"driver": None, "gpus": [GPU]}) == []
+    gpu_cert = {"lock": {"cuda": "12.8", "driver": {"min": "570.26"}}, "backend": {"used": "gloo"},
+                "probe": {"0": {"gpus": []}}}
+    [issue] = hardware.check_hardware(gpu_cert, {"driver": "580.65.06", "gpus": [GPU]})
+    assert "covers no GPU (certified with gloo on CPUs)" in issue
+
+
+# --------------------------------------------------------------------------- reachability, credentials
+
+
+def test_registry_down_is_one_line_exit_3(make_certified, registry, capsys, docker_client):
+    down = f"127.0.0.1:{free_port()}"
+    code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", down)
+    assert code == ExitCode.UNREACHABLE
+    assert err.strip().splitlines() == [f"error: registry {down} unreachable: connection refused (http://{down}/v2/)"]
+    img = make_certified()
+    code, out, err = run_cli(capsys, "--images-dir", img.images_dir, "push", "cpu-torch2", "--registry", down)
+    assert code == ExitCode.UNREACHABLE and len(error_lines(err)) == 1 and f"registry {down} unreachable" in err
+    assert not any(r.startswith(down) for r in names_of(docker_client, img.id))
+
+
+def test_credentials_come_from_the_docker_config_only(registry, namespace, make_certified, capsys, tmp_path,
+                                                      monkeypatch):
+    img = make_certified()
+    push = ("--images-dir", img.images_dir, "push", "cpu-torch2", "--registry", registry.host, "--namespace",
+            namespace, "--no-fs-hash")
+    wrong = write_docker_config(tmp_path / "wrong", registry.host, registry.username, "not-the-password")
+    monkeypatch.setenv("DOCKER_CONFIG", str(wrong))
+    code, out, err = run_cli(capsys, *push)
+    assert code == ExitCode.UNREACHABLE
+    [line] = error_lines(err)
+    assert f"refused the credentials of user '{registry.username}' from {wrong / 'config.json'}" in line
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("DOCKER_CONFIG", str(empty))
+    code, out, err = run_cli(capsys, *push)
+    assert code == ExitCode.UNREACHABLE
+    assert (f"asks for credentials and {empty / 'config.json'} has none for it; "
+            f"run `docker login {registry.host}`") in err
+    assert list(empty.iterdir()) == []  # nothing written into the Docker config folder
+
+    monkeypatch.setenv("DOCKER_CONFIG", str(registry.docker_config))
+    before = (registry.docker_config / "config.json").read_bytes()
+    code, out, err = run_cli(capsys, *push)
+    assert code == 0, err
+    assert (registry.docker_config / "config.json").read_bytes() == before
+    # (the docker CLI keeps a .buildNodeID there for BuildKit; no credentials anywhere else)
+    others = [p for p in registry.docker_config.rglob("*") if p.is_file() and p.name != "config.json"]
+    assert not any(registry.password.encode() in p.read_bytes() for p in others)
+
+
+def test_references_parse():
+    r = naming.parse_target("cpu-torch2", "reg.example:5000")
+    assert str(r) == "reg.example:5000/envbuild/cpu-torch2:certified"
+    r = naming.parse_target("reg.example:5000/a/b@sha256:" + "0" * 64, None)
+    assert (r.host, r.repository, r.tag, r.digest) == ("reg.example:5000", "a/b", None, "sha256:" + "0" * 64)
+    assert naming.parse_target("team/x:1.0", "h:1").name == "h:1/team/x"
+    with pytest.raises(EnvbuildError) as e:
+        naming.parse_target("cpu-torch2", None)
+    assert e.value.exit_code == ExitCode.USAGE
+    with pytest.raises(EnvbuildError):
+        naming.parse_ref("h:1/Bad Repo", None)
+    assert oci.is_loopback("127.0.0.1:5000") and oci.is_loopback("localhost") and not oci.is_loopback("10.0.0.1:5000")
+    assert referrers.fallback_tag("sha256:" + "a" * 64) == "sha256-" + "a" * 64
+
+
+@pytest.mark.parametrize("target, message", [
+    ("cpu-torch2\n", r"reference: 'cpu-torch2\n' is not an image reference (host/repository[:tag][@sha256:digest])"),
+    ("h:1/team/x:1.0\n", r"reference: 'h:1/team/x:1.0\n' tag is not a valid tag"),
+    ("h:1/team/x@sha256:" + "0" * 64 + "\n", r"reference: 'h:1/team/x@sha256:" + "0" * 64 + r"\n' digest is not "
+     "sha256:<64 hex>"),
+    ("h:1/team/x\n", r"reference: 'h:1/team/x\n' is not an image reference (host/repository[:tag][@sha256:digest])"),
+    ("h;id:1/team/x", "reference: 'h;id:1/team/x' registry is not HOST[:PORT] (a port in 1..65535)"),
+    ("h:99999/team/x", "reference: 'h:99999/team/x' registry is not HOST[:PORT] (a port in 1..65535)"),
+    ("h:1/" + "a" * 2000, "reference: 'h:1/" + "a" * 192 + "... is not a recipe name or image reference (at most "
+     "1000 characters)"),
+])
+def test_references_are_matched_whole(target, message):
+    """A trailing newline (which ``$`` lets through) or a malformed registry host is a usage
+    error (64); the well-formed twins are in test_references_parse."""
+    with pytest.raises(EnvbuildError) as e:
+        naming.parse_target(target, "h:1")
+    assert (e.value.exit_code, str(e.value)) == (ExitCode.USAGE, message)
+    assert str(naming.parse_target("[::1]:5000/team/x:1", None)) == "[::1]:5000/team/x:1"
+
+
+# --------------------------------------------------------------------------- a real certification
+
+
+def test_real_certificate_of_the_torch_image_is_published_and_pulled(registry, namespace, torch_image, docker_client,
+                                                                     test_labels, tmp_path):
+    """The certificate of a real (short) certification run of the session's torch image
+    is published with it and verified on pull (the image is in the engine already, so
+    the pull checks digest, ID and labels without downloading)."""
+    cert, path = certify_image(docker_client, torch_image, images_dir=tmp_path / "images", nodes=2,
+                               sizes=[1024], iters=1, warmup=0, ddp_steps=1, ddp_batch=2, ddp_image_size=32,
+                               timeout_s=300, labels=test_labels)
+    assert cert["verdict"]["passed"], cert["verdict"]
+    name = f"{registry.host}/{namespace}/cpu-torch2"
+    added = []
+    try:
+        pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=tmp_path / "images",
+                          image=torch_image, namespace=namespace, fs_hash=False)
+        result = pulling.pull(docker_client, "cpu-torch2", registry.host, namespace=namespace,
+                              host_report=no_gpu_host())
+        added = result.local_tags + [result.reference]
+        assert result.image_id == docker_client.images.get(torch_image).id == cert["image"]["id"]
+        assert result.attestation.certificate == json.loads(path.read_text())
+        probe = result.attestation.certificate["probe"]["0"]
+        assert probe["torch"]["version"] == cert["lock"]["torch"]["local"]
+        assert pushed.digest == result.digest
+    finally:
+        for ref in added + refs_under(docker_client, name):
+            try:
+                docker_client.api.remove_image(ref, noprune=True)
+            except docker.errors.APIError:
+                pass
+
+
+def test_registry_client_errors_are_one_line(registry):
+    client = oci.RegistryClient(registry.host)
+    client.ping()
+    assert client.scheme == "http"
+    assert client.head_manifest("nothing/here", "latest") is None
+    with pytest.raises(EnvbuildError) as e:
+        client.get_blob("nothing/here", manifest.Descriptor("application/octet-stream", "sha256:" + "0" * 64, 2))
+    assert "has no blob" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(Unreachable):
+        oci.RegistryClient(f"127.0.0.1:{free_port()}", timeout_s=2).ping()
+
+
+def test_blob_reads_are_bounded_whatever_the_descriptor_says(registry, namespace):
+    """A descriptor comes from a manifest, which is registry input: one that understates a
+    blob's size does not make envbuild read past its limit; the honest descriptor reads."""
+    client = oci.RegistryClient(registry.host)
+    repo = f"{namespace}/blobs"
+    data = b"x" * (1 << 20)
+    desc = client.push_blob(repo, data)
+    assert client.get_blob(repo, desc, limit=2 << 20) == data
+    lying = manifest.Descriptor(desc.media_type, desc.digest, 10)
+    with pytest.raises(EnvbuildError) as e:
+        client.get_blob(repo, lying, limit=1000)
+    assert str(e.value) == (f"registry {registry.host}: blob {desc.digest} is 1048576 bytes, over the 1000-byte "
+                            "limit")
+    with pytest.raises(EnvbuildError, match="altered in the registry"):
+        client.get_blob(repo, lying)

@@ -1,0 +1,262 @@
+"""Every Dockerfile and definition under tests/audit/ with its expected verdict: the exit
+code of `envbuild audit FILE` and the literal finding lines it prints (stderr). Each file
+with a fault has a twin (`NAME.ok.*`) without it, with its own expected verdict.
+
+The files are modelled on public patterns: multi-stage builds (COPY --from, %files from),
+ARG-driven pins (quoted defaults, ARG before FROM, re-declared after it, ${A%.*} forms),
+conda installs, NGC and pytorch/pytorch bases, localimage/debootstrap/library bootstraps,
+an extra index that lets PyPI win, a CUDA mismatch between the wheel and the base, a
+second NCCL from apt, loopback socket interfaces, BuildKit here-documents, Apptainer
+%arguments, and the malformed cases (merge conflict, no FROM, a command in a definition's
+header, a duplicate section).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from builder.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+DIR = "tests/audit"
+
+#: (file under tests/audit/, exit code, the lines on stderr in order)
+CASES = [
+    ("arg-pins.Dockerfile", 1, [
+        "warning: tests/audit/arg-pins.Dockerfile: line 4: 'nvidia/cuda:12.1.1-base-ubuntu22.04': no torch install found in the stages the final image uses (audit reads pip, uv and conda installs; requirement files are not followed) [audit]",
+        "warning: tests/audit/arg-pins.Dockerfile: line 7: 'torch==${TORCH_VERSION}+cu${CUDA}': a pip install argument cannot be expanded: ARG TORCH_VERSION (line 3) is declared before FROM only: declare it again in the stage (ARG TORCH_VERSION) to use it there; audited without it [audit]",
+    ]),
+    ("arg-pins.ok.Dockerfile", 0, [
+        "note: tests/audit/arg-pins.ok.Dockerfile: line 8: 'torch==2.4.0+cu121' (TORCH_VERSION: ARG at line 3, CUDA: ARG at line 2): cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("arguments.def", 2, [
+        "error: tests/audit/arguments.def: line 11: 'torch==2.1.2+cu118' (TORCH: %arguments at line 6, VARIANT: %arguments at line 7): torch variant cu118 is CUDA 11.8 but the recipe's CUDA is 12.1; the major versions must match (use cu121 or cuda 11.8) [compat.md §5.5 (V)]",
+        "note: tests/audit/arguments.def: line 11: 'torch==2.1.2+cu118' (TORCH: %arguments at line 6, VARIANT: %arguments at line 7): cu118 needs driver >= 520.61.05 (CUDA 11.8 GA); >= 450.80.02 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("arguments.ok.def", 0, [
+        "note: tests/audit/arguments.ok.def: line 11: 'torch==2.1.2+cu121' (TORCH: %arguments at line 6, VARIANT: %arguments at line 7): cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("conda-channel.Dockerfile", 2, [
+        "error: tests/audit/conda-channel.Dockerfile: line 3: 'pytorch=2.6.0': the pytorch conda channel has no pytorch 2.6.0: 2.5 was the last release published there; install the wheel (pip install torch==X.Y.Z+<variant> --index-url https://download.pytorch.org/whl/<variant>) [PT-CONDA (M)]",
+    ]),
+    ("conda-channel.ok.Dockerfile", 1, [
+        "warning: tests/audit/conda-channel.ok.Dockerfile: line 2: 'pytorch=2.5.1': pytorch from conda (-c pytorch) is a conda build, not the wheel envbuild's rules and recipes pin; the pytorch channel publishes no release after 2.5; --to-recipe writes the wheel of the same release and variant [PT-CONDA (M)]",
+    ]),
+    ("conda.Dockerfile", 2, [
+        "error: tests/audit/conda.Dockerfile: line 3: 'pytorch==2.1.0': torch variant cu121 is CUDA 12.1 but the recipe's CUDA is 11.8; the major versions must match (use cu118 or cuda 12.1) [compat.md §5.5 (V)]",
+        "warning: tests/audit/conda.Dockerfile: line 3: 'pytorch==2.1.0': pytorch from conda (-c pytorch) is a conda build, not the wheel envbuild's rules and recipes pin; the pytorch channel publishes no release after 2.5; --to-recipe writes the wheel of the same release and variant [PT-CONDA (M)]",
+        "note: tests/audit/conda.Dockerfile: line 3: 'pytorch==2.1.0': cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("conda.ok.Dockerfile", 1, [
+        "warning: tests/audit/conda.ok.Dockerfile: line 2: 'pytorch==2.1.0': pytorch from conda (-c pytorch) is a conda build, not the wheel envbuild's rules and recipes pin; the pytorch channel publishes no release after 2.5; --to-recipe writes the wheel of the same release and variant [PT-CONDA (M)]",
+        "note: tests/audit/conda.ok.Dockerfile: line 2: 'pytorch==2.1.0': cu118 needs driver >= 520.61.05 (CUDA 11.8 GA); >= 450.80.02 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("conflict.Dockerfile", 3, [
+        "error: tests/audit/conflict.Dockerfile: line 2: unresolved merge-conflict marker '<<<<<<< HEAD'",
+    ]),
+    ("conflict.ok.Dockerfile", 0, [
+        "note: tests/audit/conflict.ok.Dockerfile: line 3: 'torch==2.5.1+cu124': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("cu-mismatch.Dockerfile", 2, [
+        "error: tests/audit/cu-mismatch.Dockerfile: line 5: 'torch==2.5.1+cu121': torch 2.5.1+cu121 (from the local version +cu121) is built for CUDA 12.1 but the base image nvidia/cuda:12.4.1-base-ubuntu22.04 has CUDA 12.4.1: two CUDA runtimes in one image, and extensions built with the base's nvcc get a CUDA mismatch; use torch +cu124 or a CUDA 12.1 base [compat.md §5.5, NV-IMG (V)]",
+        "note: tests/audit/cu-mismatch.Dockerfile: line 5: 'torch==2.5.1+cu121': cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("cu-mismatch.ok.Dockerfile", 0, [
+        "note: tests/audit/cu-mismatch.ok.Dockerfile: line 5: 'torch==2.5.1+cu124': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("debootstrap.def", 2, [
+        "error: tests/audit/debootstrap.def: line 1: 'ubuntu:focal': torch 2.6.0 has wheels for Python 3.9 to 3.13, not 3.8 [S1 (V)]",
+    ]),
+    ("debootstrap.ok.def", 0, [
+    ]),
+    ("duplicate-section.def", 3, [
+        'error: tests/audit/duplicate-section.def: line 11: duplicate section %post (first at line 4)',
+    ]),
+    ("duplicate-section.ok.def", 0, [
+    ]),
+    ("glibc.Dockerfile", 2, [
+        "error: tests/audit/glibc.Dockerfile: line 2: 'ubuntu:18.04': torch 2.7.0+cpu wheels are manylinux_2_28 and need glibc >= 2.28; ubuntu 18.04 has glibc 2.27 [S1, pytorch#141565 (V)]",
+    ]),
+    ("glibc.ok.Dockerfile", 0, [
+    ]),
+    ("header-command.def", 3, [
+        "error: tests/audit/header-command.def: line 3: a command in the header ('apt-get update && apt-get install -y python3-pip') outside any section; commands belong in %post",
+    ]),
+    ("header-command.ok.def", 0, [
+        "note: tests/audit/header-command.ok.def: line 6: 'torch==2.5.1+cu124': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("heredoc.Dockerfile", 2, [
+        "error: tests/audit/heredoc.Dockerfile: line 8: 'https://download.pytorch.org/whl/cu128': index.torch_url https://download.pytorch.org/whl/cu128 is the cu128 index but the variant is cu126: pip finds no torch==2.8.0+cu126 there; use https://download.pytorch.org/whl/cu126 or leave index.torch_url out [PT-IDX (V)]",
+        "error: tests/audit/heredoc.Dockerfile: line 8: 'torch==2.8.0+cu126': torch 2.8.0+cu126 (from the local version +cu126) is built for CUDA 12.6 but the base image nvidia/cuda:12.8.1-base-ubuntu24.04 has CUDA 12.8.1: two CUDA runtimes in one image, and extensions built with the base's nvcc get a CUDA mismatch; use torch +cu128 or a CUDA 12.6 base [compat.md §5.5, NV-IMG (V)]",
+        "note: tests/audit/heredoc.Dockerfile: line 8: 'torch==2.8.0+cu126': cu126 needs driver >= 560.28.03 (CUDA 12.6 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("heredoc.ok.Dockerfile", 0, [
+        "note: tests/audit/heredoc.ok.Dockerfile: line 8: 'torch==2.8.0+cu128': cu128 needs driver >= 570.26 (CUDA 12.8 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("library.def", 1, [
+        "warning: tests/audit/library.def: line 6: 'torch==2.6.0': torch==2.6.0 comes from --extra-index-url https://download.pytorch.org/whl/cpu with PyPI still read: pip takes the highest matching version of every index, so PyPI's torch 2.6.0 (its cu124 build) can be installed instead of +cpu; pin torch==2.6.0+cpu or use --index-url https://download.pytorch.org/whl/cpu [compat.md §5.1 (V)]",
+    ]),
+    ("library.ok.def", 0, [
+    ]),
+    ("localimage.def", 2, [
+        "warning: tests/audit/localimage.def: line 2: '/shared/images/cuda-base.sif': base image: localimage '/shared/images/cuda-base.sif' is an image file: its CUDA, OS and Python are not in the definition; the rules on what it does not say are skipped [audit]",
+        "error: tests/audit/localimage.def: line 5: 'torch': torch is not pinned to one release: pip installs the newest matching one, and which CUDA build that is changes from release to release; pin torch==X.Y.Z+<variant> from the PyTorch index of the variant (--index-url) [compat.md §5.1 (V)]",
+    ]),
+    ("localimage.ok.def", 1, [
+        "warning: tests/audit/localimage.ok.def: line 2: '/shared/images/cuda-base.sif': base image: localimage '/shared/images/cuda-base.sif' is an image file: its CUDA, OS and Python are not in the definition; the rules on what it does not say are skipped [audit]",
+        "note: tests/audit/localimage.ok.def: line 5: 'torch==2.6.0+cu124': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("loopback.Dockerfile", 2, [
+        "error: tests/audit/loopback.Dockerfile: line 4: 'GLOO_SOCKET_IFNAME=lo': GLOO_SOCKET_IFNAME=lo selects only the loopback interface; ranks on 2 nodes cannot reach each other over it (remove it, or name the interface the nodes share, e.g. eth0) [NCCL-ENV, multinode.md (M)]",
+        "error: tests/audit/loopback.Dockerfile: line 5: 'TP_SOCKET_IFNAME=lo': TP_SOCKET_IFNAME=lo selects only the loopback interface; ranks on several nodes cannot reach each other over it (remove it, or name the interface the nodes share, e.g. eth0) [NCCL-ENV, multinode.md (M)]",
+    ]),
+    ("loopback.ok.Dockerfile", 0, [
+    ]),
+    ("multistage.Dockerfile", 2, [
+        "error: tests/audit/multistage.Dockerfile: line 6: 'torch==2.4.1+cu121': torch 2.4.1+cu121 (from the local version +cu121) is built for CUDA 12.1 but the base image nvidia/cuda:12.4.1-base-ubuntu22.04 has CUDA 12.4.1: two CUDA runtimes in one image, and extensions built with the base's nvcc get a CUDA mismatch; use torch +cu124 or a CUDA 12.1 base [compat.md §5.5, NV-IMG (V)]",
+        "note: tests/audit/multistage.Dockerfile: line 6: 'torch==2.4.1+cu121': cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+        "note: tests/audit/multistage.Dockerfile: line 9: 'docs': stage docs is not used by the final image; its installs are not audited [audit]",
+    ]),
+    ("multistage.def", 2, [
+        "note: tests/audit/multistage.def: line 8: 'torch==2.5.1': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+        "error: tests/audit/multistage.def: line 19: 'NCCL_SOCKET_IFNAME=lo': NCCL_SOCKET_IFNAME=lo selects only the loopback interface; ranks on 2 nodes cannot reach each other over it (remove it, or name the interface the nodes share, e.g. eth0) [NCCL-ENV, multinode.md (M)]",
+    ]),
+    ("multistage.ok.Dockerfile", 0, [
+        "note: tests/audit/multistage.ok.Dockerfile: line 6: 'torch==2.4.1+cu124': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+        "note: tests/audit/multistage.ok.Dockerfile: line 9: 'docs': stage docs is not used by the final image; its installs are not audited [audit]",
+    ]),
+    ("multistage.ok.def", 0, [
+        "note: tests/audit/multistage.ok.def: line 8: 'torch==2.5.1': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("ngc.Dockerfile", 2, [
+        "error: tests/audit/ngc.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:25.12-py3': base image nvcr.io/nvidia/pytorch:25.12-py3 already ships PyTorch: installing torch 2.10.0+cu130 makes a second one; start from its CUDA/OS base (e.g. nvidia/cuda:X.Y.Z-base-ubuntuVER or debian) [NGC PyTorch container release notes (PyTorch preinstalled) (V)]",
+        "note: tests/audit/ngc.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:25.12-py3': base image: the NGC release notes name no OS release envbuild reads; the rules on what it does not say are skipped [NGC-RN rel-25-12 (M)]",
+        "error: tests/audit/ngc.Dockerfile: line 3: 'torch==2.10.0': torch 2.10.0+cu130 (from --index-url https://download.pytorch.org/whl/cu130) is built for CUDA 13.0 but the base image nvcr.io/nvidia/pytorch:25.12-py3 has CUDA 13.1.0: two CUDA runtimes in one image, and extensions built with the base's nvcc get a CUDA mismatch; use a CUDA 13.0 base (torch 2.10.0 has no cu131 build) [compat.md §5.5, NV-IMG (V)]",
+        "note: tests/audit/ngc.Dockerfile: line 3: 'torch==2.10.0': cu130 needs driver >= 580.65.06 (CUDA 13.0 GA); >= 580 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("ngc.ok.Dockerfile", 0, [
+        "note: tests/audit/ngc.ok.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:25.12-py3': base image: the NGC release notes name no OS release envbuild reads; the rules on what it does not say are skipped [NGC-RN rel-25-12 (M)]",
+        "note: tests/audit/ngc.ok.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:25.12-py3': torch 2.10.0a0+b4e4ee81d3 comes with the base image (no pip or conda install of torch in this file) [NGC-RN rel-25-12 (M)]",
+    ]),
+    ("no-build.Dockerfile", 2, [
+        "error: tests/audit/no-build.Dockerfile: line 4: 'torch==2.5.1': torch 2.5.1 has no cu126 build; builds exist for cu118, cu121, cu124 [S2 (V)]",
+        "note: tests/audit/no-build.Dockerfile: line 4: 'torch==2.5.1': cu126 needs driver >= 560.28.03 (CUDA 12.6 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("no-build.ok.Dockerfile", 0, [
+        "note: tests/audit/no-build.ok.Dockerfile: line 3: 'torch==2.7.0': cu126 needs driver >= 560.28.03 (CUDA 12.6 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("no-from.Dockerfile", 3, [
+        'error: tests/audit/no-from.Dockerfile: line 2: no FROM instruction; a Dockerfile starts its first stage with FROM',
+    ]),
+    ("no-from.ok.Dockerfile", 0, [
+    ]),
+    ("pypi-wins.Dockerfile", 1, [
+        "warning: tests/audit/pypi-wins.Dockerfile: line 4: 'torch==2.1.0': torch==2.1.0 comes from --extra-index-url https://download.pytorch.org/whl/cu118 with PyPI still read: pip takes the highest matching version of every index, so PyPI's torch 2.1.0 (its cu121 build) can be installed instead of +cu118; pin torch==2.1.0+cu118 or use --index-url https://download.pytorch.org/whl/cu118 [compat.md §5.1 (V)]",
+        "note: tests/audit/pypi-wins.Dockerfile: line 4: 'torch==2.1.0': cu118 needs driver >= 520.61.05 (CUDA 11.8 GA); >= 450.80.02 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("pypi-wins.ok.Dockerfile", 0, [
+        "note: tests/audit/pypi-wins.ok.Dockerfile: line 3: 'torch==2.1.0': cu118 needs driver >= 520.61.05 (CUDA 11.8 GA); >= 450.80.02 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("python-image.Dockerfile", 2, [
+        "error: tests/audit/python-image.Dockerfile: line 2: 'python:3.8-slim-bookworm': torch 2.5.1 has wheels for Python 3.9 to 3.13, not 3.8 [S1 (V)]",
+    ]),
+    ("python-image.ok.Dockerfile", 0, [
+    ]),
+    ("python-os.Dockerfile", 2, [
+        "error: tests/audit/python-os.Dockerfile: line 2: 'ubuntu:20.04': torch 2.5.1 has wheels for Python 3.9 to 3.13, not 3.8 [S1 (V)]",
+    ]),
+    ("python-os.ok.Dockerfile", 0, [
+    ]),
+    ("pytorch-base.Dockerfile", 2, [
+        "warning: tests/audit/pytorch-base.Dockerfile: line 1: 'pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime': base image: the OS and Python of pytorch/pytorch images are not in the tag; the rules on what it does not say are skipped [PT-IMG]",
+        "note: tests/audit/pytorch-base.Dockerfile: line 1: 'pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+        "note: tests/audit/pytorch-base.Dockerfile: line 1: 'pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime': torch 2.5.1 comes with the base image (no pip or conda install of torch in this file) [PT-IMG]",
+        "error: tests/audit/pytorch-base.Dockerfile: line 2: 'torchvision==0.2.2': torchvision==0.2.2 does not pair with torch 2.5.1: torchvision 0.20.1 is the release for it (its wheel requires torch==2.5.1); use torchvision==0.20.1 [S1-COMP torchvision-0.20.1-cp311-cp311-manylinux1_x86_64.whl (V)]",
+    ]),
+    ("pytorch-base.ok.Dockerfile", 1, [
+        "warning: tests/audit/pytorch-base.ok.Dockerfile: line 1: 'pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime': base image: the OS and Python of pytorch/pytorch images are not in the tag; the rules on what it does not say are skipped [PT-IMG]",
+        "note: tests/audit/pytorch-base.ok.Dockerfile: line 1: 'pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+        "note: tests/audit/pytorch-base.ok.Dockerfile: line 1: 'pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime': torch 2.5.1 comes with the base image (no pip or conda install of torch in this file) [PT-IMG]",
+        "note: tests/audit/pytorch-base.ok.Dockerfile: line 2: '/tmp/requirements.txt': a requirements file is not followed (audit reads this file only); the pins in it are not judged [audit]",
+    ]),
+    ("ranged.Dockerfile", 2, [
+        "error: tests/audit/ranged.Dockerfile: line 4: 'torch>=2.0': torch>=2.0 is not pinned to one release: pip installs the newest matching one, and which CUDA build that is changes from release to release; pin torch==X.Y.Z+<variant> from the PyTorch index of the variant (--index-url) [compat.md §5.1 (V)]",
+        "warning: tests/audit/ranged.Dockerfile: line 4: 'torch>=2.0': torch>=2.0 comes from --extra-index-url https://download.pytorch.org/whl/cpu with PyPI still read: pip takes the highest matching version of every index, so PyPI's torch can be installed instead of +cpu; pin torch==X.Y.Z+cpu or use --index-url https://download.pytorch.org/whl/cpu [compat.md §5.1 (V)]",
+    ]),
+    ("ranged.ok.Dockerfile", 0, [
+    ]),
+    ("runtime-flavour.Dockerfile", 1, [
+        "warning: tests/audit/runtime-flavour.Dockerfile: line 2: 'nvidia/cuda:12.8.1-runtime-ubuntu24.04': the runtime flavour ships a system libnccl2 2.25.1 beside torch's NCCL 2.27.3: two NCCLs in one image; prefer the base flavour [compat.md §4 (S)]",
+        "note: tests/audit/runtime-flavour.Dockerfile: line 4: 'torch==2.8.0': cu128 needs driver >= 570.26 (CUDA 12.8 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("runtime-flavour.ok.Dockerfile", 0, [
+        "note: tests/audit/runtime-flavour.ok.Dockerfile: line 3: 'torch==2.8.0': cu128 needs driver >= 570.26 (CUDA 12.8 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("second-nccl.Dockerfile", 2, [
+        "error: tests/audit/second-nccl.Dockerfile: line 3: 'libnccl2=2.21.5-1+cuda12.4': libnccl2=2.21.5-1+cuda12.4 is a second NCCL: torch 2.5.1+cu124 loads the NCCL of its own wheel (nvidia-nccl-cu12 2.21.5); remove it [compat.md §5.3 (V)]",
+        "error: tests/audit/second-nccl.Dockerfile: line 3: 'libnccl-dev=2.21.5-1+cuda12.4': libnccl-dev=2.21.5-1+cuda12.4 is a second NCCL: torch 2.5.1+cu124 loads the NCCL of its own wheel (nvidia-nccl-cu12 2.21.5); remove it [compat.md §5.3 (V)]",
+        "note: tests/audit/second-nccl.Dockerfile: line 4: 'torch==2.5.1+cu124': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("second-nccl.ok.Dockerfile", 0, [
+        "note: tests/audit/second-nccl.ok.Dockerfile: line 3: 'torch==2.5.1+cu124': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("stage-chain.Dockerfile", 2, [
+        "error: tests/audit/stage-chain.Dockerfile: line 2: 'GLOO_SOCKET_IFNAME=lo': GLOO_SOCKET_IFNAME=lo selects only the loopback interface; ranks on 2 nodes cannot reach each other over it (remove it, or name the interface the nodes share, e.g. eth0) [NCCL-ENV, multinode.md (M)]",
+        "note: tests/audit/stage-chain.Dockerfile: line 5: 'torch==2.7.1': cu126 needs driver >= 560.28.03 (CUDA 12.6 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("stage-chain.ok.Dockerfile", 0, [
+        "note: tests/audit/stage-chain.ok.Dockerfile: line 5: 'torch==2.7.1': cu126 needs driver >= 560.28.03 (CUDA 12.6 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("suffix-forms.Dockerfile", 1, [
+        "warning: tests/audit/suffix-forms.Dockerfile: line 6: 'https://download.pytorch.org/whl/cu${CUDA_VERSION//./}': the value of --index-url cannot be expanded: ${CUDA_VERSION//./} is a form sh does not expand (bash only); audited without it [audit]",
+        "warning: tests/audit/suffix-forms.Dockerfile: line 6: 'torch==2.1.0': cannot tell which build of torch 2.1.0 this installs (the index https://download.pytorch.org/whl/cu${CUDA_VERSION//./} cannot be expanded); the rules on its CUDA are skipped [PT-IDX (V)]",
+    ]),
+    ("suffix-forms.ok.Dockerfile", 0, [
+        "note: tests/audit/suffix-forms.ok.Dockerfile: line 7: 'torch==2.1.0': cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("unpinned.Dockerfile", 2, [
+        "error: tests/audit/unpinned.Dockerfile: line 3: 'torch': torch is not pinned to one release: pip installs the newest matching one, and which CUDA build that is changes from release to release; pin torch==X.Y.Z+<variant> from the PyTorch index of the variant (--index-url) [compat.md §5.1 (V)]",
+    ]),
+    ("unpinned.ok.Dockerfile", 0, [
+        "note: tests/audit/unpinned.ok.Dockerfile: line 3: 'torch==2.1.0+cu121': cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("uv.Dockerfile", 1, [
+        "warning: tests/audit/uv.Dockerfile: line 4: 'torch==2.3.1': torch==2.3.1 comes from --extra-index-url https://download.pytorch.org/whl/cu118 with PyPI still read: uv with --index-strategy unsafe-best-match takes the highest matching version of every index, so PyPI's torch 2.3.1 (its cu121 build) can be installed instead of +cu118; pin torch==2.3.1+cu118 or use --index-url https://download.pytorch.org/whl/cu118 [compat.md §5.1 (V)]",
+        "note: tests/audit/uv.Dockerfile: line 4: 'torch==2.3.1': cu118 needs driver >= 520.61.05 (CUDA 11.8 GA); >= 450.80.02 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("uv.ok.Dockerfile", 0, [
+        "note: tests/audit/uv.ok.Dockerfile: line 3: 'torch==2.3.1': cu118 needs driver >= 520.61.05 (CUDA 11.8 GA); >= 450.80.02 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+]
+
+
+def _audit(*argv: str) -> tuple[int, str, str]:
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        code = app.main(["audit", *argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_every_file_under_tests_audit_has_a_case_and_a_twin():
+    files = sorted(p.name for p in (ROOT / DIR).iterdir())
+    assert sorted(name for name, _code, _lines in CASES) == files
+    assert len(files) >= 40
+    for name in files:
+        stem, _dot, suffix = name.partition(".")
+        twin = name.replace(".ok.", ".") if ".ok." in name else f"{stem}.ok.{suffix}"
+        assert twin in files, f"{name} has no twin {twin}"
+
+
+@pytest.mark.parametrize("name, code, lines", CASES, ids=[c[0] for c in CASES])
+def test_audit_gives_the_expected_verdict_and_lines(name, code, lines, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    got, out, err = _audit(f"{DIR}/{name}")
+    assert (got, err.splitlines()) == (code, lines)
+    if code < 3:  # the summary line on stdout names the file and the count
+        assert out.startswith(f"{DIR}/{name}: ")
+    else:
+        assert out == ""
