@@ -484,9 +484,11 @@ class LocalDockerLauncher:
                 errors.append(f"remove container {node_name(spec.run_id, w.node)}: {one_line(e)}")
             w.close()
         run_filter = f"{engine.RUN_LABEL}={spec.run_id}"
+        # one list call (no inspect per container: a container removed between a list and its
+        # inspect raised NotFound and ended this wait early, leaving one still being removed)
         until = time.monotonic() + REMOVAL_WAIT_S
         with contextlib.suppress(Exception):
-            while self.client.containers.list(all=True, filters={"label": run_filter}) and time.monotonic() < until:
+            while self.client.api.containers(all=True, filters={"label": run_filter}) and time.monotonic() < until:
                 time.sleep(0.2)
         network = state.get("network")
         if network is not None:
