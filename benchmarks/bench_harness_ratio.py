@@ -51,7 +51,7 @@ def run_nodes(client, image: str, args) -> dict:
                 name="envbuild-ratio-%s-%d" % (label["envbuild.bench"][:12], node),
                 environment={"PYTHONPATH": "/opt/envbuild", "HOME": "/tmp",
                              "GLOO_SOCKET_IFNAME": "eth0"},
-                volumes={str(ROOT / "builder" / "bench"): {"bind": "/opt/envbuild/bench",
+                volumes={str(ROOT / "builder" / "agent" / "bench"): {"bind": "/opt/envbuild/bench",
                                                            "mode": "ro"},
                          str(ROOT / "benchmarks"): {"bind": "/opt/ratio", "mode": "ro"}},
                 network=net.name,
@@ -78,8 +78,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args()
     client = engine.connect()
-    image = args.image or build.build(build.BuildOptions(recipe="cpu-torch2", images_dir=ROOT / "images",
-                                                         site=site.SiteOptions.detect(deferred=True)), client).tag
+    image = args.image or build.build(build.BuildOptions(
+        recipe="cpu-torch2", images_dir=ROOT / "images", site=site.SiteOptions.detect(), base_mode="auto",
+        labels={}), client).tag
     res = run_nodes(client, image, args)
     rows, missed = [], []
     print("# %12s %14s %14s %7s" % ("size(B)", "harness GB/s", "plain GB/s", "ratio"))

@@ -87,12 +87,13 @@ fi
 # 3. programs the test suite runs for real (only with --test) ---------------------------
 #    docker-registry + apache2-utils: a real OCI registry with htpasswd auth (push/pull);
 #    openssh-server, iptables, iproute2: ssh gathering and firewall/netns faults (verify,
-#    doctor); slurm-wlm + munge are installed and started by scripts/setup-slurm.sh, which
-#    the Slurm test fixtures call themselves.
+#    doctor); chromium: the headless browser that opens the HTML reports
+#    (tests/integration/test_report.py); slurm-wlm + munge are installed and started by scripts/setup-slurm.sh, which the Slurm
+#    test fixtures call themselves.
 TEST_APT=()
 case ",$EXTRAS," in
     *,test,*)
-        for pkg in docker-registry apache2-utils openssh-server iptables iproute2 openssl; do
+        for pkg in docker-registry apache2-utils openssh-server iptables iproute2 openssl chromium; do
             dpkg -s "$pkg" >/dev/null 2>&1 || TEST_APT+=("$pkg")
         done ;;
 esac

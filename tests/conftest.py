@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures_browser import chromium  # noqa: F401 - pytest fixture
 from fixtures_engine import (  # noqa: F401 - pytest fixtures
     bootstrap_image,
     docker_client,

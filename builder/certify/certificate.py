@@ -28,6 +28,7 @@ from builder.launchers.base import LaunchResult, utc_now_iso
 from builder.launchers.model import RankResult
 from builder.launchers.output import RESULT_PREFIX
 from builder.launchers.progress import PROGRESS_PREFIX
+from builder.recipe.lock import lock_hash
 
 from .model import (
     CERT_SCHEMA,
@@ -46,9 +47,11 @@ from .model import (
     RankEntry,
     RunSettingsDoc,
     SocketRecord,
+    Stack,
     Thresholds,
     Verdict,
 )
+from .profiles import collectives_section, features_section, profile_wall_s, scaling_section, training_section
 from .settings import RunSettings, SocketSetting
 from .source import ImageFacts, label_subset
 from .verdict import compare_probe_to_lock, reference_rank
@@ -115,7 +118,7 @@ def _nccl_sections(s: RunSettings, launch: LaunchResult) -> tuple[dict[str, list
     return transports, nccl
 
 
-def _rank_entries(s: RunSettings, launch: LaunchResult, lock: Mapping[str, Any]) -> dict[str, RankEntry]:
+def _rank_entries(s: RunSettings, launch: LaunchResult, lock: Mapping[str, Any] | None) -> dict[str, RankEntry]:
     """``ranks`` of the certificate: per rank, what it reported or why it did not."""
     ranks = {}
     for r in range(s.world_size):
@@ -123,7 +126,9 @@ def _rank_entries(s: RunSettings, launch: LaunchResult, lock: Mapping[str, Any])
         kw: dict[str, Any] = {"node": r // s.nproc_per_node, "reported": doc is not None}
         if doc is not None:
             kw.update(hostname=doc.hostname, device=doc.device, elapsed_s=doc.elapsed_s, errors=list(doc.errors),
-                      fault=doc.fault, lock_mismatches=compare_probe_to_lock(doc.probe, lock) if doc.probe else None)
+                      fault=doc.fault,
+                      lock_mismatches=(compare_probe_to_lock(doc.probe, lock)
+                                       if doc.probe and lock is not None else None))
         else:
             kw["exit_code"] = launch.rank_exit_codes.get(r)
             if r in launch.rank_problems:
@@ -147,7 +152,29 @@ def _node_status(s: RunSettings, launch: LaunchResult, passed: bool) -> dict[str
 def _settings_doc(s: RunSettings) -> RunSettingsDoc:
     return RunSettingsDoc(port=s.port, shm_size=s.shm_size, timeout_s=s.timeout_s,
                           allreduce=AllreduceSettings(sizes=list(s.sizes), iters=s.iters, warmup=s.warmup),
-                          ddp=DdpSettings(steps=s.ddp_steps, batch_size=s.ddp_batch, image_size=s.ddp_image_size))
+                          ddp=DdpSettings(steps=s.ddp_steps, batch_size=s.ddp_batch, image_size=s.ddp_image_size),
+                          profiles=list(s.profiles), dtypes=list(s.dtypes))
+
+
+def _stack(image: ImageFacts, results: Mapping[int, RankResult]) -> Stack:
+    """The reference stack: the reference rank's probe (for a foreign image the only
+    reference; else what was compared with the lock)."""
+    ref = reference_rank({r: d for r, d in results.items() if isinstance(d.probe, dict)})
+    p: Mapping[str, Any] = (results[ref].probe or {}) if ref is not None else {}
+
+    def get(*path: str) -> str | None:
+        node: Any = p
+        for k in path:
+            node = node.get(k) if isinstance(node, Mapping) else None
+        return None if node is None else one_line(str(node), 200)
+
+    found_os = p.get("os")
+    os_: Mapping[str, Any] = found_os if isinstance(found_os, Mapping) else {}
+    os_text = " ".join(str(x) for x in (os_.get("id"), os_.get("version_id")) if x) or None
+    return Stack(source=image.reference, recipe=image.recipe or image.labels.get("envbuild.recipe"),
+                 reference_rank=ref if image.reference == "probe" else None,
+                 python=get("python", "version"), torch=get("torch", "version"), cuda=get("torch", "cuda"),
+                 nccl=get("nccl", "loaded", "version"), glibc=get("glibc"), os=os_text)
 
 
 def build_certificate(*, image: ImageFacts, settings: RunSettings, launch: LaunchResult, verdict: Verdict,
@@ -159,6 +186,7 @@ def build_certificate(*, image: ImageFacts, settings: RunSettings, launch: Launc
     ``ranks.<r>.last_progress`` is the rank's last progress when the launch gave up.
     """
     s, results, labels, lock = settings, launch.rank_results, image.labels, image.lock
+    compare_lock = None if image.reference == "probe" else lock
     transports, nccl = _nccl_sections(s, launch)
     socket_doc = None
     if sock is not None:
@@ -170,19 +198,24 @@ def build_certificate(*, image: ImageFacts, settings: RunSettings, launch: Launc
         schema=CERT_SCHEMA, envbuild_version=__version__, run_id=run_id,
         image=ImageInfo(ref=image.ref, id=image.image_id, repo_digests=list(image.repo_digests),
                         labels=label_subset(labels)),
-        recipe=labels.get("envbuild.recipe") or lock.get("recipe"), lock_hash=labels.get("envbuild.lock-hash"),
-        lock=dict(lock), base_used=labels.get("envbuild.base.used"),
+        recipe=image.recipe or labels.get("envbuild.recipe") or lock.get("recipe"),
+        lock_hash=lock_hash(lock) if image.reference == "recipe" else labels.get("envbuild.lock-hash"),
+        lock=None if compare_lock is None else dict(lock), base_used=labels.get("envbuild.base.used"),
         backend=Backend(used=s.backend, recipe=s.recipe_backend), world_size=s.world_size, nodes=s.nodes,
         gpus_per_node=s.gpus_per_node, nproc_per_node=s.nproc_per_node, settings=_settings_doc(s),
         socket=socket_doc,
         thresholds=Thresholds(min_busbw_gbps=s.min_busbw_gbps, busbw_size=s.busbw_size,
                               source=s.busbw_source,
-                              recipe_min_busbw_gbps=s.recipe_min_busbw_gbps),
+                              recipe_min_busbw_gbps=s.recipe_min_busbw_gbps,
+                              min_scaling_efficiency=s.min_scaling_efficiency),
         probe={str(r): d.probe for r, d in sorted(results.items())},
         allreduce=_allreduce_table(results, s.world_size), ddp=_ddp_table(results),
-        transports=transports, nccl=nccl, ranks=_rank_entries(s, launch, lock),
+        transports=transports, nccl=nccl, ranks=_rank_entries(s, launch, compare_lock),
         node_status=_node_status(s, launch, verdict.passed), timed_out=launch.timed_out, verdict=verdict,
         started_at=launch.started_at, finished_at=launch.finished_at, host=Host(**dict(host)),
+        stack=_stack(image, results), profiles=list(s.profiles), collectives=collectives_section(results),
+        training=training_section(results), scaling=scaling_section(results), features=features_section(results),
+        overrides=dict(s.overrides), profile_wall_s=profile_wall_s(results),
         phases=[PhaseTime(name=n, seconds=s_) for n, s_ in launch.phases],
     )
 
@@ -196,16 +229,21 @@ def certificate_path(images_dir: str | os.PathLike[str], cert: Certificate) -> P
     The stamp is ``finished_at`` as ``YYYYmmddTHHMMSSZ``; the hash is the lock hash
     without ``sha256:``, first 12 hex digits; the run id makes the name unique per run
     (:func:`write_certificate` adds ``-2``, ``-3``... should it still be taken).
+    A foreign image (no recipe, no lock) goes to ``<images_dir>/<ref>/certificates/<ref>-<stamp>-<run id>.json``
+    with the image reference made path-safe (``pytorch/pytorch:2.5`` -> ``pytorch_pytorch_2.5``).
     Characters outside ``[A-Za-z0-9._-]`` in any part become ``_``. Files that belong to
     the certificate (e.g. a report) take the stem of the path written.
     """
     def part(value: object, limit: int) -> str:
         return re.sub(r"[^A-Za-z0-9._-]", "_", str(value))[:limit].lstrip(".") or "_"
 
-    recipe = part(cert.recipe or "unknown", 64)
-    h = part(str(cert.lock_hash or "").split(":", 1)[-1][:12] or "nohash", 12)
     stamp = part("".join(ch for ch in str(cert.finished_at or utc_now_iso()) if ch.isalnum()), 20)
     run = part(cert.run_id or "norun", 40)
+    if cert.recipe is None and cert.lock is None:  # a foreign image: its folder is its reference
+        return image_dir(images_dir, part(cert.image.ref, 128)).certificates / (
+            f"{part(cert.image.ref, 64)}-{stamp}-{run}.json")
+    recipe = part(cert.recipe or "unknown", 64)
+    h = part(str(cert.lock_hash or "").split(":", 1)[-1][:12] or "nohash", 12)
     return image_dir(images_dir, recipe).certificates / f"{recipe}-{h}-{stamp}-{run}.json"
 
 

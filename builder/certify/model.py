@@ -18,6 +18,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from builder.core.errors import ExitCode
 from builder.core.model import Model, convert
+from builder.launchers.model import CollectiveRow, Features, Scaling, TrainingCheck, Unsupported
 
 CERT_SCHEMA: Literal["envbuild.certificate/1"] = "envbuild.certificate/1"
 
@@ -73,6 +74,8 @@ class RunSettingsDoc(Model, frozen=True):
     timeout_s: float
     allreduce: AllreduceSettings
     ddp: DdpSettings
+    profiles: Annotated[list[Name], Meta(max_length=16)] = []
+    dtypes: Annotated[list[Name], Meta(max_length=16)] = []
 
 
 class SocketRecord(Model, frozen=True):
@@ -93,6 +96,7 @@ class Thresholds(Model, frozen=True):
     busbw_size: Count
     source: Literal["argument", "recipe"] | None
     recipe_min_busbw_gbps: float | None
+    min_scaling_efficiency: float | None = None
 
 
 class AllreduceRow(Model, frozen=True):
@@ -184,9 +188,40 @@ class PhaseTime(Model, frozen=True):
     seconds: Annotated[float, Meta(ge=0, le=1e9)]
 
 
+class Stack(Model, frozen=True):
+    """The software stack every rank must match, and what it was taken from: ``source``
+    ``lock`` (the image's own lock), ``recipe`` (``--recipe``'s lock) or ``probe`` (a
+    foreign image: no recipe lock exists; the reference rank's probe discovered it).
+    ``reference_rank`` is that rank (``probe`` only); the versions are the probe's."""
+
+    source: Literal["lock", "recipe", "probe"]
+    recipe: Name | None
+    reference_rank: Count | None
+    python: Name | None
+    torch: Name | None
+    cuda: Name | None
+    nccl: Name | None
+    glibc: Name | None
+    os: Name | None
+
+
 class Certificate(Model, frozen=True):
     """A certificate: the image, its recipe lock, the settings, every rank's results and
-    probe, and the verdict (``verdict.passed``)."""
+    probe, and the verdict (``verdict.passed``).
+
+    The profiles' sections (issue 10): ``profiles`` the profiles run; ``collectives.<name>``
+    a list of rows (``size_bytes``, ``count``, ``type``, ``time_us``, ``algbw_gbps``,
+    ``busbw_gbps``, ``wrong`` = total over ranks, ``wrong_by_rank``...) or
+    ``{"unsupported": reason}``; ``training.<profile>`` (``ddp``, ``fsdp``, ``tp``,
+    ``pipeline``, ``moe``) each with a boolean ``reference_match``, the ``tolerance``,
+    ``losses`` and ``reference_losses`` per step and ``samples_per_s``, or
+    ``{"unsupported": reason}``; ``scaling`` the throughputs at world size 1 and N and
+    ``efficiency`` = throughput_n / (N x throughput_1); ``features`` what needs numpy;
+    ``stack`` the reference stack (``source`` ``probe`` and ``lock`` null: a foreign
+    image, no recipe lock); ``overrides`` the settings given on the command line;
+    ``profile_wall_s`` where the reference rank's time went (seconds: ``collectives.<name>``,
+    ``training.<profile>``, ``scaling``, ``features``, ``total``).
+    """
 
     schema: Literal["envbuild.certificate/1"]
     envbuild_version: Name
@@ -194,7 +229,7 @@ class Certificate(Model, frozen=True):
     image: ImageInfo
     recipe: Name | None
     lock_hash: Name | None
-    lock: dict[str, Any]
+    lock: dict[str, Any] | None
     base_used: Text | None
     backend: Backend
     world_size: Count
@@ -217,6 +252,14 @@ class Certificate(Model, frozen=True):
     finished_at: Stamp
     host: Host
     phases: Annotated[list[PhaseTime], Meta(max_length=256)] = []
+    stack: Stack | None = None
+    profiles: Annotated[list[Name], Meta(max_length=16)] = []
+    collectives: dict[Name, list[CollectiveRow] | Unsupported] = {}
+    training: dict[Name, TrainingCheck] = {}
+    scaling: Scaling | None = None
+    features: Features | None = None
+    overrides: dict[Name, Any] = {}
+    profile_wall_s: dict[Name, Any] = {}
 
 
 def load_certificate(data: Any, file: str | None = None) -> Certificate:

@@ -7,7 +7,9 @@
 the :class:`~builder.launchers.base.LaunchSpec`. :func:`run` launches the plan through a
 launcher (default: the source's, the local Docker one for an engine image), checks every
 rank result against the run, judges (:func:`~builder.certify.verdict.judge`), builds the
-certificate and writes it (:mod:`.certificate`), for failing verdicts as well::
+certificate and writes it (:mod:`.certificate`), for failing verdicts as well, with its HTML
+report next to it (:mod:`.report`: ``<certificate stem>.html``; a report that cannot be drawn
+is one warning line, never a lost certificate)::
 
     p = plan(EngineImage(client, "envbuild/cpu-torch2:abc"), Overrides(nodes=2))
     cert, path = run(p, images_dir="images", console=console)
@@ -24,6 +26,7 @@ is overridden to gloo; the certificate records the backend used and the recipe's
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +36,7 @@ from builder.core.errors import EnvbuildError, ExitCode
 from builder.image import engine
 from builder.launchers.base import Launcher, LaunchResult, LaunchSpec, check_socket_ifname
 
+from . import report
 from .certificate import build_certificate, write_certificate
 from .model import Certificate
 from .settings import Overrides, RunSettings, SocketSetting, resolve, socket_settings
@@ -103,7 +107,8 @@ def run(p: Plan, *, images_dir: str | os.PathLike[str] = Path("images"), launche
             ``{"launcher": "k8s", "namespace": "default"}``).
 
     Returns:
-        ``(certificate, path written)``.
+        ``(certificate, path written)``; the report is ``report.report_path(path)`` when it
+        could be drawn.
 
     Raises:
         EnvbuildError: (exit 2/3) what the launcher raises when it cannot launch at all;
@@ -118,10 +123,24 @@ def run(p: Plan, *, images_dir: str | os.PathLike[str] = Path("images"), launche
                             field="launcher", exit_code=ExitCode.USAGE)
     launch = _launch(launcher, p, console)
     check_results(launch, p.spec)
-    verdict = judge(p.settings, launch, p.image.lock, p.socket)
+    verdict = judge(p.settings, launch, None if p.image.reference == "probe" else p.image.lock, p.socket)
     cert = build_certificate(image=p.image, settings=p.settings, launch=launch, verdict=verdict,
                              run_id=p.spec.run_id, host={**p.source.host(), **dict(host or {})}, sock=p.socket)
-    return cert, write_certificate(cert, images_dir)
+    path = write_certificate(cert, images_dir)
+    _report_beside(cert, path, console)
+    return cert, path
+
+
+def _report_beside(cert: Certificate, path: Path, console: Any) -> None:
+    """The HTML report next to the certificate (:func:`.report.write_beside`); a failure to
+    draw it is one warning line on ``console`` (None: stderr), the certificate stays."""
+    _, warning = report.write_beside(cert.to_dict(), path)
+    if warning is None:
+        return
+    if console is None:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    else:
+        console.print(f"warning: {warning}", style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
 def _launch(launcher: Launcher, p: Plan, console: Any) -> LaunchResult:

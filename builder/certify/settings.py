@@ -8,8 +8,11 @@ default table of certification until the recipe model's ``CertifySettings`` hold
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
+
+import msgspec
 
 from builder.core.errors import EnvbuildError, ExitCode
 from builder.core.model import Model
@@ -26,10 +29,58 @@ DEFAULTS: dict[str, Any] = {
     "allreduce": {"sizes": [8, 1024, 65536, 1048576, 4194304], "iters": 10, "warmup": 2},
     "ddp": {"steps": 3, "batch_size": 8, "image_size": 64},
     "thresholds": {"min_busbw_gbps": None, "busbw_size": None},
+    "profiles": ["ddp"],
 }
 
 #: Element size of the all-reduce dtype the bench uses by default (float32).
 ELEMENT_BYTES = 4
+#: Most sizes of one sweep (``--sizes``), and the largest size (1 TiB).
+MAX_SIZES = 64
+MAX_SIZE_BYTES = 1 << 40
+_SIZE = re.compile(r"([0-9]{1,13})([KMGkmg]?)")
+_UNIT = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``"64M"`` -> 67108864: decimal bytes with an optional binary suffix K, M or G (as
+    nccl-tests' ``-b``/``-e``). Raises ValueError naming the text (escaped)."""
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"size {text[:40]!r} is not a number of bytes with an optional K, M or G")
+    n = int(m.group(1)) * _UNIT[m.group(2).lower()]
+    if not 1 <= n <= MAX_SIZE_BYTES:
+        raise ValueError(f"size {text[:40]!r} is outside 1 B..1T")
+    return n
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``--sizes``: ``MIN:MAX`` (MIN, 2 x MIN, 4 x MIN... up to MAX, as nccl-tests ``-b MIN
+    -e MAX -f 2``) or a comma list; e.g. ``"1K:8K"`` -> ``[1024, 2048, 4096, 8192]``,
+    ``"8,1K,4M"`` -> ``[8, 1024, 4194304]`` (sorted, each once). Each a multiple of 4 bytes
+    (a float32 element), at most :data:`MAX_SIZES` sizes.
+
+    Raises:
+        ValueError: (one line, naming the bad part) anything else.
+    """
+    if not isinstance(text, str) or not text.strip() or len(text) > 1000:
+        raise ValueError("sizes must be MIN:MAX or a comma list of sizes (at most 1000 characters)")
+    if ":" in text:
+        lo_text, _, hi_text = text.partition(":")
+        lo, hi = parse_size(lo_text), parse_size(hi_text)
+        if lo > hi:
+            raise ValueError(f"sizes {text[:40]!r}: MIN is above MAX")
+        sizes: list[int] = []
+        while lo <= hi and len(sizes) <= MAX_SIZES:
+            sizes.append(lo)
+            lo *= 2
+    else:
+        sizes = sorted({parse_size(t) for t in text.split(",")})
+    if len(sizes) > MAX_SIZES:
+        raise ValueError(f"sizes {text[:40]!r}: more than {MAX_SIZES} sizes")
+    bad = [n for n in sizes if n % ELEMENT_BYTES]
+    if bad:
+        raise ValueError(f"size {bad[0]} is not a multiple of {ELEMENT_BYTES} bytes (a float32 element)")
+    return sizes
 
 
 class Overrides(Model, frozen=True):
@@ -52,6 +103,9 @@ class Overrides(Model, frozen=True):
     ddp_batch: int | None = None
     ddp_image_size: int | None = None
     socket_ifname: str | None = None
+    profiles: list[str] | None = None
+    dtypes: list[str] | None = None
+    min_scaling_efficiency: float | None = None
 
 
 class RunSettings(Model, frozen=True):
@@ -82,6 +136,10 @@ class RunSettings(Model, frozen=True):
     busbw_source: Literal["argument", "recipe"] | None
     recipe_min_busbw_gbps: float | None
     warnings: list[str] = []
+    profiles: list[str] = msgspec.field(default_factory=lambda: ["ddp"])
+    dtypes: list[str] = msgspec.field(default_factory=lambda: ["float32"])
+    min_scaling_efficiency: float | None = None
+    overrides: dict[str, Any] = {}
 
     @property
     def nproc_per_node(self) -> int:
@@ -104,6 +162,7 @@ class RunSettings(Model, frozen=True):
             "--ddp-batch", str(self.ddp_batch),
             "--ddp-image-size", str(self.ddp_image_size),
             "--pg-timeout-s", f"{float(self.timeout_s):g}",
+            *(["--profiles", ",".join(self.profiles), "--dtypes", ",".join(self.dtypes)] if self.profiles else []),
         ]
 
 
@@ -221,6 +280,7 @@ def resolve(lock: Mapping[str, Any], overrides: Overrides | None = None, *, gpu_
     _check(values, o, used, gpu_visible)
     floor, source, gate_size, sizes = _busbw_gate(o, th, used, values["sizes"], warnings)
     recipe_floor = th.get("min_busbw_gbps")
+    names, dtypes = _profile_settings(o, c, used)
     return RunSettings(
         recipe=str(lock.get("recipe") or "unknown"), recipe_backend=rec_backend, backend=used,
         nodes=values["nodes"], gpus_per_node=values["gpus"], port=values["port"],
@@ -232,7 +292,34 @@ def resolve(lock: Mapping[str, Any], overrides: Overrides | None = None, *, gpu_
         ddp_image_size=int(_pick(o.ddp_image_size, dd, "image_size", DEFAULTS["ddp"]["image_size"])),
         min_busbw_gbps=floor, busbw_size=gate_size, busbw_source=source,
         recipe_min_busbw_gbps=None if recipe_floor is None else float(recipe_floor), warnings=warnings,
+        profiles=names, dtypes=dtypes, min_scaling_efficiency=o.min_scaling_efficiency,
+        overrides={k: v for k, v in o.to_dict().items() if v is not None},
     )
+
+
+def _profile_settings(o: Overrides, c: Mapping[str, Any], used: str) -> tuple[list[str], list[str]]:
+    """``(profiles, dtypes)``: the override, else the lock's ``certify.profiles``, else
+    ``["ddp"]``; dtypes the override, else float32 (and bfloat16 on nccl). An empty
+    override (``profiles=[]``, not reachable from the command line) runs no profile: the
+    all-reduce sweep and the DDP steps alone.
+
+    Raises:
+        EnvbuildError: (exit 64) an unknown profile or dtype, an efficiency floor outside 0..1.
+    """
+    from builder.agent.bench import profiles as bench_profiles
+
+    given = o.profiles if o.profiles is not None else c.get("profiles") or DEFAULTS["profiles"]
+    if not given:
+        return [], []
+    try:
+        names = bench_profiles.parse_profiles(",".join(str(p) for p in given))
+        dtypes = list(o.dtypes) if o.dtypes else bench_profiles.default_dtypes(used)
+        bench_profiles.check_options(names, [8], 1, 0, dtypes, used)
+    except ValueError as e:
+        raise _usage(str(e), "profiles" if o.dtypes is None else "dtype", given) from None
+    if o.min_scaling_efficiency is not None and not 0 < o.min_scaling_efficiency <= 1:
+        raise _usage("must be in (0, 1]", "min_scaling_efficiency", o.min_scaling_efficiency)
+    return names, dtypes
 
 
 # --------------------------------------------------------------------------- socket settings

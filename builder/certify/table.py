@@ -42,7 +42,13 @@ def failing_nodes(cert: Certificate) -> list[int]:
 
 def _head(cert: Certificate) -> str:
     b = cert.backend
-    return (f"{cert.image.ref}: recipe {cert.recipe}, lock {str(cert.lock_hash or '').split(':')[-1][:12]}, "
+    st = cert.stack
+    if cert.lock is None and st is not None:  # a foreign image: the probe's stack is the reference
+        what = (f"no recipe lock (reference: rank {st.reference_rank}'s probe: torch {st.torch}, "
+                f"python {st.python}, {st.os})")
+    else:
+        what = f"recipe {cert.recipe}, lock {str(cert.lock_hash or '').split(':')[-1][:12]}"
+    return (f"{cert.image.ref}: {what}, "
             f"backend {b.used}" + (f" (recipe: {b.recipe})" if b.used != b.recipe else "")
             + f", {cert.nodes} node(s) x {cert.nproc_per_node} = world {cert.world_size}")
 
@@ -64,6 +70,48 @@ def _allreduce(cert: Certificate, console: Any) -> None:
     if th.min_busbw_gbps is not None:
         console.print(f"* gate: busbw >= {th.min_busbw_gbps:g} GB/s at {th.busbw_size} B ({th.source})",
                       markup=False, highlight=False)
+
+
+def _profiles(cert: Certificate, console: Any) -> None:
+    """Per collective: sizes, the best busbw and #wrong (or why unsupported); per profile the
+    training check; the scaling efficiency."""
+    from rich.table import Table
+    from rich.text import Text
+
+    if not cert.profiles:
+        return
+    t = Table(title=f"collectives of {', '.join(cert.profiles)}", title_justify="left")
+    for col in ("collective", "sizes (B)", "types", "max busbw (GB/s)", "#wrong"):
+        t.add_column(col, justify="right" if col != "collective" else "left")
+    for name, rows in cert.collectives.items():
+        if not isinstance(rows, list):
+            t.add_row(name, Text("unsupported: " + rows.unsupported[:100], style="yellow"), "", "", "")
+            continue
+        sizes = sorted({r.size_bytes for r in rows})
+        wrong = sum(r.wrong for r in rows)
+        t.add_row(name, f"{sizes[0]}..{sizes[-1]} ({len(sizes)})" if sizes else "-",
+                  ",".join(sorted({r.type for r in rows})),
+                  _fmt(max((r.busbw_gbps for r in rows), default=None), ".3f"),
+                  Text(str(wrong), style="red" if wrong else ""))
+    console.print(t)
+    tr = Table(title="training checks against a single-process reference", title_justify="left")
+    for col in ("profile", "reference match", "max param diff", "samples/s", "final loss"):
+        tr.add_column(col, justify="right" if col != "profile" else "left")
+    for name, c in cert.training.items():
+        if c.unsupported is not None:
+            tr.add_row(name, Text("unsupported: " + c.unsupported[:100], style="yellow"), "", "", "")
+            continue
+        tr.add_row(name, Text("yes" if c.reference_match else "NO", style="" if c.reference_match else "red"),
+                   _fmt(c.max_param_diff, ".3g"), _fmt(c.samples_per_s, ".1f"),
+                   _fmt(c.losses[-1] if c.losses else None, ".5g"))
+    console.print(tr)
+    sc = cert.scaling
+    if sc is not None:
+        floor = cert.thresholds.min_scaling_efficiency
+        console.print(f"scaling: {sc.throughput_1:.2f} images/s at 1 rank, {sc.throughput_n:.2f} at {sc.world_size}: "
+                      f"efficiency {_fmt(sc.efficiency, '.3f')}"
+                      + (f" (floor {floor:g})" if floor is not None else " (not gated)"),
+                      markup=False, highlight=False, soft_wrap=True)
 
 
 def _ddp_and_transports(cert: Certificate, console: Any) -> None:
@@ -132,6 +180,7 @@ def print_table(cert: Certificate, console: Any, path: str | os.PathLike[str] | 
     console.print(_head(cert), markup=False, highlight=False, soft_wrap=True)
     _allreduce(cert, console)
     _ddp_and_transports(cert, console)
+    _profiles(cert, console)
     if cert.phases:
         console.print(phases_line(cert), markup=False, highlight=False, soft_wrap=True)
     v = cert.verdict

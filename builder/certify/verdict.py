@@ -12,7 +12,13 @@ The checks:
 5. the busbw floor: ``min_busbw_gbps`` at ``busbw_size`` (largest size when null). It
    gates nccl runs with the recipe's threshold, and gloo runs ONLY when given explicitly
    (``--min-busbw``): CPU figures on shared cores are noise, reported but not gated. A
-   failing floor names the slowest rank at that size.
+   failing floor names the slowest rank at that size;
+6. the profiles (:mod:`builder.certify.profiles`): every collective exact, every training
+   check matching its single-process reference, the scaling floor when given; what the
+   image's torch or backend lacks is a warning (unsupported), never a pass.
+
+A foreign image (no envbuild lock) has no lock to compare with in (4): every rank must
+match the reference rank's probe in torch, NCCL, Python, glibc and OS.
 
 Exit code: 0 passed; 2 a check failed (including a rank that crashed); 3 could not check
 (ranks missing because of the timeout, unreadable results) when no check failed outright.
@@ -205,8 +211,9 @@ def _check_ddp(s: RunSettings, results: Mapping[int, RankResult]) -> list[str]:
     return failures
 
 
-def _check_probes(results: Mapping[int, RankResult], lock: Mapping[str, Any]) -> list[str]:
-    """(4) every probe matches the lock, and the ranks agree."""
+def _check_probes(results: Mapping[int, RankResult], lock: Mapping[str, Any] | None) -> list[str]:
+    """(4) every probe matches the lock (None: no lock, a foreign image: the reference
+    rank's probe is the reference), and the ranks agree."""
     failures = []
     probes = {}
     for rank, doc in sorted(results.items()):
@@ -215,7 +222,7 @@ def _check_probes(results: Mapping[int, RankResult], lock: Mapping[str, Any]) ->
             failures.append(f"rank {rank}: {errs or 'probe failed: no probe document'}")
             continue
         probes[rank] = doc.probe
-        for d in compare_probe_to_lock(doc.probe, lock):
+        for d in compare_probe_to_lock(doc.probe, lock) if lock is not None else []:
             failures.append(f"rank {rank}: image differs from the lock: {one_line(d, 300)}")
     for name, get in _SAME_EVERYWHERE:
         values = {r: get(p) for r, p in probes.items()}
@@ -315,16 +322,21 @@ def _warnings(s: RunSettings, launch: LaunchResult, report_warnings: list[str]) 
     return warnings
 
 
-def judge(s: RunSettings, launch: LaunchResult, lock: Mapping[str, Any],
+def judge(s: RunSettings, launch: LaunchResult, lock: Mapping[str, Any] | None,
           sock: SocketSetting | None = None) -> Verdict:
-    """Judge a launch (see the module doc for the checks and exit codes). ``sock``: the
+    """Judge a launch (see the module doc for the checks and exit codes). ``lock`` None: a
+    foreign image, whose ranks must all match the reference rank's probe. ``sock``: the
     run's socket setting (:func:`~builder.certify.settings.socket_settings`; None: not
     known), for :func:`socket_findings`."""
+    from .profiles import check_profiles
+
     results = launch.rank_results
     failures, cannot_check, definite = _missing_ranks(s, launch)  # (1) every rank reported
     found, report_warnings = _check_reports(s, results)
+    prof_failures, prof_warnings = check_profiles(s, results)  # (6) the profiles
+    report_warnings += prof_warnings
     for check in (_check_allreduce(s, results), _check_ddp(s, results), _check_probes(results, lock),
-                  _check_busbw(s, results)):
+                  _check_busbw(s, results), prof_failures):
         found += check
     failures += found
     definite |= bool(found)

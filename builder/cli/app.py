@@ -2,7 +2,8 @@
 (:mod:`builder.cli.checks`), run the command (:data:`COMMANDS`, :mod:`builder.cli.commands`).
 
 Commands: ``check``, ``audit``, ``render``, ``build``, ``certify``, ``make`` (check -> render -> build
--> certify), ``probe``, ``verify``, ``doctor``, ``base``, ``lock``, ``push``, ``pull``, ``k8s render``.
+-> certify), ``report`` (a certificate's HTML report), ``probe``, ``verify``, ``doctor``, ``base``,
+``lock``, ``push``, ``pull``, ``k8s render``.
 Errors from any stage are :class:`EnvbuildError` values printed as one line each (no traceback)
 with the exit code of the shared table (``builder/core/errors.py``); usage errors exit 64, found
 before anything is contacted (:func:`builder.cli.checks.check_args`); SIGINT/SIGTERM exit 130
@@ -37,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "base bootstrap": ("image", "cmd_base"),
     "certify": ("certify", "cmd_certify"),
     "make": ("certify", "cmd_make"),
+    "report": ("certify", "cmd_report"),
     "k8s render": ("certify", "cmd_k8s_render"),
     "probe": ("nodes", "cmd_probe"),
     "verify": ("nodes", "cmd_verify"),

@@ -177,3 +177,44 @@ env_item = pattern(_ENV_ITEM, "NAME=VALUE", limit=4300)
 driver = pattern(_DRIVER, "a driver version such as 570.124.06", limit=40)
 build_arg = pattern(_BUILD_ARG, "NAME=VALUE", limit=4300)
 recipe = path("a recipe name or path")
+
+
+def _value_error_type(parse: Callable[[str], object]) -> ArgType:
+    """argparse type from a parser raising ValueError (a one-line message naming the value)."""
+    def convert(value: str) -> object:
+        try:
+            return parse(value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
+
+
+def profiles(value: str) -> object:
+    """argparse type of ``--profile``: a comma list of ddp, fsdp, tp, pipeline, moe or all
+    (:func:`builder.agent.bench.profiles.parse_profiles`) -> the names, in table order."""
+    from builder.agent.bench.profiles import parse_profiles
+
+    return _value_error_type(parse_profiles)(value)
+
+
+def sizes(value: str) -> object:
+    """argparse type of ``--sizes``: ``MIN:MAX`` or a comma list (:func:`builder.certify.settings.parse_sizes`)."""
+    from builder.certify.settings import parse_sizes
+
+    return _value_error_type(parse_sizes)(value)
+
+
+def _parse_dtypes(value: str) -> list[str]:
+    from builder.agent.bench.collectives import typesize
+
+    names = [n.strip() for n in value.split(",")] if len(value) <= 200 else []
+    if not names or not all(names) or len(set(names)) != len(names):
+        raise ValueError(f"{show(value)} is not a comma list of distinct element types")
+    for n in names:
+        typesize(n)
+    return names
+
+
+def dtypes(value: str) -> object:
+    """argparse type of ``--dtype``: a comma list of float32, bfloat16, float16, float64."""
+    return _value_error_type(_parse_dtypes)(value)

@@ -117,11 +117,14 @@ def add_site_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-site-detect", action="store_true", help="do not read pip's configuration")
 
 
-# ------------------------------------------------------------------ certify: certify, make, k8s render
+# ------------------------------------------------------------------ certify: certify, make, report, k8s render
 def _certify(ce: argparse.ArgumentParser) -> None:
     ce.add_argument("image", type=t.image_ref,
-                    help="image reference or ID (built by envbuild: it carries the envbuild.* labels)")
+                    help="image reference or ID: built by envbuild (its lock is the reference) or any image "
+                         "with python3 >= 3.8 and torch (the probe's stack is)")
     add_certify_options(ce)
+    ce.add_argument("--recipe", dest="recipe_lock", type=t.recipe, metavar="RECIPE",
+                    help="compare the image with this recipe's lock (images/RECIPE/envbuild.lock.json) instead")
     add_launcher_options(ce)
 
 
@@ -130,6 +133,13 @@ def _make(m: argparse.ArgumentParser) -> None:
     add_site_options(m)
     add_certify_options(m)
     add_launcher_options(m)
+
+
+def _report(rp: argparse.ArgumentParser) -> None:
+    rp.add_argument("certificate", metavar="CERT.json", type=t.path("a file"),
+                    help="a certificate JSON written by certify, make or k8s render --apply")
+    rp.add_argument("--out", metavar="FILE", type=t.path("a file name"),
+                    help="where to write the HTML report (default: next to the certificate, .html)")
 
 
 def _k8s(k: argparse.ArgumentParser) -> None:
@@ -186,6 +196,18 @@ def add_certify_options(p: argparse.ArgumentParser) -> None:
                    help="set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME on every node (NCCL syntax: "
                         "eth0, ^lo,docker, =ib0); default: the image's own settings, else unset "
                         "(the libraries choose); the certificate records which was used")
+    g.add_argument("--profile", type=t.profiles, metavar="P[,P]",
+                   help="parallelism profiles: comma list of ddp, fsdp, tp, pipeline, moe, or all (their "
+                        "collectives and training checks; default from the recipe, else ddp)")
+    g.add_argument("--sizes", type=t.sizes, metavar="MIN:MAX|LIST",
+                   help="message sizes, e.g. 1K:64M (doubling) or 8,1K,4M (default from the recipe)")
+    g.add_argument("--iters", type=t.int_in(1, 100000), help="timed iterations per size (default from the recipe)")
+    g.add_argument("--warmup", type=t.int_in(0, 100000), help="untimed iterations per size (default from the recipe)")
+    g.add_argument("--dtype", type=t.dtypes, metavar="T[,T]",
+                   help="element types of the profile collectives: float32, bfloat16, float16, float64 "
+                        "(default float32, plus bfloat16 on nccl)")
+    g.add_argument("--min-scaling-efficiency", type=t.float_in(0, 1, lo_open=True), metavar="E",
+                   help="fail when throughput(N) / (N x throughput(1)) is below E (default: reported, not gated)")
 
 
 def add_launcher_options(p: argparse.ArgumentParser) -> None:
@@ -329,6 +351,7 @@ COMMANDS: tuple[tuple[str, str, Fill], ...] = (
     ("build", "build the image with the Docker engine and check it against the lock", _build),
     ("certify", "certify an image on N container nodes", _certify),
     ("make", "check, render, build and certify (default recipe: cpu-torch2)", _make),
+    ("report", "draw the HTML report of a certificate again (verdict, stack, ranks, plots)", _report),
     ("probe", "print this host's node report as JSON", _probe),
     ("verify", "compare node reports: which node differs in what (exit 0/1/2/3)", _verify),
     ("doctor", "preflight checks: ports, interfaces, shm, GPUs, stale containers, stragglers", _doctor),

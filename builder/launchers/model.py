@@ -70,6 +70,133 @@ class DdpResult(Model, frozen=True):
     checksums_by_rank: Annotated[list[Name], Meta(max_length=MAX_WORLD)] = []
 
 
+class CollectiveRow(Model, frozen=True):
+    """One size of one collective and element type (``bench.collectives.summarize``):
+    nccl-tests columns (``size_bytes`` = max(send, recv) bytes of one rank, ``time_us``
+    the slowest rank's mean, GB/s = 1e9 B/s, busbw = algbw x the collective's factor)
+    and the exact check: ``wrong`` the total over ranks, ``wrong_by_rank`` each rank's."""
+
+    size_bytes: Annotated[int, Meta(ge=0, le=2**40)]
+    count: Count
+    type: Name
+    redop: Name
+    time_us: Seconds
+    rank_time_us: PerRank
+    algbw_gbps: Rate
+    busbw_gbps: Rate
+    wrong: Count
+    wrong_by_rank: Annotated[list[Count], Meta(max_length=MAX_WORLD)]
+    root: Annotated[int, Meta(ge=-1, lt=MAX_WORLD)] = -1
+    api: Name | None = None
+
+
+class Unsupported(Model, frozen=True):
+    """What the image's torch or backend lacks, with the reason (not a failure)."""
+
+    unsupported: Line
+
+
+Floats = Annotated[list[float | None], Meta(max_length=10_000)]
+
+
+class TrainingCheck(Model, frozen=True):
+    """One profile's training check against its single-process reference
+    (``bench.training.result``), or ``{"unsupported": reason}`` (``needs_numpy`` when
+    numpy is the reason). ``tolerance``: ``{"rtol", "atol", "rule"}``; ``losses`` per step
+    (distributed, over the global batch); ``samples_per_s`` of the distributed steps."""
+
+    unsupported: Line | None = None
+    needs_numpy: bool = False
+    reference_match: bool | None = None
+    losses_match: bool | None = None
+    params_match: bool | None = None
+    tolerance: dict[Name, float | Line] | None = None
+    losses: Floats = []
+    reference_losses: Floats = []
+    max_param_diff: float | None = None
+    samples_per_s: Rate | None = None
+    wall_s: Seconds | None = None
+    steps: Count | None = None
+    model: Line | None = None
+    check_wall_s: Seconds | None = None
+    # per-check details
+    dtype: Name | None = None
+    batch_per_rank: Count | None = None
+    global_batch: Count | None = None
+    image_size: Count | None = None
+    reference_wall_s: Seconds | None = None
+    schedule: Name | None = None
+    stages: Count | None = None
+    microbatches: Count | None = None
+    microbatch_size: Count | None = None
+    batch: Count | None = None
+    hidden: Count | None = None
+    experts: Count | None = None
+    tokens_per_rank: Count | None = None
+    routed: Annotated[list[Count], Meta(max_length=MAX_WORLD)] | None = None
+
+
+class Scaling(Model, frozen=True):
+    """The same DDP step at world size 1 and N (``bench.scaling``): throughputs in
+    images/s, ``efficiency`` = throughput_n / (N x throughput_1) (None: not measurable)."""
+
+    model: Line
+    batch_per_rank: Count
+    image_size: Count
+    steps: Count
+    world_size: Annotated[int, Meta(ge=1, le=MAX_WORLD)]
+    throughput_1: Rate
+    throughput_n: Rate
+    time_1_s: Seconds
+    time_n_s: Seconds
+    efficiency: Rate | None
+
+
+class NumpyState(Model, frozen=True):
+    available: bool
+    problem: Line | None
+    ranks_without: Annotated[list[Rank], Meta(max_length=MAX_WORLD)]
+
+
+class FeatureUnsupported(Model, frozen=True):
+    unsupported: Line
+    needs_numpy: bool = False
+    ran: bool = True
+
+
+class Features(Model, frozen=True):
+    """The torch.distributed features that need numpy (``bench.features``): ``"ok"`` or why not."""
+
+    numpy: NumpyState
+    all_gather_object: Literal["ok"] | FeatureUnsupported
+    pipeline_shape_inference: Literal["ok"] | FeatureUnsupported
+    dcp_save: Literal["ok"] | FeatureUnsupported
+
+
+class ProfilesResult(Model, frozen=True):
+    """What ``bench.profiles.run_profiles`` returned on this rank: the collectives of the
+    profiles (``{name: [row] | {"unsupported"}}``), their training checks, scaling and the
+    numpy features (None: not run); ``wall_s`` where the time went (this rank)."""
+
+    profiles: Annotated[list[Name], Meta(max_length=16)]
+    world_size: Annotated[int, Meta(ge=1, le=MAX_WORLD)]
+    backend: Name
+    device: Name
+    dtypes: Annotated[list[Name], Meta(max_length=16)]
+    sizes: Annotated[list[Count], Meta(max_length=4096)]
+    iters: Count
+    warmup: Count
+    seed: int
+    faults: Annotated[list[Name], Meta(max_length=64)] = []
+    fault_notes: Annotated[list[Line], Meta(max_length=64)] = []
+    collectives: dict[Name, list[CollectiveRow] | Unsupported] = {}
+    unsupported_types: dict[Name, dict[Name, Line]] = {}
+    training: dict[Name, TrainingCheck] = {}
+    scaling: Scaling | None = None
+    features: Features | None = None
+    wall_s: dict[Name, Any] = {}
+
+
 class RankOptions(Model, frozen=True):
     """The bench options the rank ran with (as the host passed them)."""
 
@@ -109,6 +236,7 @@ class RankResult(Model, frozen=True):
     device: Name | None = None
     allreduce: list[AllreduceEntry] = []  # bounded by MAX_RESULT_BYTES; unannotated: violations name the entry
     ddp: DdpResult | None = None
+    profiles: ProfilesResult | None = None
     probe: dict[str, Any] | None = None
     local_rank: Rank | None = None
     node_rank: Rank | None = None

@@ -16,6 +16,8 @@ import pytest
 
 from builder.core.errors import EnvbuildError
 
+from fixtures_browser import Dom, dump_dom
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -29,10 +31,11 @@ def leftovers(client, label):
             [n.name for n in client.networks.list(filters={"label": label})])
 
 
-def test_make_cpu_torch2_end_to_end(tmp_path, docker_client, torch_image, test_labels):
+def test_make_cpu_torch2_end_to_end(tmp_path, docker_client, torch_image, test_labels, chromium):
     """check -> render -> build -> certify with 2 containers. The session's torch image
     (same rendered files, same base) makes the build a cache hit; the build check (probe
-    against lock) still runs on it."""
+    against lock) still runs on it. The certificate's HTML report lies next to it and
+    Chromium reads the run's verdict, stack and collective in it."""
     images = tmp_path / "images"
     (images / "cpu-torch2").mkdir(parents=True)
     for name in ("Dockerfile", "Singularity.def", "envbuild.lock.json"):
@@ -50,7 +53,11 @@ def test_make_cpu_torch2_end_to_end(tmp_path, docker_client, torch_image, test_l
     assert cert["schema"] == "envbuild.certificate/1"
     assert cert["world_size"] == 2 and cert["nodes"] == 2
     assert cert["backend"]["used"] == "gloo"
-    assert cert["verdict"] == {"passed": True, "exit_code": 0, "failures": [], "warnings": []}
+    # the default profile (ddp) runs the numpy features too; the recipe's image has no numpy
+    assert cert["verdict"] == {"passed": True, "exit_code": 0, "failures": [], "warnings": [
+        "numpy is not installed in the image on rank(s) 0,1: all_gather_object, pipeline_shape_inference, "
+        "dcp_save reported unsupported (a training image without numpy breaks jobs that use them)"]}
+    assert cert["profiles"] == ["ddp"] and cert["training"]["ddp"]["reference_match"] is True
     sizes = [row["size_bytes"] for row in cert["allreduce"]]
     assert sizes == [8, 1024, 65536, 1048576, 4194304]
     for row in cert["allreduce"]:
@@ -68,6 +75,12 @@ def test_make_cpu_torch2_end_to_end(tmp_path, docker_client, torch_image, test_l
         assert (p["os"]["id"], p["os"]["version_id"]) == ("debian", "12")
         assert p["image"]["ref"] == torch_image
     assert cert["base_used"] == "envbuild/bootstrap-debian:bookworm"
+    html = certs[0].with_suffix(".html")
+    assert f"report: {html}\n" in res.stdout and "report not written" not in res.stderr
+    dom = Dom(dump_dom(chromium, html))
+    assert "verdict: PASSED (exit code 0)" in dom.text and "torch 2.13.0+cpu 2.13.0+cpu" in dom.text, dom.text
+    assert " all_reduce " in dom.text and f"run {cert['run_id']}" in dom.text
+    assert [t for t, _ in dom.tags].count("svg") == 1
     assert leftovers(docker_client, f"envbuild.test-case={case}") == ([], [])
 
 

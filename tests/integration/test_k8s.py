@@ -190,7 +190,7 @@ def test_golden_values_nccl():
         "--max-restarts", "0", "-m", "bench", "--out", "/results",
         "--backend", "nccl", "--sizes", "1048576,16777216,134217728,1073741824", "--iters", "20",
         "--warmup", "5", "--ddp-steps", "20", "--ddp-batch", "64", "--ddp-image-size", "224",
-        "--pg-timeout-s", "900",
+        "--pg-timeout-s", "900", "--profiles", "ddp", "--dtypes", "float32,bfloat16",
     ]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
     assert env["PYTHONPATH"] == "/opt/envbuild"
@@ -1111,7 +1111,7 @@ def test_apply_watch_refused_is_an_error_after_cleanup(tmp_path):
 def test_cli_apply_writes_a_certificate(tmp_path):
     """`envbuild k8s render RECIPE --apply` end to end through the CLI against the fake API
     server: the results it reads lack probe and benchmarks, so the verdict fails (exit 2),
-    and the certificate records the k8s run."""
+    and the certificate records the k8s run; its HTML report lies next to it."""
     images = tmp_path / "images"
     (images / "cpu-torch2").mkdir(parents=True)
     (images / "cpu-torch2/envbuild.lock.json").write_text((ROOT / "images/cpu-torch2/envbuild.lock.json").read_text())
@@ -1131,6 +1131,8 @@ def test_cli_apply_writes_a_certificate(tmp_path):
     assert r.returncode == 2, r.stdout + r.stderr
     (path,) = (images / "cpu-torch2/certificates").glob("*.json")
     assert f"certificate: {path}" in r.stdout
+    html = path.with_suffix(".html")  # the report, drawn on the k8s path too (failing verdicts as well)
+    assert f"report: {html}" in r.stdout and "verdict: FAILED (exit code 2)" in html.read_text()
     cert = json.loads(path.read_text())
     assert (cert["run_id"], cert["image"]["ref"], cert["recipe"]) == (RUN_ID, IMAGES["cpu-torch2"], "cpu-torch2")
     assert cert["host"]["launcher"] == "k8s" and cert["host"]["namespace"] == "ci"

@@ -212,7 +212,8 @@ def test_defaults():
     assert vars(args) == {"out": "/results", "backend": None, "sizes": list(DEFAULT_SIZES),
                           "iters": 20, "warmup": 5, "dtype": "float32", "ddp_steps": 3,
                           "ddp_batch": 8, "ddp_image_size": 64, "seed": 0,
-                          "pg_timeout_s": 600.0, "heartbeat_s": 2.0, "result_to_stdout": False}
+                          "pg_timeout_s": 600.0, "heartbeat_s": 2.0, "result_to_stdout": False,
+                          "profiles": "", "dtypes": ""}
     assert DEFAULT_SIZES == (8, 128, 2048, 32768, 524288, 8388608)
     assert RESULT_SCHEMA == "envbuild.rank-result/1"
 
@@ -225,6 +226,22 @@ def test_options_parsed():
     assert (args.backend, args.sizes, args.iters, args.warmup, args.dtype, args.ddp_steps,
             args.ddp_batch, args.ddp_image_size, args.seed, args.pg_timeout_s) == \
         ("gloo", [8, 16], 3, 0, "float64", 0, 2, 32, 7, 30.0)
+
+
+def test_profiles_option_normalized():
+    args = cli.parse_args(["--out", "o", "--profiles", "tp, ddp,tp", "--dtypes", "float32,bfloat16"])
+    assert (args.profiles, args.dtypes) == ("ddp,tp", "float32,bfloat16")
+    assert cli.parse_args(["--out", "o", "--profiles", "all"]).profiles == "ddp,fsdp,tp,pipeline,moe"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--out", "o", "--profiles", "zero"], "--profiles/--dtypes: unknown profile 'zero'"),
+    (["--out", "o", "--profiles", "ddp", "--dtypes", "int8"], "--profiles/--dtypes: unsupported dtype 'int8'"),
+])
+def test_profiles_option_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(argv)
+    assert e.value.code == 64 and message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

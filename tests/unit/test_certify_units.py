@@ -101,7 +101,9 @@ def launch(results, world=2, **kw):
 
 
 def settings(lock=CPU_LOCK, gpu_visible=False, **kw):
-    return certify_settings.resolve(lock, Overrides(**kw), gpu_visible=gpu_visible)
+    """Resolved settings; no profile unless ``profiles=`` is given (the hand-written rank
+    documents hold none; tests/test_certify_profiles.py covers them)."""
+    return certify_settings.resolve(lock, Overrides(**{"profiles": [], **kw}), gpu_visible=gpu_visible)
 
 
 def judge(*args, **kw):
@@ -235,6 +237,18 @@ def test_judge_probe_against_lock_and_across_ranks():
                for f in v["failures"])
     assert "ranks differ in torch: rank 0 2.13.0+cpu, rank 1 2.12.0+cpu" in v["failures"]
     assert not any(f.startswith("rank 0") for f in v["failures"])
+
+
+def test_judge_foreign_image_ranks_must_match_the_reference_probe():
+    """No lock (a foreign image): no lock comparison; every rank must match rank 0's stack."""
+    other = copy.deepcopy(PROBE)
+    other["torch"]["version"] = "2.12.0+cpu"
+    v = judge(settings(lock={}, sizes=[8, 1024, 65536]), launch([rank_doc(0), rank_doc(1, probe=other)]), None)
+    assert v["failures"] == ["ranks differ in torch: rank 0 2.13.0+cpu, rank 1 2.12.0+cpu"]
+    # the twin: the same stack everywhere passes, whatever a lock would have said
+    assert judge(settings(lock={}, sizes=[8, 1024, 65536]), launch([rank_doc(0, probe=other), rank_doc(1, probe=other)]),
+                 None) == {
+        "passed": True, "exit_code": 0, "failures": [], "warnings": []}
 
 
 def test_judge_missing_probe():
@@ -632,7 +646,7 @@ def test_certify_with_fake_launcher(tmp_path):
     cert, path = certify_image(
         FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, launcher=fl, run_id="r1",
         console=Console(file=buf), extra_env={"ENVBUILD_BENCH_FAULT": "exit@1"}, labels={"a": "b"},
-        ddp_steps=3,
+        ddp_steps=3, profiles=[],
     )
     assert cert["verdict"]["passed"] and path.exists()
     (spec,) = fl.specs
@@ -650,7 +664,7 @@ def test_certify_refuses_a_result_of_another_run(tmp_path):
     read it; the twin (this run's) passed above."""
     fl = FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="0ld0ld0ld0ld")])
     cert, _ = certify_image(FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, launcher=fl,
-                              run_id="r1", ddp_steps=3)
+                              run_id="r1", ddp_steps=3, profiles=[])
     assert cert["verdict"]["failures"] == [
         "rank 1: result of rank 1 is from run '0ld0ld0ld0ld', not this run r1: refused (stale or planted)"]
     assert cert["verdict"]["exit_code"] == 3 and cert["ranks"]["1"]["reported"] is False
@@ -660,10 +674,10 @@ def test_certify_records_the_image_socket_setting_and_the_override(tmp_path):
     env = ("PATH=/usr/bin", "GLOO_SOCKET_IFNAME=lo")
     fl = FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="r1")])
     cert, _ = certify_image(FakeClient(_labels(CPU_LOCK), env), "img:1", images_dir=tmp_path, launcher=fl,
-                              run_id="r1", ddp_steps=3)
+                              run_id="r1", ddp_steps=3, profiles=[])
     assert cert["socket"]["source"] == "image" and cert["socket"]["GLOO_SOCKET_IFNAME"] == "lo"
     cert, _ = certify_image(FakeClient(_labels(CPU_LOCK), env), "img:1", images_dir=tmp_path, launcher=fl,
-                              run_id="r1", ddp_steps=3, socket_ifname="eth0")
+                              run_id="r1", ddp_steps=3, socket_ifname="eth0", profiles=[])
     assert fl.specs[-1].socket_ifname == "eth0"
     assert {k: cert["socket"][k] for k in ("source", "override", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")} == {
         "source": "--socket-ifname", "override": "eth0", "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"}
@@ -693,10 +707,12 @@ def test_certify_refuses_nccl_before_launching(tmp_path):
     assert fl.specs == [] and not any(tmp_path.iterdir())
 
 
-def test_certify_refuses_image_not_built_by_envbuild(tmp_path):
+def test_certify_refuses_image_with_half_the_envbuild_labels(tmp_path):
+    # no label at all is a foreign image (tests/test_certify_profiles.py); one of the two is refused
     with pytest.raises(EnvbuildError) as e:
-        certify_image(FakeClient({"maintainer": "x"}), "img:1", images_dir=tmp_path, launcher=FakeLauncher([]))
-    assert e.value.exit_code == 2 and "not built by envbuild" in str(e.value)
+        certify_image(FakeClient({"envbuild.lock-hash": "sha256:" + "0" * 64}), "img:1", images_dir=tmp_path,
+                      launcher=FakeLauncher([]))
+    assert e.value.exit_code == 2 and "was not built by envbuild (no envbuild.lock label)" in str(e.value)
     with pytest.raises(EnvbuildError, match="no such image"):
         certify_image(FakeClient(None), "img:1", images_dir=tmp_path, launcher=FakeLauncher([]))
 

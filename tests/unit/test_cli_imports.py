@@ -1,5 +1,5 @@
 """The command line imports only what the command needs (issue 13, item 5): `envbuild check`
-loads the recipe stage and nothing of docker, jinja2, requests, kubernetes, oras or rich; and
+loads the recipe stage and nothing of docker, jinja2, requests, kubernetes, oras, rich or matplotlib; and
 every command of the parser is dispatched to a function of builder.cli.commands."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from builder.cli.parser import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Libraries the check path must not import (top-level package names).
-HEAVY = ("docker", "jinja2", "requests", "kubernetes", "oras", "rich")
+HEAVY = ("docker", "jinja2", "requests", "kubernetes", "oras", "rich", "matplotlib")
 #: Runs builder.cli.app.main on argv in a fresh interpreter; prints the exit code and the
 #: HEAVY packages then in sys.modules.
 PROBE = """
@@ -61,6 +61,19 @@ def test_the_probe_sees_what_a_command_imports_twin():
     assert code == 3 and {"docker", "requests"} <= set(heavy), (code, heavy, err)
 
 
+def test_matplotlib_is_imported_when_a_report_is_drawn_only(tmp_path):
+    """`report` draws the plots: matplotlib is imported then; `certify` (dead engine: exit 3)
+    imports the certify stage, report module included, and still no matplotlib."""
+    from test_certify_units import _cert
+
+    cert = tmp_path / "c.json"
+    cert.write_text(json.dumps(_cert()))
+    code, heavy, err = _imports("report", str(cert))
+    assert (code, "matplotlib" in heavy) == (0, True), err
+    code, heavy, err = _imports("certify", "envbuild/cpu-torch2:0123456789ab")
+    assert code == 3 and "docker" in heavy and "matplotlib" not in heavy, (code, heavy, err)
+
+
 def _command_keys(parser: argparse.ArgumentParser, prefix: str = "") -> set[str]:
     """Every runnable command path of ``parser`` (``check``, ``base bootstrap``, ...)."""
     keys: set[str] = set()
@@ -75,6 +88,6 @@ def _command_keys(parser: argparse.ArgumentParser, prefix: str = "") -> set[str]
 def test_every_command_of_the_parser_runs_a_command_function():
     keys = _command_keys(build_parser())
     assert keys == set(app.COMMANDS)
-    assert len(keys) == 14
+    assert len(keys) == 15
     for key, (module, function) in app.COMMANDS.items():
         assert callable(getattr(importlib.import_module(f"builder.cli.commands.{module}"), function)), key

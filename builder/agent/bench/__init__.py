@@ -26,6 +26,12 @@ Options (``python3 -m bench --help``):
 ``--ddp-batch 8``           images per step per rank (>= 2: BatchNorm needs it)
 ``--ddp-image-size 64``     synthetic images are 3 x S x S (S >= 32)
 ``--seed 0``                model-init seed (all ranks); data seed is rank-dependent
+``--profiles ddp,fsdp``     profiles (``bench.profiles``: ddp, fsdp, tp, pipeline, moe,
+                            all): their collectives over ``--sizes``/``--iters``/
+                            ``--warmup``, training checks, scaling, numpy features
+                            (default none: ``"profiles": null``)
+``--dtypes float32``        element types of the profile collectives (default float32,
+                            plus bfloat16 on nccl)
 ``--pg-timeout-s 600``      process-group timeout in seconds for every collective
 ``--heartbeat-s 2``         seconds between two heartbeats of the rank's heartbeat
                             process (0: phase lines only; :mod:`bench.progress`)
@@ -78,6 +84,7 @@ atomically (temporary file in the same directory, mode 0644, then ``os.replace``
                     "checksums_by_rank": [str], "params_identical": bool,
                     "mismatched_ranks": [int]},  # differ from the most common checksum
                                                  # (tie: from rank 0's)
+     "profiles": null | {...bench.profiles.run_profiles' dict...},
      "probe": {...envbuild.probe/1, see probe.py...} | null,
      "fault": null | "allreduce-corrupt@1",     # ENVBUILD_BENCH_FAULT, on every rank
      "errors": [str],                           # non-fatal problems (e.g. probe failed)

@@ -1,6 +1,7 @@
 """Entry point: ``python3 -m bench --out DIR [options]`` under torchrun (see ``bench``).
 
-Per rank: init the process group, all-reduce sweep, DDP steps, probe, write
+Per rank: init the process group, all-reduce sweep, DDP steps, the profiles
+(``--profiles``: :func:`bench.profiles.run_profiles`), probe, write
 ``DIR/rank-<RANK>.json`` atomically, destroy the process group. The option list,
 exit statuses and the result schema are in the package docstring.
 """
@@ -81,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ddp-batch", type=int, default=8, help="images per step per rank")
     p.add_argument("--ddp-image-size", type=int, default=64, help="image side S (3xSxS)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profiles", default="",
+                   help="comma list of ddp, fsdp, tp, pipeline, moe or all: their collectives "
+                        "(over --sizes, --iters, --warmup) and training checks, scaling and the "
+                        "numpy features (default: none)")
+    p.add_argument("--dtypes", default="",
+                   help="element types of the profile collectives, comma-separated (default: "
+                        "float32, plus bfloat16 on nccl)")
     p.add_argument("--pg-timeout-s", type=float, default=600.0,
                    help="process-group timeout in seconds")
     p.add_argument("--heartbeat-s", type=float, default=progress.DEFAULT_HEARTBEAT_S,
@@ -114,6 +122,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             allreduce.element_count(s, args.dtype)
         except ValueError as e:
             problems.append("--sizes: %s" % e)
+    if args.profiles:
+        from . import profiles
+
+        try:
+            args.profiles = ",".join(profiles.parse_profiles(args.profiles))
+            dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+            profiles.check_options(args.profiles, args.sizes, args.iters, args.warmup,
+                                   dtypes or None, args.backend or "gloo")
+        except ValueError as e:
+            problems.append(f"--profiles/--dtypes: {e}")
     if problems:
         parser.error("; ".join(problems))
     return args
@@ -226,6 +244,23 @@ def _ddp_step(args, fault, rank, device, local_rank, lead, log, prog):
     return result
 
 
+def _profiles_step(args, rank, device, backend, lead, log, prog, errors):
+    """The profiles section of the result (None without ``--profiles``, or when its fault
+    spec is invalid: then ``errors`` says so, on every rank alike)."""
+    if not args.profiles:
+        return None
+    from . import profiles
+
+    prog.phase("profiles", args.profiles, collective=True)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] or None
+    try:
+        return profiles.run_profiles(args.profiles, list(args.sizes), args.iters, args.warmup, dtypes,
+                                     args.seed, device, backend, log=log if lead else None)
+    except ValueError as e:
+        errors.append(f"profiles not run: {e}")
+        return None
+
+
 def _environment():
     """``(fault, rank, world, local_rank, node_rank)`` from the environment torchrun sets.
 
@@ -243,7 +278,7 @@ def _environment():
 
 
 def _result_doc(args, run_id, rank, local_rank, world, node_rank, backend, device, sweep, ddp_result,
-                probe_doc, fault, errors, started_at) -> dict:
+                probe_doc, fault, errors, started_at, profiles_doc=None) -> dict:
     """The ``envbuild.rank-result/1`` document (see the package doc); times set later."""
     return {
         "schema": RESULT_SCHEMA,
@@ -265,6 +300,7 @@ def _result_doc(args, run_id, rank, local_rank, world, node_rank, backend, devic
         "socket": {k: os.environ.get(k) for k in progress.SOCKET_VARS},
         "allreduce": sweep,
         "ddp": ddp_result,
+        "profiles": profiles_doc,
         "probe": probe_doc,
         "fault": None if fault is None else str(fault),
         "errors": errors,
@@ -278,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
     """Run every step for this rank and write its result file; returns 0.
 
     Progress lines (:mod:`bench.progress`) go to stdout: ``start``, ``init`` (the
-    process group's rendezvous), one per all-reduce size, the DDP phases, ``probe``,
+    process group's rendezvous), one per all-reduce size, the DDP phases, ``profiles``, ``probe``,
     ``write`` and ``done``.
     """
     started_at, t_start = utc_now_iso(), time.perf_counter()
@@ -325,6 +361,7 @@ def run(args: argparse.Namespace) -> int:
         log("# Avg bus bandwidth    : %.3f GB/s" % (sum(e["busbw_gbps"] for e in sweep) / len(sweep)))
 
     ddp_result = _ddp_step(args, fault, rank, device, local_rank, lead, log, prog)
+    profiles_doc = _profiles_step(args, rank, device, backend, lead, log, prog, errors)
 
     prog.phase("probe")
     probe_doc = None
@@ -334,7 +371,7 @@ def run(args: argparse.Namespace) -> int:
         errors.append("probe failed: %s: %s" % (type(e).__name__, e))
 
     result = _result_doc(args, run_id, rank, local_rank, world, node_rank, backend, device, sweep,
-                         ddp_result, probe_doc, fault, errors, started_at)
+                         ddp_result, probe_doc, fault, errors, started_at, profiles_doc)
     prog.phase("write")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "rank-%d.json" % rank)

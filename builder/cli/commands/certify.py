@@ -1,5 +1,6 @@
 """``envbuild certify``, ``make`` and ``k8s render``: certification runs of an image where
-``--launcher`` says (local Docker containers, one Slurm batch job, a Kubernetes Indexed Job)."""
+``--launcher`` says (local Docker containers, one Slurm batch job, a Kubernetes Indexed Job);
+``envbuild report``: (re)draw the HTML report of a certificate."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from builder.cli.checks import UsageError, check_launcher_args, slurm_options
-from builder.cli.output import console, out
+from builder.cli.output import console, out, put
 from builder.core.errors import ExitCode
 
 if TYPE_CHECKING:
@@ -24,7 +25,9 @@ def _overrides(args: argparse.Namespace) -> Overrides:
     from builder.certify.settings import Overrides
 
     return Overrides(nodes=args.nodes, gpus_per_node=args.gpus_per_node, backend=args.backend, port=args.port,
-                     timeout_s=args.timeout, min_busbw_gbps=args.min_busbw, socket_ifname=args.socket_ifname)
+                     timeout_s=args.timeout, min_busbw_gbps=args.min_busbw, socket_ifname=args.socket_ifname,
+                     profiles=args.profile, sizes=args.sizes, iters=args.iters, warmup=args.warmup,
+                     dtypes=args.dtype, min_scaling_efficiency=args.min_scaling_efficiency)
 
 
 def _launcher(args: argparse.Namespace, client: docker.DockerClient, recipe_name: str) -> Launcher | None:
@@ -57,11 +60,18 @@ def _certify(args: argparse.Namespace, image: str) -> int:
     from builder.image import engine
 
     check_launcher_args(args)
+    recipe = None
+    if getattr(args, "recipe_lock", None):  # certify --recipe RECIPE: its lock is the reference
+        from builder.certify.source import recipe_lock
+
+        recipe = recipe_lock(args.images_dir, args.recipe_lock)
     client = engine.connect()
     kind = getattr(args, "launcher", None) or "local"
     # on a cluster the nodes have the GPUs, not this host's engine: the scheduler decides
-    p = run.plan(EngineImage(client, image), _overrides(args), gpu_visible=True if kind != "local" else None)
-    launcher = _launcher(args, client, p.image.labels.get("envbuild.recipe") or p.image.lock.get("recipe") or "unknown")
+    p = run.plan(EngineImage(client, image, recipe=recipe), _overrides(args),
+                 gpu_visible=True if kind != "local" else None)
+    launcher = _launcher(args, client, p.image.recipe or p.image.labels.get("envbuild.recipe")
+                         or p.image.lock.get("recipe") or "unknown")
     try:
         cert, path = run.run(p, images_dir=Path(args.images_dir), console=console(), launcher=launcher)
     except certificate.CertificateNotWritten as e:
@@ -73,7 +83,18 @@ def _certify(args: argparse.Namespace, image: str) -> int:
         out().print(f"slurm: job {job_id}; script, logs and results in {getattr(launcher, 'folder', None)}",
                     markup=False, soft_wrap=True)
     out().print(f"certificate: {path}", markup=False, soft_wrap=True)
+    _print_report(path)
     return ExitCode.OK if cert.verdict.passed else ExitCode(cert.verdict.exit_code)
+
+
+def _print_report(cert_path: Path) -> None:
+    """``report: PATH`` when the run drew the certificate's HTML report (names are unique per
+    run: a report of that name is this run's)."""
+    from builder.certify.report import report_path
+
+    html = report_path(cert_path)
+    if html.is_file():
+        out().print(f"report: {html}", markup=False, highlight=False, soft_wrap=True)
 
 
 def cmd_certify(args: argparse.Namespace) -> int:
@@ -188,4 +209,34 @@ def cmd_k8s_render(args: argparse.Namespace) -> int:
         raise
     table.print_table(cert, out(), path=path)
     out().print(f"certificate: {path}", markup=False, highlight=False, soft_wrap=True)
+    _print_report(path)
     return ExitCode.OK if cert.verdict.passed else ExitCode(cert.verdict.exit_code)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``envbuild report CERT.json [--out FILE]``: draw the HTML report of a certificate again
+    (default: next to it, the same name with ``.html``), as certify draws it.
+
+    The certificate is read bounded (a regular file of at most 16 MiB:
+    :data:`builder.core.inputs.MAX_REPORT_BYTES`) and checked whole against its model before
+    anything is drawn. Exit 0 drawn (whatever the verdict it shows); 2 not valid JSON or not a
+    certificate (every violation named); 3 unreadable (missing, a directory, a FIFO or device,
+    too large) or the report cannot be written; 64 ``--out`` naming the certificate itself.
+    """
+    from builder.certify import report
+    from builder.certify.model import load_certificate
+    from builder.core.errors import Unreachable
+    from builder.core.inputs import MAX_REPORT_BYTES, escape, read_json
+
+    source = Path(args.certificate)
+    target = Path(args.out) if args.out else report.report_path(source)
+    if target.resolve() == source.resolve():
+        raise UsageError(f"envbuild report: the report would replace the certificate {escape(source)}; give --out FILE")
+    doc = read_json(source, MAX_REPORT_BYTES, "certificate", ExitCode.CHECK_FAILED)
+    cert = load_certificate(doc, file=str(source))
+    try:
+        report.write_report(cert.to_dict(), target, source=source.name)
+    except OSError as e:
+        raise Unreachable(f"cannot write the report: {e.strerror or e}", file=str(target)) from None
+    put(escape(f"report: {target}", None))
+    return ExitCode.OK

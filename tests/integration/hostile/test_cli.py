@@ -27,7 +27,7 @@ from hostile.harness import ROOT, Case, assert_held, run_cases
 SEED = 20260801
 IMAGE = "envbuild/cpu-torch2:0123456789ab"
 SUBCOMMANDS = {"check", "render", "build", "certify", "make", "probe", "verify", "doctor", "base", "lock", "push",
-               "pull", "k8s", "audit"}
+               "pull", "k8s", "audit", "report"}
 
 #: (command line before the option, option or None for the last positional, value class,
 #:  a valid value, command line after the option).
@@ -56,6 +56,8 @@ OPTIONS: list[tuple[list[str], str | None, str, str, list[str]]] = [
     (["certify", IMAGE, "--launcher", "slurm"], "--pending-timeout", "float", "60", []),
     (["make", "cpu-torch2", "--launcher", "slurm"], "--time-limit", "pattern", "1:00:00", []),
     (["make"], None, "path", "cpu-torch2", []),
+    (["report"], None, "path", "x.json", []),
+    (["report", "x.json"], "--out", "path", "x.html", []),
     (["doctor"], "--port", "int", "29500", []),
     (["doctor"], "--min-shm", "pattern", "256m", []),
     (["doctor"], "--straggler-ratio", "float", "1.5", []),
@@ -154,12 +156,13 @@ def special_file_cases() -> list[Case]:
         (["push", "cpu-torch2", "--registry", "registry.invalid:5000", "--registry-ca"], "CA bundle (--registry-ca)"),
         (["build", "cpu-torch2", "--ca-cert"], "CA bundle (--ca-cert)"),
         (["lock", "cpu-torch2", "--ca-cert"], "CA bundle (--ca-cert)"),
+        (["report"], "certificate"),
     ]
     cases = []
     for argv, what in where:
         for kind, (path, files) in kinds.items():
-            if kind == "over-limit" and "CA" in what:
-                continue  # the CA bundle limit is 16 MiB: the same bounded read as the keys' 1 MiB
+            if kind == "over-limit" and ("CA" in what or what == "certificate"):
+                continue  # their limit is 16 MiB: the same bounded read as the keys' 1 MiB (test_report: 16 MiB)
             cases.append(Case(id=f"{argv[0]}{argv[-1]}:{kind}", argv=[*argv, path], expect=(3,), files=files))
     cases.append(Case(id="build--wheels:missing", argv=["build", "cpu-torch2", "--wheels", "nowheels"], expect=(3,)))
     cases.append(Case(id="build--wheels:file", argv=["build", "cpu-torch2", "--wheels", "f"], expect=(3,),
@@ -219,6 +222,9 @@ def test_special_files_are_named_in_the_line(outcomes):
         "push--sign-key:over-limit": "error: big.pem: is 1048577 bytes, over the 1048576-byte limit of a signing key "
                                      "(--sign-key)",
         "build--wheels:missing": "error: nowheels: no such folder (--wheels)",
+        "reportreport:fifo": "error: fifo.pem: is not a regular file (a FIFO); give a certificate",
+        "reportreport:symlink-to-dev-zero": "error: zero.pem: is not a regular file (a character device); give a "
+                                            "certificate",
     }
     assert {k: outcomes[k].stderr.strip() for k in expect} == expect
 
@@ -232,8 +238,8 @@ def test_malformed_values_are_shown_escaped(outcomes):
                                            "repository path",
         "certify--nodes:nan": "envbuild certify: argument --nodes: 'nan' is not an integer in 1..1024",
         "usage:1": r"envbuild: argument command: invalid choice: 'frob\x1b[31mnicate' (choose from 'check', "
-                   "'audit', 'render', 'build', 'certify', 'make', 'probe', 'verify', 'doctor', 'push', 'pull', 'lock', "
-                   "'k8s', 'base')",
+                   "'audit', 'render', 'build', 'certify', 'make', 'report', 'probe', 'verify', 'doctor', 'push', "
+                   "'pull', 'lock', 'k8s', 'base')",
         "usage:8": r"envbuild: unrecognized arguments: --no-such=\x1b]0;t\x07",
     }
     assert {k: outcomes[k].stderr.strip() for k in expect} == expect

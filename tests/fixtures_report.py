@@ -1,0 +1,99 @@
+"""Certificates for the report tests (builder/certify/report.py): today's shape (a JSON file
+written by builder.certify.certificate.build_certificate from two hand-written rank results,
+tests/fixtures/certificate-allreduce-ddp.json), issue 10's sections added to it as w-i10a's
+certificates hold them, hostile strings, and the checks of a page's markup (what a string
+could have planted, what would load from elsewhere)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+from fixtures_browser import Dom
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+#: Markup that must stay text wherever a certificate string lands.
+HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">{{ 7*7 }}$x^2$'
+
+
+def todays_certificate() -> dict:
+    """A passing ``envbuild.certificate/1`` of 2 gloo ranks: all-reduce at 8, 1024, 65536 B, DDP."""
+    return json.loads((FIXTURES / "certificate-allreduce-ddp.json").read_text())
+
+
+def profiles_certificate() -> dict:
+    """A certificate of a real run: w-i10a's certify of cpu-torch2 with every profile on 2 gloo nodes."""
+    return json.loads((FIXTURES / "certificate-profiles.json").read_text())
+
+
+def row(size, dtype="float32", factor=1.0, wrong=0):
+    alg = size / 1e9 / (1e-5 + size / 2e9)
+    return {"size_bytes": size, "count": size // 4, "type": dtype, "redop": "sum", "time_us": 10.0 + size / 2e3,
+            "rank_time_us": [10.0, 10.0], "algbw_gbps": alg, "busbw_gbps": alg * factor, "wrong": wrong,
+            "wrong_by_rank": [wrong, 0]}
+
+
+def issue10_doc(cert=None):
+    """Today's certificate plus the sections of issue 10 (item 3), as w-i10a writes them."""
+    doc = copy.deepcopy(cert or todays_certificate())
+    sizes = [1024, 65536, 1 << 20, 4 << 20]
+    doc["collectives"] = {
+        "all_reduce": [row(s) for s in sizes] + [row(s, "bfloat16") for s in sizes],
+        "all_gather": [row(s, factor=0.5) for s in sizes], "reduce_scatter": [row(s, factor=0.5) for s in sizes],
+        "broadcast": [row(s) for s in sizes], "all_to_all": [row(s, factor=0.5) for s in sizes],
+        "send_recv": {"unsupported": "gloo has no batched isend/irecv ring in this torch"},
+    }
+
+    def check(**kw):
+        base = {"unsupported": None, "needs_numpy": False, "reference_match": True, "losses_match": True,
+                "params_match": True, "tolerance": {"rtol": 1e-5, "atol": 1e-6, "rule": "float32 sums"},
+                "losses": [2.30, 2.10, 1.95, 1.80], "reference_losses": [2.30, 2.10, 1.95, 1.80],
+                "max_param_diff": 1e-7, "samples_per_s": 120.0, "wall_s": 1.5, "steps": 4, "model": "mlp"}
+        return {**base, **kw}
+
+    doc["training"] = {"ddp": check(model="resnet18"), "fsdp": check(),
+                       "pipeline": check(schedule="ScheduleGPipe", stages=2),
+                       "tp": check(reference_match=False, losses=[2.30, 2.20, 2.15, 2.12]),
+                       "moe": {"unsupported": "needs numpy", "needs_numpy": True}}
+    doc["scaling"] = {"model": "resnet18", "batch_per_rank": 8, "image_size": 64, "steps": 3, "world_size": 2,
+                      "throughput_1": 50.0, "throughput_n": 93.0, "time_1_s": 1.0, "time_n_s": 1.1,
+                      "efficiency": 0.93}
+    doc["stack"] = {"source": "probe", "recipe": None, "reference_rank": 0, "python": "3.11.2",
+                    "torch": "2.13.0+cpu", "cuda": None, "nccl": None, "glibc": "2.36",
+                    "os": "Debian GNU/Linux 12 (bookworm)"}
+    return doc
+
+
+def hostile_certificate() -> dict:
+    doc = todays_certificate()
+    doc["image"]["ref"] = HOSTILE
+    doc["run_id"] = "</title><script>alert(1)</script>"
+    doc["ranks"]["0"]["hostname"] = HOSTILE
+    doc["ranks"]["1"]["errors"] = [HOSTILE]
+    doc["verdict"]["warnings"] = [HOSTILE + "\x1b[31m\u202e"]
+    doc["probe"]["0"]["os"]["pretty_name"] = HOSTILE
+    doc["allreduce"][0]["type"] = HOSTILE[:200]
+    doc["ddp"]["model"] = HOSTILE
+    return doc
+
+
+def injected(dom: Dom) -> list[str]:
+    """What in a page is markup a certificate string could have planted: script, img,
+    iframe, object or embed elements, event-handler attributes, javascript: URLs."""
+    found = [t for t, _ in dom.tags if t in ("script", "img", "iframe", "object", "embed")]
+    for tag, attrs in dom.tags:
+        found += [f"{tag}[{k}]" for k, v in attrs.items()
+                  if k.startswith("on") or "javascript:" in (v or "").lower()]
+    return found
+
+
+def external(dom: Dom, raw: str) -> list[str]:
+    """What a page would load from elsewhere: src/href/srcset/action/data attributes that are
+    not in-page fragments (``#id``), and CSS ``@import``/``url(...)``."""
+    loads = ("src", "href", "xlink:href", "srcset", "action", "data", "poster")
+    found = [f"{tag}[{k}={v}]" for tag, attrs in dom.tags for k, v in attrs.items()
+             if k in loads and not (v or "").startswith("#")]
+    return found + re.findall(r"@import|url\((?!#)[^)]*\)", raw)

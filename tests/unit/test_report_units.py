@@ -1,0 +1,192 @@
+"""The HTML report of a certificate (builder/certify/report.py; issue 10, item 5) without a
+browser: the certification run writes it next to the certificate, and a report that cannot
+be written costs one warning, not the certificate; ``envbuild report`` draws one again from a
+file read bounded and checked against the model (exit 0/2/3/64); writing is atomic; work is
+bounded on huge certificates; seeded hostile certificates of both shapes are drawn and stay
+inert; values out of any plot range stay in the tables. (In Chromium:
+tests/integration/test_report.py.)"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+from test_certify_units import CPU_LOCK, FakeClient, FakeLauncher, _labels, rank_doc
+
+from builder.certify import report
+from builder.certify.model import load_certificate
+
+from certify_helpers import certify_image
+from fixtures_browser import Dom
+from fixtures_report import HOSTILE, ROOT, injected, issue10_doc, row, todays_certificate
+
+
+def test_the_certification_run_writes_the_report_beside_the_certificate(tmp_path):
+    buf = io.StringIO()
+    cert, path = certify_image(FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, run_id="r1",
+                               launcher=FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="r1")]),
+                               console=Console(file=buf, width=400), ddp_steps=3, profiles=[])
+    html = report.report_path(path)
+    assert html == path.with_suffix(".html") and html.is_file()
+    assert "warning" not in buf.getvalue()
+    page = html.read_text()
+    assert "verdict: PASSED (exit code 0)" in page and "<td class=\"mono\">r1</td>" in page and "<svg" in page
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, html.name])  # no temporary file left
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 KiB tmpfs (root only): room for a certificate (~5 KiB), not for its report (~45 KiB)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_report_that_cannot_be_written_keeps_the_certificate(small_disk):
+    buf = io.StringIO()
+    cert, path = certify_image(FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=small_disk, run_id="r1",
+                               launcher=FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="r1")]),
+                               console=Console(file=buf, width=10_000), ddp_steps=3, profiles=[])
+    assert cert["verdict"]["passed"] and load_certificate(json.loads(path.read_text())).run_id == "r1"
+    lines = [line for line in buf.getvalue().splitlines() if "warning" in line]
+    html = path.with_suffix(".html")
+    assert lines == [f"warning: report not written: {html}: No space left on device (the certificate {path} is kept)"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no report, no temporary file
+
+
+def _report_cli(*args: str) -> tuple[int, str, str]:
+    res = subprocess.run([sys.executable, "-m", "builder.cli", "report", *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    return res.returncode, res.stdout, res.stderr
+
+
+def test_report_command_draws_again_and_refuses_bad_certificates(tmp_path):
+    cert = tmp_path / "c.json"
+    cert.write_text(json.dumps(todays_certificate()))
+    assert _report_cli(str(cert), "--out", str(tmp_path / "o.html")) == (0, f"report: {tmp_path}/o.html\n", "")
+    assert "verdict: PASSED" in (tmp_path / "o.html").read_text()
+    failing = todays_certificate()
+    failing["verdict"] = {"passed": False, "exit_code": 2, "failures": ["rank 1: 3 wrong elements"], "warnings": []}
+    cert.write_text(json.dumps(failing))
+    assert _report_cli(str(cert)) == (0, f"report: {tmp_path}/c.html\n", "")  # drawn: whatever the verdict
+    assert "verdict: FAILED (exit code 2)" in (tmp_path / "c.html").read_text()
+    assert _report_cli(str(cert), "--out", str(cert)) == (
+        64, "", f"envbuild report: the report would replace the certificate {cert}; give --out FILE\n")
+    assert _report_cli(str(tmp_path / "none.json")) == (3, "", f"error: {tmp_path}/none.json: no such certificate\n")
+    os.mkfifo(tmp_path / "fifo.json")
+    assert _report_cli(str(tmp_path / "fifo.json")) == (
+        3, "", f"error: {tmp_path}/fifo.json: is not a regular file (a FIFO); give a certificate\n")
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * ((16 << 20) + 1))
+    assert _report_cli(str(big)) == (
+        3, "", f"error: {big}: is {(16 << 20) + 1} bytes, over the 16777216-byte limit of a certificate\n")
+    (tmp_path / "nan.json").write_text('{"schema": NaN}')
+    code, out, err = _report_cli(str(tmp_path / "nan.json"))
+    assert (code, out) == (2, "") and err.startswith(f"error: {tmp_path}/nan.json: not valid JSON: "), err
+    bad = todays_certificate()
+    bad["world_size"] = "\x1b[2Jtwo"
+    cert.write_text(json.dumps(bad))
+    assert _report_cli(str(cert), "--out", str(tmp_path / "bad.html")) == (
+        2, "", f"error: {cert}: world_size: '\\x1b[2Jtwo' Expected `int`, got `str`\n")
+    assert not (tmp_path / "bad.html").exists()
+    cert.write_text(json.dumps(todays_certificate()))
+    assert _report_cli(str(cert), "--out", str(tmp_path / "no" / "x.html")) == (
+        3, "", f"error: {tmp_path}/no/x.html: cannot write the report: No such file or directory\n")
+
+
+def test_writing_replaces_a_report_atomically(tmp_path):
+    """A report drawn again replaces the old one whole (os.replace of a complete temporary file)."""
+    target = tmp_path / "r.html"
+    target.write_text("old")
+    report.write_report(todays_certificate(), target)
+    assert target.read_text().startswith("<!DOCTYPE html>") and target.read_text().rstrip().endswith("</html>")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]
+
+
+def test_work_is_bounded_on_a_huge_certificate():
+    """100 000 sizes and 10 000 ranks: at most MAX_ROWS rows and MAX_RANKS ranks shown."""
+    doc = todays_certificate()
+    doc["allreduce"] = [row(8 + i) for i in range(100_000)]
+    doc["ranks"] = {str(r): {"node": r, "reported": True} for r in range(10_000)}
+    page = report.render_html(doc)
+    assert page.count("<td class=\"num\">float32") == 0 and page.count("<td>float32</td>") == report.MAX_ROWS
+    assert f"{100_000 - report.MAX_ROWS} more row(s) not shown" in page
+    assert f"{10_000 - report.MAX_RANKS} more rank(s) not shown" in page
+
+
+#: Strings and values a hostile or broken certificate may hold where a string or number is due.
+HOSTILE_VALUES = [
+    HOSTILE, '"><svg onload=alert(1)>', "'><iframe src=javascript:alert(1)>", "</style><script>x()</script>",
+    "<!-- -->", "]]><script>y()</script>", "{% raw %}{{ config }}", "\x1b[2J\x1b]0;pwned\x07", "\u202e\u2028\x00",
+    "x" * 100_000, "$\\frac{a}{b}$", 10**40, -1, 1e308, True, None, [], {}, [[1, 2], {"a": "<b>"}], {"<i>": "<u>"},
+]
+
+
+def _leaves(node, path=()):
+    """Every (path, value) of the scalars and empty containers of ``node``."""
+    if isinstance(node, dict) and node:
+        for k, v in node.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(node, list) and node:
+        for i, v in enumerate(node):
+            yield from _leaves(v, (*path, i))
+    else:
+        yield path, node
+
+
+def _set(doc, path, value):
+    for key in path[:-1]:
+        doc = doc[key]
+    doc[path[-1]] = value
+
+
+def test_generated_hostile_certificates_draw_and_stay_inert():
+    """Seeded: 16 certificates (12 of today's shape, 4 of issue 10's) with 12 leaves each
+    replaced by a hostile value of any type (also where a number or a list is due:
+    render_html gets the raw JSON data; the CLI checks it against the model first). Each is
+    drawn without a warning, and nothing in it is markup."""
+    import random
+    import warnings
+
+    rng = random.Random(20261201)
+    bases = [todays_certificate(), issue10_doc()]
+    for n in range(16):
+        doc = copy.deepcopy(bases[int(n % 4 == 1)])
+        leaves = list(_leaves(doc))
+        for path, _ in rng.sample(leaves, 12):
+            _set(doc, path, copy.deepcopy(rng.choice(HOSTILE_VALUES)))
+        if n % 3 == 0:  # a hostile key as well
+            doc["collectives" if "collectives" in doc else "probe"][rng.choice(HOSTILE_VALUES[:7])] = \
+                rng.choice(HOSTILE_VALUES)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # e.g. numpy's overflow of a 1e308 bandwidth on a log axis
+            page = report.render_html(doc)
+        dom = Dom(page)
+        assert injected(dom) == [] and "<script" not in page and "\x1b" not in page, n
+        assert page.rstrip().endswith("</html>") and "verdict: " in dom.text, n
+
+
+def test_values_out_of_any_plot_range_stay_in_the_table_only():
+    """A 1e308 GB/s bandwidth, a 1e308-byte size and a 1e308 loss are left out of the plots
+    (no overflow in matplotlib's tick and log-axis arithmetic: warnings are errors here) and
+    still shown in the table."""
+    import warnings
+
+    doc = issue10_doc()
+    doc["collectives"]["broadcast"][0]["busbw_gbps"] = 1e308
+    doc["collectives"]["broadcast"][1]["size_bytes"] = 1e308
+    doc["training"]["ddp"]["losses"][1] = 1e308
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        text = Dom(report.render_html(doc)).text
+    assert text.count(" 1e+308 ") == 2  # the size and the busbw, in the broadcast table
