@@ -5,7 +5,7 @@ A launcher marks its own steps on a :class:`PhaseClock` (host monotonic seconds)
 the nodes is over) and ``removed`` (everything removed). The ranks' progress lines
 (:class:`~builder.launchers.progress.ProgressTracker`) give, per rank, the host time at
 which the rank entered each phase of the bench (``start``, ``init``, ``all-reduce``,
-``ddp``, ``probe``, ``write``, ``done``; other profiles have other names). A bench phase
+``ddp``, ``profiles``, ``probe``, ``write``, ``done``). A bench phase
 counts from the moment the LAST rank entered it (the collective phases wait for every rank)
 to the moment the last rank entered the next one.
 
@@ -16,7 +16,7 @@ certificate as ``phases`` (issue 13 item 3)::
     ranks up        started -> every rank printed ``start`` (container start, torchrun,
                     the worker processes, the bench's own start-up)
     <phase>         one per bench phase: init = ``import torch`` and the rendezvous
-                    (``init_process_group``), all-reduce, ddp, probe, write
+                    (``init_process_group``), all-reduce, ddp, profiles, probe, write
     exit            ``done`` -> the wait ended (process group teardown, the ranks, torchrun
                     and the containers exit)
     teardown        ended -> removed (containers, network, the label sweep)

@@ -148,8 +148,8 @@ def test_two_nodes_pass(client, image, tmp_path, labels):
                               "seen_by_ranks": {r: {"GLOO_SOCKET_IFNAME": None, "NCCL_SOCKET_IFNAME": None}
                                                 for r in ("0", "1")}}
     # host-side phase times (issue 13 item 3), in order, within the run's own wall time
-    assert [p["name"] for p in cert["phases"]] == ["containers up", "ranks up", "init", "all-reduce", "ddp", "probe",
-                                                   "write", "exit", "teardown"]
+    assert [p["name"] for p in cert["phases"]] == ["containers up", "ranks up", "init", "all-reduce", "ddp", "profiles",
+                                                   "probe", "write", "exit", "teardown"]
     assert all(p["seconds"] >= 0 for p in cert["phases"]) and sum(p["seconds"] for p in cert["phases"]) <= elapsed
     print(f"pass: {elapsed:.1f} s")
 
