@@ -1,6 +1,6 @@
 # envbuild quick start. Both targets install what they need first (scripts/setup.sh:
 # Debian's Docker engine when none answers, debootstrap, a .venv with envbuild).
-.PHONY: run test unit lint golden render clean-test
+.PHONY: run test unit lint golden render clean-test bench
 
 run:            ## install, then check, render, build and certify the default recipe
 	bash scripts/setup.sh
@@ -23,3 +23,8 @@ golden:         ## regenerate golden files, the committed rendered files and the
 	.venv/bin/envbuild render --all
 	.venv/bin/python scripts/schemas.py  # schemas/: every published JSON Schema, from the models (the one generator)
 	.venv/bin/python scripts/goldens.py  # tests/golden/k8s/ and tests/golden/slurm/: Kubernetes manifests, sbatch scripts
+	.venv/bin/python tests/unit/test_fast_paths.py --regen  # builder/recipe/data/compat.json: the facts as JSON
+
+bench:          ## measure every figure of issue 13 against its reference; writes benchmarks/RESULTS.md (not a test)
+	bash scripts/setup.sh
+	.venv/bin/python benchmarks/bench.py

@@ -37,8 +37,9 @@ def main() -> int:
     cli = engine.buildkit_cli()
     if args.no_cache:
         cli = dataclasses.replace(cli, argv=(*cli.argv, "--no-cache"))
-    result = build.build("cpu-torch2", ROOT / "images", site.SiteOptions.detect(), client,
-                         rebuild=args.no_cache, cli=cli)
+    options = build.BuildOptions(recipe="cpu-torch2", images_dir=ROOT / "images", site=site.SiteOptions.detect(),
+                                 rebuild=args.no_cache)
+    result = build.build(options, client, cli=cli)
     build_s = time.monotonic() - t0
     t1 = time.monotonic()
     model, path = run.run(run.plan(EngineImage(client, result.tag)), images_dir=ROOT / "images")

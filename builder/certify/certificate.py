@@ -44,6 +44,7 @@ from .model import (
     ImageInfo,
     NcclInfo,
     NodeStatus,
+    PhaseTime,
     RankEntry,
     RunSettingsDoc,
     SocketRecord,
@@ -217,6 +218,7 @@ def build_certificate(*, image: ImageFacts, settings: RunSettings, launch: Launc
         training=training_section(results), scaling=scaling_section(results), features=features_section(results),
         overrides=dict(s.overrides), profile_wall_s=profile_wall_s(results),
         cuda_requirement=cuda_requirement(image),
+        phases=[PhaseTime(name=n, seconds=s_) for n, s_ in launch.phases],
     )
 
 

@@ -191,6 +191,15 @@ class CudaRequirement(Model, frozen=True):
     source: Text
 
 
+class PhaseTime(Model, frozen=True):
+    """One host-side phase of the run (:mod:`builder.launchers.phases`): ``name`` (``containers
+    up``, ``ranks up``, ``init``, ``all-reduce``, ``ddp``, ``probe``, ``write``, ``exit``,
+    ``teardown``...) and its wall ``seconds`` on the host's clock."""
+
+    name: Name
+    seconds: Annotated[float, Meta(ge=0, le=1e9)]
+
+
 class Stack(Model, frozen=True):
     """The software stack every rank must match, and what it was taken from: ``source``
     ``lock`` (the image's own lock), ``recipe`` (``--recipe``'s lock) or ``probe`` (a
@@ -254,6 +263,7 @@ class Certificate(Model, frozen=True):
     started_at: Stamp
     finished_at: Stamp
     host: Host
+    phases: Annotated[list[PhaseTime], Meta(max_length=256)] = []
     stack: Stack | None = None
     profiles: Annotated[list[Name], Meta(max_length=16)] = []
     collectives: dict[Name, list[CollectiveRow] | Unsupported] = {}

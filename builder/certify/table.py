@@ -160,6 +160,14 @@ def _failing_logs(cert: Certificate, console: Any, path: str | os.PathLike[str] 
             console.print(Text(f"  (full tail: node_status.{n}.log_tail in {where})"), soft_wrap=True)
 
 
+def phases_line(cert: Certificate) -> str:
+    """``phases: containers up 0.4 s, ranks up 6.1 s, ..., teardown 0.5 s (total 21.0 s)``:
+    the host-side phase times of the certificate (``phases``)."""
+    total = sum(p.seconds for p in cert.phases)
+    return ("phases: " + ", ".join(f"{p.name} {p.seconds:.1f} s" for p in cert.phases)
+            + f" (total {total:.1f} s)")
+
+
 def print_table(cert: Certificate, console: Any, path: str | os.PathLike[str] | None = None,
                 written: bool = True) -> None:
     """Print the certificate: the all-reduce table (nccl-tests columns), DDP images/s per
@@ -173,6 +181,8 @@ def print_table(cert: Certificate, console: Any, path: str | os.PathLike[str] | 
     _allreduce(cert, console)
     _ddp_and_transports(cert, console)
     _profiles(cert, console)
+    if cert.phases:
+        console.print(phases_line(cert), markup=False, highlight=False, soft_wrap=True)
     v = cert.verdict
     if v.passed:
         console.print(Text("verdict: PASSED", style="bold green"))

@@ -24,12 +24,14 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-
-import docker
-import docker.errors
+from typing import TYPE_CHECKING
 
 from builder.core.errors import EnvbuildError, Unreachable
-from builder.image.engine import OnLine
+
+if TYPE_CHECKING:  # the docker SDK is imported where an engine call needs it (~0.25 s)
+    import docker
+
+    from builder.image.engine import OnLine
 
 #: Repository of bootstrapped Debian bases; the tag is the suite.
 BOOTSTRAP_REPO = "envbuild/bootstrap-debian"
@@ -255,6 +257,8 @@ def bootstrap_debian(
             debootstrap``), not root, or debootstrap failed (last lines in the message).
         Unreachable: (exit 3) the mirror could not be reached.
     """
+    import docker.errors
+
     ref = bootstrap_ref(suite)
     stands_for = stands_for or f"debian:{suite}-slim"
     if not rebuild:
@@ -289,6 +293,8 @@ def bootstrap_debian(
 
 def _import_rootfs(client: docker.DockerClient, root: Path, repo: str, tag: str, changes: list[str]) -> None:
     """``tar -C root -c . | docker import`` through the SDK; raises if tar fails."""
+    import docker.errors
+
     tar = subprocess.Popen(
         ["tar", "--numeric-owner", "--xattrs", "-C", str(root), "-c", "."],
         stdout=subprocess.PIPE,
@@ -338,6 +344,8 @@ def pull(client: docker.DockerClient, ref: str, timeout_s: float = PULL_TIMEOUT_
         Unreachable: (exit 3) the pull failed or did not finish within ``timeout_s``
             (the engine may keep trying in the background).
     """
+    import docker.errors
+
     outcome: dict = {}
 
     def _pull() -> None:
@@ -370,6 +378,8 @@ def pull(client: docker.DockerClient, ref: str, timeout_s: float = PULL_TIMEOUT_
 
 
 def _local_id(client: docker.DockerClient, ref: str) -> str | None:
+    import docker.errors
+
     try:
         return client.images.get(ref).id
     except docker.errors.ImageNotFound:

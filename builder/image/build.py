@@ -10,7 +10,9 @@ Contract of the rendered Dockerfile:
   ``/run/secrets/pip_ca`` (absent otherwise);
 * ``RUN --mount=type=bind,source=wheels,target=/run/envbuild/wheels`` sees the site's
   wheels: the build context holds a ``wheels/`` folder with the ``*.whl`` files of the
-  site wheel folder (empty without one).
+  site wheel folder (empty without one);
+* optionally ``ARG PIP_EXTRA_INDEX_URL=<torch index>`` (and ``ARG PIP_NO_INDEX=``): the
+  build empties it when the wheel folder makes that index unneeded (:mod:`builder.image.indexes`).
 
 Neither the CA bundle nor the wheels end up in the image. The image is tagged
 ``envbuild/<recipe>:<first 12 hex of sha256(lock bytes + Dockerfile bytes + base image
@@ -21,13 +23,13 @@ Afterwards the probe runs in the image and its findings are compared with the lo
 Every option of a build is resolved once into a :class:`BuildOptions` (as cibuildwheel
 resolves its ``BuildOptions``); :func:`build` takes it, the engine, and how to report
 progress. The lock is read as JSON with the fields the build needs checked
-(:func:`read_rendered`); reading it through the recipe stage's ``Lock`` model is left for
-when that model lands (``builder/recipe/model.py``).
+(:func:`read_rendered`); a Dockerfile with the index build arguments has its lock checked
+whole (:func:`builder.recipe.lock.validate_lock`). A no-change build is decided without the
+docker SDK (:mod:`builder.image.reuse`, :mod:`builder.image.probecache`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import os
@@ -35,14 +37,11 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-import docker
-import docker.errors
+from typing import TYPE_CHECKING, Any
 
 from builder.agent import payload
 from builder.core import inputs
@@ -50,10 +49,17 @@ from builder.core.errors import EnvbuildError, ExitCode
 from builder.core.paths import DOCKERFILE, LOCK_FILE, image_dir
 from builder.oci import reference
 
-from . import bootstrap, engine
-from .buildkit import BuildkitCLI
-from .probecheck import PROBE_SCHEMA, compare_probe_to_lock, run_probe
+from . import probecache, reuse
+from .buildkit import BuildFailed, BuildkitCLI
+from .progress import ConsoleProgress, console_warn, stderr_warn
 from .site import SiteOptions
+
+if TYPE_CHECKING:  # the docker SDK (~0.25 s to import) only where an engine call needs it
+    import docker
+
+    from .bootstrap import Warn
+    from .engine import OnLine
+    from .indexes import IndexPlan
 
 #: Repository of built images; the tag is the inputs hash.
 IMAGE_REPO_PREFIX = "envbuild/"
@@ -95,6 +101,9 @@ class BuildResult:
         labels: the image's labels.
         reused: True when an image with this tag already existed and was checked again
             instead of rebuilt.
+        probe_cached: True when ``probe`` is the recorded result of an earlier probe of this
+            very image ID with this lock (:mod:`builder.image.probecache`): no container ran.
+        notes: one-line remarks for the user: which indexes pip asked (:mod:`builder.image.indexes`).
     """
 
     tag: str
@@ -107,6 +116,8 @@ class BuildResult:
     base_how: str = "local"
     labels: dict[str, str] = field(default_factory=dict)
     reused: bool = False
+    probe_cached: bool = False
+    notes: list[str] = field(default_factory=list)
 
 
 class LockMismatch(EnvbuildError):
@@ -254,13 +265,6 @@ def stage_context(dockerfile_bytes: bytes, wheel_dir: Path | None, into: Path) -
 # --------------------------------------------------------------------------- options
 
 
-def _console_warn(console: Any) -> Callable[[str], None]:
-    def warn(message: str) -> None:
-        console.print(f"warning: {message}", style="yellow", markup=False, soft_wrap=True)
-
-    return warn
-
-
 @dataclass(frozen=True)
 class BuildOptions:
     """Everything one build needs, resolved once (see :func:`build`).
@@ -272,14 +276,17 @@ class BuildOptions:
         base_mode: ``"auto"``, ``"local"``, ``"pull"`` or ``"bootstrap"`` (see
             :func:`builder.image.bootstrap.resolve_base`).
         labels: extra labels for the image and the probe container.
-        run_id: value of ``envbuild.run`` (default a new id).
+        run_id: value of ``envbuild.run`` on the probe container (default: a new id).
         rebuild: build even when the tag exists.
-        pull_timeout_s: seconds allowed for pulling the base in ``auto`` mode.
+        pull_timeout_s: seconds allowed for pulling the base in ``auto`` mode (default
+            :data:`builder.image.bootstrap.PULL_TIMEOUT_S`).
         build_timeout_s: seconds allowed for the build (default: no limit).
         workdir: where to create the temporary build context (default ``$TMPDIR``;
             on the wheel folder's filesystem, wheels are hard-linked instead of copied).
         agent_dir: the agent folder whose ``probe`` runs in the image (default
             ``builder/agent``, :data:`builder.agent.payload.AGENT_DIR`).
+        probe_cache: where probe matches are recorded by image ID (default
+            :func:`builder.image.probecache.default_dir`); None: the default.
     """
 
     recipe: str
@@ -287,12 +294,13 @@ class BuildOptions:
     site: SiteOptions = field(default_factory=SiteOptions)
     base_mode: str = "auto"
     labels: Mapping[str, str] = field(default_factory=dict)
-    run_id: str = field(default_factory=engine.new_run_id)
+    run_id: str | None = None
     rebuild: bool = False
-    pull_timeout_s: float = bootstrap.PULL_TIMEOUT_S
+    pull_timeout_s: float | None = None
     build_timeout_s: float | None = None
     workdir: Path | None = None
     agent_dir: Path = payload.AGENT_DIR
+    probe_cache: Path | None = None
 
     @property
     def folder(self) -> Path:
@@ -325,6 +333,8 @@ def check_image(
         EnvbuildError: (exit 3) the probe failed or its document is not
             ``envbuild.probe/1``; see :func:`builder.image.probecheck.run_probe`.
     """
+    from .probecheck import PROBE_SCHEMA, compare_probe_to_lock, run_probe
+
     probe = run_probe(client, image, agent_dir, labels=labels, timeout_s=timeout_s)
     if probe.get("schema") != PROBE_SCHEMA:
         raise EnvbuildError(
@@ -339,46 +349,6 @@ def check_image(
 # --------------------------------------------------------------------------- build
 
 
-class _ConsoleProgress:
-    """A rich live status line: the phase, the current BuildKit step and its last line."""
-
-    def __init__(self, console: Any, on_line: engine.OnLine | None) -> None:
-        self.console = console
-        self.forward = on_line
-        self.title = ""
-        self.step = ""
-        self.status: Any = None
-
-    @contextlib.contextmanager
-    def phase(self, title: str) -> Iterator[None]:
-        self.title, self.step = title, ""
-        if self.console is None:
-            yield
-            return
-        from rich.text import Text
-
-        self._text = Text
-        with self.console.status(Text(title)) as status:
-            self.status = status
-            try:
-                yield
-            finally:
-                self.status = None
-
-    def on_line(self, line: str) -> None:
-        if self.forward:
-            self.forward(line)
-        if self.status is None:
-            return
-        m = re.fullmatch(r"#\d+ (\[.*)", line)
-        if m:
-            self.step = m.group(1)
-        last = " ".join(line.split())
-        text = f"{self.title}: {self.step}" if self.step else self.title
-        width = max(20, self.console.width - 4)
-        self.status.update(self._text(f"{text[:width]}\n  {last[:width - 2]}"))
-
-
 def image_labels_for(options: BuildOptions, client: docker.DockerClient, official: str, base: tuple[str, str, str],
                      lock_bytes: bytes, inputs_sha: str) -> dict[str, str]:
     """The image's labels: recipe, creation time (UTC), the base used and its ID, the
@@ -388,6 +358,8 @@ def image_labels_for(options: BuildOptions, client: docker.DockerClient, officia
     in ``envbuild.cuda`` from the Dockerfile), plus ``options.labels``. No ``envbuild=1`` /
     ``envbuild.run``: containers inherit image labels, and cleanup by those labels must
     only ever touch what envbuild itself started."""
+    from . import bootstrap, engine
+
     base_ref, base_id, how = base
     labels = {
         LABEL_RECIPE: options.recipe,
@@ -411,55 +383,158 @@ def image_labels_for(options: BuildOptions, client: docker.DockerClient, officia
 
 
 def _existing_image(client: docker.DockerClient, tag: str) -> str | None:
+    import docker.errors
+
     try:
         return client.images.get(tag).id
     except docker.errors.ImageNotFound:
         return None
 
 
-def _build_in_context(options: BuildOptions, client: docker.DockerClient, dockerfile: bytes, tag: str,
-                      base_ref: str, labels: Mapping[str, str], progress: _ConsoleProgress,
-                      cli: BuildkitCLI | None) -> str:
+def _build_in_context(options: BuildOptions, site: SiteOptions, client: docker.DockerClient, dockerfile: bytes,
+                      tag: str, base_ref: str, build_args: Mapping[str, str], labels: Mapping[str, str],
+                      progress: ConsoleProgress, cli: BuildkitCLI | None) -> str:
     """Stage a temporary build context (removed afterwards) and build it; the image ID."""
-    secrets = {CA_SECRET_ID: str(options.site.ca_bundle)} if options.site.ca_bundle else {}
+    from . import engine
+
+    secrets = {CA_SECRET_ID: str(site.ca_bundle)} if site.ca_bundle else {}
     ctx = Path(tempfile.mkdtemp(prefix="envbuild-ctx-", dir=options.workdir))
     try:
-        stage_context(dockerfile, options.site.wheel_dir, ctx)
+        stage_context(dockerfile, site.wheel_dir, ctx)
         with progress.phase(f"building {tag}"):
-            return engine.build_image(ctx, tag, build_args={"BASE_IMAGE": base_ref}, labels=labels, secrets=secrets,
-                                      on_line=progress.on_line, client=client, cli=cli,
+            return engine.build_image(ctx, tag, build_args={"BASE_IMAGE": base_ref, **build_args}, labels=labels,
+                                      secrets=secrets, on_line=progress.on_line, client=client, cli=cli,
                                       origin=str(options.folder / DOCKERFILE), timeout_s=options.build_timeout_s)
     finally:
         shutil.rmtree(ctx, ignore_errors=True)
 
 
+def _index_plan(client: docker.DockerClient, dockerfile: bytes, lock: Mapping[str, Any], site: SiteOptions,
+                base_id: str, origin: str) -> IndexPlan:
+    """Which indexes pip asks (:func:`builder.image.indexes.plan`) for a Dockerfile that declares
+    ``ARG PIP_EXTRA_INDEX_URL`` (the lock is then checked whole: :func:`builder.recipe.lock.validate_lock`)."""
+    from builder.recipe.lock import validate_lock
+
+    from . import indexes
+
+    if indexes.EXTRA_INDEX_ARG not in indexes.declared_args(dockerfile):
+        return indexes.IndexPlan()
+    arch = str(client.images.get(base_id).attrs.get("Architecture") or "amd64")
+    return indexes.plan(validate_lock(dict(lock), origin), dockerfile, site.wheel_dir, arch)
+
+
+def _make_image(options: BuildOptions, client: docker.DockerClient, rendered: tuple[bytes, bytes, dict[str, Any], str],
+                base: tuple[str, str, str], tag: str, digest: str, progress: ConsoleProgress,
+                cli: BuildkitCLI | None, notes: list[str]) -> str:
+    """Build the image of ``rendered`` on ``base`` under ``tag``: pip's configuration is read now
+    (:meth:`SiteOptions.complete`), the indexes planned, the labels made; the image ID.
+    A failed build whose pip asked the torch index names that index in its message."""
+    df_bytes, lock_bytes, lock, official = rendered
+    site = options.site.complete()
+    plan = _index_plan(client, df_bytes, lock, site, base[1], str(options.folder / LOCK_FILE))
+    if plan.note:
+        notes.append(plan.note)
+    labels = image_labels_for(options, client, official, base, lock_bytes, digest)
+    try:
+        return _build_in_context(options, site, client, df_bytes, tag, base[0], plan.build_args, labels, progress, cli)
+    except BuildFailed as e:
+        if not plan.asks_torch_index:
+            raise
+        head = f"docker build of {e.tag} failed"
+        hint = (f" (pip asked the torch index {plan.asks_torch_index}; where it cannot be reached, put the pinned "
+                "torch wheel into the wheel folder: --wheels DIR)")
+        message = head + hint + e.message[len(head):] if e.message.startswith(head) else e.message + hint
+        raise BuildFailed(message, tag=e.tag, step=e.step, lines=e.lines, file=e.file) from None
+
+
+def _cached_result(options: BuildOptions, found: reuse.Found, lock_bytes: bytes) -> BuildResult | None:
+    """The result of a no-change build whose image's probe matched this lock before
+    (:mod:`builder.image.probecache`, keyed by the image ID), or None."""
+    cache = options.probe_cache or probecache.default_dir()
+    probe = probecache.load(cache, found.image_id, lock_bytes, options.agent_dir)
+    if probe is None:
+        return None
+    return BuildResult(tag=found.tag, image_id=found.image_id, base_used=found.base[0], base_image_id=found.base[1],
+                       lock_hash=found.digest, probe=probe, mismatches=[], base_how=found.base[2],
+                       labels=found.labels, reused=True, probe_cached=True)
+
+
+def _locate(options: BuildOptions, client: docker.DockerClient, rendered: tuple[bytes, bytes, dict[str, Any], str],
+            found: reuse.Found | None, progress: ConsoleProgress,
+            warn: Warn | None) -> tuple[tuple[str, str, str], str, str, str | None]:
+    """``(base, tag, inputs digest, existing image ID or None)``: from ``found`` (a no-change
+    build whose probe is not recorded), else by resolving the base
+    (:func:`builder.image.bootstrap.resolve_base`) and looking the tag up."""
+    if found:
+        return found.base, found.tag, found.digest, found.image_id
+    from . import bootstrap
+
+    df_bytes, lock_bytes, _lock, official = rendered
+    with progress.phase(f"resolving base {official}"):
+        base = bootstrap.resolve_base(client, official, options.base_mode, override=options.site.base_override,
+                                      pull_timeout_s=options.pull_timeout_s or bootstrap.PULL_TIMEOUT_S,
+                                      warn=warn, on_line=progress.on_line)
+    tag, digest = image_tag(options.recipe, lock_bytes, df_bytes, base[1])
+    return base, tag, digest, None if options.rebuild else _existing_image(client, tag)
+
+
+def _checked(options: BuildOptions, client: docker.DockerClient, lock: Mapping[str, Any], lock_bytes: bytes,
+             made: tuple[tuple[str, str, str], str, str, str], reused: bool, notes: list[str],
+             progress: ConsoleProgress) -> BuildResult:
+    """Probe the image ``made`` = ``(base, tag, digest, image ID)`` and compare it with the lock;
+    a match is recorded by image ID (:mod:`builder.image.probecache`). Raises
+    :class:`LockMismatch` (exit 2) on any difference."""
+    from . import engine
+
+    base, tag, digest, image_id = made
+    with progress.phase(f"probing {tag}"):
+        probe, mismatches = check_image(client, tag, lock, agent_dir=options.agent_dir,
+                                        labels={**engine.run_labels(options.run_id or engine.new_run_id()),
+                                                **options.labels})
+    result = BuildResult(tag=tag, image_id=image_id, base_used=base[0], base_image_id=base[1], lock_hash=digest,
+                         probe=probe, mismatches=mismatches, base_how=base[2],
+                         labels=engine.image_labels(client, tag), reused=reused, notes=notes)
+    if mismatches:
+        raise LockMismatch(
+            f"image {tag} does not match the lock ({len(mismatches)} difference"
+            f"{'s' if len(mismatches) != 1 else ''}): {'; '.join(mismatches)}; the image is "
+            f"kept for inspection (docker run --rm -it {tag} bash)",
+            result=result,
+            file=str(options.folder / LOCK_FILE),
+        )
+    probecache.store(options.probe_cache or probecache.default_dir(), image_id, lock_bytes, options.agent_dir, probe)
+    return result
+
+
 def build(
     options: BuildOptions,
-    client: docker.DockerClient,
+    client: docker.DockerClient | None = None,
     *,
     console: Any = None,
-    on_line: engine.OnLine | None = None,
-    warn: bootstrap.Warn | None = None,
+    on_line: OnLine | None = None,
+    warn: Warn | None = None,
     cli: BuildkitCLI | None = None,
 ) -> BuildResult:
     """Build ``options.images_dir/<options.recipe>`` and check the image against its lock.
 
-    Steps: read the rendered files (:func:`read_rendered`); resolve the base
-    (``options.base_mode`` and ``options.site.base_override``,
-    :func:`builder.image.bootstrap.resolve_base`); compute the tag (:func:`image_tag`);
-    unless that tag exists already (and not ``options.rebuild``), stage a temporary build
-    context (:func:`stage_context`, removed afterwards) and build it with ``--build-arg
-    BASE_IMAGE=<base>``, ``--secret id=pip_ca,src=<site.ca_bundle>`` when known, and the
-    labels of :func:`image_labels_for`; then probe the image (:func:`check_image`).
+    1. Read the rendered files (:func:`read_rendered`).
+    2. Unless ``options.rebuild``, decide a no-change build from image IDs and the inputs'
+       hash alone (:func:`builder.image.reuse.find`: no docker SDK, container, pull or pip
+       configuration): the image of these inputs on an already-local base whose probe matched
+       this lock before (:mod:`builder.image.probecache`, by image ID) is returned as it is.
+    3. Else resolve the base (:func:`builder.image.bootstrap.resolve_base`) and compute the tag
+       (:func:`image_tag`); unless the tag exists (and not ``options.rebuild``), build
+       (:func:`_make_image`: pip's configuration read where pending, the indexes planned by
+       :mod:`builder.image.indexes`, a staged context, ``--build-arg BASE_IMAGE=<base>``, the
+       ``pip_ca`` secret, the labels of :func:`image_labels_for`).
+    4. Probe the image (:func:`check_image`) and record a match by image ID.
 
     Args:
         options: the resolved :class:`BuildOptions`.
-        client: the engine (:func:`builder.image.engine.connect`).
-        console: a ``rich.console.Console``: shows a live status line (current build
-            step and its latest output line) and prints warnings; None for no display.
+        client: the engine (default: :func:`builder.image.engine.connect` when needed).
+        console: a ``rich.console.Console`` for a live status line and warnings, or None.
         on_line: build/debootstrap output lines (in addition to ``console``).
-        warn: warnings (a bootstrapped base stands in); default: ``console`` if given,
-            else stderr.
+        warn: warnings (a bootstrapped base stands in); default ``console``, else stderr.
         cli: BuildKit client (default :func:`builder.image.buildkit.buildkit_cli`).
 
     Returns:
@@ -472,31 +547,21 @@ def build(
             listed, and the image stays tagged for inspection.
         Unreachable: (exit 3) engine or base image unreachable.
     """
-    df_bytes, lock_bytes, lock, official = read_rendered(options.recipe, options.images_dir)
-    progress = _ConsoleProgress(console, on_line)
+    rendered = read_rendered(options.recipe, options.images_dir)
     if warn is None and console is not None:
-        warn = _console_warn(console)
-    with progress.phase(f"resolving base {official}"):
-        base = bootstrap.resolve_base(client, official, options.base_mode, override=options.site.base_override,
-                                      pull_timeout_s=options.pull_timeout_s, warn=warn, on_line=progress.on_line)
-    tag, digest = image_tag(options.recipe, lock_bytes, df_bytes, base[1])
-    labels = image_labels_for(options, client, official, base, lock_bytes, digest)
-    image_id = None if options.rebuild else _existing_image(client, tag)
-    reused = image_id is not None
+        warn = console_warn(console)
+    found = None if options.rebuild else reuse.find(options, rendered[0], rendered[1], rendered[3])
+    if found and found.warning:
+        (warn or stderr_warn)(found.warning)
+    cached = _cached_result(options, found, rendered[1]) if found else None
+    if cached:
+        return cached
+    from . import engine
+
+    client = client or engine.connect()
+    progress = ConsoleProgress(console, on_line)
+    base, tag, digest, image_id = _locate(options, client, rendered, found, progress, warn)
+    reused, notes = image_id is not None, list[str]()
     if image_id is None:
-        image_id = _build_in_context(options, client, df_bytes, tag, base[0], labels, progress, cli)
-    with progress.phase(f"probing {tag}"):
-        probe, mismatches = check_image(client, tag, lock, agent_dir=options.agent_dir,
-                                        labels={**engine.run_labels(options.run_id), **options.labels})
-    result = BuildResult(tag=tag, image_id=image_id, base_used=base[0], base_image_id=base[1], lock_hash=digest,
-                         probe=probe, mismatches=mismatches, base_how=base[2],
-                         labels=engine.image_labels(client, tag), reused=reused)
-    if mismatches:
-        raise LockMismatch(
-            f"image {tag} does not match the lock ({len(mismatches)} difference"
-            f"{'s' if len(mismatches) != 1 else ''}): {'; '.join(mismatches)}; the image is "
-            f"kept for inspection (docker run --rm -it {tag} bash)",
-            result=result,
-            file=str(options.folder / LOCK_FILE),
-        )
-    return result
+        image_id = _make_image(options, client, rendered, base, tag, digest, progress, cli, notes)
+    return _checked(options, client, rendered[2], rendered[1], (base, tag, digest, image_id), reused, notes, progress)

@@ -40,12 +40,16 @@ class SiteOptions:
         base_override: ``--base IMAGE``: an image used instead of the recipe's official
             base (see :func:`builder.image.bootstrap.resolve_base`), or None.
         notes: human-readable remarks from detection (ignored settings and why).
+        pending: pip's configuration is still to be read for the CA bundle and wheel folder
+            not given explicitly (:meth:`detect` with ``deferred=True``): :meth:`complete` reads
+            it, and only a build that runs needs it (a no-change build does not).
     """
 
     ca_bundle: Path | None = None
     wheel_dir: Path | None = None
     base_override: str | None = None
     notes: tuple[str, ...] = field(default=(), compare=False)
+    pending: bool = False
 
     @classmethod
     def detect(
@@ -57,6 +61,7 @@ class SiteOptions:
         no_detect: bool = False,
         env: Mapping[str, str] | None = None,
         python: str | None = None,
+        deferred: bool = False,
     ) -> SiteOptions:
         """Site options from explicit values, else from pip's configuration.
 
@@ -68,6 +73,8 @@ class SiteOptions:
             env: environment to read ``PIP_CERT``/``PIP_FIND_LINKS``/``PIP_CONFIG_FILE``
                 from and to run pip with (default ``os.environ``).
             python: interpreter whose pip is asked (default ``sys.executable``).
+            deferred: do not read pip's configuration now (``pip config list`` takes ~0.7 s):
+                the result is ``pending`` and :meth:`complete` reads it when a build needs it.
 
         Detected values are used only when they are local and exist: a URL find-links,
         a missing folder or a missing CA file is skipped with a note in ``notes``.
@@ -90,6 +97,9 @@ class SiteOptions:
             if not wheel_dir.is_dir():
                 raise EnvbuildError("no such folder", field="--wheels", value=str(wheels))
 
+        if deferred and not no_detect and (ca is None or wheel_dir is None):
+            return cls(ca_bundle=ca.absolute() if ca else None, wheel_dir=wheel_dir.absolute() if wheel_dir else None,
+                       base_override=base, pending=True)
         if not no_detect and (ca is None or wheel_dir is None):
             config = pip_config(env=env, python=python, notes=notes)
             if ca is None:
@@ -105,6 +115,14 @@ class SiteOptions:
             base_override=base,
             notes=tuple(notes),
         )
+
+    def complete(self, *, env: Mapping[str, str] | None = None, python: str | None = None) -> SiteOptions:
+        """These options with pip's configuration read where they are ``pending`` (see
+        :meth:`detect`); themselves otherwise."""
+        if not self.pending:
+            return self
+        return SiteOptions.detect(ca_cert=self.ca_bundle, wheels=self.wheel_dir, base=self.base_override,
+                                  env=env, python=python)
 
 
 def pip_config(

@@ -149,6 +149,9 @@ class LaunchResult:
         interfaces_seen: ``{rank: {interface: is loopback}}`` from the same line.
         removed_stale: objects of earlier runs this launch removed before starting (one
             line each, e.g. a network left by an envbuild killed with SIGKILL).
+        phases: host-side phase times ``[(name, seconds)]`` in order
+            (:func:`builder.launchers.phases.phase_times`); the launcher completes the list
+            after its cleanup (``teardown``), as it does ``cleanup_errors``; [] when unknown.
     """
 
     rank_results: dict[int, RankResult]
@@ -168,6 +171,7 @@ class LaunchResult:
     socket_seen: dict[int, dict] = field(default_factory=dict)
     interfaces_seen: dict[int, dict] = field(default_factory=dict)
     removed_stale: list[str] = field(default_factory=list)
+    phases: list[tuple[str, float]] = field(default_factory=list)
 
 
 @runtime_checkable

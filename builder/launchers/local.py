@@ -99,6 +99,7 @@ from .base import (
 )
 from .model import RankResult
 from .output import LineBuffer, NodeOutput, parse_torchrun_failures, problems_by_rank
+from .phases import PhaseClock, phase_times
 from .progress import ProgressTracker
 
 #: Seconds the other nodes get once one node exited non-zero, before they are killed.
@@ -330,14 +331,21 @@ class LocalDockerLauncher:
         watches: list[NodeWatch] = []
         state: dict[str, Any] = {"network": None, "created": 0}
         cleanup_errors: list[str] = []
+        clock, phases = PhaseClock(), list[tuple[str, float]]()  # completed after the cleanup (teardown)
+        tracker = ProgressTracker(spec.world_size, spec.run_id)
         try:
+            clock.mark("launch")
             stale = self._remove_stale(say)
-            tracker = ProgressTracker(spec.world_size, spec.run_id)
             t0, started_at = self._start(spec, labels, code_dir, tracker, watches, state, say)
+            clock.mark("started")
             timed_out, given_up, progress = self._wait(spec, watches, tracker, t0, say)
-            return self._collect(spec, watches, tracker, timed_out, given_up, progress, started_at,
-                                 stale, cleanup_errors, say)
+            result = self._collect(spec, watches, tracker, timed_out, given_up, progress, started_at,
+                                   stale, cleanup_errors, say)
+            clock.mark("ended")
+            result.phases = phases
+            return result
         finally:
+            clock.mark("ended")
             try:
                 with deferred_signals():
                     self._cleanup(spec, watches, state, cleanup_errors)
@@ -347,6 +355,8 @@ class LocalDockerLauncher:
                 with deferred_signals():
                     self._cleanup(spec, watches, state, cleanup_errors)
                 raise
+            clock.mark("removed")
+            phases[:] = phase_times(clock.marks, tracker.phase_starts(), spec.world_size)
 
     def _remove_stale(self, say: OnProgress) -> list[str]:
         """Remove the networks of earlier runs whose deadline passed (one line each)."""
@@ -474,9 +484,11 @@ class LocalDockerLauncher:
                 errors.append(f"remove container {node_name(spec.run_id, w.node)}: {one_line(e)}")
             w.close()
         run_filter = f"{engine.RUN_LABEL}={spec.run_id}"
+        # one list call (no inspect per container: a container removed between a list and its
+        # inspect raised NotFound and ended this wait early, leaving one still being removed)
         until = time.monotonic() + REMOVAL_WAIT_S
         with contextlib.suppress(Exception):
-            while self.client.containers.list(all=True, filters={"label": run_filter}) and time.monotonic() < until:
+            while self.client.api.containers(all=True, filters={"label": run_filter}) and time.monotonic() < until:
                 time.sleep(0.2)
         network = state.get("network")
         if network is not None:

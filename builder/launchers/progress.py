@@ -34,6 +34,8 @@ STOPPED_STATES = ("T", "t")
 SOCKET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 #: Longest progress line read, in characters.
 MAX_PROGRESS_LINE = 65536
+#: Distinct phase names whose first arrival is kept per rank (phase times).
+MAX_PHASE_NAMES = 64
 
 
 def parse_progress_line(line: str) -> dict | None:
@@ -85,6 +87,7 @@ class ProgressTracker:
         self._state: dict[int, str] = {}
         self._seen_at: dict[int, float] = {}
         self._phase_at: dict[int, float] = {}
+        self._first_at: dict[int, dict[str, float]] = {}
         self.socket: dict[int, dict] = {}
         self.interfaces: dict[int, dict] = {}
         self.latest = 0.0
@@ -107,6 +110,9 @@ class ProgressTracker:
             prev = self._phase.get(r)
             if prev is None or doc["seq"] != prev["seq"]:
                 self._phase_at[r] = now
+                firsts = self._first_at.setdefault(r, {})
+                if len(firsts) < MAX_PHASE_NAMES:
+                    firsts.setdefault(doc["phase"][:80], now)
             self._phase[r] = doc
             if doc["phase"] == "start" and "socket" in doc:
                 self.socket[r] = _socket_of(doc.get("socket"))
@@ -114,6 +120,12 @@ class ProgressTracker:
                 if isinstance(ifs, dict):
                     self.interfaces[r] = {str(k)[:32]: bool(v) for k, v in list(ifs.items())[:64]}
         return True
+
+    def phase_starts(self) -> dict[int, dict[str, float]]:
+        """``{rank: {phase name: clock seconds when its first line of that phase arrived}}``
+        (at most :data:`MAX_PHASE_NAMES` names per rank; :mod:`builder.launchers.phases`)."""
+        with self._mu:
+            return {r: dict(v) for r, v in sorted(self._first_at.items())}
 
     def snapshot(self, at: float | None = None) -> dict[int, dict]:
         """``{rank: {"phase", "detail", "collective", "seq", "state", "silent_s",

@@ -6,23 +6,30 @@ unverified). Parsed with PyYAML's C loader (``CSafeLoader``, libyaml) when prese
 pure-Python ``SafeLoader`` (the same data, ~8x slower): the file is envbuild's own, so the
 bounded loader of :mod:`builder.core.inputs` (for untrusted files) is not needed; the model
 (:class:`Facts`) checks its shape once.
+
+``data/compat.json`` (:data:`JSON_FILE`, generated: :func:`write_json`) holds the same facts
+as JSON with the sha256 of the ``compat.yaml`` they came from: when that digest matches,
+:func:`facts` decodes it (~0.1 ms, checked by the same model) instead of parsing the YAML
+(~20 ms, most of what ``envbuild check`` spends on the facts; issue 13 item 5). An edited
+``compat.yaml`` is always read itself until the JSON is regenerated
+(``.venv/bin/python tests/unit/test_fast_paths.py --regen``; a test fails while it is stale).
 """
 
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
 import msgspec
-import yaml
 
 from builder.core.model import Model
 
 #: The facts file, inside the package (``package-data`` in pyproject.toml).
 FILE = Path(__file__).resolve().parent / "data" / "compat.yaml"
-#: The YAML loader of the facts: libyaml's when PyYAML was built with it.
-LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+#: The same facts as JSON, generated from :data:`FILE` (:func:`write_json`).
+JSON_FILE = FILE.with_suffix(".json")
 
 Tag = Literal["V", "M", "S", "U"]
 
@@ -128,9 +135,49 @@ class Facts(Model, frozen=True):
     cuda_image_nccl: dict[str, str]
 
 
+class FactsJson(Model, frozen=True):
+    """``data/compat.json``: the facts and the sha256 (hex) of the ``compat.yaml`` they are of."""
+
+    source_sha256: str
+    facts: Facts
+
+
+def loader() -> type:
+    """The YAML loader of the facts: libyaml's (``CSafeLoader``) when PyYAML was built with it."""
+    import yaml
+
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def from_yaml(raw: bytes) -> Facts:
+    """The facts of ``compat.yaml`` bytes ``raw``, parsed and checked (no JSON)."""
+    import yaml
+
+    data = yaml.load(raw.decode("utf-8"), Loader=loader())  # noqa: S506 - a safe loader
+    return msgspec.convert(data, Facts, strict=True)
+
+
+def json_bytes(raw: bytes) -> bytes:
+    """The content of :data:`JSON_FILE` for ``compat.yaml`` bytes ``raw`` (one line and a newline)."""
+    doc = FactsJson(source_sha256=hashlib.sha256(raw).hexdigest(), facts=from_yaml(raw))
+    return msgspec.json.encode(doc) + b"\n"
+
+
+def write_json() -> Path:
+    """Regenerate :data:`JSON_FILE` from :data:`FILE`; returns its path."""
+    JSON_FILE.write_bytes(json_bytes(FILE.read_bytes()))
+    return JSON_FILE
+
+
 @lru_cache(maxsize=1)
 def facts() -> Facts:
-    """The bundled facts, parsed and checked once."""
-    text = FILE.read_text(encoding="utf-8")
-    data = yaml.load(text, Loader=LOADER)  # noqa: S506 - a safe loader (CSafeLoader or SafeLoader)
-    return msgspec.convert(data, Facts, strict=True)
+    """The bundled facts, parsed and checked once: from :data:`JSON_FILE` when it was made from
+    this :data:`FILE` (its sha256), else from the YAML (module doc)."""
+    raw = FILE.read_bytes()
+    try:
+        doc = msgspec.json.decode(JSON_FILE.read_bytes(), type=FactsJson)
+    except (OSError, msgspec.DecodeError):  # missing, unreadable or another shape: the YAML decides
+        doc = None
+    if doc is not None and doc.source_sha256 == hashlib.sha256(raw).hexdigest():
+        return doc.facts
+    return from_yaml(raw)

@@ -93,15 +93,57 @@ def control_message(text: str) -> str:
 
 _PEP508 = "is not a PEP 508 requirement (name[extras] and version specifiers only)"
 
+#: The common form of a pip requirement, decided without packaging (its requirement parser
+#: imports ``packaging.tags``: ~40-70 ms, most of ``envbuild check``'s budget, issue 13 item 5):
+#: a name and one specifier whose version is a plain release (``numpy==2.3.5``,
+#: ``scipy >= 1.11``; ``~=`` needs two release segments). Group 1 name, 2 operator, 3 version.
+#: Anything else goes through packaging's parser; both give the same canonical string
+#: (``name`` as written, then ``operator`` and ``version`` without blanks: packaging's
+#: ``str(Requirement)``; tests/unit/test_fast_paths.py compares them).
+SIMPLE_REQUIREMENT = re.compile(
+    r"\A([A-Za-z0-9](?:[A-Za-z0-9._-]{0,126}[A-Za-z0-9])?)[ \t]*"
+    r"(?:(==|!=|<=|>=|<|>)[ \t]*([0-9]{1,20}(?:\.[0-9]{1,20}){0,9})|(~=)[ \t]*([0-9]{1,20}(?:\.[0-9]{1,20}){1,9}))"
+    r"[ \t]*\Z")
+_NAME_RUNS = re.compile(r"[-_.]+")
+
+
+def canonical_name(name: str) -> str:
+    """A distribution name normalised as PEP 503 says (runs of ``-``, ``_``, ``.`` become one
+    ``-``, lower case): ``packaging.utils.canonicalize_name`` without importing packaging."""
+    return _NAME_RUNS.sub("-", name).lower()
+
+
+def requirement_name(text: str) -> str:
+    """The distribution name of a requirement that :func:`pip_requirement` accepted (as
+    written, not canonical). Raises ``packaging.requirements.InvalidRequirement`` for text
+    that is not one."""
+    m = SIMPLE_REQUIREMENT.fullmatch(text)
+    if m:
+        return m.group(1)
+    from packaging.requirements import Requirement
+
+    return Requirement(text).name
+
 
 def pip_requirement(item: Any, *, allow_torch: bool = False) -> tuple[bool, str]:
     """Check one pip requirement: ``name[extras] <specifiers>`` only; no URLs, markers or
-    options, plain versions. Returns ``(True, canonical string)`` or ``(False, message)``."""
-    from packaging.requirements import InvalidRequirement, Requirement
-    from packaging.utils import canonicalize_name
-
+    options, plain versions. Returns ``(True, canonical string)`` or ``(False, message)``.
+    The common form (:data:`SIMPLE_REQUIREMENT`) is decided without importing packaging."""
     if not isinstance(item, str) or len(item) > 512 or inputs.has_control(item) or item.strip().startswith("-"):
         return False, _PEP508
+    m = SIMPLE_REQUIREMENT.fullmatch(item)
+    if m:
+        name, op, version = m.group(1), m.group(2) or m.group(4), m.group(3) or m.group(5)
+        if not allow_torch and canonical_name(name) == "torch":
+            return False, "torch is pinned by the torch section, not packages.pip"
+        return True, f"{name}{op}{version}"
+    return _pip_requirement_parsed(item, allow_torch)
+
+
+def _pip_requirement_parsed(item: str, allow_torch: bool) -> tuple[bool, str]:
+    """:func:`pip_requirement` through packaging's PEP 508 parser."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
     try:
         req = Requirement(item)
     except InvalidRequirement:
@@ -113,7 +155,7 @@ def pip_requirement(item: Any, *, allow_torch: bool = False) -> tuple[bool, str]
     for spec in req.specifier:
         if not _fits(SPEC_VERSION, spec.version, 64):
             return False, "has a version that is not a plain version"
-    if not allow_torch and canonicalize_name(req.name) == "torch":
+    if not allow_torch and canonical_name(req.name) == "torch":
         return False, "torch is pinned by the torch section, not packages.pip"
     return True, str(req)
 
@@ -169,6 +211,8 @@ OsId = Annotated[Literal["debian", "ubuntu"], Meta(extra={"message": "is not a s
 Backend = Annotated[Literal["gloo", "nccl"], Meta(extra={"message": f"is not a backend; use {' or '.join(BACKENDS)}"})]
 Variant = Annotated[str, Meta(pattern=VARIANT.pattern, max_length=8, extra={
     "message": "is not a torch variant; use cpu or cu and the CUDA digits, such as cu128"})]
+KeepPip = Annotated[bool, Meta(description="keep pip (and setuptools) in the image", extra={
+    "message": "must be true or false"})]
 Url = Annotated[str, Meta(pattern=URL.pattern, max_length=1300, extra={"message": "is not an http(s) URL"})]
 ShmSize = Annotated[str, Meta(pattern=SHM_SIZE.pattern, max_length=16,
                               description="docker size syntax, 1024-based: 1m to 1024g",

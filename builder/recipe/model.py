@@ -37,6 +37,7 @@ from .fields import (
     ImageRef,
     ImageSize,
     Iters,
+    KeepPip,
     LockPipList,
     LockSchema,
     Nodes,
@@ -139,10 +140,16 @@ class Torch(Model, frozen=True):
 
 
 class Packages(Model, frozen=True):
-    """Extra Debian packages (``name`` or ``name=version``) and pip requirements (PEP 508, no URLs or markers)."""
+    """Extra Debian packages (``name`` or ``name=version``) and pip requirements (PEP 508, no URLs or markers).
+
+    ``keep_pip``: keep pip (and setuptools/wheel) in the image; by default the build removes
+    them once the packages are installed (a lean image: README "Rendering"), except
+    setuptools or wheel where an installed package requires them (torch 2.13's wheel requires
+    setuptools: ``torch.utils.cpp_extension`` and the inductor's C++ builder import it)."""
 
     apt: AptList = ()
     pip: PipList = ()
+    keep_pip: KeepPip = False
 
 
 class Index(Model, frozen=True):

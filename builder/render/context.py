@@ -101,13 +101,53 @@ def labels(spec: Spec, lock: Lock) -> list[tuple[str, str]]:
     return sorted(out.items())
 
 
-def pip_options(spec: Spec) -> list[str]:
-    """pip options shared by both formats: no cache, the recipe's indexes, the wheel folder."""
+def pip_options(spec: Spec, *, torch_index: bool = True) -> list[str]:
+    """pip options: no cache, the recipe's main index, the torch index (``--extra-index-url``,
+    unless ``torch_index`` is False: the Dockerfile hands it to pip as the build argument
+    ``PIP_EXTRA_INDEX_URL`` instead), the wheel folder."""
     opts = ["--no-cache-dir", "--disable-pip-version-check", "--index-url", spec.recipe.index.url]
-    if spec.torch_index_url:
+    if torch_index and spec.torch_index_url:
         opts += ["--extra-index-url", spec.torch_index_url]
     opts += ["--find-links", WHEELS_DIR]
     return opts
+
+
+def site_packages(spec: Spec) -> str:
+    """The venv's ``site-packages`` folder: ``/opt/venv/lib/python3.11/site-packages``."""
+    return f"{VENV}/lib/python{spec.recipe.python}/site-packages"
+
+
+#: Uninstalls pip, setuptools and wheel where no other installed distribution requires them
+#: (markers evaluated with pip's own vendored ``packaging``), naming what it removes; a failure
+#: fails the build. A fixed program: no recipe value enters it. torch 2.13's wheel requires
+#: setuptools (``torch.utils.cpp_extension`` imports it), so setuptools stays in torch 2.13 images.
+DROP_TOOLS = (
+    "import importlib.metadata as m, subprocess, sys; "
+    "from pip._vendor.packaging.requirements import Requirement as R; "
+    "from pip._vendor.packaging.utils import canonicalize_name as n; "
+    "tools = {'pip', 'setuptools', 'wheel'}; "
+    "dists = {n(d.metadata['Name']): d for d in m.distributions()}; "
+    "need = {n(r.name) for k, d in dists.items() if k not in tools for r in map(R, d.requires or ()) "
+    "if not r.marker or r.marker.evaluate({'extra': ''})}; "
+    "drop = sorted(tools & set(dists) - need); "
+    "print('envbuild: removing', *drop or ['nothing'], flush=True); "
+    "drop and subprocess.run([sys.executable, '-m', 'pip', 'uninstall', '-y', '-q', *drop], check=True)"
+)
+
+
+def lean_commands(spec: Spec) -> list[str]:
+    """Shell commands run after pip in the build (both formats) for a lean image: torch's C++
+    test programs go (the folder ``torch/test`` and the ``test_*``/``*Test`` executables of
+    ``torch/bin``; ``torch_shm_manager`` and the headers stay), and unless the recipe sets
+    ``packages.keep_pip``, pip and the setuptools/wheel nothing requires (:data:`DROP_TOOLS`).
+    The ``.pyc`` files pip wrote stay: ranks run on a read-only root filesystem."""
+    torch = f"{site_packages(spec)}/torch"
+    cmds = [f"rm -rf {torch}/test",
+            f"if [ -d {torch}/bin ]; then find {torch}/bin -maxdepth 1 -type f "
+            r"\( -name 'test_*' -o -name '*Test' \) -delete; fi"]
+    if not spec.recipe.packages.keep_pip:
+        cmds.append(f'{VENV}/bin/python3 -c "{DROP_TOOLS}"')
+    return cmds
 
 
 def _apt_pinned(names: list[str], pins: dict[str, str]) -> list[str]:
@@ -163,6 +203,11 @@ class Context:
             "wheels_dir": WHEELS_DIR,
             "ca_path": SINGULARITY_CA,
             "pip_options": pip_options(spec),
+            "pip_options_no_torch_index": pip_options(spec, torch_index=False),
+            "torch_index_url": spec.torch_index_url,
+            "lean": lean_commands(spec),
+            "index_args": [*(["PIP_EXTRA_INDEX_URL"] if spec.torch_index_url else []),
+                           *(["PIP_NO_INDEX"] if self.pip_locked else [])],
             "pip_requirements": [shlex.quote(req) for req in spec.pip_requirements()],
             "pip_locked": self.pip_locked,
             "requirements_tmp": REQUIREMENTS_TMP,

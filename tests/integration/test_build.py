@@ -8,22 +8,30 @@ The test with real torch uses the ``torch_image`` fixture (conftest)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
+import time
+import uuid
+from pathlib import Path
 
 import pytest
 
+from builder.agent import payload
 from builder.core.errors import EnvbuildError, Unreachable
-from builder.image import bootstrap, build, engine
+from builder.image import bootstrap, build, engine, engineapi, probecache, reuse
 from builder.image.buildkit import BuildFailed
 from builder.image.probecheck import compare_probe_to_lock
 from builder.image.site import SiteOptions
 
 from factories import CPU_REPORT, node_report
 from fixtures_engine import TEST_SESSION_LABEL
+
+ROOT = Path(__file__).resolve().parents[2]
 
 OFFICIAL = "debian:bookworm-slim"
 # a Debian tag that exists in no registry: pulling it fails with or without network
@@ -102,7 +110,8 @@ def tiny_build(docker_client, bootstrap_image, session_labels, test_session_id, 
     warnings = []
     lines = []
     site = SiteOptions(ca_bundle=site_files / "ca.pem", wheel_dir=site_files / "wheels")
-    options = build.BuildOptions(recipe=name, images_dir=images, site=site, base_mode="bootstrap", labels=session_labels)
+    options = build.BuildOptions(recipe=name, images_dir=images, site=site, base_mode="bootstrap", labels=session_labels,
+                                 probe_cache=tmp_path_factory.mktemp("probe-cache"))
     result = build.build(options, docker_client, warn=warnings.append, on_line=lines.append)
     return result, folder, warnings, lines
 
@@ -158,14 +167,130 @@ def test_build_without_ca_and_wheels_sees_neither(docker_client, tiny_build, ses
     assert sh(docker_client, again.tag, "cat /saw-ca.txt", session_labels) == (0, "none\n")
 
 
-def test_existing_tag_is_reused_and_checked_again(docker_client, tiny_build, session_labels):
+def probe_containers(client, run_id, since):
+    """The container events of probes labelled ``envbuild.run=<run_id>`` since ``since``."""
+    return list(client.events(since=since, until=int(time.time()) + 1, decode=True,
+                              filters={"type": "container", "label": f"envbuild.run={run_id}"}))
+
+
+def test_existing_tag_is_reused_and_checked_again(docker_client, tiny_build, session_labels, tmp_path):
     result, folder, _, _ = tiny_build
-    again = build.build(build.BuildOptions(recipe=folder.name, images_dir=folder.parent, base_mode="bootstrap",
-                                           labels=session_labels), docker_client)
-    assert again.reused is True
+    options = build.BuildOptions(recipe=folder.name, images_dir=folder.parent, base_mode="bootstrap",
+                                 labels=session_labels, probe_cache=tmp_path / "cache", run_id=uuid.uuid4().hex[:12])
+    since = int(time.time()) - 1
+    again = build.build(options, docker_client)
+    assert (again.reused, again.probe_cached) == (True, False)  # a new cache: probed in a container
     assert again.tag == result.tag
     assert again.image_id == docker_client.images.get(result.tag).id
     assert again.mismatches == [] and again.probe["torch"]["version"] == "2.13.0+cpu"
+    assert [e["status"] for e in probe_containers(docker_client, options.run_id, since)][:2] == ["create", "start"]
+
+
+def test_no_change_build_decides_from_the_image_id(docker_client, tiny_build, session_labels, tmp_path):
+    result, folder, _, _ = tiny_build
+    cache = tmp_path / "cache"
+    first = build.BuildOptions(recipe=folder.name, images_dir=folder.parent, base_mode="bootstrap",
+                               labels=session_labels, probe_cache=cache)
+    probed = build.build(first, docker_client)
+    image_id = docker_client.images.get(result.tag).id  # (an earlier test may have rebuilt the tag)
+    assert (probed.probe_cached, probed.image_id) == (False, image_id)
+    assert [p.name for p in cache.iterdir()] == [image_id.split(":")[1] + ".json"]
+    # pip's configuration is pending and would fail if read (a missing folder); no client given
+    site = SiteOptions(wheel_dir=tmp_path / "no-such-folder", pending=True)
+    options = dataclasses.replace(first, site=site, run_id=uuid.uuid4().hex[:12])
+    since = int(time.time()) - 1
+    again = build.build(options)
+    assert (again.reused, again.probe_cached, again.tag, again.image_id) == (True, True, result.tag, image_id)
+    assert again.probe == probed.probe and again.mismatches == []
+    assert again.labels["envbuild.inputs.sha256"] == again.lock_hash
+    assert (again.base_used, again.base_how) == (BOOTSTRAP, "bootstrapped")
+    assert probe_containers(docker_client, options.run_id, since) == []  # no container started
+    # --rebuild never takes the recorded match: it builds (and reads pip's configuration)
+    with pytest.raises(EnvbuildError) as info:
+        build.build(dataclasses.replace(options, rebuild=True), docker_client)
+    assert str(info.value) == f"--wheels: '{tmp_path}/no-such-folder' no such folder"
+
+
+def test_retagged_or_edited_image_is_probed_again(docker_client, bootstrap_image, session_labels, test_session_id,
+                                                  tmp_path):
+    name = f"tiny-retag-{test_session_id}"
+    write_rendered(tmp_path, name, TINY.format(torch="2.13.0+cpu"), LOCK)
+    options = build.BuildOptions(recipe=name, images_dir=tmp_path, base_mode="bootstrap", labels=session_labels,
+                                 probe_cache=tmp_path / "cache")
+    good = build.build(options, docker_client)
+    assert build.build(options, docker_client).probe_cached is True
+    repo, tag = good.tag.split(":")
+    # edited: a committed copy (same files, one more label) under the same tag: another image ID
+    box = docker_client.containers.create(good.tag, ["true"], labels=session_labels)
+    try:
+        edited = box.commit(repo, tag, changes=["LABEL envbuild.test-edited=1"])
+    finally:
+        box.remove(force=True)
+    again = build.build(options, docker_client)
+    assert (again.image_id, again.probe_cached, again.mismatches) == (edited.id, False, [])
+    assert build.build(options, docker_client).probe_cached is True
+    # retagged: another image (another torch inside) under the tag whose probe matched before
+    write_rendered(tmp_path, f"{name}-impostor", TINY.format(torch="2.99.0+cpu"), LOCK)
+    with pytest.raises(build.LockMismatch) as info:
+        build.build(dataclasses.replace(options, recipe=f"{name}-impostor"), docker_client)
+    impostor = info.value.result.image_id
+    docker_client.api.tag(impostor, repo, tag, force=True)
+    with pytest.raises(build.LockMismatch) as info:
+        build.build(options, docker_client)
+    assert info.value.result.image_id == impostor and info.value.result.probe_cached is False
+    assert info.value.mismatches == ["torch.version: lock '2.13.0+cpu', image '2.99.0+cpu'"]
+
+
+# The torch index as the rendered Dockerfile hands it to pip: a build argument.
+INDEXED = """\
+ARG BASE_IMAGE=debian:bookworm-slim
+FROM ${{BASE_IMAGE}}
+RUN apt-get update && apt-get install -y --no-install-recommends python3 && rm -rf /var/lib/apt/lists/*
+ARG PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN --mount=type=bind,source=wheels,target=/run/envbuild/wheels \\
+    echo "index=[$PIP_EXTRA_INDEX_URL]" > /saw-index.txt && {fail}true
+RUN mkdir /usr/lib/python3/dist-packages/torch \\
+ && printf '__version__ = "2.13.0+cpu"\\nfrom . import version\\n' > /usr/lib/python3/dist-packages/torch/__init__.py \\
+ && printf 'cuda = None\\n' > /usr/lib/python3/dist-packages/torch/version.py
+"""
+FULL_LOCK = json.loads((ROOT / "images/cpu-torch2/envbuild.lock.json").read_text())
+TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+
+
+def test_the_torch_index_is_not_asked_when_the_wheel_folder_holds_torch(docker_client, bootstrap_image,
+                                                                         session_labels, test_session_id, tmp_path):
+    name = f"tiny-index-{test_session_id}"
+    write_rendered(tmp_path, name, INDEXED.format(fail=""), FULL_LOCK)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / TORCH_WHEEL).write_bytes(b"PK")
+    options = build.BuildOptions(recipe=name, images_dir=tmp_path, base_mode="bootstrap", labels=session_labels,
+                                 site=SiteOptions(wheel_dir=wheels), probe_cache=tmp_path / "cache")
+    result = build.build(options, docker_client)
+    assert result.notes == [f"torch==2.13.0+cpu from the wheel folder ({TORCH_WHEEL}): pip does not ask the torch "
+                            "index https://download.pytorch.org/whl/cpu"]
+    assert sh(docker_client, result.tag, "cat /saw-index.txt", session_labels) == (0, "index=[]\n")
+    # the twin: a wheel for another Python: the torch index stays
+    (wheels / TORCH_WHEEL).rename(wheels / TORCH_WHEEL.replace("cp311", "cp312"))
+    result = build.build(dataclasses.replace(options, rebuild=True), docker_client)
+    assert result.notes == [f"pip asks the torch index https://download.pytorch.org/whl/cpu: the wheel folder {wheels} "
+                            "holds no torch==2.13.0+cpu wheel for cp311 x86_64"]
+    assert sh(docker_client, result.tag, "cat /saw-index.txt", session_labels) == (
+        0, "index=[https://download.pytorch.org/whl/cpu]\n")
+
+
+def test_a_failed_build_that_asked_the_torch_index_names_it(docker_client, bootstrap_image, session_labels,
+                                                            test_session_id, tmp_path):
+    name = f"tiny-index-broken-{test_session_id}"
+    write_rendered(tmp_path, name, INDEXED.format(fail="exit 3 && "), FULL_LOCK)
+    with pytest.raises(BuildFailed) as info:
+        build.build(build.BuildOptions(recipe=name, images_dir=tmp_path, base_mode="bootstrap", labels=session_labels,
+                                       probe_cache=tmp_path / "cache"), docker_client)
+    assert str(info.value).startswith(
+        f"{tmp_path}/{name}/Dockerfile: docker build of {info.value.tag} failed (pip asked the torch index "
+        "https://download.pytorch.org/whl/cpu; where it cannot be reached, put the pinned torch wheel into the wheel "
+        "folder: --wheels DIR) at step [3/4] RUN --mount=type=bind,source=wheels,target=/run/envbuild/wheels ")
+    assert "exit code: 3" in info.value.message and "\n" not in str(info.value)
 
 
 def test_probe_mismatch_fails_and_keeps_the_image(docker_client, bootstrap_image, session_labels, test_session_id, tmp_path):
@@ -489,3 +614,66 @@ def test_resolve_bootstrap_mode_needs_a_debian_base(docker_client):
 )
 def test_debian_suite(ref, suite):
     assert bootstrap.debian_suite(ref) == suite
+
+
+# --------------------------------------------------------------------------- no-change build: parts
+
+
+def test_probe_cache_misses_on_any_other_key(tmp_path):
+    agent = tmp_path / "agent"
+    shutil.copytree(payload.AGENT_DIR / "probe", agent / "probe", ignore=shutil.ignore_patterns("__pycache__"))
+    image_id = "sha256:" + "a" * 64
+    doc = {"schema": "envbuild.probe/1", "torch": {"version": "2.13.0+cpu"}}
+    cache = tmp_path / "cache"
+    assert probecache.load(cache, image_id, b"lock", agent) is None  # nothing recorded
+    assert probecache.store(cache, image_id, b"lock", agent, doc) == cache / f"{'a' * 64}.json"
+    assert probecache.load(cache, image_id, b"lock", agent) == doc
+    assert probecache.load(cache, "sha256:" + "b" * 64, b"lock", agent) is None  # another image
+    assert probecache.load(cache, image_id, b"lock2", agent) is None  # another lock
+    (agent / "probe" / "__main__.py").write_text((agent / "probe" / "__main__.py").read_text() + "\n# changed\n")
+    assert probecache.load(cache, image_id, b"lock", agent) is None  # another probe
+    assert probecache.load(cache, "envbuild/x:latest", b"lock", agent) is None  # not an image ID
+    (cache / f"{'a' * 64}.json").write_text("{not json")
+    assert probecache.load(cache, image_id, b"lock", agent) is None  # malformed: a miss, not an error
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert probecache.store(blocked / "cache", image_id, b"lock", agent, doc) is None  # cannot write: no error
+
+
+def test_probe_cache_folder_follows_xdg(tmp_path):
+    assert probecache.default_dir({"ENVBUILD_CACHE_DIR": "/c", "XDG_CACHE_HOME": "/x"}) == Path("/c/probe-matches")
+    assert probecache.default_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/envbuild/probe-matches")
+    assert probecache.default_dir({}) == Path.home() / ".cache/envbuild/probe-matches"
+
+
+def test_engine_api_speaks_only_to_a_local_socket(docker_client, bootstrap_image, tmp_path):
+    assert engineapi.connect({"DOCKER_HOST": "tcp://127.0.0.1:2375"}) is None
+    assert engineapi.connect({"DOCKER_HOST": f"unix://{tmp_path}/no.sock"}) is None
+    api = engineapi.connect({})
+    assert api.inspect_image(bootstrap_image)["Id"] == docker_client.images.get(bootstrap_image).id
+    assert api.inspect_image("envbuild-test/no-such-image:none") is None
+    assert engineapi.image_labels(api.inspect_image(bootstrap_image))["envbuild.bootstrap.suite"] == "bookworm"
+    with pytest.raises(engineapi.EngineAPIError):
+        engineapi.EngineAPI(str(tmp_path / "no.sock")).inspect_image(bootstrap_image)
+
+
+def test_reuse_decides_only_from_local_images(docker_client, tiny_build, session_labels):
+    result, folder, _, _ = tiny_build
+    df, lock = (folder / "Dockerfile").read_bytes(), (folder / "envbuild.lock.json").read_bytes()
+    options = build.BuildOptions(recipe=folder.name, images_dir=folder.parent, base_mode="bootstrap")
+    found = reuse.find(options, df, lock, OFFICIAL)
+    assert (found.tag, found.base, found.warning) == (
+        result.tag, (BOOTSTRAP, docker_client.images.get(BOOTSTRAP).id, "bootstrapped"), None)
+    # auto mode without the official base: the stand-in an earlier build used, with a warning
+    auto = reuse.find(dataclasses.replace(options, base_mode="auto"), df, lock, OFFICIAL)
+    if docker_client.images.list(name=OFFICIAL):  # a machine with the official image: it is the base
+        assert auto is None or auto.base[2] == "local"
+    else:
+        assert auto.tag == result.tag and auto.warning.startswith(f"{OFFICIAL} is not available locally: {result.tag}")
+    # a refresh, a base that is not local, another engine: not decided here
+    assert reuse.find(dataclasses.replace(options, base_mode="pull"), df, lock, OFFICIAL) is None
+    site = SiteOptions(base_override="envbuild-test/no-such-base:none")
+    assert reuse.find(dataclasses.replace(options, base_mode="auto", site=site), df, lock, OFFICIAL) is None
+    assert reuse.find(dataclasses.replace(options, base_mode="local"), df, lock, UNPULLABLE) is None
+    assert reuse.find(dataclasses.replace(options, base_mode="auto"), df, lock, "ubuntu:no-such-tag") is None
+    assert reuse.find(options, df + b"# changed\n", lock, OFFICIAL) is None

@@ -147,6 +147,10 @@ def test_two_nodes_pass(client, image, tmp_path, labels):
                               "NCCL_SOCKET_IFNAME": None,
                               "seen_by_ranks": {r: {"GLOO_SOCKET_IFNAME": None, "NCCL_SOCKET_IFNAME": None}
                                                 for r in ("0", "1")}}
+    # host-side phase times (issue 13 item 3), in order, within the run's own wall time
+    assert [p["name"] for p in cert["phases"]] == ["containers up", "ranks up", "init", "all-reduce", "ddp", "profiles",
+                                                   "probe", "write", "exit", "teardown"]
+    assert all(p["seconds"] >= 0 for p in cert["phases"]) and sum(p["seconds"] for p in cert["phases"]) <= elapsed
     print(f"pass: {elapsed:.1f} s")
 
 
@@ -177,6 +181,8 @@ def test_rank_exits_early(client, image, tmp_path, labels):
     assert "rank 1 exited with 3" in v["failures"]
     assert cert["ranks"]["1"]["reported"] is False
     assert elapsed < 60  # no waiting for the 120 s timeout
+    # no bench phase that rank 1 never finished is timed: the host's own spans only
+    assert [p["name"] for p in cert["phases"]] == ["containers up", "ranks up", "teardown"]
     print(f"exit: {elapsed:.1f} s")
 
 

@@ -418,7 +418,7 @@ def test_rendering_imports_jinja2_twin():
 def test_facts_are_parsed_with_the_c_loader_and_read_the_same():
     from builder.recipe import facts
 
-    assert yaml.__with_libyaml__ and facts.LOADER is yaml.CSafeLoader
+    assert yaml.__with_libyaml__ and facts.loader() is yaml.CSafeLoader
     text = (ROOT / "builder/recipe/data/compat.yaml").read_text()
     import msgspec
 

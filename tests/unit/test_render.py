@@ -17,6 +17,7 @@ from spython.main.parse.parsers import SingularityParser
 
 from builder.core.errors import EnvbuildError
 from builder.recipe import load, rules
+from builder.render import context
 from builder.render import rendered as render
 from builder.render import write as render_write
 
@@ -101,7 +102,12 @@ def test_literal_pins_in_cuda_outputs():
     for text in (docker, sing):
         assert "torch==2.8.0+cu128" in text
         assert "nvidia-nccl-cu12==2.27.3" in text
-        assert "--extra-index-url https://download.pytorch.org/whl/cu128" in text
+        assert "numpy==2.3.5" in text
+    # the torch index: a build argument pip reads (emptied at build time when the wheel folder
+    # holds the pinned torch wheel); apptainer builds name it on the pip line
+    assert "\nARG PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cu128\n" in docker
+    assert "--extra-index-url" not in docker
+    assert "--extra-index-url https://download.pytorch.org/whl/cu128 " in sing
     assert "ARG BASE_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04\n" in docker
     assert "From: nvidia/cuda:12.8.1-base-ubuntu24.04\n" in sing
     assert '      envbuild.nccl="2.27.3" \\\n' in docker
@@ -118,7 +124,7 @@ def test_lock_contents():
 
 def test_requirements_are_shell_quoted():
     docker = (ROOT / "tests/golden/golden-extras/Dockerfile").read_text()
-    assert "      'requests[socks]<3,>=2.31'\n" in docker
+    assert "      'requests[socks]<3,>=2.31' \\\n" in docker
     assert "      numpy==2.2.6 \\\n" in docker
 
 
@@ -210,9 +216,11 @@ def test_render_of_the_same_recipe_without_them_twin(tmp_path):
 def test_cuda_recipe_without_torch_url_renders_the_variant_index(tmp_path):
     spec = spec_from(tmp_path, merge(CUDA, {"index": {"url": "https://pypi.org/simple"}}))
     out = render.render(spec)
-    for name in ("Dockerfile", "Singularity.def"):
-        text = out.files[name].decode()
-        assert "--index-url https://pypi.org/simple --extra-index-url https://download.pytorch.org/whl/cu128 " in text
+    docker, sing = out.files["Dockerfile"].decode(), out.files["Singularity.def"].decode()
+    assert "\nARG PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cu128\n" in docker
+    assert "--index-url https://pypi.org/simple --find-links /run/envbuild/wheels " in docker
+    assert "--index-url https://pypi.org/simple --extra-index-url https://download.pytorch.org/whl/cu128 " in sing
+    for text in (docker, sing):
         assert "torch==2.8.0+cu128" in text
     assert json.loads(out.files["envbuild.lock.json"])["index"]["torch_url"] == "https://download.pytorch.org/whl/cu128"
 
@@ -301,3 +309,65 @@ def test_a_command_that_needs_the_engine_imports_docker_twin(tmp_path):
     """The probe of the test above sees docker when it is imported."""
     code = "import sys; from builder.image import engine; print('docker' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True).stdout == "True\n"
+
+
+# ------------------------------------------------------------------- a lean image (issue 13)
+LEAN_TORCH = ("rm -rf /opt/venv/lib/python3.11/site-packages/torch/test",
+              "if [ -d /opt/venv/lib/python3.11/site-packages/torch/bin ]; then find "
+              "/opt/venv/lib/python3.11/site-packages/torch/bin -maxdepth 1 -type f \\( -name 'test_*' -o -name '*Test' \\) "
+              "-delete; fi")
+
+
+def test_lean_by_default_in_both_formats():
+    docker = (ROOT / "images/cpu-torch2/Dockerfile").read_text()
+    sing = (ROOT / "images/cpu-torch2/Singularity.def").read_text()
+    build, final = docker.split("\nFROM ")[1:]
+    for cmd in LEAN_TORCH:
+        assert f"\n && {cmd} \\\n" in build
+        assert f"\n    {cmd}\n" in sing
+    drop = f'/opt/venv/bin/python3 -c "{context.DROP_TOOLS}"'
+    assert build.endswith(f"\n && {drop}\n") and f"\n    {drop}\n" in sing
+    # the final stage's apt leaves no package cache (the bootstrapped base has no docker-clean)
+    assert " && apt-get clean \\\n && rm -rf /var/lib/apt/lists/*\n" in final
+    assert "    apt-get clean\n    rm -rf /var/lib/apt/lists/*\n" in sing
+
+
+def test_keep_pip_keeps_pip_and_the_lean_rest(tmp_path):
+    spec = spec_from(tmp_path, merge(CPU, {"packages": {"keep_pip": True}}))
+    out = render.render(spec)
+    for name in ("Dockerfile", "Singularity.def"):
+        text = out.files[name].decode()
+        assert "pip uninstall" not in text and "DROP" not in text and "envbuild: removing" not in text
+        assert all(cmd in text for cmd in LEAN_TORCH)
+    twin_dir = tmp_path / "twin"
+    twin_dir.mkdir()
+    twin = render.render(spec_from(twin_dir, CPU)).files["Dockerfile"].decode()
+    assert "envbuild: removing" in twin
+
+
+def test_drop_tools_keeps_what_an_installed_package_requires(tmp_path):
+    # the program on this interpreter's own venv: pip is dropped unless something requires it
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = str(venv / "bin" / "python3")
+    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    needy = Path(site) / "needs_pip-1.0.dist-info"  # a distribution that requires pip
+    needy.mkdir()
+    (needy / "METADATA").write_text("Metadata-Version: 2.1\nName: needs-pip\nVersion: 1.0\nRequires-Dist: pip\n")
+    res = subprocess.run([py, "-c", context.DROP_TOOLS], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("envbuild: removing") and " pip" not in res.stdout
+    assert (venv / "bin" / "pip").exists()
+    (needy / "METADATA").write_text("Metadata-Version: 2.1\nName: needs-pip\nVersion: 1.0\n")
+    res = subprocess.run([py, "-c", context.DROP_TOOLS], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "pip" in res.stdout.split()[2:] and not (venv / "bin" / "pip").exists()
+
+
+def test_locked_recipe_declares_the_no_index_build_argument():
+    docker = (ROOT / "tests/golden/golden-locked/Dockerfile").read_text()
+    assert "\nARG PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu\n" in docker
+    assert "\nARG PIP_NO_INDEX=\nRUN --mount=type=secret,id=pip_ca " in docker
+    plain = (ROOT / "images/cpu-torch2/Dockerfile").read_text()
+    assert "PIP_NO_INDEX" not in plain

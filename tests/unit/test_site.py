@@ -134,3 +134,30 @@ def test_detect_uses_this_interpreter_by_default(site_dir, monkeypatch):
         monkeypatch.delenv(key)
     monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
     assert SiteOptions.detect().ca_bundle == site_dir / "ca.pem"
+
+
+def test_deferred_detection_reads_pip_only_when_completed(site_dir):
+    conf = write_conf(site_dir / "pip.conf", cert=site_dir / "ca.pem", **{"find-links": site_dir / "wheels"})
+    # an interpreter that cannot run: reading pip's configuration now would leave a note
+    site = SiteOptions.detect(env=pip_env(conf), python=str(site_dir / "no-python"), deferred=True)
+    assert site == SiteOptions(pending=True) and site.notes == ()
+    done = site.complete(env=pip_env(conf))
+    assert done == SiteOptions(ca_bundle=site_dir / "ca.pem", wheel_dir=site_dir / "wheels")
+    assert done.complete() is done  # nothing pending any more
+
+
+def test_deferred_detection_keeps_explicit_values_and_checks_them_now(site_dir):
+    conf = write_conf(site_dir / "pip.conf", cert=site_dir / "other.pem", **{"find-links": site_dir / "empty"})
+    site = SiteOptions.detect(wheels=site_dir / "wheels", base="mirror/debian:12", env=pip_env(conf), deferred=True)
+    assert (site.wheel_dir, site.ca_bundle, site.base_override, site.pending) == (
+        site_dir / "wheels", None, "mirror/debian:12", True)
+    done = site.complete(env=pip_env(conf))
+    assert (done.wheel_dir, done.ca_bundle, done.base_override, done.pending) == (
+        site_dir / "wheels", site_dir / "other.pem", "mirror/debian:12", False)
+    with pytest.raises(EnvbuildError) as info:
+        SiteOptions.detect(wheels=site_dir / "gone", deferred=True)
+    assert str(info.value) == f"--wheels: '{site_dir}/gone' no such folder"
+    # nothing to detect: not pending
+    both = SiteOptions.detect(ca_cert=site_dir / "ca.pem", wheels=site_dir / "wheels", deferred=True)
+    assert both.pending is False
+    assert SiteOptions.detect(no_detect=True, deferred=True).pending is False

@@ -10,6 +10,7 @@ from typing import TypeVar
 from packaging.version import Version
 
 from ..facts import BaseImageRow, PackageRow
+from ..fields import canonical_name, requirement_name
 from ..spec import ERROR, WARNING
 from .context import Ctx, base_tag, severity
 
@@ -54,11 +55,8 @@ def second_stack(c: Ctx) -> None:
             c.add(severity(row.tag), "second-stack", [f"packages.apt[{i}]"],
                   f"{item} is {_stack_reason(c, row.stack)}; remove it", f"{row.source} ({row.tag})")
     major = c.vcuda.split(".")[0] if c.vcuda else None
-    if c.r.packages.pip:  # packaging's requirement parser costs ~20 ms to import: only when needed
-        from packaging.requirements import Requirement
-        from packaging.utils import canonicalize_name
-    for i, req in enumerate(c.r.packages.pip):
-        name = canonicalize_name(Requirement(req).name)
+    for i, req in enumerate(c.r.packages.pip):  # packaging's parser (~40 ms to import) only for uncommon forms
+        name = canonical_name(requirement_name(req))
         m = re.fullmatch(r"(nvidia-[a-z0-9-]+?)-cu([0-9]+)", name)
         if m and major and m.group(2) != major:  # never mix -cu12 and -cu13 [compat.md §5.8]
             c.add(ERROR, "cuda-package-mix", [f"packages.pip[{i}]"],
@@ -83,16 +81,15 @@ def companions(c: Ctx) -> None:
     torch_version = c.r.torch.version
     if not (torch_version and c.r.packages.pip):
         return
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
     table = c.data.companions
     torch_v = Version(torch_version)
     for i, req_text in enumerate(c.r.packages.pip):
-        req = Requirement(req_text)
-        rows = table.get(canonicalize_name(req.name))
+        rows = table.get(canonical_name(requirement_name(req_text)))
         if rows is None:
             continue
+        from packaging.requirements import Requirement
+
+        req = Requirement(req_text)
         pairs = {v: row for v, row in rows.items() if _spec_contains(row.torch, torch_v)}
         fields = [f"packages.pip[{i}]", "torch.version"]
         if not pairs:
