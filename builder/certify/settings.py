@@ -37,16 +37,17 @@ ELEMENT_BYTES = 4
 #: Most sizes of one sweep (``--sizes``), and the largest size (1 TiB).
 MAX_SIZES = 64
 MAX_SIZE_BYTES = 1 << 40
-_SIZE = re.compile(r"([0-9]{1,13})([KMGkmg]?)")
-_UNIT = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_SIZE = re.compile(r"([0-9]{1,13})([KMGTkmgt]?)")
+_UNIT = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def parse_size(text: str) -> int:
-    """``"64M"`` -> 67108864: decimal bytes with an optional binary suffix K, M or G (as
-    nccl-tests' ``-b``/``-e``). Raises ValueError naming the text (escaped)."""
-    m = _SIZE.fullmatch(text.strip())
+    """``"64M"`` -> 67108864: decimal bytes with an optional binary suffix K, M, G or T (as
+    nccl-tests' ``-b``/``-e``); blanks around it are ignored, nothing else. Raises
+    ValueError naming the text (escaped)."""
+    m = _SIZE.fullmatch(text.strip(" "))
     if m is None:
-        raise ValueError(f"size {text[:40]!r} is not a number of bytes with an optional K, M or G")
+        raise ValueError(f"size {text[:40]!r} is not a number of bytes with an optional K, M, G or T")
     n = int(m.group(1)) * _UNIT[m.group(2).lower()]
     if not 1 <= n <= MAX_SIZE_BYTES:
         raise ValueError(f"size {text[:40]!r} is outside 1 B..1T")

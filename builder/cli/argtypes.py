@@ -201,6 +201,8 @@ def node_selector(text: str) -> tuple[str, str]:
 def _value_error_type(parse: Callable[[str], object]) -> ArgType:
     """argparse type from a parser raising ValueError (a one-line message naming the value)."""
     def convert(value: str) -> object:
+        if has_control(value):  # a trailing newline too: validated whole, never stripped
+            raise argparse.ArgumentTypeError(f"{show(value)} holds a control character")
         try:
             return parse(value)
         except ValueError as e:

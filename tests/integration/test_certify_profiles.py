@@ -60,14 +60,15 @@ def label_env(labels: dict[str, str]) -> dict[str, str]:
 
 @pytest.mark.parametrize("text, sizes", [
     ("1K:8K", [1024, 2048, 4096, 8192]), ("8,1K,4M", [8, 1024, 4194304]), ("64M", [67108864]),
-    ("4M,8,8", [8, 4194304]), ("8:8", [8]), ("1k:2k", [1024, 2048])])
+    ("4M,8,8", [8, 4194304]), ("8:8", [8]), ("1k:2k", [1024, 2048]), ("1T", [1099511627776]),
+    ("512G:1T", [549755813888, 1099511627776]), ("8, 16", [8, 16])])
 def test_sizes_parsed(text, sizes):
     assert parse_sizes(text) == sizes
 
 
 @pytest.mark.parametrize("text, message", [
     ("6", "size 6 is not a multiple of 4 bytes"), ("1K:8", "MIN is above MAX"), ("", "MIN:MAX or a comma list"),
-    ("1T", "is not a number of bytes"), (",".join(str(4 * i) for i in range(1, 66)), "more than 64 sizes"),
+    ("2T", "outside 1 B..1T"), ("8\n", "is not a number of bytes"), (",".join(str(4 * i) for i in range(1, 66)), "more than 64 sizes"),
     ("2G,", "is not a number of bytes"),
     ("4096G", "outside 1 B..1T")])
 def test_sizes_refused(text, message):
@@ -82,7 +83,10 @@ def test_sizes_refused(text, message):
     (["--dtype", "int8"], "argument --dtype: unsupported dtype 'int8'"),
     (["--min-scaling-efficiency", "0"], "argument --min-scaling-efficiency"),
     (["--min-scaling-efficiency", "1.5"], "argument --min-scaling-efficiency"),
-    (["--iters", "0"], "argument --iters")])
+    (["--iters", "0"], "argument --iters"),
+    (["--profile", "ddp\n"], "argument --profile: 'ddp\\n' holds a control character"),
+    (["--sizes", "8\n"], "argument --sizes: '8\\n' holds a control character"),
+    (["--dtype", "float32\n"], "argument --dtype: 'float32\\n' holds a control character")])
 def test_bad_profile_options_are_usage_errors(args, message):
     res = envbuild("certify", "img:1", *args)
     assert res.returncode == ExitCode.USAGE, res.stderr

@@ -356,6 +356,13 @@ NEWLINE_FIELDS = [
                 "no = or blank)"),
     ("nccl.pip_packages key", "nccl.pip_packages: 'nvidia-nccl-cu12\\n' has a key that is not a package name"),
     ("schema", "schema: 'envbuild.probe/1\\n' is not a node-report schema this envbuild reads (envbuild.probe/1)"),
+    ("scope", "scope: 'image\\n' is not a valid value"),
+    ("probed_at", "probed_at: '2026-12-01T12:00:00Z\\n' is not a UTC time like 2025-06-01T12:00:00Z"),
+    ("nccl.net_plugin.api", "nccl.net_plugin.api: 'v8\\n' is not a plugin API version like v8"),
+    ("nccl.net_plugin.sha256",
+     "nccl.net_plugin.sha256: 'sha256:" + "ef" * 32 + "\\n' is not a sha256:<64 hex> digest"),
+    ("nccl.net_plugin.version", "nccl.net_plugin.version: '1.2\\n' is not a version (digits, letters, . + _ ! -)"),
+    ("cuda_runtime.loaded.0.version", "cuda_runtime.loaded[0].version: '12.8\\n' is not a CUDA version like 12.8"),
 ]
 
 
@@ -363,6 +370,11 @@ def _with_newline(field: str) -> dict:
     doc = gpu_report(2)
     doc["gpu_processes"] = [{"gpu_index": 0, "gpu_uuid": doc["gpus"][0]["uuid"], "pid": 4242,
                              "used_memory_bytes": 1 << 20, "name": "python3"}]
+    doc.update(scope="image", probed_at="2026-12-01T12:00:00Z",  # the issue-11 fields, all set
+               cuda_runtime={"loaded": [{"path": "/usr/lib/libcudart.so.12", "version": "12.8"}]})
+    doc["nccl"]["net_plugin"] = {"requested": None, "path": "/usr/lib/libnccl-net.so",
+                                 "realpath": "/usr/lib/libnccl-net.so.1.2", "sha256": "sha256:" + "ef" * 32,
+                                 "name": "IB", "api": "v8", "version": "1.2"}
     if field.endswith(" key"):
         mapping = doc
         for p in field[:-4].split("."):
