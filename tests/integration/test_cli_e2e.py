@@ -53,10 +53,8 @@ def test_make_cpu_torch2_end_to_end(tmp_path, docker_client, torch_image, test_l
     assert cert["schema"] == "envbuild.certificate/1"
     assert cert["world_size"] == 2 and cert["nodes"] == 2
     assert cert["backend"]["used"] == "gloo"
-    # the default profile (ddp) runs the numpy features too; the recipe's image has no numpy
-    assert cert["verdict"] == {"passed": True, "exit_code": 0, "failures": [], "warnings": [
-        "numpy is not installed in the image on rank(s) 0,1: all_gather_object, pipeline_shape_inference, "
-        "dcp_save reported unsupported (a training image without numpy breaks jobs that use them)"]}
+    # the default profile (ddp) runs the numpy features too; the recipe pins numpy
+    assert cert["verdict"] == {"passed": True, "exit_code": 0, "failures": [], "warnings": []}
     assert cert["profiles"] == ["ddp"] and cert["training"]["ddp"]["reference_match"] is True
     sizes = [row["size_bytes"] for row in cert["allreduce"]]
     assert sizes == [8, 1024, 65536, 1048576, 4194304]

@@ -253,7 +253,11 @@ def test_lock_then_two_uncached_builds_install_the_same_files(docker_client, boo
     result = lock.lock(spec, images, site, docker_client, base_mode="bootstrap", labels=test_labels,
                        registry=RegistryClient)
     doc = result.resolved.to_dict()
-    assert doc["pip"] == [{"name": "torch", "version": "2.13.0+cpu",
+    assert doc["pip"] == [{"name": "numpy", "version": "2.3.5",  # the recipe's pin, from PyPI
+                           "hashes": ["sha256:8cba086a43d54ca804ce711b2a940b16e452807acebe7852ff327f1ecd49b0d4"],
+                           "file": "numpy-2.3.5-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+                           "requested": True},
+                          {"name": "torch", "version": "2.13.0+cpu",
                            "hashes": ["sha256:" + hashlib.sha256(wheel.read_bytes()).hexdigest()],
                            "file": wheel.name, "requested": True}]
     assert set(doc["apt"]) == {"python3", "python3-venv"} and all(doc["apt"].values())
