@@ -52,3 +52,22 @@ def test_stale_rendered_files_are_refused_despite_a_stamp(tmp_path, torch_image)
     assert done.returncode == 2, done.stderr
     assert "rendered files are stale (Dockerfile)" in done.stderr
     assert done.stdout == ""
+
+
+PROBE = """
+import json, sys
+from builder.cli import app
+code = app.main(sys.argv[1:])
+print(json.dumps([code, sorted({m.split(".")[0] for m in sys.modules} & {"rich", "docker", "jinja2", "requests"})]))
+"""
+
+
+def test_no_change_build_imports_no_heavy_module_and_a_rendering_one_does(tmp_path, torch_image):
+    recipes, images, cache = _site(tmp_path)
+    env = {"PATH": "/usr/bin:/bin", "ENVBUILD_CACHE_DIR": str(cache), "HOME": str(cache)}
+    argv = [sys.executable, "-c", PROBE, "--recipes-dir", str(recipes), "--images-dir", str(images), "build",
+            "cpu-torch2"]
+    first = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert first.stdout.splitlines()[-1] == '[0, ["docker", "jinja2", "requests", "rich"]]', first.stderr
+    again = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert again.stdout.splitlines()[-1] == "[0, []]", again.stderr

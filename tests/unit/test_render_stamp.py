@@ -111,3 +111,20 @@ def test_malformed_stamp_is_not_the_fast_path(site, text):
     assert stamp.current("cpu-torch2", recipes, images, cache=cache) is None
 
 
+
+
+def test_warning_is_plain_off_a_terminal_and_coloured_where_forced(capsys, monkeypatch):
+    from builder.cli import output
+
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    output.console.cache_clear()
+    output.warn("base stands in")
+    assert capsys.readouterr().err == "warning: base stands in\n"
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    output.console.cache_clear()
+    try:
+        output.warn("base stands in")
+        assert capsys.readouterr().err == "\x1b[33mwarning: base stands in\x1b[0m\n"
+    finally:
+        output.console.cache_clear()

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder.cli.output import console, out, put
+from builder.cli.output import console, out, put, warn
 from builder.core.errors import EnvbuildError, ExitCode
 from builder.core.inputs import escape
 
@@ -35,7 +35,7 @@ def build_spec(args: argparse.Namespace, spec: Spec | str) -> BuildResult:
     name = spec if isinstance(spec, str) else spec.name
     options = build.BuildOptions(recipe=name, images_dir=Path(args.images_dir), site=site_options(args, deferred=True),
                                  base_mode=args.base_mode)
-    result = build.build(options, console=console())
+    result = build.build(options, make_console=console, warn=warn)
     for note in result.notes:
         console().print(f"note: {note}", markup=False, soft_wrap=True)
     verb = "reused" if result.reused else "built"
