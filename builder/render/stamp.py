@@ -7,7 +7,8 @@ stamp records, after a render was compared with (or written to) ``images/<recipe
 - ``inputs``: sha256 (64 hex) of every input that decides the rendering and the recipe check
   (:func:`inputs_digest`): the recipe file's bytes (each candidate path of the name, present or
   not), the compatibility facts (``builder/recipe/data/*``), the templates and the code of
-  :mod:`builder.recipe`, :mod:`builder.render` and :mod:`builder.core`, envbuild's version and
+  :mod:`builder.recipe`, :mod:`builder.render` and what they import (:mod:`builder.oci`,
+  :mod:`builder.core`), envbuild's version and
   ``envbuild.resolved.json`` (or its absence);
 - ``files``: the sha256 of each rendered file as it was rendered;
 - ``recipe``: the recipe's name.
@@ -45,7 +46,7 @@ MAX_INPUT_BYTES = 8 << 20
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _BUILDER = Path(__file__).resolve().parent.parent
 #: Folders whose files decide the rendering (code, templates, facts).
-CODE_DIRS = ("core", "recipe", "render")
+CODE_DIRS = ("core", "oci", "recipe", "render")
 
 
 def default_dir(env: Mapping[str, str] | None = None) -> Path:

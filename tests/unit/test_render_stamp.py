@@ -81,7 +81,8 @@ def test_a_resolved_file_appearing_is_not_the_fast_path(site):
 
 
 @pytest.mark.parametrize("changed", ["render/templates/Dockerfile.j2", "recipe/data/compat.yaml", "core/inputs.py",
-                                     "render/context.py", "recipe/rules/stacks.py"])
+                                     "render/context.py", "recipe/rules/stacks.py",
+                                     "oci/reference.py"])
 def test_changed_code_templates_or_facts_are_not_the_fast_path(site, tmp_path, monkeypatch, changed):
     recipes, images, cache = site
     copy = tmp_path / "builder"
