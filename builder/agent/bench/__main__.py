@@ -18,13 +18,8 @@ import socket
 import sys
 import tempfile
 import time
-from typing import List, Optional
 
-from . import DEFAULT_SIZES
-from . import RESULT_SCHEMA
-from . import allreduce
-from . import faults
-from . import progress
+from . import DEFAULT_SIZES, RESULT_SCHEMA, allreduce, faults, progress
 
 EXIT_USAGE = 64
 
@@ -36,10 +31,10 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse exits 2 by default; the project uses 64
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, "%s: error: %s\n" % (self.prog, message))
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def parse_sizes(text: str) -> List[int]:
+def parse_sizes(text: str) -> list[int]:
     """``"8,1024,65536"`` -> ``[8, 1024, 65536]`` (bytes; order kept, blanks ignored).
 
     Raises:
@@ -51,18 +46,18 @@ def parse_sizes(text: str) -> List[int]:
         if not item:
             continue
         if not item.isdigit() or int(item) <= 0:
-            raise ValueError("size %r is not a positive integer number of bytes" % item)
+            raise ValueError(f"size {item!r} is not a positive integer number of bytes")
         sizes.append(int(item))
     if not sizes:
         raise ValueError("no sizes given")
     return sizes
 
 
-def _sizes_arg(text: str) -> List[int]:
+def _sizes_arg(text: str) -> list[int]:
     try:
         return parse_sizes(text)
     except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                    help="default: nccl if CUDA is available, else gloo")
     p.add_argument("--sizes", type=_sizes_arg, default=list(DEFAULT_SIZES),
-                   help="all-reduce sizes in bytes, comma-separated (default %s)"
-                   % ",".join(str(s) for s in DEFAULT_SIZES))
+                   help="all-reduce sizes in bytes, comma-separated (default {})".format(
+                       ",".join(str(s) for s in DEFAULT_SIZES)))
     p.add_argument("--iters", type=int, default=20, help="timed iterations per size")
     p.add_argument("--warmup", type=int, default=5, help="untimed iterations per size")
     p.add_argument("--dtype", choices=tuple(allreduce.DTYPE_SIZES), default="float32")
@@ -98,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse and cross-check options; exits 64 (with usage) on any bad value."""
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -121,7 +116,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         try:
             allreduce.element_count(s, args.dtype)
         except ValueError as e:
-            problems.append("--sizes: %s" % e)
+            problems.append(f"--sizes: {e}")
     if args.profiles:
         from . import profiles
 
@@ -140,7 +135,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def utc_now_iso() -> str:
     """Current UTC time as ISO 8601 with milliseconds and ``Z``, e.g. ``2026-05-12T10:00:00.123Z``."""
     now = datetime.datetime.now(datetime.timezone.utc)
-    return now.strftime("%Y-%m-%dT%H:%M:%S.") + "%03dZ" % (now.microsecond // 1000)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
 
 
 def write_json_atomic(path: str, doc: dict) -> None:
@@ -187,21 +182,21 @@ def load_probe():
     path = os.path.join(folder, "__init__.py")
     spec = importlib.util.spec_from_file_location("envbuild_probe", path, submodule_search_locations=[folder])
     if spec is None or spec.loader is None or not os.path.isfile(path):
-        raise ImportError("no probe module on sys.path and no %s" % path)
+        raise ImportError(f"no probe module on sys.path and no {path}")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["envbuild_probe"] = mod  # its relative imports resolve through this name
     spec.loader.exec_module(mod)
     return mod
 
 
-def _env_int(name: str) -> Optional[int]:
+def _env_int(name: str) -> int | None:
     val = os.environ.get(name)
     if val is None or val == "":
         return None
     try:
         return int(val)
     except ValueError:
-        raise UsageError("environment %s=%r is not an integer" % (name, val))
+        raise UsageError(f"environment {name}={val!r} is not an integer") from None
 
 
 def _fire_early_fault(fault, rank: int, prog=None) -> None:
@@ -210,13 +205,13 @@ def _fire_early_fault(fault, rank: int, prog=None) -> None:
         return
     if fault.hits("sleep", rank):
         if prog is not None:
-            prog.phase("test fault", "sleep %d s" % faults.SLEEP_S)
-        print("envbuild bench: TEST fault %s: rank %d sleeps %d s" % (fault, rank, faults.SLEEP_S),
+            prog.phase("test fault", f"sleep {faults.SLEEP_S:d} s")
+        print(f"envbuild bench: TEST fault {fault}: rank {rank:d} sleeps {faults.SLEEP_S:d} s",
               file=sys.stderr, flush=True)
         time.sleep(faults.SLEEP_S)
     if fault.hits("exit", rank):
-        print("envbuild bench: TEST fault %s: rank %d exits with %d"
-              % (fault, rank, faults.EXIT_CODE), file=sys.stderr, flush=True)
+        print(f"envbuild bench: TEST fault {fault}: rank {rank:d} exits with {faults.EXIT_CODE:d}",
+              file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(faults.EXIT_CODE)
 
@@ -234,13 +229,13 @@ def _ddp_step(args, fault, rank, device, local_rank, lead, log, prog):
     )
     result["final_loss"] = _finite_or_none(result["final_loss"])
     if lead:
-        log("# ddp resnet18 (%s): %d steps x %d images %dx%d: %.2f images/s on rank 0; "
-            "params identical: %s%s"
-            % (result["source"], args.ddp_steps, args.ddp_batch, args.ddp_image_size,
-               args.ddp_image_size, result["images_per_s"],
-               "yes" if result["params_identical"] else "NO",
-               "" if result["params_identical"]
-               else " (mismatched ranks %s)" % result["mismatched_ranks"]))
+        log("# ddp resnet18 ({}): {:d} steps x {:d} images {:d}x{:d}: {:.2f} images/s on rank 0; "
+            "params identical: {}{}".format(
+                result["source"], args.ddp_steps, args.ddp_batch, args.ddp_image_size,
+                args.ddp_image_size, result["images_per_s"],
+                "yes" if result["params_identical"] else "NO",
+                "" if result["params_identical"]
+                else " (mismatched ranks {})".format(result["mismatched_ranks"])))
     return result
 
 
@@ -270,7 +265,7 @@ def _environment():
     try:
         fault = faults.parse_fault(os.environ.get(faults.ENV_VAR))
     except ValueError as e:
-        raise UsageError(str(e))
+        raise UsageError(str(e)) from e
     rank, world, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
     if rank is None or world is None or local_rank is None:
         raise UsageError("RANK, WORLD_SIZE and LOCAL_RANK are unset: launch under torchrun")
@@ -324,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
     prog.start()
     errors = []
     if fault is not None and fault.rank >= world:
-        errors.append("fault %s targets no rank of a world of %d" % (fault, world))
+        errors.append(f"fault {fault} targets no rank of a world of {world:d}")
 
     import torch
     import torch.distributed as dist
@@ -332,10 +327,10 @@ def run(args: argparse.Namespace) -> int:
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
-        device = "cuda:%d" % local_rank
+        device = f"cuda:{local_rank:d}"
     else:
         device = "cpu"
-    prog.phase("init", "process group (%s)" % backend, collective=True)
+    prog.phase("init", f"process group ({backend})", collective=True)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.pg_timeout_s))
     lead = rank == 0
 
@@ -343,10 +338,10 @@ def run(args: argparse.Namespace) -> int:
         prog.writer.line(line)
 
     if lead:
-        log("# envbuild bench: world %d, backend %s, device %s, dtype %s, iters %d, warmup %d"
-            % (world, backend, device, args.dtype, args.iters, args.warmup))
+        log(f"# envbuild bench: world {world:d}, backend {backend}, device {device}, dtype {args.dtype}, "
+            f"iters {args.iters:d}, warmup {args.warmup:d}")
         if fault is not None:
-            log("# TEST-ONLY fault injected: %s" % (fault,))
+            log(f"# TEST-ONLY fault injected: {fault}")
 
     _fire_early_fault(fault, rank, prog)
 
@@ -357,8 +352,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if lead:
         total_wrong = sum(sum(e["wrong_by_rank"]) for e in sweep)
-        log("# Out of bounds values : %d %s" % (total_wrong, "OK" if total_wrong == 0 else "FAILED"))
-        log("# Avg bus bandwidth    : %.3f GB/s" % (sum(e["busbw_gbps"] for e in sweep) / len(sweep)))
+        log("# Out of bounds values : {:d} {}".format(total_wrong, "OK" if total_wrong == 0 else "FAILED"))
+        log("# Avg bus bandwidth    : {:.3f} GB/s".format(sum(e["busbw_gbps"] for e in sweep) / len(sweep)))
 
     ddp_result = _ddp_step(args, fault, rank, device, local_rank, lead, log, prog)
     profiles_doc = _profiles_step(args, rank, device, backend, lead, log, prog, errors)
@@ -368,33 +363,33 @@ def run(args: argparse.Namespace) -> int:
     try:
         probe_doc = load_probe().collect()
     except Exception as e:
-        errors.append("probe failed: %s: %s" % (type(e).__name__, e))
+        errors.append(f"probe failed: {type(e).__name__}: {e}")
 
     result = _result_doc(args, run_id, rank, local_rank, world, node_rank, backend, device, sweep,
                          ddp_result, probe_doc, fault, errors, started_at, profiles_doc)
     prog.phase("write")
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "rank-%d.json" % rank)
+    path = os.path.join(args.out, f"rank-{rank:d}.json")
     result["finished_at"] = utc_now_iso()
     result["elapsed_s"] = time.perf_counter() - t_start
     write_json_atomic(path, result)
     if args.result_to_stdout:
         prog.result(result)
     if lead:
-        log("# rank 0 wrote %s in %.1f s" % (path, result["elapsed_s"]))
+        log("# rank 0 wrote {} in {:.1f} s".format(path, result["elapsed_s"]))
     prog.phase("done")
     prog.stop()
     dist.destroy_process_group()
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Parse options (exit 64 on misuse) and :func:`run`; returns the exit status."""
     args = parse_args(argv)
     try:
         return run(args)
     except UsageError as e:
-        print("python3 -m bench: error: %s" % e, file=sys.stderr)
+        print(f"python3 -m bench: error: {e}", file=sys.stderr)
         return EXIT_USAGE
 
 

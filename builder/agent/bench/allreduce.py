@@ -13,7 +13,7 @@ GB/s = 1e9 bytes/s:
 from __future__ import annotations
 
 import time
-from typing import Dict, List
+from typing import Any
 
 # Element sizes in bytes of the dtypes the sweep accepts. Both hold every integer of the
 # correctness pattern exactly: the largest sum is n*250 + n(n-1)/2, below 2**24
@@ -33,7 +33,7 @@ def busbw_factor(nranks: int) -> float:
         ValueError: nranks < 1.
     """
     if nranks < 1:
-        raise ValueError("nranks must be >= 1, got %r" % (nranks,))
+        raise ValueError(f"nranks must be >= 1, got {nranks!r}")
     if nranks == 1:
         return 0.0
     return 2.0 * (nranks - 1) / nranks
@@ -71,18 +71,17 @@ def element_count(size_bytes: int, dtype: str) -> int:
         ValueError: unknown dtype, or size not a positive multiple of the element size.
     """
     if dtype not in DTYPE_SIZES:
-        raise ValueError("unsupported dtype %r (one of %s)" % (dtype, ", ".join(DTYPE_SIZES)))
+        raise ValueError("unsupported dtype {!r} (one of {})".format(dtype, ", ".join(DTYPE_SIZES)))
     elem = DTYPE_SIZES[dtype]
     if size_bytes < elem or size_bytes % elem:
         raise ValueError(
-            "size %d bytes is not a positive multiple of the %s element size (%d bytes)"
-            % (size_bytes, dtype, elem)
+            f"size {size_bytes:d} bytes is not a positive multiple of the {dtype} element size ({elem:d} bytes)"
         )
     return size_bytes // elem
 
 
-def summarize(size_bytes: int, dtype: str, rank_time_us: List[float],
-              wrong_by_rank: List[int]) -> Dict[str, object]:
+def summarize(size_bytes: int, dtype: str, rank_time_us: list[float],
+              wrong_by_rank: list[int]) -> dict[str, Any]:
     """One sweep entry of the rank-result schema from gathered per-rank figures.
 
     Args:
@@ -112,13 +111,13 @@ def summarize(size_bytes: int, dtype: str, rank_time_us: List[float],
     }
 
 
-HEADER = "# %12s %12s %8s %6s %11s %12s %12s %8s" % (
+HEADER = "# {!s:>12} {!s:>12} {!s:>8} {!s:>6} {!s:>11} {!s:>12} {!s:>12} {!s:>8}".format(
     "size(B)", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong")
 
 
-def format_row(entry: Dict[str, object]) -> str:
+def format_row(entry: dict[str, Any]) -> str:
     """nccl-tests-like table row for one sweep entry; ``#wrong`` is the sum over ranks."""
-    return "  %12d %12d %8s %6s %11.2f %12.3f %12.3f %8d" % (
+    return "  {:12d} {:12d} {!s:>8} {!s:>6} {:11.2f} {:12.3f} {:12.3f} {:8d}".format(
         entry["size_bytes"], entry["count"], entry["type"], entry["redop"],
         entry["time_us"], entry["algbw_gbps"], entry["busbw_gbps"],
         sum(entry["wrong_by_rank"]))
@@ -132,8 +131,8 @@ def _all_gather_scalar(dist, torch, value, dtype, device) -> list:
     return [t.item() for t in out]
 
 
-def run_sweep(sizes: List[int], dtype: str, iters: int, warmup: int, device: str,
-              corrupt: bool = False, log=None, progress=None) -> List[Dict[str, object]]:
+def run_sweep(sizes: list[int], dtype: str, iters: int, warmup: int, device: str,
+              corrupt: bool = False, log=None, progress=None) -> list[dict[str, Any]]:
     """Time and check an all-reduce (sum) at each size on the initialized default group.
 
     Args:
@@ -171,7 +170,7 @@ def run_sweep(sizes: List[int], dtype: str, iters: int, warmup: int, device: str
     results = []
     for size in sizes:
         if progress:
-            progress("all-reduce", "%d B" % size, True)
+            progress("all-reduce", f"{size:d} B", True)
         count = element_count(size, dtype)
         buf = torch.zeros(count, dtype=tdtype, device=device)
         for _ in range(warmup):

@@ -46,8 +46,9 @@ result has. Comparisons are exact (0 ulp), like nccl-tests for sum.
 
 from __future__ import annotations
 
+import functools
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable
 
 from .support import Unsupported, unsupported_reason
 
@@ -70,16 +71,16 @@ CORRUPT_VALUE = -2  # TEST-ONLY fault: what the corrupted element is set to
 def typesize(dtype: str) -> int:
     """Bytes per element of ``dtype`` (a key of ``DTYPES``). Raises ValueError otherwise."""
     if dtype not in DTYPES:
-        raise ValueError("unsupported dtype %r (one of %s)" % (dtype, ", ".join(DTYPES)))
+        raise ValueError("unsupported dtype {!r} (one of {})".format(dtype, ", ".join(DTYPES)))
     return DTYPES[dtype][0]
 
 
 def _check_name(name: str) -> None:
     if name not in COLLECTIVES:
-        raise ValueError("unknown collective %r (one of %s)" % (name, ", ".join(COLLECTIVES)))
+        raise ValueError("unknown collective {!r} (one of {})".format(name, ", ".join(COLLECTIVES)))
 
 
-def count_and_size(name: str, size_bytes: int, dtype: str, nranks: int) -> Tuple[int, int]:
+def count_and_size(name: str, size_bytes: int, dtype: str, nranks: int) -> tuple[int, int]:
     """(count, size_bytes) of a row for a requested size, in nccl-tests' columns.
 
     E.g. ``("all_gather", 1000, "float32", 2)`` -> ``(125, 1000)``;
@@ -92,7 +93,7 @@ def count_and_size(name: str, size_bytes: int, dtype: str, nranks: int) -> Tuple
     _check_name(name)
     ts = typesize(dtype)
     if size_bytes < 1 or nranks < 1:
-        raise ValueError("size_bytes and nranks must be >= 1, got %r, %r" % (size_bytes, nranks))
+        raise ValueError(f"size_bytes and nranks must be >= 1, got {size_bytes!r}, {nranks!r}")
     per = ts * nranks if name in PER_RANK_COUNT else ts
     count = size_bytes // per
     return count, count * per
@@ -106,7 +107,7 @@ def bus_factor(name: str, nranks: int) -> float:
     """
     _check_name(name)
     if nranks < 1:
-        raise ValueError("nranks must be >= 1, got %r" % (nranks,))
+        raise ValueError(f"nranks must be >= 1, got {nranks!r}")
     if name == "all_reduce":
         return 2.0 * (nranks - 1) / nranks
     if name in PER_RANK_COUNT:
@@ -136,13 +137,12 @@ def modulus(dtype: str, nranks: int, reducing: bool) -> int:
     """
     typesize(dtype)
     if nranks < 1:
-        raise ValueError("nranks must be >= 1, got %r" % (nranks,))
+        raise ValueError(f"nranks must be >= 1, got {nranks!r}")
     if not reducing:
         return MAX_MODULUS
     limit = DTYPES[dtype][1]
     if nranks > limit:
-        raise Unsupported("an exact check of a %s reduction needs <= %d ranks, not %d"
-                          % (dtype, limit, nranks))
+        raise Unsupported(f"an exact check of a {dtype} reduction needs <= {limit:d} ranks, not {nranks:d}")
     return min(MAX_MODULUS, limit // nranks + 1)
 
 
@@ -203,7 +203,7 @@ def expected_value(name: str, index: int, rank: int, nranks: int, count: int, m:
 
 
 def summarize(name: str, count: int, size_bytes: int, dtype: str, api: str,
-              rank_time_us: List[float], wrong_by_rank: List[int]) -> Dict[str, object]:
+              rank_time_us: list[float], wrong_by_rank: list[int]) -> dict[str, Any]:
     """One row from gathered per-rank figures (index = rank).
 
     Returns ``{"size_bytes", "count", "type", "redop": "sum"|"none", "root": 0|-1,
@@ -223,14 +223,14 @@ def summarize(name: str, count: int, size_bytes: int, dtype: str, api: str,
     }
 
 
-HEADER = "# %-14s %12s %12s %8s %11s %12s %12s %8s" % (
+HEADER = "# {!s:<14} {!s:>12} {!s:>12} {!s:>8} {!s:>11} {!s:>12} {!s:>12} {!s:>8}".format(
     "collective", "size(B)", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
     "#wrong")
 
 
-def format_row(name: str, row: Dict[str, object]) -> str:
+def format_row(name: str, row: dict[str, Any]) -> str:
     """nccl-tests-like table line for one row (``#wrong`` is the sum over ranks)."""
-    return "  %-14s %12d %12d %8s %11.2f %12.3f %12.3f %8d" % (
+    return "  {!s:<14} {:12d} {:12d} {!s:>8} {:11.2f} {:12.3f} {:12.3f} {:8d}".format(
         name, row["size_bytes"], row["count"], row["type"], row["time_us"],
         row["algbw_gbps"], row["busbw_gbps"], row["wrong"])
 
@@ -296,13 +296,13 @@ def _candidates(dist, name: str, send, recv, rank: int, n: int):
     elif name == "all_gather":
         for attr in ("all_gather_single", "all_gather_into_tensor", "_all_gather_base"):
             if has(attr):
-                out.append((attr, lambda f=getattr(dist, attr): f(recv, send)))
+                out.append((attr, functools.partial(getattr(dist, attr), recv, send)))
         views = list(recv.chunk(n))
         out.append(("all_gather", lambda: dist.all_gather(views, send)))
     elif name == "reduce_scatter":
         for attr in ("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base"):
             if has(attr):
-                out.append((attr, lambda f=getattr(dist, attr): f(recv, send)))
+                out.append((attr, functools.partial(getattr(dist, attr), recv, send)))
         if has("reduce_scatter"):
             chunks = list(send.chunk(n))
             out.append(("reduce_scatter", lambda: dist.reduce_scatter(recv, chunks)))
@@ -345,15 +345,15 @@ def _check_once(torch, dist, name, sizes_counts, dtype, device, chosen):
             reason = unsupported_reason(e)
             if reason is None:
                 raise
-            reasons.append("%s: %s" % (api, reason))
+            reasons.append(f"{api}: {reason}")
             continue
         chosen.append(api)
         return
     raise Unsupported("; ".join(reasons) or "torch.distributed has no function for " + name)
 
 
-def run_collective(name: str, sizes: List[int], dtype: str, iters: int, warmup: int,
-                   device: str, corrupt: bool = False, log: Optional[Callable] = None):
+def run_collective(name: str, sizes: list[int], dtype: str, iters: int, warmup: int,
+                   device: str, corrupt: bool = False, log: Callable | None = None):
     """Sweep ``name`` over ``sizes`` on the initialized default process group.
 
     Args:
@@ -382,13 +382,12 @@ def run_collective(name: str, sizes: List[int], dtype: str, iters: int, warmup: 
     if name == "send_recv" and n == 1 and dist.get_backend() != "nccl":
         # On one rank the ring sends to itself: NCCL does; gloo fails ("Pair is not
         # connected", torch 2.13), not an unsupported-style message.
-        return {"unsupported": "send_recv on one rank sends to itself, which %s does not do"
-                % dist.get_backend()}
+        return {"unsupported": f"send_recv on one rank sends to itself, which {dist.get_backend()} does not do"}
     sizes_counts = [count_and_size(name, s, dtype, n) for s in sizes]
     sizes_counts = [(c, s) for c, s in sizes_counts if c >= 1]
     if not sizes_counts:
-        return {"unsupported": "no requested size holds one %s element per rank" % dtype}
-    chosen: List[str] = []
+        return {"unsupported": f"no requested size holds one {dtype} element per rank"}
+    chosen: list[str] = []
     try:
         _check_once(torch, dist, name, sizes_counts, dtype, device, chosen)
     except Unsupported as e:
@@ -416,7 +415,7 @@ def run_collective(name: str, sizes: List[int], dtype: str, iters: int, warmup: 
 
 
 def _time_and_check(torch, dist, name, api, count, dtype, iters, warmup, device, cuda,
-                    corrupt) -> Tuple[float, int]:
+                    corrupt) -> tuple[float, int]:
     """(this rank's mean microseconds per run, this rank's wrong elements) at one count."""
     rank, n = dist.get_rank(), dist.get_world_size()
     m = modulus(dtype, n, name in REDUCING)

@@ -14,7 +14,7 @@ import ctypes
 import hashlib
 import time
 from collections import Counter
-from typing import Dict, List, Optional, Tuple
+from typing import Any
 
 NUM_CLASSES = 1000
 LR = 0.01
@@ -22,7 +22,7 @@ MOMENTUM = 0.9
 DATA_SEED_STRIDE = 1_000_003  # data seed of rank r = seed * stride + r (rank-dependent)
 
 
-def reference_checksum(checksums: List[str]) -> str:
+def reference_checksum(checksums: list[str]) -> str:
     """The value the ranks are compared with: the most common checksum.
 
     When several values share the highest count (e.g. 2 ranks that disagree), rank 0's
@@ -40,7 +40,7 @@ def reference_checksum(checksums: List[str]) -> str:
     return counts[0][0]
 
 
-def mismatched_ranks(checksums: List[str]) -> List[int]:
+def mismatched_ranks(checksums: list[str]) -> list[int]:
     """Ranks (indices into ``checksums``) whose checksum differs from the reference.
 
     E.g. ``["a", "b", "a"]`` -> ``[1]``; ``["a", "b"]`` -> ``[1]`` (tie: rank 0 wins);
@@ -65,7 +65,7 @@ def param_checksum(named_parameters) -> str:
     return h.hexdigest()
 
 
-def _all_gather_digest(dist, torch, hexdigest: str, device: str, world: int) -> List[str]:
+def _all_gather_digest(dist, torch, hexdigest: str, device: str, world: int) -> list[str]:
     """Every rank's sha256 hex digest, index = rank.
 
     Sent as 32 uint8 values with ``all_gather`` rather than ``all_gather_object``, which
@@ -78,7 +78,7 @@ def _all_gather_digest(dist, torch, hexdigest: str, device: str, world: int) -> 
     return [bytes(t.cpu().tolist()).hex() for t in out]
 
 
-def build_resnet18() -> Tuple[object, str]:
+def build_resnet18() -> tuple[Any, str]:
     """(model, source): torchvision's ResNet-18 when importable, else the built-in one.
 
     ``source`` is ``"torchvision"`` or ``"builtin"``. Weights are random (torch's global
@@ -99,7 +99,7 @@ def build_resnet18() -> Tuple[object, str]:
 
 
 def run_ddp(steps: int, batch: int, image_size: int, seed: int, device: str,
-            local_rank: int, perturb: bool = False, progress=None) -> Dict[str, object]:
+            local_rank: int, perturb: bool = False, progress=None) -> dict[str, Any]:
     """Train ResNet-18 under DDP for ``steps`` steps; return the ``ddp`` result section.
 
     Args:
@@ -144,9 +144,9 @@ def run_ddp(steps: int, batch: int, image_size: int, seed: int, device: str,
     if cuda:
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    loss: Optional[float] = None
+    loss: float | None = None
     for i, (x, y) in enumerate(data):
-        note("ddp", "step %d" % (i + 1), True)
+        note("ddp", f"step {i + 1:d}", True)
         opt.zero_grad(set_to_none=True)
         out = F.cross_entropy(ddp(x), y)
         out.backward()

@@ -22,7 +22,6 @@ Stdlib only (the host imports this in its unit tests).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 ENV_VAR = "ENVBUILD_BENCH_FAULT"
 KINDS = ("allreduce-corrupt", "ddp-perturb", "sleep", "exit")
@@ -38,14 +37,14 @@ class Fault:
     rank: int
 
     def __str__(self) -> str:
-        return "%s@%d" % (self.kind, self.rank)
+        return f"{self.kind}@{self.rank:d}"
 
     def hits(self, kind: str, rank: int) -> bool:
         """True when this fault is ``kind`` and targets global rank ``rank``."""
         return self.kind == kind and self.rank == rank
 
 
-def parse_fault(spec: Optional[str]) -> Optional[Fault]:
+def parse_fault(spec: str | None) -> Fault | None:
     """Parse ``"KIND@RANK"`` (e.g. ``"exit@1"``); None or "" (unset) gives None.
 
     Raises:
@@ -55,11 +54,11 @@ def parse_fault(spec: Optional[str]) -> Optional[Fault]:
         return None
     kind, sep, rank = spec.strip().partition("@")
     if not sep:
-        raise ValueError("%s=%r: expected KIND@RANK" % (ENV_VAR, spec))
+        raise ValueError(f"{ENV_VAR}={spec!r}: expected KIND@RANK")
     if kind not in KINDS:
         raise ValueError(
-            "%s=%r: unknown kind %r (one of %s)" % (ENV_VAR, spec, kind, ", ".join(KINDS))
+            "{}={!r}: unknown kind {!r} (one of {})".format(ENV_VAR, spec, kind, ", ".join(KINDS))
         )
     if not rank.isdigit():
-        raise ValueError("%s=%r: rank %r is not a non-negative integer" % (ENV_VAR, spec, rank))
+        raise ValueError(f"{ENV_VAR}={spec!r}: rank {rank!r} is not a non-negative integer")
     return Fault(kind, int(rank))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Dict
+from typing import Any
 
 from .support import Unsupported, needs_numpy, numpy_problem, unsupported_reason
 
@@ -40,7 +40,7 @@ def _all_gather_object(torch, dist, device):
     out = [None] * world
     dist.all_gather_object(out, {"rank": dist.get_rank()})
     if out != [{"rank": r} for r in range(world)]:
-        raise AssertionError("all_gather_object returned %r" % (out,))
+        raise AssertionError(f"all_gather_object returned {out!r}")
 
 
 def _shape_inference(torch, dist, device):
@@ -70,7 +70,7 @@ def _dcp_save(torch, dist, device):
 
     token = torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).to(device)
     dist.broadcast(token, src=0)
-    path = os.path.join(tempfile.gettempdir(), "envbuild-dcp-%x" % int(token.item()))
+    path = os.path.join(tempfile.gettempdir(), f"envbuild-dcp-{int(token.item()):x}")
     try:
         dcp.save({"w": torch.arange(4.0, device=device)}, checkpoint_id=path)
     finally:
@@ -87,7 +87,7 @@ def _agree(torch, dist, device, problem):
     return [r for r, f in enumerate(flags.cpu().tolist()) if f]
 
 
-def run_features(device: str) -> Dict[str, object]:
+def run_features(device: str) -> dict[str, Any]:
     """Check numpy on every rank, then each feature of ``FEATURES`` (module docstring).
 
     Returns ``{"numpy": {"available": bool, "problem": str|None (this rank's),
@@ -102,16 +102,15 @@ def run_features(device: str) -> Dict[str, object]:
     problem = numpy_problem()
     without = _agree(torch, dist, device, problem)
     everywhere = len(without) == dist.get_world_size()
-    out: Dict[str, object] = {"numpy": {"available": not without, "problem": problem,
+    out: dict[str, Any] = {"numpy": {"available": not without, "problem": problem,
                                         "ranks_without": without}}
     runners = {"all_gather_object": _all_gather_object,
                "pipeline_shape_inference": _shape_inference, "dcp_save": _dcp_save}
     for name in FEATURES:
         if without and not (everywhere and name in SYMMETRIC):
-            where = "every rank" if everywhere else "rank(s) %s" % ",".join(map(str, without))
-            out[name] = {"unsupported": "needs numpy, missing on %s (not run: it would fail "
-                                        "on one side only): %s"
-                                        % (where, problem or "see those ranks"),
+            where = "every rank" if everywhere else "rank(s) {}".format(",".join(map(str, without)))
+            out[name] = {"unsupported": "needs numpy, missing on {} (not run: it would fail "
+                                        "on one side only): {}".format(where, problem or "see those ranks"),
                          "needs_numpy": True, "ran": False}
             continue
         out[name] = _run_one(torch, dist, device, runners[name])
@@ -123,10 +122,10 @@ def _run_one(torch, dist, device, runner):
         runner(torch, dist, device)
         return "ok"
     except Unsupported as e:
-        res = {"unsupported": str(e), "ran": True}
+        res: dict[str, Any] = {"unsupported": str(e), "ran": True}
     except (ImportError, AttributeError) as e:
-        res = {"unsupported": "torch %s lacks it: %s: %s"
-               % (torch.__version__, type(e).__name__, str(e)[:200]), "ran": True}
+        res = {"unsupported": f"torch {torch.__version__} lacks it: {type(e).__name__}: {str(e)[:200]}",
+               "ran": True}
     except (RuntimeError, NotImplementedError) as e:
         reason = unsupported_reason(e)
         if reason is None:

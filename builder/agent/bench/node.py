@@ -90,7 +90,7 @@ def parse_args(argv):
     try:
         deadline = float(argv[1])
     except ValueError:
-        raise ValueError("--deadline-s %r is not a number" % argv[1])
+        raise ValueError(f"--deadline-s {argv[1]!r} is not a number") from None
     if not deadline > 0 or deadline != deadline:
         raise ValueError("--deadline-s must be > 0")
     return deadline, argv[3:]
@@ -117,8 +117,8 @@ def run(deadline_s, command, clock=time.monotonic):
             child.wait()
             return 128 + stop[0]
         if clock() - t0 >= deadline_s:
-            print("envbuild node watchdog: the deadline of %g s passed; killing the ranks"
-                  % deadline_s, file=sys.stderr, flush=True)
+            print(f"envbuild node watchdog: the deadline of {deadline_s:g} s passed; killing the ranks",
+                  file=sys.stderr, flush=True)
             kill_tree(child.pid)
             child.wait()
             return EXIT_DEADLINE
@@ -129,7 +129,7 @@ def main(argv=None):
     try:
         deadline, command = parse_args(sys.argv[1:] if argv is None else argv)
     except ValueError as e:
-        print("python3 -m bench.node: error: %s" % e, file=sys.stderr)
+        print(f"python3 -m bench.node: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     return run(deadline, command)
 

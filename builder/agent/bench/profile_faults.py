@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 from .collectives import COLLECTIVES
 
@@ -60,14 +59,14 @@ class ProfileFault:
     ``collective-corrupt``, else None) on global rank ``rank``."""
 
     kind: str
-    target: Optional[str]
+    target: str | None
     rank: int
 
     def __str__(self) -> str:
-        name = self.kind if self.target is None else "%s:%s" % (self.kind, self.target)
-        return "%s@%d" % (name, self.rank)
+        name = self.kind if self.target is None else f"{self.kind}:{self.target}"
+        return f"{name}@{self.rank:d}"
 
-    def hits(self, kind: str, rank: int, target: Optional[str] = None) -> bool:
+    def hits(self, kind: str, rank: int, target: str | None = None) -> bool:
         """True when this fault is ``kind`` (with ``target``, when given) on ``rank``."""
         return (self.kind == kind and self.rank == rank
                 and (target is None or self.target == target))
@@ -79,7 +78,7 @@ def _show(text: str) -> str:
     return r if len(r) <= 80 else r[:77] + "..."
 
 
-def parse_faults(spec: Optional[str]) -> Tuple[ProfileFault, ...]:
+def parse_faults(spec: str | None) -> tuple[ProfileFault, ...]:
     """Parse the variable's value; None, "" or only blanks (unset) give ``()``.
 
     E.g. ``"collective-corrupt:all_gather@1,moe-expert-perturb@0"`` ->
@@ -95,15 +94,15 @@ def parse_faults(spec: Optional[str]) -> Tuple[ProfileFault, ...]:
     if spec is None or not spec.strip():
         return ()
     if len(spec) > MAX_LEN:
-        raise ValueError("%s: value of %d characters (at most %d)" % (ENV_VAR, len(spec), MAX_LEN))
+        raise ValueError(f"{ENV_VAR}: value of {len(spec):d} characters (at most {MAX_LEN:d})")
     items = [item.strip() for item in spec.split(",")]
     if len(items) > MAX_FAULTS:
-        raise ValueError("%s: %d faults (at most %d)" % (ENV_VAR, len(items), MAX_FAULTS))
+        raise ValueError(f"{ENV_VAR}: {len(items):d} faults (at most {MAX_FAULTS:d})")
     out = []
     for item in items:
         fault = _parse_item(item)
         if fault in out:
-            raise ValueError("%s: fault %s given twice" % (ENV_VAR, _show(item)))
+            raise ValueError(f"{ENV_VAR}: fault {_show(item)} given twice")
         out.append(fault)
     return tuple(out)
 
@@ -111,18 +110,16 @@ def parse_faults(spec: Optional[str]) -> Tuple[ProfileFault, ...]:
 def _parse_item(item: str) -> ProfileFault:
     m = _ITEM.fullmatch(item)
     if m is None:
-        raise ValueError("%s: item %s is not KIND[:TARGET]@RANK" % (ENV_VAR, _show(item)))
+        raise ValueError(f"{ENV_VAR}: item {_show(item)} is not KIND[:TARGET]@RANK")
     kind, target, rank = m.group(1), m.group(2), int(m.group(3))
     if kind not in KINDS:
-        raise ValueError("%s: unknown kind %s (one of %s)"
-                         % (ENV_VAR, _show(kind), ", ".join(KINDS)))
+        raise ValueError("{}: unknown kind {} (one of {})".format(ENV_VAR, _show(kind), ", ".join(KINDS)))
     allowed = NEEDS_TARGET.get(kind)
     if allowed is None and target is not None:
-        raise ValueError("%s: kind %s takes no target, got %s" % (ENV_VAR, kind, _show(target)))
+        raise ValueError(f"{ENV_VAR}: kind {kind} takes no target, got {_show(target)}")
     if allowed is not None and target is None:
-        raise ValueError("%s: kind %s needs a target, one of %s"
-                         % (ENV_VAR, kind, ", ".join(allowed)))
+        raise ValueError("{}: kind {} needs a target, one of {}".format(ENV_VAR, kind, ", ".join(allowed)))
     if allowed is not None and target not in allowed:
-        raise ValueError("%s: unknown target %s of %s (one of %s)"
-                         % (ENV_VAR, _show(target), kind, ", ".join(allowed)))
+        raise ValueError("{}: unknown target {} of {} (one of {})".format(
+            ENV_VAR, _show(target), kind, ", ".join(allowed)))
     return ProfileFault(kind, target, rank)

@@ -22,10 +22,11 @@ The pure parts (the table, :func:`parse_profiles`, :func:`collectives_for`,
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 from . import collectives as coll
 from .profile_faults import ENV_VAR as FAULT_ENV_VAR
@@ -50,7 +51,7 @@ def _show(text: str) -> str:
     return r if len(r) <= 80 else r[:77] + "..."
 
 
-def parse_profiles(text: str) -> List[str]:
+def parse_profiles(text: str) -> list[str]:
     """``"fsdp, ddp,fsdp"`` -> ``["ddp", "fsdp"]``: a comma list of profile names or
     ``all``, validated whole, deduplicated, in the order of ``PROFILES``.
 
@@ -60,35 +61,35 @@ def parse_profiles(text: str) -> List[str]:
     """
     allowed = ", ".join(list(PROFILES) + [ALL])
     if not isinstance(text, str):
-        raise ValueError("profiles must be text, got %s" % type(text).__name__)
+        raise ValueError(f"profiles must be text, got {type(text).__name__}")
     if len(text) > MAX_TEXT:
-        raise ValueError("profile list of %d characters (at most %d)" % (len(text), MAX_TEXT))
-    chosen = set()
+        raise ValueError(f"profile list of {len(text):d} characters (at most {MAX_TEXT:d})")
+    chosen: set[str] = set()
     for item in text.split(","):
         name = item.strip()
         if not name:
-            raise ValueError("empty profile name in %s (allowed: %s)" % (_show(text), allowed))
+            raise ValueError(f"empty profile name in {_show(text)} (allowed: {allowed})")
         if not _NAME.fullmatch(name) or (name not in PROFILES and name != ALL):
-            raise ValueError("unknown profile %s (allowed: %s)" % (_show(name), allowed))
+            raise ValueError(f"unknown profile {_show(name)} (allowed: {allowed})")
         chosen.update(PROFILES if name == ALL else (name,))
     return [p for p in PROFILES if p in chosen]
 
 
-def collectives_for(profiles: Sequence[str]) -> List[str]:
+def collectives_for(profiles: Sequence[str]) -> list[str]:
     """The collectives the profiles use, each once, in the order of ``COLLECTIVES``.
 
     E.g. ``["tp", "ddp"]`` -> ``["all_reduce", "all_gather", "broadcast"]``.
     Raises ValueError on an unknown profile.
     """
-    needed = set()
+    needed: set[str] = set()
     for p in profiles:
         if p not in PROFILES:
-            raise ValueError("unknown profile %s" % _show(str(p)))
+            raise ValueError(f"unknown profile {_show(str(p))}")
         needed.update(PROFILES[p])
     return [c for c in coll.COLLECTIVES if c in needed]
 
 
-def default_dtypes(backend: str) -> List[str]:
+def default_dtypes(backend: str) -> list[str]:
     """float32 always; bfloat16 too on nccl (the GPU training type). gloo also handles
     bfloat16 in torch >= 2.x, so it can be asked for explicitly, but CPU training is
     float32 and the default keeps the CPU run short."""
@@ -111,14 +112,13 @@ def check_options(profiles, sizes, iters, warmup, dtypes, backend):
     for d in dtypes:
         coll.typesize(d)
     if len(set(dtypes)) != len(dtypes):
-        raise ValueError("dtype given twice in %s" % _show(",".join(dtypes)))
+        raise ValueError("dtype given twice in {}".format(_show(",".join(dtypes))))
     if not 1 <= len(sizes) <= MAX_SIZES or not all(
             type(s) is int and 1 <= s <= MAX_SIZE_BYTES for s in sizes):
-        raise ValueError("sizes must be 1 to %d integers in 1..%d bytes, got %s"
-                         % (MAX_SIZES, MAX_SIZE_BYTES, _show(str(list(sizes)))))
+        raise ValueError(f"sizes must be 1 to {MAX_SIZES:d} integers in 1..{MAX_SIZE_BYTES:d} bytes, "
+                         f"got {_show(str(list(sizes)))}")
     if type(iters) is not int or type(warmup) is not int or iters < 1 or warmup < 0:
-        raise ValueError("iters must be an integer >= 1 and warmup >= 0, got %r, %r"
-                         % (iters, warmup))
+        raise ValueError(f"iters must be an integer >= 1 and warmup >= 0, got {iters!r}, {warmup!r}")
     return names, dtypes
 
 
@@ -137,26 +137,24 @@ def _sweep(name: str, sizes, dtypes, iters, warmup, device, faults, rank, log):
         reasons = list(skipped.values())
         if len(set(reasons)) == 1:
             return {"unsupported": reasons[0]}, skipped
-        return {"unsupported": "; ".join("%s: %s" % kv for kv in skipped.items())}, skipped
+        return {"unsupported": "; ".join("{}: {}".format(*kv) for kv in skipped.items())}, skipped
     return rows, skipped
 
 
-def _training_runner(profile: str) -> Callable:
-    from . import train_ddp
-    from . import train_fsdp
-    from . import train_moe
-    from . import train_pipeline
-    from . import train_tp
+def _training_runner(profile: str) -> Callable[..., dict[str, Any]]:
+    from . import train_ddp, train_fsdp, train_moe, train_pipeline, train_tp
 
-    return {"ddp": train_ddp.run_ddp_check, "fsdp": train_fsdp.run_fsdp_check,
-            "tp": train_tp.run_tp_check, "pipeline": train_pipeline.run_pipeline_check,
-            "moe": train_moe.run_moe_check}[profile]
+    runners: dict[str, Callable[..., dict[str, Any]]] = {
+        "ddp": train_ddp.run_ddp_check, "fsdp": train_fsdp.run_fsdp_check,
+        "tp": train_tp.run_tp_check, "pipeline": train_pipeline.run_pipeline_check,
+        "moe": train_moe.run_moe_check}
+    return runners[profile]
 
 
-def run_profiles(profiles, sizes: List[int], iters: int, warmup: int,
-                 dtypes: Optional[List[str]], seed: int, device: str, backend: str, *,
+def run_profiles(profiles, sizes: list[int], iters: int, warmup: int,
+                 dtypes: list[str] | None, seed: int, device: str, backend: str, *,
                  faults=None, scaling: bool = True, features: bool = True,
-                 log: Optional[Callable[[str], None]] = None) -> Dict[str, object]:
+                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the collectives (each once) and training checks of ``profiles``, the scaling
     measurement and the numpy feature checks, on the initialized default process group.
 
@@ -199,7 +197,7 @@ def run_profiles(profiles, sizes: List[int], iters: int, warmup: int,
     out = {"profiles": names, "world_size": world, "backend": backend, "device": device,
            "dtypes": dtypes, "sizes": list(sizes), "iters": iters, "warmup": warmup,
            "seed": seed, "faults": [str(f) for f in faults],
-           "fault_notes": ["fault %s targets no rank of a world of %d" % (f, world)
+           "fault_notes": [f"fault {f} targets no rank of a world of {world:d}"
                            for f in faults if f.rank >= world],
            "collectives": {}, "unsupported_types": {}, "training": {}, "scaling": None,
            "features": None,
@@ -225,7 +223,7 @@ def _run_rest(out, names, seed, device, faults, scaling, features, log) -> None:
     for profile in names:
         t0 = time.perf_counter()
         runner = _training_runner(profile)
-        res = training.guarded(lambda: runner(seed, device, faults=faults))
+        res = training.guarded(functools.partial(runner, seed, device, faults=faults))
         out["training"][profile] = res
         out["wall_s"]["training"][profile] = time.perf_counter() - t0
         if log:
@@ -237,8 +235,8 @@ def _run_rest(out, names, seed, device, faults, scaling, features, log) -> None:
         out["scaling"] = run_scaling(seed, device)
         out["wall_s"]["scaling"] = time.perf_counter() - t0
         if log:
-            log("# scaling: %.2f images/s at 1 rank, %.2f at %d, efficiency %.3f"
-                % (out["scaling"]["throughput_1"], out["scaling"]["throughput_n"],
+            log("# scaling: {:.2f} images/s at 1 rank, {:.2f} at {:d}, efficiency {:.3f}".format(
+                   out["scaling"]["throughput_1"], out["scaling"]["throughput_n"],
                    out["scaling"]["world_size"], out["scaling"]["efficiency"] or 0.0))
     if features:
         from .features import run_features
@@ -248,11 +246,11 @@ def _run_rest(out, names, seed, device, faults, scaling, features, log) -> None:
         out["wall_s"]["features"] = time.perf_counter() - t0
 
 
-def training_line(profile: str, res: Dict[str, object]) -> str:
+def training_line(profile: str, res: dict[str, Any]) -> str:
     """One summary line of a training result, e.g.
     ``# training fsdp: reference match yes, max param diff 5.96e-08, 812.3 samples/s``."""
     if "unsupported" in res:
-        return "# training %s: unsupported: %s" % (profile, res["unsupported"])
-    return "# training %s: reference match %s, max param diff %.3g, %.1f samples/s" % (
+        return "# training {}: unsupported: {}".format(profile, res["unsupported"])
+    return "# training {}: reference match {}, max param diff {:.3g}, {:.1f} samples/s".format(
         profile, "yes" if res["reference_match"] else "NO", res["max_param_diff"] or 0.0,
         res["samples_per_s"] or 0.0)

@@ -43,7 +43,7 @@ import time
 try:  # not on every platform; without it the ranks of a node are not serialized
     import fcntl
 except ImportError:  # pragma: no cover
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # the module or None; callers check for None
 
 PROGRESS_PREFIX = "@@envbuild-progress "
 RESULT_PREFIX = "@@envbuild-result "
@@ -56,14 +56,14 @@ _IFF_LOOPBACK = 0x8
 
 def interfaces():
     """``{interface name: is loopback}`` from ``/sys/class/net`` ({} when unreadable)."""
-    out = {}
+    out: dict[str, bool] = {}
     try:
         names = sorted(os.listdir("/sys/class/net"))
     except OSError:
         return out
     for name in names[:64]:
         try:
-            with open("/sys/class/net/%s/flags" % name) as f:
+            with open(f"/sys/class/net/{name}/flags") as f:
                 out[name] = bool(int(f.read(32).strip(), 16) & _IFF_LOOPBACK)
         except (OSError, ValueError):
             out[name] = name == "lo"
@@ -107,7 +107,7 @@ def proc_state(pid):
     """The state letter of process ``pid`` in ``/proc/PID/stat`` (``R``, ``S``, ``D``,
     ``T``, ``t``, ``Z``...), None when unreadable."""
     try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
+        with open(f"/proc/{pid:d}/stat", "rb") as f:
             text = f.read(4096).decode("ascii", "replace")
     except OSError:
         return None

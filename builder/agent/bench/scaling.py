@@ -17,7 +17,7 @@ bandwidth it is below that by construction (that is what it measures).
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Any
 
 from . import training
 
@@ -25,7 +25,7 @@ DEFAULT_STEPS = 3
 DEFAULT_WARMUP = 1
 
 
-def efficiency(throughput_1: float, throughput_n: float, world: int) -> Optional[float]:
+def efficiency(throughput_1: float, throughput_n: float, world: int) -> float | None:
     """``throughput_n / (world * throughput_1)``; None when throughput_1 <= 0 or world < 1.
 
     E.g. (10.0, 18.0, 2) -> 0.9; (10.0, 40.0, 4) -> 1.0.
@@ -51,7 +51,7 @@ def _timed_steps(torch, ddp, opt, x, y, device: str, warmup: int, steps: int) ->
 
 
 def run_scaling(seed: int, device: str, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
-                batch: int = 4, image_size: int = 32) -> Dict[str, object]:
+                batch: int = 4, image_size: int = 32) -> dict[str, Any]:
     """Time the DDP step at world size 1 and N; see the module docstring.
 
     Args:
@@ -94,7 +94,7 @@ def run_scaling(seed: int, device: str, steps: int = DEFAULT_STEPS, warmup: int 
     t1, tn = t.cpu().tolist()
     thr1 = steps * batch / t1 if t1 > 0 else 0.0
     thrn = steps * batch * world / tn if tn > 0 else 0.0
-    return {"model": "resnet18 (%s)" % source, "batch_per_rank": batch,
+    return {"model": f"resnet18 ({source})", "batch_per_rank": batch,
             "image_size": image_size, "steps": steps, "world_size": world,
             "throughput_1": thr1, "throughput_n": thrn, "time_1_s": t1, "time_n_s": tn,
             "efficiency": efficiency(thr1, thrn, world)}

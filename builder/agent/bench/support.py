@@ -12,7 +12,6 @@ Stdlib only; the torch-side helpers import torch lazily.
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 REASON_MAX = 300  # characters of an error message kept in a reason
 
@@ -39,7 +38,7 @@ def first_line(text: str, limit: int = REASON_MAX) -> str:
     return ""
 
 
-def unsupported_reason(exc: BaseException) -> Optional[str]:
+def unsupported_reason(exc: BaseException) -> str | None:
     """``"<Type>: <first line>"`` when ``exc`` says something is not supported, else None.
 
     True for NotImplementedError and for a RuntimeError (c10d's DistBackendError is one)
@@ -50,16 +49,16 @@ def unsupported_reason(exc: BaseException) -> Optional[str]:
     text = first_line(str(exc))
     if isinstance(exc, NotImplementedError) or (
             isinstance(exc, RuntimeError) and UNSUPPORTED_RE.search(text)):
-        return "%s: %s" % (type(exc).__name__, text)
+        return f"{type(exc).__name__}: {text}"
     return None
 
 
-def needs_numpy(reason: Optional[str]) -> bool:
+def needs_numpy(reason: str | None) -> bool:
     """True when an unsupported reason is the missing numpy."""
-    return bool(reason) and bool(NUMPY_RE.search(reason))
+    return bool(reason and NUMPY_RE.search(reason))
 
 
-def numpy_problem() -> Optional[str]:
+def numpy_problem() -> str | None:
     """None when torch can use numpy in this process, else the reason (one line).
 
     Tries torch's own conversion first, ``torch.zeros(1).numpy()`` (what object
@@ -74,5 +73,5 @@ def numpy_problem() -> Optional[str]:
         torch.zeros(1).numpy()
         import numpy  # noqa: F401
     except Exception as e:  # RuntimeError("Numpy is not available"), ImportError, ...
-        return "%s: %s" % (type(e).__name__, first_line(str(e)))
+        return f"{type(e).__name__}: {first_line(str(e))}"
     return None

@@ -27,7 +27,7 @@ in either order).
 from __future__ import annotations
 
 import copy
-from typing import Dict
+from typing import Any
 
 from . import training
 from .profile_faults import GRAD_DELTA
@@ -80,7 +80,7 @@ def _perturb_hook(state, bucket):
 
 def run_ddp_check(seed: int, device: str, steps: int = DEFAULT_STEPS, batch: int = DEFAULT_BATCH,
                   image_size: int = DEFAULT_IMAGE_SIZE, faults=(),
-                  dtype: str = DEFAULT_DTYPE) -> Dict[str, object]:
+                  dtype: str = DEFAULT_DTYPE) -> dict[str, Any]:
     """Train ResNet-18 under DDP and compare with the reference; see the module docstring.
 
     Args:
@@ -138,6 +138,6 @@ def run_ddp_check(seed: int, device: str, steps: int = DEFAULT_STEPS, batch: int
     losses = training.mean_over_ranks(torch, dist, device, local_losses)
     ref_wall = training.max_over_ranks(torch, dist, device, [ref_wall])[0]
     return training.result(
-        "resnet18 (%s)" % source, losses, ref_losses, ok, diff, steps * batch * world, wall,
+        f"resnet18 ({source})", losses, ref_losses, ok, diff, steps * batch * world, wall,
         dtype=dtype, batch_per_rank=batch, global_batch=batch * world, image_size=image_size,
         reference_wall_s=ref_wall)

@@ -14,7 +14,7 @@ final parameters are gathered with ``full_tensor()`` and compared element by ele
 from __future__ import annotations
 
 import copy
-from typing import Dict
+from typing import Any
 
 from . import training
 from .profile_faults import SHARD_DELTA
@@ -43,7 +43,7 @@ def perturb_first_shard(torch, model, delta: float) -> None:
 
 
 def run_fsdp_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
-                   batch: int = DEFAULT_BATCH, faults=()) -> Dict[str, object]:
+                   batch: int = DEFAULT_BATCH, faults=()) -> dict[str, Any]:
     """Train the MLP under FSDP2 for ``steps`` steps of ``batch`` samples per rank.
 
     Args:

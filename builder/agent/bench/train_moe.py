@@ -22,7 +22,7 @@ the gate, and this rank's expert against the reference's (tolerance: ``training`
 from __future__ import annotations
 
 import copy
-from typing import Dict, List
+from typing import Any
 
 from . import training
 from .profile_faults import EXPERT_DELTA
@@ -36,7 +36,9 @@ def _all_to_all_fn(torch, dist):
     """An autograd function: ``apply(x, out_splits, in_splits)`` sends ``in_splits[j]``
     rows of ``x`` to rank j and returns the ``sum(out_splits)`` rows received; its
     backward sends the gradients back the same way."""
-    class AllToAll(torch.autograd.Function):
+    function: Any = torch.autograd.Function  # torch is a parameter here: a base class mypy can name
+
+    class AllToAll(function):
         @staticmethod
         def forward(ctx, x, out_splits, in_splits):
             ctx.splits = (out_splits, in_splits)
@@ -89,7 +91,7 @@ def moe_reference(torch, gate, experts, x):
     return y * prob.unsqueeze(-1)
 
 
-def _reference_losses(torch, gate, experts, data, world: int, tokens: int) -> List[float]:
+def _reference_losses(torch, gate, experts, data, world: int, tokens: int) -> list[float]:
     import torch.nn.functional as F
 
     params = list(gate.parameters()) + [p for e in experts for p in e.parameters()]
@@ -107,7 +109,7 @@ def _reference_losses(torch, gate, experts, data, world: int, tokens: int) -> Li
 
 
 def run_moe_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
-                  tokens: int = DEFAULT_TOKENS, faults=()) -> Dict[str, object]:
+                  tokens: int = DEFAULT_TOKENS, faults=()) -> dict[str, Any]:
     """Train the expert-parallel MoE layer for ``steps`` steps of ``tokens`` per rank.
 
     Args:
@@ -162,8 +164,7 @@ def run_moe_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
     losses = training.mean_over_ranks(torch, dist, device, local_losses)
     n = training.n_params(ref_gate) + sum(training.n_params(e) for e in ref_experts)
     return training.result(
-        "moe: gate %d-%d, %d experts mlp %d-%d-%d (%s parameters)"
-        % (DIM, world, world, DIM, HIDDEN, DIM, format(n, ",")),
+        f"moe: gate {DIM:d}-{world:d}, {world:d} experts mlp {DIM:d}-{HIDDEN:d}-{DIM:d} ({n:,} parameters)",
         losses, ref_losses, ok, diff, steps * tokens * world, wall, experts=world,
         tokens_per_rank=tokens,
         routed=[int(v) for v in training.sum_over_ranks(torch, dist, device, routed)])

@@ -18,7 +18,7 @@ step loss (mean of the microbatch losses, on the last stage) with the reference'
 from __future__ import annotations
 
 import copy
-from typing import Dict, List
+from typing import Any
 
 from . import training
 from .profile_faults import MESSAGE_DELTA
@@ -50,8 +50,8 @@ def _message_fault_hook(torch, drop: bool):
     return hook
 
 
-def _step(sched, rank: int, world: int, x, y) -> List[float]:
-    losses: List = []
+def _step(sched, rank: int, world: int, x, y) -> list[float]:
+    losses: list = []
     if world == 1:
         sched.step(x, target=y, losses=losses)
     elif rank == 0:
@@ -64,7 +64,7 @@ def _step(sched, rank: int, world: int, x, y) -> List[float]:
 
 
 def run_pipeline_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
-                       schedule: str = "gpipe", faults=()) -> Dict[str, object]:
+                       schedule: str = "gpipe", faults=()) -> dict[str, Any]:
     """Train the ``world``-stage chain for ``steps`` steps of MICROBATCHES x
     MICROBATCH_SIZE samples with ``schedule`` (``"gpipe"`` or ``"1f1b"``).
 
@@ -84,8 +84,7 @@ def run_pipeline_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
     import torch.nn.functional as F
 
     if schedule not in SCHEDULES:
-        raise ValueError("unknown pipeline schedule %r (one of %s)"
-                         % (schedule, ", ".join(SCHEDULES)))
+        raise ValueError("unknown pipeline schedule {!r} (one of {})".format(schedule, ", ".join(SCHEDULES)))
     PipelineStage, schedules = training.resolve("torch.distributed.pipelining", _pipelining_api)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(seed)
@@ -122,8 +121,7 @@ def run_pipeline_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
     # Only the last stage has losses; the others contribute 0 to the sum.
     losses = training.sum_over_ranks(torch, dist, device, local_losses)
     return training.result(
-        "chain of %d x linear %d-%d + tanh (%s parameters)"
-        % (world, WIDTH, WIDTH, format(training.n_params(reference), ",")),
+        f"chain of {world:d} x linear {WIDTH:d}-{WIDTH:d} + tanh ({training.n_params(reference):,} parameters)",
         losses, ref_losses, ok, diff, steps * MICROBATCHES * MICROBATCH_SIZE, wall,
         schedule=schedule, stages=world, microbatches=MICROBATCHES,
         microbatch_size=MICROBATCH_SIZE)

@@ -14,7 +14,7 @@ trains a copy of the same initial model on the same batches (mean-squared error,
 from __future__ import annotations
 
 import copy
-from typing import Dict
+from typing import Any
 
 from . import training
 from .profile_faults import SHARD_DELTA
@@ -31,14 +31,13 @@ def hidden_size(world: int) -> int:
 
 def _tp_api():
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     return init_device_mesh, parallelize_module, ColwiseParallel, RowwiseParallel
 
 
 def run_tp_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
-                 batch: int = DEFAULT_BATCH, faults=()) -> Dict[str, object]:
+                 batch: int = DEFAULT_BATCH, faults=()) -> dict[str, Any]:
     """Train the MLP tensor-parallel over all ranks for ``steps`` steps.
 
     Args:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable
 
 from .support import Unsupported, needs_numpy, unsupported_reason
 
@@ -53,15 +53,15 @@ def close(a: float, b: float, rtol: float = RTOL, atol: float = ATOL) -> bool:
     return abs(a - b) <= atol + rtol * abs(b)
 
 
-def losses_match(distributed: List[float], reference: List[float]) -> bool:
+def losses_match(distributed: list[float], reference: list[float]) -> bool:
     """Same number of steps and every step :func:`close`."""
     return len(distributed) == len(reference) and all(
         close(d, r) for d, r in zip(distributed, reference))
 
 
-def result(model: str, distributed: List[float], reference: List[float],
+def result(model: str, distributed: list[float], reference: list[float],
            params_close: bool, max_param_diff: float, samples: int, wall_s: float,
-           **extra) -> Dict[str, object]:
+           **extra) -> dict[str, Any]:
     """The JSON-able result of a training check (the same dict on every rank).
 
     Args:
@@ -101,7 +101,7 @@ def _finite(x):
     return x if math.isfinite(x) else None
 
 
-def guarded(check: Callable[[], Dict[str, object]]) -> Dict[str, object]:
+def guarded(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Run a check; ``{"unsupported": reason}`` when it raises :class:`Unsupported` or an
     error that says something is not supported (see ``support.unsupported_reason``),
     with ``"needs_numpy": True`` when the reason is the missing numpy. Any other error
@@ -134,14 +134,13 @@ def resolve(what: str, getter: Callable[[], object]):
             version = torch.__version__
         except Exception:  # pragma: no cover - torch is there when a check runs
             version = "?"
-        raise Unsupported("torch %s has no %s (%s: %s)"
-                          % (version, what, type(e).__name__, str(e)[:200]))
+        raise Unsupported(f"torch {version} has no {what} ({type(e).__name__}: {str(e)[:200]})") from e
 
 
 # --------------------------------------------------------------------------- torch side
 
 
-def mlp(torch, sizes: List[int]):
+def mlp(torch, sizes: list[int]):
     """``nn.Sequential`` of Linear layers with Tanh between them: sizes [16, 32, 8] ->
     Linear(16, 32), Tanh, Linear(32, 8). Uses torch's global RNG for the init."""
     layers = []
@@ -165,7 +164,7 @@ def batches(torch, seed: int, steps: int, batch: int, in_dim: int, out_dim: int)
             for _ in range(steps)]
 
 
-def train_reference(torch, model, data, loss_fn, lr: float = LR) -> List[float]:
+def train_reference(torch, model, data, loss_fn, lr: float = LR) -> list[float]:
     """Plain single-process SGD (no momentum) over ``data``; the loss of each step."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
@@ -188,7 +187,7 @@ def local_tensor(p):
     return t.cpu()
 
 
-def compare_params(torch, got: List, want: List):
+def compare_params(torch, got: list, want: list):
     """(all within tolerance, max abs difference) of two equal-length tensor lists."""
     ok, worst = len(got) == len(want), 0.0
     for g, w in zip(got, want):
@@ -210,21 +209,21 @@ def agree(torch, dist, device: str, params_close: bool, max_diff: float, wall_s:
     return bad == 0.0, diff, wall
 
 
-def max_over_ranks(torch, dist, device: str, values: List[float]) -> List[float]:
+def max_over_ranks(torch, dist, device: str, values: list[float]) -> list[float]:
     """Element-wise max over ranks of a float list (one MAX all-reduce, float64)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.cpu().tolist()
 
 
-def sum_over_ranks(torch, dist, device: str, values: List[float]) -> List[float]:
+def sum_over_ranks(torch, dist, device: str, values: list[float]) -> list[float]:
     """Element-wise sum over ranks of a float list (one SUM all-reduce, float64)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.cpu().tolist()
 
 
-def mean_over_ranks(torch, dist, device: str, values: List[float]) -> List[float]:
+def mean_over_ranks(torch, dist, device: str, values: list[float]) -> list[float]:
     """Element-wise mean over ranks of a float list."""
     return [v / dist.get_world_size() for v in sum_over_ranks(torch, dist, device, values)]
 
@@ -241,11 +240,11 @@ def timed(torch, device: str, fn: Callable[[], object]):
     return out, time.perf_counter() - t0
 
 
-def describe(name: str, sizes: List[int], count: int) -> str:
+def describe(name: str, sizes: list[int], count: int) -> str:
     """e.g. ``describe("mlp", [16, 32, 8], 808)`` -> ``"mlp 16-32-8 (808 parameters)"``."""
-    return "%s %s (%s parameters)" % (name, "-".join(str(s) for s in sizes), format(count, ","))
+    return "{} {} ({} parameters)".format(name, "-".join(str(s) for s in sizes), format(count, ","))
 
 
-def fault_hits(faults, kind: str, rank: int, target: Optional[str] = None) -> bool:
+def fault_hits(faults, kind: str, rank: int, target: str | None = None) -> bool:
     """True when a fault of ``kind`` (and ``target``) targets ``rank`` (see profile_faults)."""
     return any(f.hits(kind, rank, target) for f in (faults or ()))

@@ -58,6 +58,7 @@ EXAMPLES = {
     "certify.timeout_s": 300, "certify.allreduce.sizes": [8], "certify.allreduce.iters": 10,
     "certify.allreduce.warmup": 2, "certify.ddp.steps": 3, "certify.ddp.batch_size": 8,
     "certify.ddp.image_size": 64, "certify.thresholds.min_busbw_gbps": 1.5, "certify.thresholds.busbw_size": 1024,
+    "packages.keep_pip": False,
 }
 #: Fields whose recipe must be a CUDA one for the field alone to be valid.
 CUDA_FIELDS = ("cuda.driver", "nccl", "cudnn")
