@@ -55,7 +55,7 @@ RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 SIZE_BUDGET = 980_000_000
 BENCH_LABEL = {"envbuild.bench": uuid.uuid4().hex}
 #: Items of issue 13 worked on apart (another change): their rows are measured, marked as such.
-LATER = {"verify": "item 6"}
+LATER: dict[str, str] = {}
 
 
 @dataclasses.dataclass
@@ -145,7 +145,7 @@ def bench_nochange(tag: str, n: int) -> Row:
     ours, ref, ratio = pairs(wall([ENVBUILD, "build", RECIPE]), wall([shutil.which("docker"), "image", "inspect", tag]),
                              n)
     return Row("`envbuild build` with nothing changed", f"{ours:.3f} s", f"{ref:.3f} s (`docker image inspect`)",
-               ratio, 10.0, f"median of {n} interleaved pairs", "nochange")
+               ratio, 10.0, f"median of {n} interleaved pairs; load average {os.getloadavg()[0]:.2f}", "nochange")
 
 
 DECIDE = """
@@ -173,8 +173,9 @@ def bench_decide(n: int) -> Row:
     ours, ref, ratio = pairs(decide, wall([shutil.which("docker"), "image", "inspect", tag]), n)
     return Row("no-change decision in build.build() (in-process)", f"{ours * 1000:.1f} ms",
                f"{ref * 1000:.1f} ms (`docker image inspect`)", ratio, 10.0,
-               "the build stage's part of the row above; the rest is the CLI's start-up, recipe check and "
-               "render staleness check (item 5)", "nochange-decide")
+               "the build stage's part of the row above; the rest is the CLI's start-up and the render "
+               "stamp check (builder/render/stamp.py: the inputs and rendered files hashed, nothing rendered)",
+               "nochange-decide")
 
 
 def bench_size(tag: str) -> Row:
@@ -239,7 +240,8 @@ def bench_verify(tag: str, n: int, count: int = 10_000) -> list[Row]:
                     rss.append(kib)
     t, j, mib = statistics.median(table), statistics.median(js), max(rss) / 1024
     ratio = statistics.median(a / b for a, b in zip(table, js, strict=True))
-    note = f"{count:,} reports (1 in 100 with another torch); median of {n} interleaved pairs"
+    note = (f"{count:,} reports (1 in 100 with another torch); median of {n} interleaved pairs; load average "
+            f"{os.getloadavg()[0]:.2f}")
     return [Row(f"`envbuild verify` of {count:,} reports, vs `--json`", f"{t:.2f} s", f"{j:.2f} s (`--json`)", ratio,
                 1.5, note, "verify"),
             Row(f"`envbuild verify` of {count:,} reports, time", f"{t:.2f} s", "3 s (the budget)", t / 3.0, 1.0, "",

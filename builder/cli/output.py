@@ -66,8 +66,23 @@ def finding(level: str, line: str) -> None:
     console().print(Text.assemble((level, LEVEL_STYLE[level]), ": ", line), soft_wrap=True)
 
 
+def _stderr_plain() -> bool:
+    """True when the stderr console would write no colour: stderr is no terminal and neither
+    ``FORCE_COLOR`` nor ``TTY_COMPATIBLE=1`` makes rich treat it as one."""
+    if os.environ.get("TTY_COMPATIBLE") == "1" or os.environ.get("FORCE_COLOR"):
+        return False
+    try:
+        return not sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def warn(line: str) -> None:
-    """``warning: line`` on stderr in yellow."""
+    """``warning: line`` on stderr in yellow; plain (without importing rich) where the console
+    would not colour it."""
+    if _stderr_plain():
+        say(f"warning: {line}")
+        return
     console().print(f"warning: {line}", style="yellow", markup=False, soft_wrap=True)
 
 

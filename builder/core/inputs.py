@@ -125,6 +125,9 @@ def one_line(text: object, limit: int | None = 300) -> str:
     s = text if isinstance(text, str) else str(text)
     if limit is not None and len(s) > 4 * limit:
         s = s[: 4 * limit]
+    if s.isascii() and s.isprintable() and "  " not in s:  # nothing to escape or collapse (C speed)
+        line = s.strip()
+        return line if limit is None or len(line) <= limit else line[: limit - 3] + "..."
     out: list[str] = []
     for ch in s:
         if ch in _SPACES:
@@ -381,7 +384,7 @@ def load_json(data: bytes | str, file: str, exit_code: ExitCode = ExitCode.CHECK
         text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
     except UnicodeDecodeError as e:
         raise EnvbuildError(f"is not UTF-8 text (byte {e.start})", file=file, exit_code=exit_code) from None
-    doc, deep = _parse_fast(text, max_depth)
+    doc, deep = _parse_fast(text, max_depth, bytes(data) if isinstance(data, (bytes, bytearray)) else None)
     if doc is _FAST_FAILED:  # the checked parse, which names the problem
         deep = True  # and the whole walk below
         try:
@@ -405,18 +408,63 @@ _FAST_FAILED = object()
 _INT_LIMIT = 10**MAX_INT_DIGITS
 
 
-def _parse_fast(text: str, max_depth: int) -> tuple[Any, bool]:
+#: bytes.translate table: every digit to ``0``, every other byte to a space.
+_DIGITS_TO_ZERO = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+#: A run of more digits than :data:`MAX_INT_DIGITS` in :data:`_DIGITS_TO_ZERO`'s output: any
+#: integer beyond the bound makes one (JSON integers have no leading zeros or exponent); digits in
+#: strings may too (then :func:`_walk` decides).
+_LONG_RUN = b"0" * (MAX_INT_DIGITS + 1)
+#: The bytes that are not brackets or quotes (deleted before the nesting is counted).
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
+#: A string of the reduced text (its content reduced to brackets), and an innermost pair.
+_REDUCED_STRING = re.compile(rb'"[^"]*"')
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+
+
+def _nesting_over(raw: bytes, max_depth: int) -> bool:
+    """True when valid JSON ``raw`` (UTF-8) nests arrays/objects deeper than ``max_depth`` (a
+    top-level object is level 1). Everything but brackets and string quotes is dropped at C speed
+    (escaped backslashes and quotes first: no other backslash is left outside a string), then the
+    strings, then one level of innermost ``[]``/``{}`` per pass: at most ``max_depth`` passes
+    over a text of only brackets."""
+    rest = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE).replace(b'""', b"")
+    if b'"' in rest:  # strings that hold brackets
+        rest = _REDUCED_STRING.sub(b"", rest)
+    if not rest:
+        return False
+    for _ in range(max_depth):
+        rest, n = _INNERMOST.subn(b"", rest)
+        if not rest:
+            return False
+        if n == 0:  # not reached for valid JSON; the careful walk decides
+            return True
+    return True
+
+
+def _parse_fast(text: str, max_depth: int, raw: bytes | None = None) -> tuple[Any, bool]:
     """``(doc, deep)``: ``text`` parsed without the per-integer hook (it costs more than the
-    parse itself), the integers and the nesting checked in one walk afterwards; ``deep``
-    when it nests deeper than ``max_depth``. ``doc`` is :data:`_FAST_FAILED` when the text is
-    not valid or holds an integer of over :data:`MAX_INT_DIGITS` digits (the caller parses
-    again with every hook, for the exact message)."""
+    parse itself), the integers and the nesting checked afterwards; ``deep`` when it nests deeper
+    than ``max_depth``. ``doc`` is :data:`_FAST_FAILED` when the text is not valid or holds an
+    integer of over :data:`MAX_INT_DIGITS` digits (the caller parses again with every hook, for
+    the exact message).
+
+    ``raw``: the UTF-8 bytes of ``text``, or None. Without a run of over :data:`MAX_INT_DIGITS`
+    digits anywhere in ``raw``, no integer can exceed the bound, and the nesting is bounded by
+    counting brackets (:func:`_nesting_over`): no walk over the parsed values. Otherwise (or
+    without ``raw``) the parsed values are walked (:func:`_walk`)."""
     import json
 
     try:
         doc = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (_JsonProblem, RecursionError, ValueError):
         return _FAST_FAILED, False
+    if raw is not None and _LONG_RUN not in raw.translate(_DIGITS_TO_ZERO):
+        return doc, _nesting_over(raw, max_depth)
+    return _walk(doc, max_depth)
+
+
+def _walk(doc: Any, max_depth: int) -> tuple[Any, bool]:
+    """:func:`_parse_fast`'s careful check of parsed ``doc``: every integer and the nesting in one walk."""
     stack: list[tuple[Any, int]] = [([doc], 0)]
     deep = False
     while stack:

@@ -37,7 +37,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -514,6 +514,7 @@ def build(
     on_line: OnLine | None = None,
     warn: Warn | None = None,
     cli: BuildkitCLI | None = None,
+    make_console: Callable[[], Any] | None = None,
 ) -> BuildResult:
     """Build ``options.images_dir/<options.recipe>`` and check the image against its lock.
 
@@ -536,6 +537,9 @@ def build(
         on_line: build/debootstrap output lines (in addition to ``console``).
         warn: warnings (a bootstrapped base stands in); default ``console``, else stderr.
         cli: BuildKit client (default :func:`builder.image.buildkit.buildkit_cli`).
+        make_console: makes ``console`` when it is None and a build, a base resolution or a
+            probe runs (a rich console costs ~25 ms to import; a no-change build prints only
+            through ``warn``).
 
     Returns:
         :class:`BuildResult` with ``mismatches == []``.
@@ -559,6 +563,9 @@ def build(
     from . import engine
 
     client = client or engine.connect()
+    if console is None and make_console is not None:
+        console = make_console()
+        warn = warn or console_warn(console)
     progress = ConsoleProgress(console, on_line)
     base, tag, digest, image_id = _locate(options, client, rendered, found, progress, warn)
     reused, notes = image_id is not None, list[str]()

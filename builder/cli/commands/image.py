@@ -6,8 +6,9 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder.cli.output import console, out
+from builder.cli.output import console, out, put, warn
 from builder.core.errors import EnvbuildError, ExitCode
+from builder.core.inputs import escape
 
 if TYPE_CHECKING:
     from builder.image.build import BuildResult
@@ -15,43 +16,56 @@ if TYPE_CHECKING:
     from builder.recipe.spec import Spec
 
 
-def site_options(args: argparse.Namespace) -> SiteOptions:
+def site_options(args: argparse.Namespace, *, deferred: bool = False) -> SiteOptions:
     """The site options (``--ca-cert``, ``--wheels``, ``--base``; pip's configuration unless
-    ``--no-site-detect``) of build, lock and make."""
+    ``--no-site-detect``) of build, lock and make. ``deferred``: pip's configuration is read only
+    when a build runs (:meth:`~builder.image.site.SiteOptions.complete`; a no-change build does not)."""
     from builder.image.site import SiteOptions
 
-    return SiteOptions.detect(ca_cert=args.ca_cert, wheels=args.wheels, base=args.base, no_detect=args.no_site_detect)
+    return SiteOptions.detect(ca_cert=args.ca_cert, wheels=args.wheels, base=args.base, no_detect=args.no_site_detect,
+                              deferred=deferred)
 
 
-def build_spec(args: argparse.Namespace, spec: Spec) -> BuildResult:
-    """Build the image of ``spec`` from its rendered files (or reuse it) and print its tag."""
-    from builder.image import build, engine
+def build_spec(args: argparse.Namespace, spec: Spec | str) -> BuildResult:
+    """Build the image of ``spec`` (or of the recipe of that name) from its rendered files (or
+    reuse it) and print its tag. The engine is connected (docker SDK) only when the no-change
+    decision (:func:`builder.image.reuse.find`) cannot answer."""
+    from builder.image import build
 
-    client = engine.connect()
-    options = build.BuildOptions(recipe=spec.name, images_dir=Path(args.images_dir), site=site_options(args),
+    name = spec if isinstance(spec, str) else spec.name
+    options = build.BuildOptions(recipe=name, images_dir=Path(args.images_dir), site=site_options(args, deferred=True),
                                  base_mode=args.base_mode)
-    result = build.build(options, client, console=console())
+    result = build.build(options, make_console=console, warn=warn)
+    for note in result.notes:
+        console().print(f"note: {note}", markup=False, soft_wrap=True)
     verb = "reused" if result.reused else "built"
-    out().print(f"{verb} {result.tag} ({result.image_id[:19]}); base {result.base_used}; probe matches the lock",
-                soft_wrap=True)
+    how = " (recorded for this image ID)" if result.probe_cached else ""
+    put(f"{verb} {result.tag} ({result.image_id[:19]}); base {escape(result.base_used)}; probe matches the lock{how}")
     return result
 
 
 def cmd_build(args: argparse.Namespace) -> int:
     """``envbuild build RECIPE``: build the rendered Dockerfile, then check the probe against the lock."""
-    from builder.cli.commands.recipe import load_spec
-    from builder.core.paths import image_dir
-    from builder.recipe import rules
-    from builder.render import rendered as render
-    from builder.render import write as render_write
+    from builder.render import stamp
 
-    spec = rules.require_ok(load_spec(args.recipe, args.recipes_dir))
-    rendered = render.render_for(spec, args.images_dir)
-    stale = render_write.stale(rendered, args.images_dir)
-    if stale:
-        raise EnvbuildError(f"rendered files are stale ({', '.join(stale)}); run `envbuild render {spec.name}`",
-                            file=str(image_dir(args.images_dir, spec.name).folder))
-    build_spec(args, spec)
+    # unchanged inputs and rendered files (hashes recorded after the last check): no render needed
+    name = stamp.current(args.recipe, args.recipes_dir, args.images_dir)
+    if name is None:
+        from builder.cli.commands.recipe import load_spec
+        from builder.core.paths import image_dir
+        from builder.recipe import rules
+        from builder.render import rendered as render
+        from builder.render import write as render_write
+
+        spec = rules.require_ok(load_spec(args.recipe, args.recipes_dir))
+        rendered = render.render_for(spec, args.images_dir)
+        stale = render_write.stale(rendered, args.images_dir)
+        if stale:
+            raise EnvbuildError(f"rendered files are stale ({', '.join(stale)}); run `envbuild render {spec.name}`",
+                                file=str(image_dir(args.images_dir, spec.name).folder))
+        stamp.record(args.recipe, args.recipes_dir, args.images_dir, spec.name, rendered.files)
+        name = spec.name
+    build_spec(args, name)
     return ExitCode.OK
 
 
