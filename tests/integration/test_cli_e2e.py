@@ -78,7 +78,8 @@ def test_make_cpu_torch2_end_to_end(tmp_path, docker_client, torch_image, test_l
     dom = Dom(dump_dom(chromium, html))
     assert "verdict: PASSED (exit code 0)" in dom.text and "torch 2.13.0+cpu 2.13.0+cpu" in dom.text, dom.text
     assert " all_reduce " in dom.text and f"run {cert['run_id']}" in dom.text
-    assert [t for t, _ in dom.tags].count("svg") == 1
+    # the default profile (ddp): its collectives all_reduce and broadcast, and its training losses
+    assert " broadcast " in dom.text and [t for t, _ in dom.tags].count("svg") == 3
     assert leftovers(docker_client, f"envbuild.test-case={case}") == ([], [])
 
 
