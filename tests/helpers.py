@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -43,3 +46,16 @@ def write_recipe(tmp_path: Path, data: dict | str, name: str = "t") -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+@contextlib.contextmanager
+def tmpfs(mnt: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (mount's syntax: ``4k``, ``64k``) mounted at ``mnt`` (created;
+    root only), unmounted afterwards: a full disk for tests of writes that must not be
+    left half-done."""
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)

@@ -36,6 +36,7 @@ from builder.image import engine
 from builder.launchers import base
 
 from certify_helpers import certify_image
+from helpers import tmpfs
 
 SHORT = dict(sizes=[8, 1024, 65536], iters=3, warmup=1, ddp_steps=1, nodes=2, backend="gloo")
 REPO = Path(__file__).resolve().parents[2]
@@ -474,13 +475,8 @@ def test_envbuild_killed_with_sigkill_leaves_nothing_running(client, image, tmp_
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A tmpfs of 4 KiB (root only; one page): room for the folders, not for a certificate (~10 KiB)."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "tiny", "4k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_full_disk_names_the_file_and_still_prints_the_verdict(client, image, tiny_disk, labels):

@@ -21,7 +21,7 @@ from builder.render import context
 from builder.render import rendered as render
 from builder.render import write as render_write
 
-from helpers import CPU, CUDA, merge, write_recipe
+from helpers import CPU, CUDA, merge, tmpfs, write_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
@@ -250,13 +250,8 @@ CPU_INDEXED = merge(CPU, {"index": {"torch_url": "https://download.pytorch.org/w
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 64 KiB tmpfs at tmp_path/fs (root only; unmounted afterwards)."""
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "fs", "64k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def _render_cli(recipes_dir, images_dir, name):

@@ -25,6 +25,7 @@ from builder.certify.model import load_certificate
 from certify_helpers import certify_image
 from fixtures_browser import Dom
 from fixtures_report import HOSTILE, ROOT, injected, issue10_doc, row, todays_certificate
+from helpers import tmpfs
 
 
 def test_the_certification_run_writes_the_report_beside_the_certificate(tmp_path):
@@ -43,13 +44,8 @@ def test_the_certification_run_writes_the_report_beside_the_certificate(tmp_path
 @pytest.fixture
 def small_disk(tmp_path):
     """A 16 KiB tmpfs (root only): room for a certificate (~5 KiB), not for its report (~45 KiB)."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "small", "16k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_a_report_that_cannot_be_written_keeps_the_certificate(small_disk):
