@@ -1,15 +1,16 @@
-"""The bare run that `envbuild certify` is measured against (issue 13 item 3; not a test).
+"""The bare run that `envbuild certify` is measured against (not a test).
 
 Run:  .venv/bin/python benchmarks/bare_certify.py IMAGE
 
 Starts the same containers as a local certification of IMAGE (one per node, the recipe's node
 count, on an internal Docker network, as a non-root UID on a read-only root with tmpfs /tmp,
 all capabilities dropped, the recipe's /dev/shm size) and runs under torchrun, with the same
-static rendezvous, ``benchmarks/bare_rank.py``: a plain torch.distributed all-reduce loop of
-the lock's sizes, iterations and warm-up, then the lock's DDP steps of the same ResNet-18,
-nothing else. The settings come from the image's ``envbuild.lock`` label. Prints one JSON line
-(wall seconds from the first engine call to the last container's removal, and rank 0's own
-split). Everything it creates carries ``envbuild.bench=<uuid>`` and is removed at the end.
+static rendezvous, ``benchmarks/bare_rank.py``: the default profile's work (the all-reduce
+and broadcast loops of the lock's sizes, iterations and warm-up, each checked once; the lock's
+DDP steps of the same ResNet-18 against the single-process reference; the scaling steps)
+written as plain torch.distributed, nothing else. The settings come from the image's
+``envbuild.lock`` label. Prints one JSON line (wall seconds from the first engine call to the
+last container's removal, and rank 0's own split). Everything it creates carries ``envbuild.bench=<uuid>`` and is removed at the end.
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ def main() -> int:
     finally:
         if copy:
             client.images.remove(copy, force=True)
-        engine.remove_by_label(client, f"envbuild.bench={label['envbuild.bench']}")
+        client.remove_by_label(f"envbuild.bench={label['envbuild.bench']}")
     median = statistics.median(r["wall_s"] for r in rounds)
     ok = median < TARGET_S and all(r["passed"] for r in rounds)
     print(json.dumps({"image": copy or image, "foreign": bool(copy), "rounds": len(rounds), "median_wall_s": median,

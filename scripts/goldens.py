@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 #: Test modules that own goldens (file names under tests/).
-MODULES = ("test_k8s.py", "test_slurm.py")
+MODULES = ("test_k8s_units.py", "test_slurm_units.py")
 
 
 def find(name: str) -> Path:

@@ -27,14 +27,15 @@ FOLDER = ROOT / "schemas"
 
 def entries() -> SchemaEntries:
     """Every published schema written through :func:`builder.core.model.schema_files`, by file stem."""
-    from builder.certify.model import schemas as certify_schemas
-    from builder.launchers.model import schemas as launcher_schemas
+    from builder.core.certificate import schemas as certify_schemas
+    from builder.core.documents import schemas as launcher_schemas
+    from builder.core.events import schemas as event_schemas
     from builder.nodes.schemas import schemas as node_schemas
     from builder.publish.attest import schemas as attestation_schemas
     from builder.recipe.model import schemas as recipe_schemas
 
     return {**recipe_schemas(), **certify_schemas(), **launcher_schemas(), **node_schemas(),
-            **attestation_schemas()}
+            **attestation_schemas(), **event_schemas()}
 
 
 def files() -> dict[str, bytes]:

@@ -88,12 +88,15 @@ fi
 #    docker-registry + apache2-utils: a real OCI registry with htpasswd auth (push/pull);
 #    openssh-server, iptables, iproute2: ssh gathering and firewall/netns faults (verify,
 #    doctor); chromium: the headless browser that opens the HTML reports
-#    (tests/integration/test_report.py); slurm-wlm + munge are installed and started by scripts/setup-slurm.sh, which the Slurm
-#    test fixtures call themselves.
+#    (tests/integration/test_report.py); prometheus (with promtool), prometheus-node-exporter
+#    and rsyslog: the metrics and log tests start their own on loopback; slurm-wlm + munge are installed and started by scripts/setup-slurm.sh, which the Slurm
+#    test fixtures call themselves (the three-node cluster's scripts/setup-slurm-cluster.sh
+#    installs slurm-client + munge on the host the same way, slurm-wlm in its node image).
 TEST_APT=()
 case ",$EXTRAS," in
     *,test,*)
-        for pkg in docker-registry apache2-utils openssh-server iptables iproute2 openssl chromium; do
+        for pkg in docker-registry apache2-utils openssh-server iptables iproute2 openssl chromium \
+                   prometheus prometheus-node-exporter rsyslog; do
             dpkg -s "$pkg" >/dev/null 2>&1 || TEST_APT+=("$pkg")
         done ;;
 esac

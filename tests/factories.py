@@ -1,6 +1,6 @@
 """One factory for the documents the tests build: node reports (``envbuild.probe/1``, the
-shape of :class:`builder.nodes.report.NodeReport`) and rank results (``envbuild.rank-result/1``,
-:class:`builder.launchers.model.RankResult`). Tests say only what differs from a passing
+shape of :class:`builder.nodes.report.NodeReport`) and rank results (``envbuild.rank-result/3``,
+:class:`builder.core.documents.RankResult`). Tests say only what differs from a passing
 document; no test writes one of these documents by hand.
 
 - :func:`node_report` / :func:`gpu_report`: a complete report of a GPU node (H100, cu128) or,
@@ -20,9 +20,8 @@ import copy
 import functools
 from typing import Any
 
+from builder.core.documents import RESULT_SCHEMA, NodeReport, RankResult
 from builder.core.model import convert
-from builder.launchers.model import RESULT_SCHEMA, RankResult
-from builder.nodes.report import NodeReport
 
 # --------------------------------------------------------------------------- node reports
 
@@ -139,47 +138,70 @@ def gpu_report(n: int, **changes) -> dict:
 
 def allreduce_entries(rank: int, world: int, sizes=(8, 1024, 65536), *, wrong: int = 0, times=None,
                       busbw: float = 0.05) -> list[dict[str, Any]]:
-    """The bench's ``allreduce`` list for float32 sums at ``sizes`` (bytes): ``wrong`` wrong
-    elements on ``rank`` (0 = exact), per-rank times ``times`` in µs (default 100 + rank),
-    algbw = busbw = ``busbw`` GB/s."""
+    """The bench's ``allreduce`` rows of ``rank`` for float32 sums at ``sizes`` (bytes): its
+    own ``wrong`` wrong elements (0 = exact), the per-rank times ``times`` in µs (default 100 +
+    rank) summarized (min, median, max, slowest), algbw = busbw = ``busbw`` GB/s."""
     times = list(times or [100.0 + r for r in range(world)])
+    order = sorted(times)
+    n = len(order)
+    median = order[n // 2] if n % 2 else (order[n // 2 - 1] + order[n // 2]) / 2
     entries = []
     for size in sizes:
-        wbr = [0] * world
-        wbr[rank] = wrong
         entries.append({
             "size_bytes": size, "count": size // 4, "type": "float32", "redop": "sum",
-            "time_us": max(times), "rank_time_us": list(times),
-            "algbw_gbps": busbw, "busbw_gbps": busbw, "wrong": wrong, "wrong_by_rank": wbr,
+            "time_us": max(times), "min_time_us": min(times), "median_time_us": median,
+            "slowest_rank": times.index(max(times)),
+            "algbw_gbps": busbw, "busbw_gbps": busbw, "wrong": wrong,
+            "own_time_us": times[rank] if rank < n else times[-1], "own_wrong": wrong,
         })
     return entries
 
 
-def ddp_result(rank: int, world: int, *, checksum: str = "aa", identical: bool = True, mismatched=(),
-               **changes: Any) -> dict[str, Any]:
-    """The bench's ``ddp`` block: 3 resnet18 steps, every rank's parameters ``checksum``."""
-    doc = {
-        "model": "resnet18", "source": "builtin", "steps": 3, "batch_size": 8,
-        "image_size": 64, "wall_s": 2.0, "images_per_s": 12.0 + rank, "final_loss": 6.9,
-        "param_checksum": checksum, "checksums_by_rank": [checksum] * world,
-        "params_identical": identical, "mismatched_ranks": list(mismatched),
-    }
-    return {**doc, **changes}
+def profiles_result(rank: int, world: int, sizes=(8, 1024, 65536), *, wrong: int = 0, times=None,
+                    busbw: float = 0.05, match: bool = True) -> dict[str, Any]:
+    """The bench's ``profiles`` section of the ddp profile: all_reduce and broadcast rows
+    (:func:`allreduce_entries`), the DDP check matching its reference when ``match``."""
+    rows = allreduce_entries(rank, world, sizes, wrong=wrong, times=times, busbw=busbw)
+    losses = [6.9, 6.8, 6.7]
+    return {"profiles": ["ddp"], "world_size": world, "backend": "gloo", "device": "cpu",
+            "dtypes": ["float32"], "sizes": list(sizes), "iters": 10, "warmup": 2, "seed": 0,
+            "collectives": {"all_reduce": rows, "broadcast": allreduce_entries(rank, world, sizes, busbw=busbw)},
+            "training": {"ddp": {"reference_match": match, "losses_match": True, "params_match": match,
+                                 "tolerance": {"rtol": 1e-5, "atol": 1e-8}, "losses": losses,
+                                 "reference_losses": losses, "max_param_diff": 0.0 if match else 0.5,
+                                 "samples_per_s": 12.0 + rank, "steps": 3, "model": "resnet18 (builtin)"}},
+            "wall_s": {}}
 
 
 def rank_result(rank: int = 0, world_size: int = 2, **fields: Any) -> dict[str, Any]:
-    """A passing ``envbuild.rank-result/1`` of ``rank`` in a gloo run of ``world_size`` ranks:
+    """A passing ``envbuild.rank-result/3`` of ``rank`` in a gloo run of ``world_size`` ranks:
     the model's defaults, then the bench's fields (run ``0123456789ab``, host ``node-<rank>``,
-    exact all-reduce at 8, 1024 and 65536 bytes, DDP, the :data:`CPU_REPORT` probe with the
+    the ddp profile exact at 8, 1024 and 65536 bytes (:func:`profiles_result`), the :data:`CPU_REPORT` probe with the
     rank's hostname), then ``fields`` (top-level keys) replaced."""
     doc = RankResult(schema=RESULT_SCHEMA, rank=rank, world_size=world_size).to_dict()
     probe = node_report(CPU_REPORT, hostname=f"node-{rank}")
     doc.update({
         "run_id": "0123456789ab", "local_rank": 0, "node_rank": rank, "hostname": f"node-{rank}",
-        "backend": "gloo", "device": "cpu", "dtype": "float32", "options": {},
-        "allreduce": allreduce_entries(rank, world_size), "ddp": ddp_result(rank, world_size),
+        "backend": "gloo", "device": "cpu", "options": {},
+        "profiles": profiles_result(rank, world_size),
         "probe": probe, "started_at": "2026-05-12T10:00:00.000Z",
         "finished_at": "2026-05-12T10:00:05.000Z", "elapsed_s": 5.0,
     })
     doc.update(fields)
     return doc
+
+
+def lock_of(certify: dict | None = None, **top: Any):
+    """A whole lock: images/cpu-torch2's, with ``top`` fields replaced and its certify section
+    ``certify`` over the one default table (as a rendered lock would have it)."""
+    import json
+    from pathlib import Path
+
+    import msgspec
+
+    from builder.recipe.lock import validate_lock
+    from builder.recipe.model import CertifySettings, lock_certify
+
+    doc = json.loads((Path(__file__).resolve().parents[1] / "images" / "cpu-torch2" / "envbuild.lock.json").read_text())
+    section = lock_certify(convert(certify or {}, CertifySettings))
+    return validate_lock({**doc, **top, "certify": msgspec.to_builtins(section)}, "lock_of")

@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import textwrap
 import time
 import uuid
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.image import engine
+from fixtures_engine import TEST_SESSION_LABEL, shared_image
 
 ROOT = Path(__file__).resolve().parent.parent
 CASE_LABEL = "envbuild.test-case"
@@ -58,11 +59,10 @@ def free_port() -> int:
 
 
 def run_envbuild(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the ``envbuild`` console script of this venv; text output."""
-    exe = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "envbuild"
-    if not exe.exists():
-        exe = ROOT / ".venv" / "bin" / "envbuild"
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout)
+    """Run envbuild as ``python -m builder.cli`` on the interpreter running the tests (found
+    wherever its venv is, activated or not); text output."""
+    return subprocess.run([sys.executable, "-m", "builder.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def run_json(*args: str, timeout: float = 300) -> tuple[int, dict]:
@@ -111,7 +111,7 @@ class NodeFactory:
     def network(self) -> str:
         """A bridge network for this test's nodes (labelled); returns its name."""
         name = self.name("net")
-        self.client.networks.create(name, driver="bridge", labels=self.labels)
+        self.client.sdk.networks.create(name, driver="bridge", labels=self.labels)
         return name
 
     def start(self, image: str, suffix: str, *, labels: dict[str, str] | None = None,
@@ -125,7 +125,7 @@ class NodeFactory:
                 ``nano_cpus``, ``network``, ``cap_add``, ...).
         """
         all_labels = {**self.labels, **(labels or {})} if labelled else {}
-        c = self.client.containers.run(image, ["sleep", "infinity"], name=self.name(suffix), detach=True,
+        c = self.client.sdk.containers.run(image, ["sleep", "infinity"], name=self.name(suffix), detach=True,
                                        labels=all_labels, init=True, **kwargs)
         if not labelled:
             self.extra.append(c)
@@ -161,7 +161,7 @@ class NodeFactory:
                 c.remove(force=True)
             except Exception:
                 pass
-        engine.remove_by_label(self.client, f"{CASE_LABEL}={self.case}")
+        self.client.remove_by_label(f"{CASE_LABEL}={self.case}")
 
 
 @pytest.fixture
@@ -175,10 +175,10 @@ def nodes_factory(docker_client, test_labels):
 
 
 @pytest.fixture(scope="session")
-def bumped_torch_image(docker_client, torch_image, test_labels, test_session_id, tmp_path_factory) -> str:
+def bumped_torch_image(docker_client, torch_image, run_labels, tmp_path_factory) -> str:
     """``torch_image`` with one pinned package changed: torch claims 2.13.1+cpu (its
-    ``torch/version.py`` and its dist-info METADATA are rewritten). Labelled with the
-    session labels (removed at the end of the session)."""
+    ``torch/version.py`` and its dist-info METADATA are rewritten). Built once per run, with
+    the run's labels (removed at its end)."""
     ctx = tmp_path_factory.mktemp("bumped-torch")
     (ctx / "Dockerfile").write_text(textwrap.dedent(f"""\
         FROM {torch_image}
@@ -187,9 +187,8 @@ def bumped_torch_image(docker_client, torch_image, test_labels, test_session_id,
             sed -i 's/^Version: .*/Version: 2.13.1+cpu/' "$site"/torch-*.dist-info/METADATA; \\
             grep -q "2.13.1+cpu" "$site/torch/version.py"
         """))
-    tag = f"envbuild-test/torch-bumped:{test_session_id}"
-    engine.build_image(ctx, tag, labels=test_labels, client=docker_client)
-    return tag
+    tag = f"envbuild-test/torch-bumped:{run_labels[TEST_SESSION_LABEL]}"
+    return shared_image(docker_client, tag, lambda: docker_client.build(ctx, tag, labels=run_labels))
 
 
 # --------------------------------------------------------------------------- sshd

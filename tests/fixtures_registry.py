@@ -37,13 +37,12 @@ import pytest
 import requests
 
 from builder.certify.source import read_image
-from builder.image import engine
 from builder.launchers.base import LaunchResult
 from builder.recipe import load, rules
 from builder.render import context as render_context
 
 from certify_helpers import certify_image
-from factories import CPU_REPORT, allreduce_entries, ddp_result, node_report, rank_result
+from factories import CPU_REPORT, node_report, profiles_result, rank_result
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY_USER = "envbuild-test"
@@ -189,7 +188,7 @@ def small_image(client, tag: str, labels: dict[str, str], marker: str, base: str
     with tempfile.TemporaryDirectory(prefix="envbuild-small-") as ctx:
         Path(ctx, "Dockerfile").write_text(
             f"FROM {base}\nRUN printf '%s\\n' '{marker}' > /envbuild-marker\n")
-        return engine.build_image(ctx, tag, labels=labels, client=client)
+        return client.build(ctx, tag, labels=labels)
 
 
 class RecordedLauncher:
@@ -203,17 +202,15 @@ class RecordedLauncher:
         self.driver = driver
 
     def probe(self) -> dict:
+        """A whole node report (:data:`CPU_REPORT`) with the lock's stack in it."""
         lock = self.lock
-        nccl = {"loaded": {"version": lock.get("nccl")} if lock.get("nccl") else None, "found": [], "pip_packages": {}}
+        loaded = {"version": lock["nccl"], "code": 0, "path": "/opt/venv/lib/libnccl.so.2"} if lock.get("nccl") else None
         return node_report(CPU_REPORT, **{
-            "hostname": "node",
-            "os": {"id": lock["os"]["id"], "version_id": lock["os"]["version_id"]},
+            "hostname": "node", "os.id": lock["os"]["id"], "os.version_id": lock["os"]["version_id"],
             "glibc": lock["os"].get("glibc"),
             "python": {"version": f"{lock['python']}.2", "executable": "/opt/venv/bin/python3"},
-            "torch": {"version": lock["torch"]["local"], "cuda": lock.get("cuda")},
-            "nccl": nccl,
-            "gpus": self.gpus,
-            "driver": self.driver,
+            "torch.version": lock["torch"]["local"], "torch.cuda": lock.get("cuda"), "nccl.loaded": loaded,
+            "gpus": self.gpus, "driver": self.driver,
         })
 
     def run(self, spec, on_progress=None) -> LaunchResult:
@@ -229,11 +226,9 @@ class RecordedLauncher:
                 backend=spec.backend,
                 hostname=f"node-{spec.node_of_rank(rank)}",
                 device="cuda" if spec.gpus_per_node else "cpu",
-                allreduce=allreduce_entries(rank, world, sizes, times=[100.0] * world, busbw=500.0),
-                ddp=ddp_result(rank, world, source="recorded", steps=1, batch_size=2, image_size=32,
-                               checksum="0" * 16, images_per_s=1.0, wall_s=1.0, final_loss=1.0, checksums_by_rank=[]),
+                profiles=profiles_result(rank, world, sizes, times=[100.0] * world, busbw=500.0),
                 probe=self.probe(),
-                local_rank=None, node_rank=None, dtype=None, started_at=None, finished_at=None, elapsed_s=None,
+                local_rank=None, node_rank=None, started_at=None, finished_at=None, elapsed_s=None,
             )
         return LaunchResult(rank_results=results, node_logs={n: "" for n in range(spec.nodes)},
                             node_exit_codes={n: 0 for n in range(spec.nodes)}, timed_out=False,
@@ -244,7 +239,7 @@ def recorded_certificate(client, image: str, images_dir: Path, labels: dict[str,
                          gpus: list[dict] | None = None, driver: str | None = None, **kw) -> tuple[dict, Path]:
     """The certification of ``image`` through :class:`RecordedLauncher`: a real
     certificate document, written under ``images_dir/<recipe>/certificates/``."""
-    _, lock = read_image(client, image)
-    # the recorded rank results are the all-reduce and DDP documents alone: no profile runs
+    lock = read_image(client, image)[1].to_dict()
+    # the recorded rank results are the ddp profile's (tests/factories.py)
     return certify_image(client, image, images_dir=images_dir, launcher=RecordedLauncher(lock, gpus, driver),
-                         labels=labels, gpu_visible=bool(gpus), **{"profiles": [], **kw})
+                         labels=labels, gpu_visible=bool(gpus), **kw)

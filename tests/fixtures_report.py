@@ -1,6 +1,7 @@
-"""Certificates for the report tests (builder/certify/report.py): today's shape (a JSON file
-written by builder.certify.certificate.build_certificate from two hand-written rank results,
-tests/fixtures/certificate-allreduce-ddp.json), issue 10's sections added to it as w-i10a's
+"""Certificates for the report tests (builder/certify/report.py): today's shape (a kept ``/1``
+JSON file written by builder.certify.certificate.build_certificate from two hand-written rank
+results, tests/fixtures/certificate-allreduce-ddp.json, as ``envbuild report`` reads it: upgraded
+by load_certificate, its sweep as ``collectives.all_reduce``), issue 10's sections added to it as w-i10a's
 certificates hold them, hostile strings, and the checks of a page's markup (what a string
 could have planted, what would load from elsewhere)."""
 
@@ -11,6 +12,8 @@ import json
 import re
 from pathlib import Path
 
+from builder.core.certificate import load_certificate
+
 from fixtures_browser import Dom
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,8 +23,10 @@ HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">{{
 
 
 def todays_certificate() -> dict:
-    """A passing ``envbuild.certificate/1`` of 2 gloo ranks: all-reduce at 8, 1024, 65536 B, DDP."""
-    return json.loads((FIXTURES / "certificate-allreduce-ddp.json").read_text())
+    """A passing ``envbuild.certificate/2`` of 2 gloo ranks, all-reduce at 8, 1024, 65536 B: the
+    kept ``/1`` upgraded (written as ``/2``, so that it reads back as it is)."""
+    doc = load_certificate(json.loads((FIXTURES / "certificate-allreduce-ddp.json").read_text())).to_dict()
+    return {**doc, "schema": "envbuild.certificate/2"}
 
 
 def profiles_certificate() -> dict:
@@ -32,8 +37,9 @@ def profiles_certificate() -> dict:
 def row(size, dtype="float32", factor=1.0, wrong=0):
     alg = size / 1e9 / (1e-5 + size / 2e9)
     return {"size_bytes": size, "count": size // 4, "type": dtype, "redop": "sum", "time_us": 10.0 + size / 2e3,
-            "rank_time_us": [10.0, 10.0], "algbw_gbps": alg, "busbw_gbps": alg * factor, "wrong": wrong,
-            "wrong_by_rank": [wrong, 0]}
+            "min_time_us": 10.0, "median_time_us": 10.0, "slowest_rank": 0,
+            "algbw_gbps": alg, "busbw_gbps": alg * factor, "wrong": wrong,
+            "wrong_ranks": [0] if wrong else [], "wrong_rank_count": 1 if wrong else 0}
 
 
 def issue10_doc(cert=None):
@@ -75,8 +81,8 @@ def hostile_certificate() -> dict:
     doc["ranks"]["1"]["errors"] = [HOSTILE]
     doc["verdict"]["warnings"] = [HOSTILE + "\x1b[31m\u202e"]
     doc["probe"]["0"]["os"]["pretty_name"] = HOSTILE
-    doc["allreduce"][0]["type"] = HOSTILE[:200]
-    doc["ddp"]["model"] = HOSTILE
+    doc["collectives"]["all_reduce"][0]["type"] = HOSTILE[:200]
+    doc["ranks"]["0"]["lock_mismatches"] = [HOSTILE]
     return doc
 
 

@@ -1,7 +1,7 @@
 """A stand-in for a Kubernetes cluster on the local Docker engine, for tests only.
 
 :class:`DockerKubeApi` has the methods of :class:`builder.launchers.k8s.api.KubeApi` (the
-:class:`~builder.launchers.k8s.cluster.ClusterApi` seam), so the real
+:class:`~builder.launchers.k8s.api.ClusterApi` seam), so the real
 :class:`~builder.launchers.k8s.launcher.K8sLauncher` can apply rendered manifests to it. It
 plays the parts of the API server, the Job controller and the kubelet for what envbuild's
 manifests use, read from the rendered objects (nothing is taken from envbuild's code):
@@ -37,8 +37,9 @@ from typing import Any
 
 import docker.errors
 
-from builder.launchers.k8s.cluster import JobState, PodState, Update
-from builder.launchers.k8s.pod import INDEX_ANNOTATION, JOB_NAME_LABEL
+from builder.image.engine import Engine
+from builder.launchers.k8s.api import JobState, PodState, Update
+from builder.launchers.k8s.objects import INDEX_ANNOTATION, JOB_NAME_LABEL
 
 _VAR_RE = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
 
@@ -65,7 +66,7 @@ class DockerKubeApi:
 
     namespace = "docker-stand-in"
 
-    def __init__(self, client: docker.DockerClient, labels: Mapping[str, str]) -> None:
+    def __init__(self, client: Engine, labels: Mapping[str, str]) -> None:
         self.client = client
         self.labels = dict(labels)
         self.configmaps: dict[str, dict] = {}
@@ -109,7 +110,7 @@ class DockerKubeApi:
 
     def delete_pods(self, selector: str) -> None:
         key, _, value = selector.partition("=")
-        for c in self.client.containers.list(all=True, filters={"label": f"{key}={value}"}):
+        for c in self.client.sdk.containers.list(all=True, filters={"label": f"{key}={value}"}):
             self._remove(c)
 
     # -- Job controller
@@ -148,7 +149,7 @@ class DockerKubeApi:
 
     def pods(self, job: str) -> list[PodState]:
         out = []
-        for c in sorted(self.client.containers.list(all=True, filters={"label": f"{JOB_NAME_LABEL}={job}"}),
+        for c in sorted(self.client.sdk.containers.list(all=True, filters={"label": f"{JOB_NAME_LABEL}={job}"}),
                         key=lambda c: c.name):
             status, code = self._state(c)
             phase = {"created": "Pending", "running": "Running"}.get(status)
@@ -160,7 +161,7 @@ class DockerKubeApi:
 
     def log(self, pod: str) -> str:
         try:
-            return self.client.containers.get(pod).logs(stdout=True, stderr=True).decode("utf-8", "replace")
+            return self.client.sdk.containers.get(pod).logs(stdout=True, stderr=True).decode("utf-8", "replace")
         except docker.errors.NotFound:
             return ""
 
@@ -201,7 +202,7 @@ class DockerKubeApi:
         (ctr,) = pod["containers"]
         svc = self.services[pod["subdomain"]]
         assert svc["spec"]["selector"] == {JOB_NAME_LABEL: name}
-        net = self.client.networks.create(f"{name}-net", driver="bridge", internal=True, labels=self.labels)
+        net = self.client.sdk.networks.create(f"{name}-net", driver="bridge", internal=True, labels=self.labels)
         self.networks[name] = net
         volumes = {v["name"]: v for v in pod["volumes"]}
         binds: dict[str, dict] = {}
@@ -232,12 +233,13 @@ class DockerKubeApi:
             args = [expand(a, env) for a in ctr["args"]]
             labels = {**self.labels, **spec["template"]["metadata"]["labels"], JOB_NAME_LABEL: name,
                       INDEX_ANNOTATION: str(i)}
-            c = self.client.containers.create(
+            c = self.client.sdk.containers.create(
                 ctr["image"], entrypoint=command[:1], command=command[1:] + args, name=hostname,
                 hostname=hostname, environment=env, labels=labels,
                 user=f"{psc['runAsUser']}:{psc['runAsGroup']}", read_only=True, tmpfs=tmpfs, volumes=binds,
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], shm_size=shm_size, network=net.name,
-                networking_config={net.name: self.client.api.create_endpoint_config(
+                mem_limit=docker_size(ctr["resources"]["limits"]["memory"]),  # the kubelet's cgroup limit
+                networking_config={net.name: self.client.sdk.api.create_endpoint_config(
                     aliases=[hostname, f"{hostname}.{svc['metadata']['name']}"])},
                 detach=True,
             )

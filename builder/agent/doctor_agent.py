@@ -1,43 +1,6 @@
-"""The in-node half of ``envbuild doctor``: TCP listeners and probes, compute timing and
-pairwise all-reduces, run on every node and reporting JSON lines on stdout.
-
-Runs inside images and on hosts like :mod:`builder.agent.probe`: the standard library only
-(``torch`` imported lazily by ``compute`` and ``pairs``), Python >= 3.8, started as
-``python3 - MODE ARGS < doctor_agent.py`` (ssh, srun) or ``python3 -c SOURCE MODE ARGS``
-(``docker exec``). Every mode ends by itself: each has a deadline, so a blocked port or a
-vanished peer never makes it hang. Modes:
-
-``listen --ports P,Q --sample K --range LO-HI --deadline-s S --expect-total N``
-    Listen on TCP ports P, Q, ... (all addresses) and on K free ports spread over the
-    ephemeral range LO-HI (the ports NCCL and gloo pick between ranks). Prints one line
-    ``{"ports": {"29500": "listening" | "in-use" | "error: ...", ...}, "sample": [p, ...]}``
-    as soon as they are bound, then answers every connection that sends a line
-    (``envbuild-doctor FROM``) with ``ok``, until S seconds passed or N connections in all
-    arrived (so that no port stays taken once every peer got through). Prints
-    ``{"accepted": {"29500": ["node-1", ...], ...}}`` last.
-
-``connect --from NAME --targets JSON --timeout-s T``
-    TARGETS: ``[{"id": str, "host": str, "port": int}, ...]``. Connects to all of them at
-    once (threads), each with a T-second limit, sends ``envbuild-doctor NAME`` and waits for
-    ``ok``. Prints ``{"results": {id: {"status": "ok"|"open"|"refused"|"timeout"|
-    "unreachable"|"error", "detail": str, "seconds": float}}}``. ``open``: something
-    accepted but did not answer like the doctor's listener (another program holds the port).
-
-``compute --backend gloo|nccl --iters N --repeats R``
-    Times this node's compute alone: R repeats (after one warm-up) of N forward/backward
-    steps of a small MLP, one thread, no communication; ``torch`` on the GPU with nccl, on
-    the CPU with gloo, a pure-Python matmul loop without torch. Prints ``{"compute":
-    {"backend": "torch-cpu"|"torch-cuda"|"python", "iters": N, "seconds": [..],
-    "best_s": x}}``. The doctor runs it on nodes that share a machine one after the other.
-
-``pairs --index I --addrs A0,A1,... --port-base P --backend gloo|nccl --iters M
---size BYTES --timeout-s T``
-    Takes part in an all-reduce with every other node, one pair at a time (round-robin
-    schedule: the pairs of a round are disjoint; pair (i, j) meets at
-    ``tcp://A_min(i,j):P+round``; M timed all-reduces of BYTES after two warm-ups), as
-    Google's cluster-health-scanner tests node pairs. Prints ``{"pairs": [{"peer": j,
-    "round": r, "seconds": x|null, "error": str|null}]}`` (plus ``"error"`` without torch).
-"""
+"""The in-node half of ``envbuild doctor``, printing JSON lines. Stdlib only (torch imported
+lazily), Python >= 3.8. Every mode has a deadline, so a blocked port or a vanished peer never
+makes it hang."""
 
 from __future__ import annotations
 
@@ -58,7 +21,6 @@ def _emit(doc: dict[str, Any]) -> None:
 
 
 def _args(argv: list[str]) -> dict[str, str]:
-    """``--key value`` pairs into a dict (all values strings)."""
     out: dict[str, str] = {}
     i = 0
     while i < len(argv):
@@ -72,7 +34,7 @@ def _args(argv: list[str]) -> dict[str, str]:
 
 def sample_ports(lo: int, hi: int, k: int) -> list[int]:
     """K ports spread evenly over [lo, hi], ends included: (32768, 60999, 3) gives
-    [32768, 46883, 60999]; fewer when the range is smaller than K."""
+    [32768, 46883, 60999]."""
     if k <= 0 or hi < lo:
         return []
     if k == 1:
@@ -99,7 +61,8 @@ def _bind(port: int) -> socket.socket:
 
 
 def listen(opts: dict[str, str]) -> int:
-    """The ``listen`` mode (see the module docstring)."""
+    """Bind the given ports and K sampled from the ephemeral range (NCCL and gloo pick there), and
+    answer hellos until the deadline or ``expect-total`` connections (no port stays taken)."""
     deadline = time.time() + float(opts.get("deadline-s", "30"))
     expect = int(opts.get("expect-total", "0"))
     ports = [int(p) for p in opts.get("ports", "").split(",") if p]
@@ -174,13 +137,8 @@ def listen(opts: dict[str, str]) -> int:
 
 
 def probe_port(host: str, port: int, name: str, timeout_s: float) -> dict[str, Any]:
-    """Connect to host:port within timeout_s, say hello, wait for the answer.
-
-    Returns ``{"status", "detail", "seconds"}``; status ``ok`` (the doctor's listener
-    answered), ``open`` (connected, no proper answer), ``refused`` (RST: nothing listens
-    or a REJECT rule), ``timeout`` (no answer: a DROP rule or a black hole),
-    ``unreachable`` (no route), ``error`` (anything else, e.g. a name that does not resolve).
-    """
+    """Connect within timeout_s, say hello, wait for the answer: status ``ok``, ``open``
+    (another program holds the port), ``refused`` (RST), ``timeout`` (DROP), ``unreachable``, ``error``."""
     t0 = time.time()
 
     def result(status: str, detail: str) -> dict[str, Any]:
@@ -212,7 +170,7 @@ def probe_port(host: str, port: int, name: str, timeout_s: float) -> dict[str, A
 
 
 def connect(opts: dict[str, str]) -> int:
-    """The ``connect`` mode (see the module docstring)."""
+    """Probe every target at once (threads), each within ``timeout-s``."""
     targets = json.loads(opts["targets"])
     timeout_s = float(opts.get("timeout-s", "3"))
     name = opts.get("from", "?")
@@ -235,10 +193,7 @@ def connect(opts: dict[str, str]) -> int:
 
 
 def round_robin(n: int) -> list[list[tuple]]:
-    """Rounds of disjoint pairs covering every pair of n nodes once (circle method).
-
-    ``round_robin(4)`` gives ``[[(0, 3), (1, 2)], [(0, 2), (1, 3)], [(0, 1), (2, 3)]]``
-    (pairs sorted; with odd n one node sits out each round)."""
+    """Rounds of disjoint pairs covering every pair of n nodes once (circle method)."""
     ids: list[int | None] = list(range(n)) + ([None] if n % 2 else [])
     m = len(ids)
     rounds: list[list[tuple]] = []
@@ -272,7 +227,8 @@ def _torch() -> Any:
 
 
 def compute(opts: dict[str, str]) -> int:
-    """The ``compute`` mode (see the module docstring)."""
+    """Time this node's compute alone: R repeats (after a warm-up) of N MLP steps on one thread,
+    no communication; a pure-Python loop without torch."""
     backend = opts.get("backend", "gloo")
     iters = int(opts.get("iters", "100"))
     repeats = int(opts.get("repeats", "5"))
@@ -310,7 +266,8 @@ def compute(opts: dict[str, str]) -> int:
 
 
 def pairs(opts: dict[str, str]) -> int:
-    """The ``pairs`` mode (see the module docstring)."""
+    """An all-reduce with every other node, one pair at a time (round-robin rounds, pair (i, j)
+    meets at ``A_min(i,j):port-base+round``), as Google's cluster-health-scanner tests pairs."""
     index = int(opts["index"])
     addrs = opts["addrs"].split(",")
     backend = opts.get("backend", "gloo")
@@ -363,8 +320,6 @@ def pairs(opts: dict[str, str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """Dispatch ``argv[0]`` (``listen``, ``connect``, ``compute``, ``pairs``); returns the
-    exit status."""
     if not argv:
         raise SystemExit("doctor_agent: give a mode: listen, connect, compute, pairs")
     modes = {"listen": listen, "connect": connect, "compute": compute, "pairs": pairs}

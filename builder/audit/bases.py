@@ -1,12 +1,9 @@
 """What a base image's name says: CUDA, OS, Python and a preinstalled PyTorch.
 
-Read from the tag only (nothing is pulled): ``nvidia/cuda:<X.Y.Z>-<flavour>-<os><ver>``
-[NV-IMG], NGC ``nvcr.io/nvidia/pytorch:<YY.MM>-py3`` (the release table in
-``data/bases.yaml`` [NGC-RN]), ``pytorch/pytorch:<ver>-cuda<X.Y>-cudnn<N>-<runtime|devel>``
-[PT-IMG], ``debian``/``ubuntu`` by release number or codename and ``python:<X.Y>-...-<codename>``
-[PY-IMG] (the OS releases and their Python from the recipe facts, ``compat.yaml`` ``os``).
-What a name does not say is None with ``why`` naming it: a tag that moves (``latest``,
-``python:3.11-slim``), a local image file, a repository envbuild knows nothing of.
+Read from the tag only (nothing is pulled): ``nvidia/cuda`` [NV-IMG], NGC pytorch (release
+table in ``data/bases.yaml`` [NGC-RN]), ``pytorch/pytorch`` [PT-IMG], ``debian``/``ubuntu``
+and ``python`` [PY-IMG]. What a name does not say (a moving tag, a local image file, an
+unknown repository) is None with ``why`` naming it.
 """
 
 from __future__ import annotations
@@ -40,12 +37,7 @@ def facts() -> dict:
 
 @dataclass
 class BaseInfo:
-    """What the name of a base says. ``kind``: ``nvidia-cuda``, ``ngc-pytorch``,
-    ``pytorch``, ``debian``, ``ubuntu``, ``python``, ``local`` (an image file), ``other``.
-    ``cuda`` as in the tag (``12.4.1``), ``flavour`` (``base``, ``runtime``...), ``os_id``/
-    ``os_version`` (``ubuntu``/``22.04``), ``python`` (the image's own Python, when the
-    name says), ``torch``/``variant`` (a PyTorch the image ships), ``why`` what the name
-    does not say, ``source`` the facts used."""
+    """What the name of a base says; ``why``: what it does not say, ``source``: the facts used."""
 
     image: str | None
     kind: str
@@ -63,8 +55,7 @@ class BaseInfo:
 
 
 def os_release(os_id: str, word: str) -> str | None:
-    """The release number of ``word`` (``bookworm`` -> ``12``, ``22.04`` -> ``22.04``,
-    ``12.5`` -> ``12``) for ``os_id`` by the recipe facts; None when unknown."""
+    """The release number of ``word`` for ``os_id`` (``bookworm`` -> ``12``, ``12.5`` -> ``12``), or None."""
     releases = recipe_facts.facts().os.get(os_id, {})
     for version, rel in releases.items():
         if word == version or word in rel.codenames or (os_id == "debian" and word.split(".")[0] == version):
@@ -73,8 +64,7 @@ def os_release(os_id: str, word: str) -> str | None:
 
 
 def _split(ref: str) -> tuple[str, str | None] | None:
-    """``(repository without docker.io/library/, tag)`` of a valid image reference
-    (:mod:`builder.oci.reference`, the one grammar)."""
+    """``(repository without docker.io/library/, tag)`` of a valid image reference."""
     parsed = reference.try_parse(ref)
     if parsed is None:
         return None
@@ -82,8 +72,7 @@ def _split(ref: str) -> tuple[str, str | None] | None:
 
 
 def read(ref: str | None, bootstrap: str = "docker", header: dict[str, str] | None = None) -> BaseInfo:
-    """What the base ``ref`` (an expanded image reference; a path for ``localimage``)
-    says, for a Dockerfile (``bootstrap`` ``docker``) or a definition's agent and header."""
+    """What the base ``ref`` says (a path for ``localimage``), for a Dockerfile or a definition."""
     header = header or {}
     if bootstrap in ("debootstrap",):
         return _debootstrap(header)
@@ -100,16 +89,13 @@ def read(ref: str | None, bootstrap: str = "docker", header: dict[str, str] | No
     if split is None:
         return BaseInfo(ref, "other", why=f"{ref!r} is not an image reference (name[:tag][@sha256:digest])")
     repo, tag = split
-    for reader in (_nvidia_cuda, _ngc, _pytorch, _distro, _python):
-        info = reader(ref, repo, tag)
-        if info is not None:
-            return info
-    return BaseInfo(ref, "other", repo, tag, why=f"envbuild cannot read CUDA, OS or Python from the name {repo}")
+    reader = _READERS.get(repo)
+    if reader is None:
+        return BaseInfo(ref, "other", repo, tag, why=f"envbuild cannot read CUDA, OS or Python from the name {repo}")
+    return reader(ref, repo, tag)
 
 
-def _nvidia_cuda(ref: str, repo: str, tag: str | None) -> BaseInfo | None:
-    if repo not in ("nvidia/cuda", "nvcr.io/nvidia/cuda"):
-        return None
+def _nvidia_cuda(ref: str, repo: str, tag: str | None) -> BaseInfo:
     m = _CUDA_TAG.fullmatch(tag or "")
     if not m:
         return BaseInfo(ref, "nvidia-cuda", repo, tag, why=f"the tag {tag!r} is not <X.Y.Z>-<flavour>-<os><ver>",
@@ -123,9 +109,7 @@ def _nvidia_cuda(ref: str, repo: str, tag: str | None) -> BaseInfo | None:
     return info
 
 
-def _ngc(ref: str, repo: str, tag: str | None) -> BaseInfo | None:
-    if repo != "nvcr.io/nvidia/pytorch":
-        return None
+def _ngc(ref: str, repo: str, tag: str | None) -> BaseInfo:
     m = _NGC_TAG.fullmatch(tag or "")
     row = facts()["ngc_pytorch"].get(m.group("release")) if m else None
     if row is None:
@@ -138,9 +122,7 @@ def _ngc(ref: str, repo: str, tag: str | None) -> BaseInfo | None:
                     source=f"{row['source']} ({row['tag']})")
 
 
-def _pytorch(ref: str, repo: str, tag: str | None) -> BaseInfo | None:
-    if repo != "pytorch/pytorch":
-        return None
+def _pytorch(ref: str, repo: str, tag: str | None) -> BaseInfo:
     m = _PT_TAG.fullmatch(tag or "")
     if not m:
         return BaseInfo(ref, "pytorch", repo, tag, torch="(unknown)",
@@ -151,9 +133,7 @@ def _pytorch(ref: str, repo: str, tag: str | None) -> BaseInfo | None:
                     source="PT-IMG")
 
 
-def _distro(ref: str, repo: str, tag: str | None) -> BaseInfo | None:
-    if repo not in ("debian", "ubuntu"):
-        return None
+def _distro(ref: str, repo: str, tag: str | None) -> BaseInfo:
     m = _OS_WORD.fullmatch(tag or "latest")
     word = m.group("word") if m else (tag or "")
     version = os_release(repo, word)
@@ -164,9 +144,7 @@ def _distro(ref: str, repo: str, tag: str | None) -> BaseInfo | None:
     return BaseInfo(ref, repo, repo, tag, os_id=repo, os_version=version, source="DISTRO")
 
 
-def _python(ref: str, repo: str, tag: str | None) -> BaseInfo | None:
-    if repo != "python":
-        return None
+def _python(ref: str, repo: str, tag: str | None) -> BaseInfo:
     m = _PY_TAG.fullmatch(tag or "")
     if not m:
         return BaseInfo(ref, "python", repo, tag, why=f"the tag {tag or 'latest'!r} names no Python release (it moves)",
@@ -191,3 +169,7 @@ def _debootstrap(header: dict[str, str]) -> BaseInfo:
         return BaseInfo(None, "other",
                         why=f"debootstrap of {word or '?'!r} from {mirror or '?'!r}: not a release envbuild knows")
     return BaseInfo(f"{os_id}:{word}", os_id, os_id, word, os_id=os_id, os_version=version, source="DISTRO")
+
+
+_READERS = {"nvidia/cuda": _nvidia_cuda, "nvcr.io/nvidia/cuda": _nvidia_cuda, "nvcr.io/nvidia/pytorch": _ngc,
+            "pytorch/pytorch": _pytorch, "debian": _distro, "ubuntu": _distro, "python": _python}

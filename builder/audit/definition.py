@@ -1,17 +1,8 @@
 """Apptainer/Singularity definition files: header, sections, stages, build arguments.
 
-envbuild reads definitions with its own parser, not spython's: spython's
-``SingularityParser`` keeps no line numbers, silently drops a command written in the
-header, merges duplicate sections and takes a merge-conflict marker for a ``%post``
-command. Here each of those is malformed (exit 3, one line naming the line).
-
-Grammar (Apptainer user guide, "Definition Files"): a header of ``Key: value`` lines
-starting with ``Bootstrap:`` (``From:``, ``Stage:``, ``OSVersion:``, ``MirrorURL:``...),
-then sections ``%name [args]`` at the start of a line, each holding the lines up to the
-next one. A new ``Bootstrap:`` line starts the next stage (multi-stage builds;
-``%files from STAGE`` copies from an earlier one). ``%post`` is a shell script;
-``%environment`` the image's runtime environment (``export A=B``); ``%arguments``
-(Apptainer 1.2+) holds ``NAME=default`` build arguments substituted as ``{{ NAME }}``.
+Not spython's parser: it keeps no line numbers, drops a command in the header, merges
+duplicate sections and takes a merge-conflict marker for a ``%post`` command; here each is
+malformed (exit 3). Grammar: Apptainer user guide, "Definition Files".
 """
 
 from __future__ import annotations
@@ -112,8 +103,8 @@ def _stage(file: str, b: _Block, index: int, names: dict[str, int], templates) -
     header = {k: v for k, (_n, v) in b.header.items() if k not in ("bootstrap", "from")}
     name = header.get("stage", "").lower() or None
     stage = Stage(index, name, b.line, Base(word, line, agent, None, header))
-    files = [(k, v) for k, v in b.sections.items() if k == "files"]
-    for _k, (n, args, _body) in files:
+    if "files" in b.sections:
+        n, args, _body = b.sections["files"]
         m = re.fullmatch(r"from[ \t]+(\S+)", args, re.I)
         if m and m.group(1).lower() in names:
             stage.copies.append((names[m.group(1).lower()], n))
@@ -129,13 +120,9 @@ def _stage(file: str, b: _Block, index: int, names: dict[str, int], templates) -
 
 
 def parse(file: str, build_args: dict[str, str] | None = None) -> Parsed:
-    """Parse the definition file at ``file``.
+    """The :class:`~.parsed.Parsed` stages of the definition at ``file`` (one per ``Bootstrap:``).
 
-    Returns: the :class:`~.parsed.Parsed` stages (one per ``Bootstrap:`` header).
-    Raises: :class:`~builder.core.errors.Unreachable` (3) unreadable;
-        :class:`~.parsed.Malformed` (3): a control character, a merge-conflict marker, no
-        Bootstrap header, a command in the header, an unknown or duplicate section, an
-        unknown bootstrap agent, a ``Bootstrap: docker`` without ``From:``.
+    Raises Unreachable (exit 3) when unreadable, Malformed (exit 3) naming the line.
     """
     lines = read_lines(file)
     blocks = _blocks(file, lines)

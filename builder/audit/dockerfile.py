@@ -1,20 +1,9 @@
-"""Dockerfiles and Containerfiles: instructions from dockerfile-parse, ARG/ENV expanded as
-Docker does, RUN lines split into shell commands.
+"""Dockerfiles and Containerfiles: instructions from dockerfile-parse, ARG/ENV expanded as Docker does.
 
-dockerfile-parse gives the instructions and their lines. Two things it reads differently
-from BuildKit are settled before it sees the text (the line numbers kept): a blank line
-inside a continuation (BuildKit skips it; dockerfile-parse would end the instruction) and
-here-documents (``RUN <<EOF`` ... ``EOF``: BuildKit takes the body as the script;
-dockerfile-parse would read each body line as an instruction). Both become comment lines
-for dockerfile-parse; the bodies are kept here.
-
-Variables as Docker sets them (Dockerfile reference, "ARG", "ENV", "Understand how ARG and
-FROM interact"): an ARG before the first FROM is visible to FROM lines only; inside a stage
-it must be declared again (``ARG NAME`` inherits the global default); ENV overrides an ARG
-of the same name; a stage FROM another stage inherits its ENV, not its ARGs; values given
-with ``--build-arg`` replace defaults; the automatic platform ARGs are linux/amd64
-(:data:`~.parsed.PLATFORM_ARGS`). RUN lines see the stage's ARGs and ENV; what the base image
-sets is unknown, so a variable this file does not set cannot be expanded (named, not guessed).
+Two things dockerfile-parse reads differently from BuildKit are settled first (line numbers
+kept): a blank line inside a continuation and here-documents. Variable scoping follows the
+Dockerfile reference ("ARG", "ENV", "Understand how ARG and FROM interact"); what the base
+image sets is unknown, so a variable this file does not set is named, not guessed.
 """
 
 from __future__ import annotations
@@ -41,18 +30,17 @@ _NO_DEFAULT = "ARG {name} (line {line}) has no default: its value is given with 
 
 @dataclass
 class _Heredoc:
-    """The here-document bodies of the instruction starting at (0-based) line ``start``:
-    ``bodies`` as ``[(delimiter, strip_tabs, [(line, text), ...])]``."""
+    """The here-document bodies of the instruction at 0-based line ``start``."""
 
     start: int
     bodies: list[tuple[str, bool, list[tuple[int, str]]]] = field(default_factory=list)
 
 
 def _prepare(file: str, lines: list[str]) -> tuple[list[str], dict[int, _Heredoc]]:
-    """The text dockerfile-parse reads (same line count) and the here-documents by the
-    0-based line of their instruction. Continuation lines reach dockerfile-parse as stubs
-    (it only has to see that they continue: it joins them by repeated string addition,
-    quadratic in an instruction's length); the text is read from ``lines`` here."""
+    """The text dockerfile-parse reads (same line count) and the here-documents by instruction line.
+
+    Continuations reach it as stubs: it joins them by repeated string addition, quadratic in length.
+    """
     feed = list(lines)
     heredocs: dict[int, _Heredoc] = {}
     i, cont, current = 0, False, None
@@ -110,8 +98,7 @@ class _Reader:
 
     # --------------------------------------------------------------- helpers
     def source(self, item: dict, keyword: bool = True) -> Source:
-        """The instruction's text (keyword removed), comment and blank lines inside the
-        continuation left out, each piece with its 1-based line."""
+        """The instruction's text without the keyword, comment and blank lines, each piece with its line."""
         start, end = item["startline"], item["endline"]
         pieces: list[tuple[int, str]] = []
         for k in range(start, end + 1):
@@ -259,8 +246,7 @@ class _Reader:
 
     @staticmethod
     def heredoc_pieces(rest: str, line: int, heredoc: _Heredoc) -> list[tuple[int, str]]:
-        """The script of a RUN with here-documents: the body itself for ``RUN <<EOF`` (or
-        ``RUN bash <<EOF``), else the command line followed by the bodies it reads."""
+        """The script of a RUN with here-documents: the body itself for ``RUN <<EOF``, else line and bodies."""
         before = rest.split("<<", 1)[0].replace("\\\n", " ").split()
         delim, _tabs, body = heredoc.bodies[0]
         if not before or (before[0] in _SHELLS and all(b.startswith("-") for b in before[1:])):
@@ -273,8 +259,7 @@ class _Reader:
 
     @staticmethod
     def exec_form(text: str, line: int, lookup) -> list[Command]:
-        """``RUN ["pip", "install", ...]``: no shell, no expansion; ``["sh", "-c", SCRIPT]``
-        runs SCRIPT as a shell script."""
+        """``RUN ["pip", ...]``: no shell, no expansion; ``["sh", "-c", SCRIPT]`` runs SCRIPT as shell."""
         try:
             argv = json.loads(text.replace("\\\n", ""))
         except ValueError:
@@ -299,12 +284,9 @@ def _slice(src: Source, offset: int) -> Source:
 
 
 def parse(file: str, build_args: dict[str, str] | None = None) -> Parsed:
-    """Parse the Dockerfile at ``file``.
+    """The :class:`~.parsed.Parsed` stages of the Dockerfile at ``file``.
 
-    Returns: the :class:`~.parsed.Parsed` stages.
-    Raises: :class:`~builder.core.errors.Unreachable` (3) unreadable;
-        :class:`~.parsed.Malformed` (3): a control character, a merge-conflict marker, no
-        FROM, an instruction before the first FROM other than ARG, an unknown instruction.
+    Raises Unreachable (exit 3) when unreadable, Malformed (exit 3) naming the line.
     """
     lines = read_lines(file)
     feed, heredocs = _prepare(file, lines)

@@ -1,14 +1,8 @@
-"""The stack of a parsed file: its base, Python, torch and the packages and environment
-around them, each value with the line it came from.
+"""The stack of a parsed file: base, Python, torch, packages and environment, each with its line.
 
-What is read, in the stages the final image depends on (:meth:`~.parsed.Parsed.used`):
-pip installs (``pip``, ``pip3.X``, ``python3 -m pip``, ``uv pip``; ``--index-url``/``-i``,
-``--extra-index-url``, ``-f``/``--find-links``, ``--no-index``, ``PIP_INDEX_URL``/
-``PIP_EXTRA_INDEX_URL``/``PIP_FIND_LINKS``; requirement files noted, not followed), conda
-installs (``conda``/``mamba``/``micromamba`` ``install``/``create``: ``pytorch``,
-``pytorch-cuda``, ``cudatoolkit``, ``cpuonly``, ``python``; ``-c`` channels), apt installs
-(``apt-get``/``apt``/``aptitude`` ``install`` with ``name=version`` pins) and the image's
-environment (ENV, ``%environment``).
+Read in the stages the final image depends on: pip (and uv pip) installs with their indexes,
+conda installs with their channels, apt installs, and the image's environment; requirement
+files are noted, not followed.
 """
 
 from __future__ import annotations
@@ -20,15 +14,16 @@ from dataclasses import dataclass, field
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from builder.recipe.fields import VARIANT
+from builder.recipe.rules.release import PYPI_HOSTS
+
 from . import bases
 from .model import PipTool
 from .parsed import EnvSet, Note, Parsed, Stage
 from .shell import Command, Var, Word
 
-PYPI_HOSTS = ("pypi.org", "pypi.python.org", "files.pythonhosted.org")
 #: Most requirements read from one install command (a recipe holds at most 1000 packages).
 MAX_REQUIREMENTS = 1000
-_VARIANT = re.compile(r"cpu|cu[0-9]{2,3}")
 _PIP = re.compile(r"pip(?:3(?:\.[0-9]{1,2})?)?")
 _PYTHON = re.compile(r"python(?:3(?:\.(?P<minor>[0-9]{1,2}))?)?")
 _CONDA = frozenset({"conda", "mamba", "micromamba"})
@@ -44,6 +39,8 @@ _PIP_VALUE = frozenset({"-t", "--target", "--prefix", "--root", "--src", "--upgr
 _PIP_ROLE = {"-i": "index", "--index-url": "index", "--extra-index-url": "extra", "-f": "find", "--find-links": "find",
              "-r": "file", "--requirement": "file", "-c": "file", "--constraint": "file", "-e": "editable",
              "--editable": "editable"}
+#: The pip option that names an index of each role (how a finding names where torch comes from).
+OPTION = {"index": "--index-url", "extra": "--extra-index-url", "find": "--find-links"}
 _CONDA_VALUE = frozenset({"-n", "--name", "-p", "--prefix", "--solver", "--repodata-fn", "--file", "--platform",
                           "--subdir", "--channel-alias"})
 _CONDA_SPEC = re.compile(r"(?:(?P<channel>[A-Za-z0-9_.-]+)::)?(?P<name>[A-Za-z0-9_.-]+)"
@@ -53,8 +50,7 @@ _WHEEL_URL = re.compile(r"(?:\A|/)torch-(?P<version>[0-9][0-9a-z.]*)(?:%2B|\+)(?
 
 @dataclass
 class Item:
-    """A value found in the file: its ``value``, the ``line`` and, when variables gave it,
-    ``via`` (``TORCH: ARG at line 3``)."""
+    """A value found in the file, its line and, when variables gave it, ``via`` (``TORCH: ARG at line 3``)."""
 
     value: str
     line: int
@@ -81,8 +77,7 @@ def _via(uses: tuple[Var, ...], line: int) -> str | None:
 
 @dataclass
 class Index:
-    """A package index of one install: ``role`` ``index`` (the main one), ``extra`` or
-    ``find`` (find-links); ``variant`` when it is the PyTorch index of one variant."""
+    """A package index of one install (``index``, ``extra`` or ``find``); ``variant``: a PyTorch index's."""
 
     role: str
     url: Item
@@ -94,8 +89,7 @@ class Index:
 
 @dataclass
 class PipInstall:
-    """One ``pip install``: its requirements (``(item, Requirement or None)``; None: a
-    path, URL or file pip reads that is no requirement), indexes, requirement files."""
+    """One ``pip install``; a requirement None is a path, URL or file pip reads."""
 
     line: int
     stage: int
@@ -114,8 +108,7 @@ class PipInstall:
 
 @dataclass
 class CondaInstall:
-    """One ``conda install``/``create``: ``specs`` ``[(item, name, op, version, build)]``
-    and ``channels``."""
+    """One ``conda install``/``create``: ``specs`` ``[(item, name, op, version, build)]``."""
 
     line: int
     stage: int
@@ -136,9 +129,7 @@ class AptPackage:
 
 @dataclass
 class Stack:
-    """The stack of the final image. ``base`` what its root stage's base says, with
-    ``base_item`` (the reference and its FROM line), the installs of every used stage in
-    file order, ``env`` the image's environment, ``notes`` what could not be read."""
+    """The stack of the final image: installs of every used stage in file order, ``notes``: what was not read."""
 
     file: str
     kind: str
@@ -162,23 +153,21 @@ class Stack:
 
 
 def index_of(role: str, item: Item) -> Index:
-    """An :class:`Index` for the URL ``item``: PyPI or not, PyTorch's index of a variant
-    (last path component ``cpu``/``cuXYZ``; ``.../cu121/torch_stable.html`` for find-links)."""
+    """An :class:`Index` for the URL ``item``: PyPI or not, and PyTorch's variant (``cpu``/``cuXYZ``)."""
     url = item.value.strip()
     host = url.split("/")[2].lower() if url.count("/") >= 2 else ""
     path = url.rstrip("/")
     if path.endswith(".html"):
         path = path.rsplit("/", 1)[0]
     last = path.rsplit("/", 1)[-1]
-    variant = last if _VARIANT.fullmatch(last) else None
+    variant = last if VARIANT.fullmatch(last) else None
     pytorch = host == "download.pytorch.org" or variant is not None
     return Index(role, item, variant, pytorch, host.split(":")[0] in PYPI_HOSTS)
 
 
 # ----------------------------------------------------------------------- commands
 def _command(words: list[Word]) -> tuple[str, int] | None:
-    """The program a command runs (wrappers such as ``sudo``/``env`` and ``conda run``
-    skipped) as ``(name, index of its first argument)``; None for an unknown program."""
+    """``(program, index of its first argument)`` past wrappers (``sudo``, ``env``, ``conda run``), or None."""
     k = 0
     while k < len(words):
         text = words[k].text

@@ -1,20 +1,9 @@
-"""The one adapter between the audit and recipe's rules: the file's pins as a recipe, run
-through the recipe schema (:func:`builder.recipe.load.validate`) and
-:func:`builder.recipe.rules.check` (the very code ``envbuild check`` runs), each finding
-mapped back to the file and line of the value it came from.
+"""The one adapter between the audit and recipe's rules: the file's pins as a recipe, checked by the
+very code ``envbuild check`` runs, each finding mapped back to the file's line.
 
-One rule set, not a copy: the rules live in :mod:`builder.recipe.rules`; this module only
-builds the recipe-shaped mapping (:func:`recipe_data`), runs it (:func:`check_data`) and
-maps the results (:func:`judge`). It is the only audit module that knows the recipe's
-schema and rule ids, so when recipe's models and rules move, only this module changes.
-
-Recipe findings that do not apply to a file are dropped, each for a reason
-(:func:`_applies`): the note that torch comes from the derived index (a file names its
-own), "Python is not the system Python" when the file's Python is another one (a
-``python:3.12`` image, conda, ``python3.11 -m pip``), "the base already ships PyTorch" when
-the file installs none of its own, and the minor-CUDA warning (the audit's
-``wheel-cuda-base`` says it, as an error). Schema errors on a value the file holds become
-notes: that value is not judged (it cannot be one a recipe holds).
+The only audit module that knows the recipe's schema and rule ids. Findings that do not apply
+to a file are dropped, each for a reason (:func:`_applies`); a schema error on a file's value
+becomes a note.
 """
 
 from __future__ import annotations
@@ -22,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, cast
 
-from builder.core.errors import EnvbuildError
 from builder.recipe import load
 from builder.recipe import rules as recipe_rules
 from builder.recipe.rules.network import SOCKET_VARIABLES
@@ -30,15 +18,16 @@ from builder.recipe.spec import Finding as RuleFinding
 from builder.recipe.spec import Spec
 
 from .extract import Item
-from .model import Finding, Level, cut
+from .model import Finding, Level
 from .pins import Pins, variant_cuda
+from .rules import Out
 
 
 def recipe_data(p: Pins, driver: str | None) -> tuple[dict[str, Any], dict[str, Item], frozenset[str]]:
-    """The recipe mapping of ``p`` (as ``envbuild check`` would load it from YAML), the
-    origin of each recipe field (``torch.version`` -> the requirement and its line) and the
-    fields the file leaves unknown (``torch.variant`` when no index or pin names it: the
-    rules must not derive one)."""
+    """``(recipe mapping, origin of each field, fields the file leaves unknown)`` of ``p``.
+
+    ``torch.variant`` stays unknown when nothing names it: the rules must not derive one.
+    """
     data: dict[str, Any] = {}
     at: dict[str, Item] = {}
     unknown = frozenset({"torch.variant"}) if p.torch and not p.torch.variant else frozenset()
@@ -100,10 +89,7 @@ def recipe_data(p: Pins, driver: str | None) -> tuple[dict[str, Any], dict[str, 
 
 
 def check_data(data: dict[str, Any], file: str, unknown: frozenset[str] = frozenset()) -> Spec:
-    """``data`` (a recipe as loaded YAML) through the recipe schema and every rule: what
-    ``envbuild check`` does with a file (:func:`builder.recipe.load.parse`, then
-    :func:`builder.recipe.rules.check`), without the file. ``file`` names it in the results;
-    the rules leave the ``unknown`` fields alone (as fields that failed the schema)."""
+    """``data`` (a recipe as loaded YAML) through the recipe schema and rules, without a file."""
     loaded = load.validate(data, file, "audit")
     if unknown:
         loaded = dataclasses.replace(loaded, invalid=loaded.invalid | unknown)
@@ -128,31 +114,20 @@ def _origin(fields: tuple[str, ...] | list[str], at: dict[str, Item]) -> Item | 
     return None
 
 
-def _finding(level: str, rule: str, fields: tuple[str, ...], message: str, source: str, file: str,
-             origin: Item | None) -> Finding:
-    return Finding(level=cast(Level, level), rule=rule, file=file, line=origin.line if origin else None,
-                   value=cut(origin.value) if origin else None, via=origin.via if origin else None,
-                   message=message, source=source, fields=fields)
-
-
 def judge(p: Pins, driver: str | None = None) -> tuple[list[Finding], Spec]:
-    """Recipe's schema and rules on ``p``: their findings, each at the file and line of its
-    value, and the :class:`~builder.recipe.spec.Spec` (the resolved pins)."""
+    """Recipe's schema and rules on ``p``: findings at the file's lines, and the resolved Spec."""
     data, at, unknown = recipe_data(p, driver)
     file = p.stack.file
     spec = check_data(data, file, unknown)
-    out: list[Finding] = []
+    out = Out(file)
     for e in spec.schema_errors:
         origin = _origin([e.field or ""], at)
         if origin is None or e.message == "is required":  # a field the file does not give (an unpinned torch)
             continue
-        out.append(_finding("note", "not-judged", (e.field or "",), f"{_error_text(e)}; not judged by envbuild's rules",
-                            "recipe schema", file, origin))
+        out.add("note", "not-judged", origin, f"as the recipe field {e.field} it {e.message}; not judged by "
+                "envbuild's rules", "recipe schema", (e.field or "",))
     for f in spec.findings:
         if _applies(f, p):
-            out.append(_finding(f.level, f.rule, f.fields, f.message, f.source, file, _origin(f.fields, at)))
-    return out, spec
+            out.add(cast(Level, f.level), f.rule, _origin(f.fields, at), f.message, f.source, f.fields)
+    return out.items, spec
 
-
-def _error_text(e: EnvbuildError) -> str:
-    return f"as the recipe field {e.field} it {e.message}"

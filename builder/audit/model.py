@@ -1,10 +1,4 @@
-"""The audit's typed result (``envbuild audit --json``): one :class:`Report` of one
-:class:`FileAudit` per file, each with its findings and the stack it read.
-
-The JSON Schema is generated from these models into ``schemas/audit.schema.json``
-(:func:`schema`; a test fails when the committed file is stale; regenerate with
-``make golden``: scripts/schemas.py).
-"""
+"""The audit's typed result (``envbuild audit --json``), schema ``schemas/audit.schema.json``."""
 
 from __future__ import annotations
 
@@ -33,11 +27,7 @@ Name = Annotated[str, Meta(max_length=300)]
 
 
 class Finding(Model, kw_only=True, frozen=True):
-    """One finding: ``level``, the ``rule`` id (a recipe rule such as ``torch-variant``
-    or an audit rule such as ``torch-unpinned``), where (``file``, ``line``), the ``value``
-    as the file has it (expanded), ``via`` the variables that gave it (``TORCH: ARG at
-    line 3``), the ``message``, the ``source`` of the fact and, for a recipe rule, the
-    recipe ``fields`` it concerns."""
+    """One finding: a recipe or audit ``rule`` id, the ``value`` as the file has it (expanded), its ``source``."""
 
     level: Level
     rule: Name
@@ -74,9 +64,7 @@ class Base(Model, kw_only=True, frozen=True):
 
 
 class Torch(Model, kw_only=True, frozen=True):
-    """The torch the image gets: the requirement as written, the exact release (None:
-    not pinned to one), the wheel ``variant`` and where it comes from (``variant_from``),
-    the ``installer`` (pip, uv, conda or the base image) and the PyTorch ``index``."""
+    """The torch the image gets: ``version`` None when not pinned to one release."""
 
     requirement: Value
     line: Line
@@ -96,8 +84,7 @@ class Package(Model, kw_only=True, frozen=True):
 
 
 class EnvVar(Model, kw_only=True, frozen=True):
-    """An environment variable of the image (ENV, ``%environment``); value None when it
-    cannot be expanded."""
+    """An environment variable of the image; value None when it cannot be expanded."""
 
     name: Name
     value: Value | None
@@ -105,8 +92,7 @@ class EnvVar(Model, kw_only=True, frozen=True):
 
 
 class Stack(Model, kw_only=True, frozen=True):
-    """What the file builds: base, OS, Python (and where it comes from), CUDA, torch,
-    the NCCL/cuDNN wheel pins, the other packages and the environment."""
+    """What the file builds."""
 
     base: Base
     os: Name | None = None
@@ -121,9 +107,7 @@ class Stack(Model, kw_only=True, frozen=True):
 
 
 class FileAudit(Model, kw_only=True, frozen=True):
-    """The audit of one file: its ``kind``, ``verdict`` and ``exit_code`` (0 clean, 1
-    warnings, 2 errors, 3 malformed or unreadable), every finding, and the stack read
-    (None when the file could not be parsed)."""
+    """The audit of one file; ``exit_code`` 0 clean, 1 warnings, 2 errors, 3 malformed or unreadable."""
 
     file: Text
     kind: FileKind

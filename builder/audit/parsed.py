@@ -1,10 +1,6 @@
-"""What the two parsers (:mod:`.dockerfile`, :mod:`.definition`) hand to the extraction:
-the stages of one file, each with its base, the stages it copies from, its shell commands
-(words expanded) and the environment of the image it makes.
+"""What the two parsers hand to the extraction: the stages of one file, with words expanded.
 
-A malformed file is :class:`Malformed`: one line ``FILE: line N: <what>``, exit 3 (the
-file cannot be audited: an unresolved merge conflict, a command outside any section, a
-duplicate section, a Dockerfile without FROM...).
+A malformed file is :class:`Malformed`: one line ``FILE: line N: <what>``, exit 3.
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 from builder.core import inputs
-from builder.core.errors import EnvbuildError, ExitCode
+from builder.core.errors import Unreachable
 
 from .model import Level
 from .shell import Command, Var, Word
@@ -27,18 +23,17 @@ PLATFORM_ARGS = {"TARGETPLATFORM": "linux/amd64", "TARGETOS": "linux", "TARGETAR
                  "BUILDPLATFORM": "linux/amd64", "BUILDOS": "linux", "BUILDARCH": "amd64", "BUILDVARIANT": ""}
 
 
-class Malformed(EnvbuildError):
+class Malformed(Unreachable):
     """A file that cannot be audited: ``FILE: line N: <what>`` (exit 3)."""
 
     def __init__(self, file: str, line: int, message: str) -> None:
-        super().__init__(f"line {line}: {message}", file=file, exit_code=ExitCode.UNREACHABLE)
+        super().__init__(f"line {line}: {message}", file=file)
         self.line = line
 
 
 @dataclass
 class Note:
-    """Something a parser met that the verdict should name: ``rule`` (``unexpanded``...),
-    ``level``, ``line``, the ``value`` as written and the ``message``."""
+    """Something a parser met that the verdict should name."""
 
     level: Level
     rule: str
@@ -49,10 +44,7 @@ class Note:
 
 @dataclass
 class Base:
-    """The base of a stage: ``word`` the image reference as expanded (``text`` None when
-    it cannot be), ``bootstrap`` ``docker`` for a Dockerfile, else the definition's agent
-    (``docker``, ``library``, ``localimage``, ``debootstrap``...), ``header`` the other
-    definition header keys (``OSVersion``, ``MirrorURL``), lower-cased."""
+    """The base of a stage: the expanded reference (``text`` None when it cannot be) and bootstrap agent."""
 
     word: Word
     line: int
@@ -63,8 +55,7 @@ class Base:
 
 @dataclass
 class EnvSet:
-    """``ENV NAME=value`` (or a ``%environment`` export) at ``line``: ``value`` None when it
-    cannot be expanded (``why``)."""
+    """``ENV NAME=value`` (or a ``%environment`` export): ``value`` None when it cannot be expanded."""
 
     name: str
     value: str | None
@@ -75,10 +66,7 @@ class EnvSet:
 
 @dataclass
 class Stage:
-    """One build stage: ``index`` from 0, ``name`` (lower case, None when unnamed),
-    ``parent`` the index of the stage it starts FROM (None: an image), ``copies`` the
-    ``(stage index, line)`` it copies files from, ``commands`` of its RUN lines or
-    ``%post``, ``env`` the environment variables it sets for the image it makes."""
+    """One build stage: ``parent`` the stage it starts FROM (None: an image), ``copies`` from others."""
 
     index: int
     name: str | None
@@ -92,8 +80,7 @@ class Stage:
 
 @dataclass
 class Parsed:
-    """A parsed file: ``kind`` ``dockerfile`` or ``definition``, its ``stages`` in file
-    order (the last one makes the image), the parser's ``notes`` and ``others``."""
+    """A parsed file: its ``stages`` in file order (the last makes the image) and the parser's notes."""
 
     file: str
     kind: str
@@ -108,8 +95,7 @@ class Parsed:
         return self.stages[-1]
 
     def used(self) -> list[Stage]:
-        """The stages the final image depends on (FROM a stage, COPY --from, %files
-        from), the final one included, in file order."""
+        """The stages the final image depends on (FROM, COPY --from, %files from), in file order."""
         seen: set[int] = set()
         todo = [self.final.index]
         while todo:
@@ -132,11 +118,10 @@ class Parsed:
 
 
 def read_lines(path: str) -> list[str]:
-    """The lines of the file at ``path`` (bounded read, UTF-8, CRLF as LF), after the
-    checks every audited file gets: no control character but tab (a NUL, an escape
-    sequence or a bidi override has no business in a build file) and no unresolved
-    merge conflict. Raises :class:`~builder.core.errors.Unreachable` (3) for an unreadable
-    file, :class:`Malformed` (3) naming the line."""
+    """The lines of ``path`` (bounded, UTF-8, LF), checked: no control character but tab, no merge conflict.
+
+    Raises Unreachable (exit 3) when unreadable, Malformed (exit 3) naming the line.
+    """
     data = inputs.read_regular(path, MAX_FILE_BYTES, "file to audit")
     try:
         text = data.decode("utf-8")

@@ -1,15 +1,8 @@
-"""What the extracted stack comes to: the torch the image gets (release, wheel variant and
-where that variant comes from), its Python, the base's CUDA, the NCCL/cuDNN wheel pins.
+"""What the extracted stack comes to: torch's release and wheel variant, Python, CUDA, NCCL/cuDNN pins.
 
-The variant of a pip torch, in order: the local version of the pin (``==2.5.1+cu121``);
-the variant of the PyTorch index in ``--index-url``, else in ``--extra-index-url`` or
-``--find-links`` (pip takes the highest version among all indexes, and ``2.5.1+cu121``
-sorts above ``2.5.1``); else PyPI's own build of that release, which is the release's
-default CUDA variant (compat.yaml ``default`` [S2]; PyPI has no ``+cpu``/``+cuXYZ``
-builds [PT-IDX]). A conda pytorch's variant comes from ``pytorch-cuda``, ``cudatoolkit``,
-``cuda-version``, ``cpuonly`` or the build string. The Python: the interpreter of the pip
-that installs torch (``python3.11 -m pip``), else conda's ``python=``, else the base
-image's own (``python:3.11``, NGC), else the OS release's system Python.
+A pip torch's variant: the pin's local version, else the PyTorch index's (pip takes the
+highest version of all indexes, and ``+cu121`` sorts above), else PyPI's build, the release's
+default variant (compat.yaml [S2]; PyPI has no ``+cpu`` builds [PT-IDX]).
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ from builder.recipe.facts import facts
 from builder.recipe.fields import RELEASE, VARIANT
 from builder.recipe.rules import context
 
-from .extract import CondaInstall, Index, Item, PipInstall, Stack
+from .extract import OPTION, CondaInstall, Index, Item, PipInstall, Stack
 from .model import Installer, PipTool
 
 #: apt packages envbuild installs itself (the system Python and its venv module).
@@ -34,11 +27,7 @@ ENVBUILD_APT = frozenset({"python3", "python3-venv", "python3-pip", "python-is-p
 
 @dataclass
 class TorchPin:
-    """The torch of the image. ``item`` the requirement (or base image) with its line;
-    ``installer`` pip, uv, conda or base; ``version`` the exact version pinned (None:
-    unpinned or ranged), ``local`` its local label; ``variant`` and ``variant_from`` (a
-    phrase: ``the local version +cu121``, ``--index-url ...``); ``index`` the PyTorch index
-    used (None: PyPI); ``pypi_in_play`` True when pip also reads PyPI."""
+    """The torch of the image; ``version`` None when unpinned or ranged, ``index`` None for PyPI."""
 
     item: Item
     installer: Installer
@@ -61,8 +50,7 @@ class TorchPin:
 
 @dataclass
 class Pins:
-    """The stack's pins (see the module docstring); ``all_torch`` every torch install
-    found, the effective one (the last) in ``torch``."""
+    """The stack's pins; ``all_torch`` every torch install, the effective one (the last) in ``torch``."""
 
     stack: Stack
     torch: TorchPin | None
@@ -82,8 +70,7 @@ class Pins:
 
 
 def variant_cuda(variant: str | None) -> str | None:
-    """The CUDA of a wheel variant: ``cu128`` -> ``12.8``, ``cu90`` -> ``9.0``; None for
-    ``cpu`` or no variant (PyTorch's variant naming, PT-IDX)."""
+    """The CUDA of a wheel variant (``cu128`` -> ``12.8``); None for ``cpu`` [PT-IDX]."""
     return context.variant_cuda(variant) if variant and VARIANT.fullmatch(variant) else None
 
 
@@ -114,8 +101,7 @@ def _pip_torch(pip: PipInstall, item: Item, req: Requirement) -> TorchPin:
     with_variant = [i for i in pytorch if i.variant]
     if with_variant:
         idx = next((i for i in with_variant if i.role == "index"), with_variant[0])
-        option = {"index": "--index-url", "extra": "--extra-index-url", "find": "--find-links"}[idx.role]
-        pin.variant, pin.variant_from, pin.index = idx.variant, f"{option} {idx.url.value}", idx
+        pin.variant, pin.variant_from, pin.index = idx.variant, f"{OPTION[idx.role]} {idx.url.value}", idx
         return pin
     if pytorch:
         pin.index, pin.variant_from = pytorch[0], f"{pytorch[0].url.value} (every variant: pip picks one)"
@@ -168,9 +154,7 @@ COMPANIONS = frozenset({"torchvision", "torchaudio"})
 
 
 def _without_local(req: Requirement) -> Requirement:
-    """``torchvision==0.16.0+cu121`` as ``torchvision==0.16.0``: the release the recipe
-    rules pair with torch (a recipe's packages name releases; the local label is the
-    variant, which follows torch's)."""
+    """``torchvision==0.16.0+cu121`` as ``torchvision==0.16.0``: the rules pair releases; the variant follows torch."""
     specs = [f"{s.operator}{s.version.split('+', 1)[0]}" for s in req.specifier]
     extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
     return Requirement(f"{req.name}{extras}{','.join(specs)}")
@@ -185,14 +169,6 @@ def _wheel_pin(req: Requirement, stem: str) -> tuple[str, str] | None:
     return None
 
 
-def _install(t: TorchPin) -> PipInstall | CondaInstall:
-    """The pip or conda install of ``t`` (a torch of the base image has none)."""
-    install = t.pip or t.conda
-    if install is None:
-        raise ValueError(f"torch pin of {t.installer} without an install")
-    return install
-
-
 def pins(stack: Stack) -> Pins:
     """The :class:`Pins` of ``stack``."""
     found: list[TorchPin] = [_pip_torch(p, it, r) for p, it, r in stack.torch_requirements()]
@@ -201,7 +177,7 @@ def pins(stack: Stack) -> Pins:
             if spec[1] == "pytorch":
                 found.append(_conda_torch(conda, spec))
     order = {s.index: i for i, s in reversed(list(enumerate(stack.stages)))}
-    found.sort(key=lambda t: (order[_install(t).stage], t.item.line))
+    found.sort(key=lambda t: (order[t.pip.stage if t.pip else t.conda.stage if t.conda else 0], t.item.line))
     torch = found[-1] if found else None
     b = stack.base
     if torch is None and b.torch:

@@ -1,64 +1,51 @@
-"""Audit-only rules: what a file can get wrong that a recipe cannot, worded like the recipe
-rules (:mod:`builder.recipe.rules`), each naming the source of its fact.
+"""Audit-only rules: what a file can get wrong that a recipe cannot, each naming its source.
 
-Errors: an unpinned or ranged torch (``torch-unpinned``: which CUDA build PyPI's newest
-release is changes from release to release, compat.md §5.1); a wheel variant whose CUDA
-minor differs from the base image's CUDA (``wheel-cuda-base``; a major difference is the
-recipe's ``cuda-major``); a pytorch from the ``pytorch`` conda channel newer than its last
-release (``conda-torch``, PT-CONDA); any other ``*_SOCKET_IFNAME`` that selects only
-loopback (``socket-ifname-loopback``, as the recipe rule for NCCL/gloo). Warnings: an
-extra index that lets PyPI win (``pypi-wins``: pip takes the highest matching version of
-every index it reads, compat.md §5.1; an exact ``+local`` pin is safe, and so is uv, which
-takes a package from the first index that has it, UV-IDX); a torch from conda
-(``conda-torch``); torch installed twice with different pins (``torch-twice``); no torch
-found (``no-torch``); a build of torch that cannot be told (``variant-unknown``); a base
-whose OS or CUDA the name does not say (``base-unread``). Notes: requirement files and
-paths not followed, find-links wheels.
+Worded like the recipe rules (:mod:`builder.recipe.rules`); the rule ids and their facts are
+in the functions below.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
 
 from packaging.version import InvalidVersion, Version
 
 from builder.recipe.facts import facts
 from builder.recipe.rules.context import cuda_variant
 from builder.recipe.rules.network import SOCKET_VARIABLES, loopback_only
+from builder.recipe.spec import ERROR, NOTE, WARNING
 
 from . import bases
-from .extract import Item
+from .extract import OPTION, Item
 from .model import Finding, Level, cut
 from .pins import Pins, TorchPin, variant_cuda
 
-ERROR: Final = "error"
-WARNING: Final = "warning"
-NOTE: Final = "note"
 
+class Out:
+    """The findings of one file, each at the line, value and ``via`` of its :class:`Item`."""
 
-class _Out:
     def __init__(self, file: str) -> None:
         self.file = file
         self.items: list[Finding] = []
 
-    def add(self, level: Level, rule: str, item: Item | None, message: str, source: str) -> None:
+    def add(self, level: Level, rule: str, item: Item | None, message: str, source: str,
+            fields: tuple[str, ...] = ()) -> None:
         self.items.append(Finding(level=level, rule=rule, file=self.file, line=item.line if item else None,
                                   value=cut(item.value) if item else None, via=item.via if item else None,
-                                  message=message, source=source))
+                                  message=message, source=source, fields=fields))
 
 
 def _what(t: TorchPin) -> str:
     return f"torch {t.version}+{t.variant}" if t.version and t.variant else f"torch{t.spec}" if t.spec else "torch"
 
 
-def _notes(p: Pins, out: _Out) -> None:
+def _notes(p: Pins, out: Out) -> None:
     """What the parser and the extraction could not read."""
     for n in p.stack.notes:
         out.add(n.level, n.rule, Item(n.value or "", n.line) if n.value is not None else None, n.message, "audit")
 
 
-def _base(p: Pins, out: _Out) -> None:
+def _base(p: Pins, out: Out) -> None:
     """What the base image's name does not say [NV-IMG, NGC-RN, PT-IMG, PY-IMG, DISTRO]."""
     b = p.stack.base
     if b.why:
@@ -71,7 +58,7 @@ def _base(p: Pins, out: _Out) -> None:
                 b.source or "audit")
 
 
-def _torch(p: Pins, out: _Out) -> None:
+def _torch(p: Pins, out: Out) -> None:
     """torch found, pinned, its build known [compat.md §5.1]."""
     t = p.torch
     if t is None:
@@ -93,9 +80,8 @@ def _torch(p: Pins, out: _Out) -> None:
                 f"({t.variant_from or 'no index names a variant'}); the rules on its CUDA are skipped", "PT-IDX (V)")
 
 
-def _pypi_wins(p: Pins, out: _Out) -> None:
-    """An extra index beside PyPI: pip takes the highest matching version of every index
-    [compat.md §5.1]; uv takes the first index that has the package [UV-IDX]."""
+def _pypi_wins(p: Pins, out: Out) -> None:
+    """An extra index beside PyPI: pip takes the highest version of all [compat.md §5.1]; uv the first [UV-IDX]."""
     t = p.torch
     if t is None or t.index is None or not t.pypi_in_play or t.installer not in ("pip", "uv"):
         return
@@ -105,16 +91,15 @@ def _pypi_wins(p: Pins, out: _Out) -> None:
     if (t.version and t.local) or (rel and t.version and rel.default == t.variant):
         return  # an exact +local pin; or PyPI's build of that release is the very variant
     url, variant = t.index.url.value, t.index.variant or t.variant or "<variant>"
-    option = {"index": "--index-url", "extra": "--extra-index-url", "find": "--find-links"}[t.index.role]
     pypi = f"PyPI's torch {t.version} (its {rel.default} build)" if rel else "PyPI's torch"
     tool = "pip" if t.installer == "pip" else "uv with --index-strategy unsafe-best-match"
     out.add(WARNING, "pypi-wins", t.item,
-            f"torch{t.spec} comes from {option} {url} with PyPI still read: {tool} takes the highest matching "
-            f"version of every index, so {pypi} can be installed instead of +{variant}; pin "
+            f"torch{t.spec} comes from {OPTION[t.index.role]} {url} with PyPI still read: {tool} takes the highest "
+            f"matching version of every index, so {pypi} can be installed instead of +{variant}; pin "
             f"torch=={t.version or 'X.Y.Z'}+{variant} or use --index-url {url}", "compat.md §5.1 (V)")
 
 
-def _wheel_cuda(p: Pins, out: _Out) -> None:
+def _wheel_cuda(p: Pins, out: Out) -> None:
     """The wheel's CUDA vs the base image's CUDA: minor versions differ [compat.md §5.5, NV-IMG]."""
     t, b = p.torch, p.stack.base
     vc = variant_cuda(t.variant) if t else None
@@ -133,7 +118,7 @@ def _wheel_cuda(p: Pins, out: _Out) -> None:
                 "compat.md §5.5, NV-IMG (V)")
 
 
-def _conda(p: Pins, out: _Out) -> None:
+def _conda(p: Pins, out: Out) -> None:
     """pytorch from conda; the pytorch channel's last release [PT-CONDA]."""
     row = bases.facts()["conda"]["pytorch_channel_last_series"]
     last = Version(str(row["version"]))
@@ -158,7 +143,7 @@ def _conda(p: Pins, out: _Out) -> None:
                     f"{row['source']} ({row['tag']})")
 
 
-def _twice(p: Pins, out: _Out) -> None:
+def _twice(p: Pins, out: Out) -> None:
     """torch installed more than once with different pins: the last install wins."""
     distinct = {(t.installer, t.spec, t.variant) for t in p.all_torch}
     if len(distinct) > 1 and p.torch:
@@ -169,9 +154,8 @@ def _twice(p: Pins, out: _Out) -> None:
                 "last one", "audit")
 
 
-def _socket(p: Pins, out: _Out) -> None:
-    """Other ``*_SOCKET_IFNAME`` variables (tensorpipe's ``TP_SOCKET_IFNAME``...) that select
-    only loopback [NCCL-ENV, multinode.md]; NCCL's and gloo's are the recipe rule's."""
+def _socket(p: Pins, out: Out) -> None:
+    """Other ``*_SOCKET_IFNAME`` variables selecting only loopback [NCCL-ENV]; NCCL's and gloo's are recipe rules."""
     for e in p.stack.env:
         if e.name.endswith("_SOCKET_IFNAME") and e.name not in SOCKET_VARIABLES \
                 and e.value is not None and loopback_only("GLOO_SOCKET_IFNAME", e.value):
@@ -181,7 +165,7 @@ def _socket(p: Pins, out: _Out) -> None:
                     "NCCL-ENV, multinode.md (M)")
 
 
-def _not_followed(p: Pins, out: _Out) -> None:
+def _not_followed(p: Pins, out: Out) -> None:
     """Requirement files, paths and find-links wheels: named, not followed."""
     for pip in p.stack.pip:
         for f in pip.files:
@@ -201,13 +185,13 @@ def _not_followed(p: Pins, out: _Out) -> None:
 
 
 #: The audit-only rules, in the order their findings are listed.
-RULES: tuple[Callable[[Pins, _Out], None], ...] = (_notes, _base, _torch, _pypi_wins, _wheel_cuda, _conda, _twice,
+RULES: tuple[Callable[[Pins, Out], None], ...] = (_notes, _base, _torch, _pypi_wins, _wheel_cuda, _conda, _twice,
                                                   _socket, _not_followed)
 
 
 def audit(p: Pins) -> list[Finding]:
     """Every audit-only finding on ``p``."""
-    out = _Out(p.stack.file)
+    out = Out(p.stack.file)
     for rule in RULES:
         rule(p, out)
     return out.items

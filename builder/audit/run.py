@@ -1,9 +1,6 @@
-"""``envbuild audit``: parse each file, extract its stack, judge it (recipe's rules through
-:mod:`.judge`, then the audit-only rules of :mod:`.rules`), and give each file a verdict.
+"""``envbuild audit``: parse each file, extract its stack, judge it, and give each file a verdict.
 
-Verdicts and exit codes (shared/design.md): ``clean`` 0, ``warnings`` 1 (notes do not
-count), ``errors`` 2, ``malformed`` or ``unreadable`` 3 (one line: ``FILE: line N: ...``).
-Several files: the worst exit code.
+Exit codes (shared/design.md): clean 0, warnings 1, errors 2, malformed or unreadable 3; the worst of several files.
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ _LEVELS = {"error": 0, "warning": 1, "note": 2}
 
 @dataclass
 class Audited:
-    """One file's audit: the ``result`` model, and (when it parsed) its ``pins`` and the
-    recipe ``spec`` the rules resolved (for ``--to-recipe``)."""
+    """One file's audit, and when it parsed its ``pins`` and the resolved ``spec`` (for ``--to-recipe``)."""
 
     result: model.FileAudit
     pins: Pins | None = None
@@ -35,8 +31,7 @@ class Audited:
 
 
 def kind_of(path: str) -> model.FileKind:
-    """``definition`` for ``*.def``, ``Singularity``, ``Apptainer`` (and ``.<suffix>``
-    variants), else ``dockerfile`` (Dockerfile, Containerfile, ``*.Dockerfile``...)."""
+    """``definition`` for ``*.def``, ``Singularity``, ``Apptainer`` (and suffixed), else ``dockerfile``."""
     return "definition" if _DEF_NAME.fullmatch(posixpath.basename(str(path))) else "dockerfile"
 
 
@@ -101,8 +96,7 @@ def audit(paths: list[str], *, driver: str | None = None,
 
 
 def summary(result: model.FileAudit) -> str:
-    """One escaped line on what ``result`` found: ``FILE: ok: torch 2.8.0+cu128 (pip) on
-    nvidia/cuda:... (ubuntu 24.04, python 3.12, cuda 12.8.1)``; ``FILE: 2 errors, 1 warning: ...``."""
+    """One escaped line on what ``result`` found (``FILE: ok: torch 2.8.0+cu128 (pip) on ...``)."""
     from builder.core import inputs
 
     counts = [(sum(f.level == lv for f in result.findings), lv) for lv in ("error", "warning")]

@@ -1,24 +1,9 @@
 """Words as ``/bin/sh`` and Docker read them, with every variable expanded that can be.
 
-Two modes. ``shell=True``: a ``RUN`` line or a ``%post`` script as POSIX ``sh`` reads it
-(quotes, backslash escapes, line continuations, comments, ``;``/``&&``/``||``/``|``/
-newline between commands, redirections and here-documents skipped, ``$(...)`` and
-backticks). ``shell=False``: Docker's own expansion of instruction values (``ENV``,
-``ARG``, ``FROM``, ``COPY``...): the same quoting and ``$A``/``${A}`` forms, words split on
-blanks only, ``$(`` kept as written (Docker does not run commands there).
-
-Parameter forms expanded (POSIX sh, and Docker's frontend for instructions): ``$A``,
-``${A}``, ``${A:-w}`` ``${A-w}``, ``${A:=w}`` ``${A=w}``, ``${A:+w}`` ``${A+w}``,
-``${#A}``, ``${A#p}`` ``${A##p}`` ``${A%p}`` ``${A%%p}`` (glob patterns), nested
-(``${A:-${B}}``, ``${A}${B}``). What cannot be expanded is never guessed: the word keeps
-``text=None`` and ``why`` names it -- a variable this file does not set (the base image
-may), an ``ARG`` without a default, ``$(...)``, a special parameter (``$1``, ``$@``), a
-bash-only form (``${A/x/y}``, ``${A:1:2}``, ``${!A}``).
-
-Bounds (hostile input): an expanded value holds at most :data:`MAX_VALUE` characters,
-``${...}`` nests at most :data:`MAX_DEPTH` deep, pattern removal runs on values of at most
-:data:`MAX_PATTERN_VALUE` characters; beyond them the word is "cannot be expanded". The
-scanner is linear in the text (runs of plain characters are taken by one regex match).
+``shell=True``: a ``RUN`` line or ``%post`` script as POSIX sh reads it; ``shell=False``: Docker's
+expansion of instruction values (split on blanks, ``$(`` kept). What cannot be expanded (an
+unset variable, ``$(...)``, ``$1``, bash-only forms) is never guessed: ``text=None`` and
+``why``. Bounded by :data:`MAX_VALUE`, :data:`MAX_DEPTH` and :data:`MAX_PATTERN_VALUE`; linear.
 """
 
 from __future__ import annotations
@@ -49,10 +34,7 @@ _TEMPLATE = re.compile(r"\{\{[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*\}\}")
 
 @dataclass(frozen=True)
 class Var:
-    """A variable's value where it was set: ``value`` None when not known (then ``why``
-    says why), ``line`` the 1-based line that set it (None: the command line or a
-    predefined platform argument), ``kind`` ``ARG``, ``ENV``, ``--build-arg``, ``shell``,
-    ``%arguments`` or ``platform``."""
+    """A variable's value where it was set (``value`` None: unknown, ``why``); ``line`` None: not in the file."""
 
     value: str | None
     line: int | None
@@ -66,9 +48,7 @@ Lookup = Callable[[str], "Var | None"]
 
 @dataclass
 class Word:
-    """One word: ``text`` after quote removal and expansion (None: cannot be expanded,
-    ``why`` says what), ``raw`` as written, ``line`` (1-based) where it starts, ``uses``
-    the variables it expanded."""
+    """One word after quote removal and expansion (``text`` None: cannot be, ``why``), and as written."""
 
     text: str | None
     raw: str
@@ -79,10 +59,7 @@ class Word:
 
 @dataclass
 class Command:
-    """One simple command: its ``words`` (prefix assignments and reserved words removed),
-    the ``line`` it starts on, its prefix ``assigns`` (``PIP_INDEX_URL=... pip``) and
-    ``lookup``, the variables visible to it (the file's, then the script's own
-    assignments before it)."""
+    """One simple command: words without prefix assignments, and the variables visible to it."""
 
     words: list[Word]
     line: int
@@ -91,8 +68,7 @@ class Command:
 
 
 class Source:
-    """Text with the line each piece came from: ``pieces`` is ``[(line, text), ...]``,
-    joined with newlines. :meth:`line_at` maps an offset back to its 1-based line."""
+    """Text with the line each piece came from; :meth:`line_at` maps an offset back to its line."""
 
     def __init__(self, pieces: list[tuple[int, str]]) -> None:
         self.offsets: list[int] = []
@@ -170,9 +146,7 @@ def _glob_regex(pattern: str) -> re.Pattern:
 
 
 def remove_pattern(value: str, op: str, pattern: str) -> str:
-    """``${V#p}`` (shortest prefix), ``##`` (longest prefix), ``%`` (shortest suffix),
-    ``%%`` (longest suffix) of sh, ``pattern`` a glob. ``value`` is at most
-    :data:`MAX_PATTERN_VALUE` characters (the caller checks)."""
+    """sh's ``${V#p}``, ``##``, ``%``, ``%%`` with glob ``pattern``; ``value`` already bounded by the caller."""
     rx = _glob_regex(pattern)
     n = len(value)
     if op in ("#", "##"):
@@ -189,9 +163,7 @@ def remove_pattern(value: str, op: str, pattern: str) -> str:
 
 
 class Scanner:
-    """Splits a :class:`Source` into commands (shell mode) or words (instruction mode),
-    expanding with ``lookup``; ``undeclared`` says what an unset variable is (the reason
-    given when a word uses one)."""
+    """Splits a :class:`Source` into commands (shell) or words (instructions), expanding with ``lookup``."""
 
     def __init__(self, src: Source, lookup: Lookup, *, shell: bool,
                  undeclared: str = "is not set by this file (the base image may set it)",
@@ -333,16 +305,10 @@ class Scanner:
                 if nxt == "\n":
                     continue
                 buf.append(nxt if nxt in '$`"\\' else "\\" + nxt)
-            elif c == "$":
-                part = self._dollar(uses, quoted=True, depth=0)
-                if part.text is None:
-                    parts.append(part)
-                else:
-                    buf.append(part.text)
             elif c == "`" and self.shell:
                 parts.append(self._backtick())
-            elif c == "{" and self.templates is not None and (t := _TEMPLATE.match(s, self.i)):
-                part = self._template(t, uses)
+            elif (t := _TEMPLATE.match(s, self.i) if c == "{" and self.templates is not None else None) or c == "$":
+                part = self._template(t, uses) if t else self._dollar(uses, quoted=True, depth=0)
                 if part.text is None:
                     parts.append(part)
                 else:
@@ -357,8 +323,7 @@ class Scanner:
         parts.append(_Part(None, why="an unterminated double quote"))
 
     def _template(self, m: re.Match, uses: list[Var]) -> _Part:
-        """``{{ NAME }}``: an Apptainer build argument (``%arguments`` default or
-        ``--build-arg``), substituted in the text before the shell reads it."""
+        """``{{ NAME }}``: an Apptainer build argument, substituted before the shell reads the text."""
         self.i = m.end()
         var = self.templates(m.group(1)) if self.templates else None
         if var is None:
@@ -375,8 +340,7 @@ class Scanner:
         return _Part(None, why=f"{_short(raw)} is a command substitution (its output is known only when it runs)")
 
     def _match(self, i: int, open_: str, close: str) -> int:
-        """Offset just after the ``close`` matching the ``open_`` at ``i`` (quotes and
-        nesting respected); ``self.n`` when unmatched."""
+        """Offset just after the ``close`` matching the ``open_`` at ``i``; ``self.n`` when unmatched."""
         s, n, depth = self.s, self.n, 0
         while i < n:
             c = s[i]
@@ -445,13 +409,7 @@ class Scanner:
         if op is None:
             raise _Unknown(f"{whole} is a form sh does not expand (bash only)")
         word_text = rest[len(op):]
-        var = self.lookup(name)
-        if var is None:
-            raise _Unknown(f"${name} {self.undeclared}")
-        uses.append(var)
-        if var.value is None:
-            raise _Unknown(var.why or f"${name} has no known value")
-        value = var.value
+        value = self._value(name, uses)
         if op in ("#", "##", "%", "%%"):
             if len(value) > MAX_PATTERN_VALUE:
                 raise _Unknown(f"{whole}: pattern removal on a value over {MAX_PATTERN_VALUE} characters")
@@ -500,8 +458,7 @@ class Scanner:
 
     # ------------------------------------------------------------------ commands
     def commands(self) -> list[Command]:
-        """The simple commands of a shell script, in order, with the script's own
-        variable assignments (``A=1``, ``export A=1``) applied to the commands after them."""
+        """The simple commands of a script, the script's own assignments applied to those after them."""
         out: list[Command] = []
         words: list[Word] = []
         s = self.s
@@ -510,10 +467,6 @@ class Scanner:
             if self.i >= self.n:
                 break
             c = s[self.i]
-            if c == "#" and not words:
-                j = s.find("\n", self.i)
-                self.i = self.n if j < 0 else j
-                continue
             if c == "#":
                 j = s.find("\n", self.i)
                 self.i = self.n if j < 0 else j

@@ -1,19 +1,8 @@
-"""``envbuild audit FILE --to-recipe OUT.yaml``: the recipe of the same stack, the envbuild
-way, with a comment for everything it does not carry over.
+"""``envbuild audit FILE --to-recipe OUT.yaml``: the recipe of the same stack, the envbuild way.
 
-The recipe gets the base image (the ``base`` flavour of an ``nvidia/cuda`` tag: the runtime
-and devel flavours ship a system libnccl2, a second NCCL [compat.md §4]; a ``python:``
-image becomes the ``debian`` release it is built on), the OS and its system Python (envbuild
-installs that one in a venv), CUDA from the wheel variant, torch's release and variant
-(from conda too: the wheel of the same release), the other apt and pip packages the
-recipe schema accepts, and the image's environment variables a recipe may set. The
-torch index, NCCL and cuDNN are left to envbuild (derived from the variant, resolved from
-the facts), each with a comment naming what the file had. Commands, COPY/CMD/ENTRYPOINT
-and the like, requirement files and anything else are listed in comments, by line.
-
-Refused (exit 2, nothing written) when the file has errors or the stack lacks what a
-recipe requires (the base's OS, a torch release and its variant); the recipe is checked
-with the recipe rules before it is written (atomically: complete or absent).
+An ``nvidia/cuda`` base becomes its ``base`` flavour (the others ship a second NCCL
+[compat.md §4]); what a recipe does not carry over is named in a comment, by line. Refused
+(exit 2, nothing written) when the file has errors or the stack lacks what a recipe requires.
 """
 
 from __future__ import annotations
@@ -77,13 +66,8 @@ def _packages(p: Pins, comments: list[tuple[int, str]]) -> tuple[list[tuple[str,
     return apt, pip
 
 
-def _env(p: Pins) -> list[tuple[str, str | None, int]]:
-    return [(e.name, e.value, e.line) for e in p.stack.env]
-
-
 def _fit(data: dict, where: dict[str, tuple[str, int]], comments: list[tuple[int, str]]) -> dict:
-    """``data`` without the packages and environment variables the recipe schema refuses,
-    each named in a comment with the schema's reason (the schema decides, not a copy of it)."""
+    """``data`` without what the recipe schema refuses, each named in a comment with the schema's reason."""
     spec = judge.check_data(data, "recipe")
     drop: dict[str, str] = {}
     for e in spec.schema_errors:
@@ -141,8 +125,7 @@ def _leftovers(p: Pins, comments: list[tuple[int, str]]) -> None:
 
 
 def recipe_text(p: Pins, out: str, driver: str | None) -> tuple[str, dict]:
-    """The recipe YAML (comments first) of ``p`` and its data. Raises
-    :class:`~builder.core.errors.EnvbuildError` (2) when a recipe cannot hold the stack."""
+    """The recipe YAML (comments first) of ``p`` and its data; EnvbuildError (exit 2)."""
     t, os_ = p.torch, p.os
     missing = [what for what, ok in (("the OS of the base image", os_), ("a torch release", t and t.release),
                                      ("the torch build (its variant)", t and t.variant)) if not ok]
@@ -165,12 +148,12 @@ def recipe_text(p: Pins, out: str, driver: str | None) -> tuple[str, dict]:
     for key, items in (("apt", apt), ("pip", pip)):
         for i, (text, line) in enumerate(items):
             where[f"packages.{key}[{i}]"] = (text, line)
-    for name_, value, line in _env(p):
-        where[f"env.{name_}"] = (f"{name_}={value}", line)
-        if value is None:
-            comments.append(_c(line, name_, "its value cannot be expanded: not carried over"))
+    for e in p.stack.env:
+        where[f"env.{e.name}"] = (f"{e.name}={e.value}", e.line)
+        if e.value is None:
+            comments.append(_c(e.line, e.name, "its value cannot be expanded: not carried over"))
         else:
-            data["env"][name_] = value
+            data["env"][e.name] = e.value
     data = _fit(data, where, comments)
     head = [f"# Recipe {inputs.escape(Path(out).stem, 80)}: written by "
             f"`envbuild audit {inputs.escape(p.stack.file, 200)} --to-recipe`.",
@@ -185,12 +168,9 @@ def recipe_text(p: Pins, out: str, driver: str | None) -> tuple[str, dict]:
 
 
 def write(audited: Audited, out: str, driver: str | None = None) -> Path:
-    """Write the recipe of ``audited`` to ``out`` (atomically).
+    """Write the recipe of ``audited`` to ``out`` atomically.
 
-    Raises:
-        EnvbuildError: (2) the file has errors (nothing written), a recipe cannot hold its
-            stack, or the recipe breaks a rule (each listed).
-        OSError: the file cannot be written (the CLI: exit 3).
+    Raises EnvbuildError (exit 2) when it cannot or may not be written, Unreachable (exit 3).
     """
     if audited.pins is None or audited.result.exit_code >= 2:
         raise EnvbuildError(f"not written: {inputs.escape(audited.result.file, 200)} has errors (fix them first)",
@@ -200,4 +180,4 @@ def write(audited: Audited, out: str, driver: str | None = None) -> Path:
     if spec.failed:
         lines = [str(e) for e in spec.schema_errors] + [f"{', '.join(f.fields)}: {f.message}" for f in spec.errors]
         raise EnvbuildError(f"not written: the recipe would fail envbuild check: {'; '.join(lines)[:600]}", file=out)
-    return write_atomic(out, text.encode("utf-8"))
+    return write_atomic(out, text.encode("utf-8"), parents=False)

@@ -1,30 +1,4 @@
-"""Read the transports NCCL chose from its ``NCCL_DEBUG=INFO`` output.
-
-NCCL prefixes every INFO line with ``<host>:<pid>:<tid> [<cudaDev>] NCCL INFO`` and, while
-connecting channels, says which transport each connection uses (NCCL ``src/transport/*.cc``,
-``INFO(NCCL_INIT|NCCL_NET|NCCL_P2P, ...)``)::
-
-    node-0:123:456 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] [send] via NET/Socket/0
-    node-1:124:457 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [receive] via NET/IB/0/GDRDMA
-    node-0:123:456 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read
-    node-0:123:456 [0] NCCL INFO Channel 01 : 0[0] -> 1[1] via SHM/direct/direct
-
-``A[a] -> B[b]`` are global ranks with their device numbers. The rank printing the line
-is the sender (A) except on ``[receive]`` lines, where it is the receiver (B). Besides,
-each process says which network plugin it loaded::
-
-    node-0:123:456 [0] NCCL INFO Using network Socket
-    node-0:123:456 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB eth0:10.0.0.2<0>
-    node-0:123:456 [0] NCCL INFO ncclCommInitRank comm 0x55d0 rank 0 nranks 2 cudaDev 0 ... - Init COMPLETE
-    node-0:123:456 [0] NCCL INFO NCCL version 2.27.3+cuda12.9
-
-Transport names are normalised to ``"NET/Socket"``, ``"NET/IB"`` (any NET plugin:
-``"NET/<name>"``), ``"P2P/CUMEM"``, ``"P2P/IPC"``, ``"P2P/direct"`` (``direct pointer``),
-``"P2P/NVLink"`` when printed so, ``"P2P"`` when nothing follows, ``"SHM"``, and the first
-path component of anything else (``"NVLS"``, ``"CollNet"``).
-
-Stdlib only.
-"""
+"""Read the transports NCCL chose from its ``NCCL_DEBUG=INFO`` output."""
 
 from __future__ import annotations
 
@@ -61,14 +35,7 @@ def normalize_transport(via: str) -> str:
 
 @dataclass
 class NcclLog:
-    """What one or more NCCL_DEBUG=INFO logs say, by global rank.
-
-    Attributes:
-        transports: ``{rank: sorted transports}`` from the channel lines.
-        networks: ``{rank: network plugin}`` (``"Socket"``, ``"IB"``) from ``Using network``.
-        ib_devices: ``{rank: ["mlx5_0:1", ...]}`` from ``NET/IB : Using ...``.
-        versions: ``{rank: "2.27.3+cuda12.9"}`` from ``NCCL version ...``.
-    """
+    """What one or more NCCL_DEBUG=INFO logs say, by global rank."""
 
     transports: dict[int, list[str]] = field(default_factory=dict)
     networks: dict[int, str] = field(default_factory=dict)
@@ -77,13 +44,7 @@ class NcclLog:
 
 
 def parse(texts: str | Iterable[str]) -> NcclLog:
-    """Parse NCCL INFO output (one text, or several: e.g. one per node).
-
-    Channel lines name global ranks directly. ``Using network``, ``NET/IB : Using`` and
-    ``NCCL version`` lines are tied to a rank through the process (host and pid) whose
-    ``ncclCommInitRank ... rank R`` / ``comm 0x... rank R`` line names it; lines of a
-    process never tied to a rank are ignored. Other lines are ignored.
-    """
+    """Parse NCCL INFO output (one text, or several: e.g. one per node)."""
     if isinstance(texts, str):
         texts = [texts]
     out = NcclLog()
@@ -130,7 +91,5 @@ def parse(texts: str | Iterable[str]) -> NcclLog:
 
 
 def transports_by_rank(texts: str | Iterable[str]) -> dict[int, list[str]]:
-    """``{global rank: sorted transports}`` from the channel lines of NCCL INFO output,
-    e.g. ``{0: ["NET/Socket"], 1: ["NET/Socket", "P2P/CUMEM"]}``; ranks without channel
-    lines are absent."""
+    """``{global rank: sorted transports}`` from the channel lines of NCCL INFO output."""
     return parse(texts).transports

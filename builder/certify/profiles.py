@@ -1,24 +1,5 @@
 """Judging the profiles (:mod:`builder.agent.bench.profiles`) of a certification run, and
-their sections of the certificate.
-
-What the ranks report under ``profiles`` (:class:`~builder.launchers.model.ProfilesResult`,
-the same on every rank but for timings) is judged on the reference rank (the lowest that
-reported: :func:`~builder.certify.verdict.reference_rank`), except the ``wrong`` counts,
-which are each rank's own (a row's ``wrong_by_rank`` gathered on every rank, so the worst
-rank's view wins):
-
-- every collective of the profiles ran: a list of rows whose ``wrong`` (total over ranks)
-  is 0 at every size and type; ``{"unsupported": reason}`` is recorded as a warning, not
-  counted as passed, and does not change the exit code;
-- every profile's training check has ``reference_match`` true (losses and final
-  parameters within the tolerance the check states); unsupported: a warning;
-- ``--min-scaling-efficiency``: ``scaling.efficiency`` at or above the floor (no floor:
-  reported, not gated);
-- numpy missing in the image: ONE warning line naming what needs it (reported unsupported).
-
-A rank without a ``profiles`` section (the profiles did not run: its ``errors`` say why)
-fails the verdict.
-"""
+their sections of the certificate."""
 
 from __future__ import annotations
 
@@ -27,8 +8,15 @@ from typing import Any
 
 from builder.agent.bench.collectives import COLLECTIVES
 from builder.agent.bench.profiles import PROFILES, collectives_for
+from builder.core.documents import (
+    MAX_WRONG_RANKS,
+    CollectiveRow,
+    ProfilesResult,
+    RankResult,
+    TrainingCheck,
+    Unsupported,
+)
 from builder.core.inputs import one_line
-from builder.launchers.model import CollectiveRow, ProfilesResult, RankResult, TrainingCheck, Unsupported
 
 from .settings import RunSettings
 
@@ -46,8 +34,10 @@ def _wrong_text(rows: list[CollectiveRow], world: int) -> str | None:
     for row in rows:
         if not row.wrong:
             continue
-        ranks = [r for r, w in enumerate(row.wrong_by_rank) if w]
-        on = f" on rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}" if ranks else ""
+        ranks = row.wrong_ranks or [r for r, w in enumerate(row.wrong_by_rank or []) if w]
+        named = row.wrong_rank_count or 0
+        more = f" and {named - len(ranks)} more" if named > len(ranks) else ""
+        on = f" on rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}{more}" if ranks else ""
         parts.append(f"{row.size_bytes} B {row.type} ({row.wrong} wrong element{'s' if row.wrong != 1 else ''}{on})")
     if not parts:
         return None
@@ -55,18 +45,22 @@ def _wrong_text(rows: list[CollectiveRow], world: int) -> str | None:
 
 
 def _merged_rows(name: str, results: Mapping[int, RankResult], ref_rows: list[CollectiveRow]) -> list[CollectiveRow]:
-    """The reference rank's rows, each with the largest ``wrong_by_rank`` entries any rank reported."""
-    out = []
-    for i, row in enumerate(ref_rows):
-        by_rank = list(row.wrong_by_rank)
-        for doc in results.values():
-            other = (doc.profiles.collectives.get(name) if doc.profiles else None)
-            if isinstance(other, list) and i < len(other) and other[i].size_bytes == row.size_bytes:
-                for r, w in enumerate(other[i].wrong_by_rank):
-                    if r < len(by_rank):
-                        by_rank[r] = max(by_rank[r], w)
-        out.append(CollectiveRow(**{**row.to_dict(), "wrong_by_rank": by_rank, "wrong": sum(by_rank)}))
-    return out
+    """The reference rank's rows, each naming the ranks whose own count was not 0 (one pass
+    over each rank's own rows: O(N x rows)); ``wrong`` at least their sum."""
+    bad: list[list[int]] = [[] for _ in ref_rows]
+    total = [0] * len(ref_rows)
+    for r in sorted(results):
+        prof = results[r].profiles
+        other = prof.collectives.get(name) if prof is not None else None
+        if not isinstance(other, list):
+            continue
+        for i, row in enumerate(ref_rows):
+            if i < len(other) and other[i].size_bytes == row.size_bytes and other[i].own_wrong:
+                total[i] += other[i].own_wrong or 0
+                bad[i].append(r)
+    return [CollectiveRow(**{**row.to_dict(), "wrong": max(row.wrong, total[i]),
+                             "wrong_ranks": bad[i][:MAX_WRONG_RANKS], "wrong_rank_count": len(bad[i]),
+                             "own_time_us": None, "own_wrong": None}) for i, row in enumerate(ref_rows)]
 
 
 def collectives_section(results: Mapping[int, RankResult]) -> dict[str, list[CollectiveRow] | Unsupported]:
@@ -84,9 +78,7 @@ def collectives_section(results: Mapping[int, RankResult]) -> dict[str, list[Col
 
 
 def check_profiles(s: RunSettings, results: Mapping[int, RankResult]) -> tuple[list[str], list[str]]:
-    """``(failures, warnings)`` of the profiles (module doc). Failures name the collective or
-    profile, e.g. ``"collective all_gather wrong at 8 B float32 (1 wrong element on rank 0)"``,
-    ``"training fsdp does not match its single-process reference: ..."``."""
+    """``(failures, warnings)`` of the profiles, each naming the collective or profile."""
     if not s.profiles or not results:
         return [], []
     failures = [f"rank {r}: no profile results ({one_line('; '.join(d.errors) or 'not reported', 300)})"

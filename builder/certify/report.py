@@ -1,54 +1,20 @@
-"""The HTML report of a certificate: ``<certificate stem>.html`` next to its JSON.
-
-:func:`render_html` turns a certificate document (the JSON data: :meth:`Certificate.to_dict`
-or a file read back) into one self-contained HTML page: the verdict with its failures and
-warnings, the stack (torch, CUDA, NCCL, Python, OS as the ranks' probes saw them against the
-reference), a per-rank table, one bandwidth-vs-size plot per collective (algbw and busbw in
-GB/s = 1e9 B/s, nccl-tests definitions, log-x size in bytes) and, per training check, the
-loss per step against the single-process reference, plus ``scaling.efficiency`` when present.
-:func:`write_report` writes it atomically (a temporary file in the same folder, fsync'd, then
-``os.replace``); :func:`write_beside` is the certification run's hook: it never raises, so a
-failure to draw never loses the certificate (it returns one warning line instead).
-
-Shapes read (both those of today and those of issue 10, item 3):
-
-* ``collectives.<name>``: a list of rows ``{size_bytes, count, type, time_us, algbw_gbps,
-  busbw_gbps, wrong}`` (``wrong`` the total over ranks) or ``{"unsupported": reason}``;
-  the ``allreduce`` list of ``envbuild.certificate/1`` is shown as ``all_reduce`` when
-  ``collectives`` has none.
-* ``training.<profile>`` (``ddp``, ``fsdp``, ``pipeline``, ``tp``, ``moe``): a mapping with
-  ``reference_match``, the tolerance, the losses per step (``losses``; a list, or a list per
-  rank) and the reference's (``reference_losses``, or ``reference.losses``), throughput;
-  every other scalar field is listed as is. The ``ddp`` table of ``envbuild.certificate/1``
-  (no per-step losses) is shown as ``ddp`` when ``training`` has none.
-* ``scaling``: its scalar fields (one level of mappings flattened), ``efficiency`` first.
-
-The page loads nothing from elsewhere (no external CSS, script, font or image; a
-Content-Security-Policy of ``default-src 'none'`` says so to the browser). Every string of
-the certificate reaches the page through jinja2's autoescape (template
-``templates/report.html.j2``); the plots are SVG drawn by matplotlib (imported only here, when a
-report is drawn; never on the ``envbuild check`` path) with the Agg backend for pyplot, text as
-paths and no math parsing, and the only certificate strings they hold (data types, rank names)
-are cut to ``[A-Za-z0-9._+-]``. Work is bounded on any input: at most :data:`MAX_COLLECTIVES`
-collectives and training checks, :data:`MAX_ROWS` rows each, :data:`MAX_RANKS` ranks,
-:data:`MAX_STEPS` loss points per series, :data:`MAX_TEXT` characters per string shown.
-"""
+"""The HTML report of a certificate: ``<certificate stem>.html`` next to its JSON."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import math
 import os
 import re
 import sys
-import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from builder.core.errors import EnvbuildError
+from builder.core.files import write_atomic
 from builder.core.inputs import one_line
 
 #: Most collectives (and, separately, training checks) shown.
@@ -107,8 +73,7 @@ def _in(value: Any, low: float, high: float) -> float | None:
 
 
 def _text(value: Any, limit: int = MAX_TEXT) -> str:
-    """A scalar as shown: ``-`` for None, ``true``/``false``, numbers in short form, strings as
-    one line of at most ``limit`` characters (control characters escaped)."""
+    """A scalar as shown; strings as one escaped line of at most ``limit`` characters."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -172,7 +137,8 @@ def _head(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
     used, recipe_backend = backend.get("used"), backend.get("recipe")
     rows = [
         ("image", _text(image.get("ref"))), ("image ID", _text(image.get("id"))),
-        ("recipe", _text(doc.get("recipe"))), ("lock hash", _text(doc.get("lock_hash"))),
+        *[(k, _text(v)) for k, v in (("recipe", doc.get("recipe")), ("lock hash", doc.get("lock_hash")))
+          if v is not None],
         ("backend", _text(used) + ("" if recipe_backend in (None, used) else f" (recipe: {_text(recipe_backend)})")),
         ("world size", f"{_text(doc.get('nodes'))} node(s) x {_text(doc.get('nproc_per_node'))} rank(s) = "
                        f"{_text(doc.get('world_size'))}"),
@@ -203,11 +169,11 @@ def _probe_values(probe: Mapping[str, Any], nccl_version: Any) -> dict[str, Any]
 
 
 def _reference_values(doc: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """``(what the reference is, its values)``: the certificate's ``stack`` (issue 10: the
-    image's lock, ``--recipe``'s lock, or a foreign image's stack discovered by a rank's
-    probe) when present, else the recipe lock's pins."""
+    """``(what the reference is, its values)``: the certificate's ``stack``, else the lock's pins."""
     stack = _map(doc.get("stack"))
-    if stack:
+    if stack.get("reference_rank") is None and stack.get("source") == "probe":
+        return "no recipe lock, and no rank's probe reported a stack", {}
+    if stack.get("reference_rank") is not None or stack.get("source") == "recipe":
         source = str(stack.get("source"))
         what = {"lock": "the image's recipe lock", "recipe": f"the lock of --recipe {_text(stack.get('recipe'), 80)}",
                 "probe": f"no recipe lock: discovered by rank {_text(stack.get('reference_rank'), 20)}'s probe"}
@@ -234,6 +200,8 @@ def _stack(doc: Mapping[str, Any]) -> dict[str, Any]:
             for name, value in _probe_values(probe, versions.get(rank)).items():
                 seen[name].setdefault(_text(value, 200), []).append(_text(rank, 20))
     reference, expected = _reference_values(doc)
+    if not any(seen.values()):
+        return {"reference": reference, "rows": [], "missing": f"no rank's probe reported: {reported_text(doc)}"}
     rows = []
     for name, values in seen.items():
         if not values:
@@ -242,25 +210,34 @@ def _stack(doc: Mapping[str, Any]) -> dict[str, Any]:
             shown = next(iter(values))
         else:
             shown = "; ".join(f"{v} (rank {', '.join(r[:8])}{'...' if len(r) > 8 else ''})" for v, r in values.items())
-        rows.append({"name": name, "seen": shown, "expected": _text(expected.get(name), 200) if expected else "-",
+        pin = expected.get(name)
+        rows.append({"name": name, "seen": shown, "expected": "(not recorded)" if pin is None else _text(pin, 200),
                      "differs": len(values) > 1})
-    return {"reference": reference, "rows": rows}
+    return {"reference": reference, "rows": rows, "missing": None}
 
 
-_RANK_COLUMNS = ("rank", "node", "hostname", "device", "reported", "elapsed (s)", "DDP images/s", "final loss",
-                 "errors", "lock mismatches", "problem")
+def reported_text(doc: Mapping[str, Any]) -> str:
+    """``1 of 2 rank(s) reported a result``: why a section of a failed run is empty."""
+    n = sum(1 for r in _map(doc.get("ranks")).values() if _map(r).get("reported") is True)
+    return f"{n} of {_text(doc.get('world_size'), 20)} rank(s) reported a result"
 
 
-def _rank_row(rank: str, entry: Mapping[str, Any], ddp: Mapping[str, Any]) -> list[dict[str, str]]:
+_RANK_COLUMNS = ("rank", "node", "hostname", "device", "reported", "elapsed (s)", "errors", "lock mismatches",
+                 "problem")
+
+
+def _rank_row(rank: str, entry: Mapping[str, Any]) -> list[dict[str, str]]:
     errors = _list(entry.get("errors"), MAX_LINES)
     mism = _list(entry.get("lock_mismatches"), MAX_LINES)
+    last = _map(entry.get("last_progress"))
     problem = entry.get("problem") or (f"exit code {_text(entry.get('exit_code'))}"
                                        if entry.get("exit_code") not in (None, 0) else None)
+    if problem is None and last.get("phase") is not None:
+        problem = " ".join(str(x) for x in ("no result; last in", last.get("phase"), last.get("detail")) if x)
     reported = entry.get("reported") is True
     cells = [(_text(rank, 20), ""), (_text(entry.get("node"), 20), "num"), (_text(entry.get("hostname"), 200), ""),
              (_text(entry.get("device"), 200), ""), ("yes" if reported else "no", "" if reported else "bad"),
-             (_fmt(entry.get("elapsed_s"), ".2f"), "num"), (_fmt(ddp.get("images_per_s"), ".2f"), "num"),
-             (_fmt(ddp.get("final_loss"), ".6g"), "num"),
+             (_fmt(entry.get("elapsed_s"), ".2f"), "num"),
              ("; ".join(_text(e, 300) for e in errors[:5]) or "-", "bad" if errors else ""),
              ("; ".join(_text(m, 300) for m in mism[:5]) or "-", "bad" if mism else ""),
              (_text(problem, 400), "bad" if problem else "")]
@@ -269,10 +246,12 @@ def _rank_row(rank: str, entry: Mapping[str, Any], ddp: Mapping[str, Any]) -> li
 
 def _ranks(doc: Mapping[str, Any]) -> dict[str, Any]:
     ranks = _map(doc.get("ranks"))
-    ddp = _map(_map(doc.get("ddp")).get("ranks"))
     keys = sorted(list(ranks)[: MAX_RANKS * 4], key=_rank_order)
-    rows = [_rank_row(k, _map(ranks[k]), _map(ddp.get(k))) for k in keys[:MAX_RANKS]]
-    return {"columns": _RANK_COLUMNS, "rows": rows, "more": max(0, len(ranks) - len(rows))}
+    rows = [_rank_row(k, _map(ranks[k])) for k in keys[:MAX_RANKS]]
+    # a column no rank has a value in is left out; a cell without a value is blank
+    keep = [i for i in range(len(_RANK_COLUMNS)) if any(row[i]["text"] != "-" for row in rows)]
+    rows = [[{**row[i], "text": "" if row[i]["text"] == "-" else row[i]["text"]} for i in keep] for row in rows]
+    return {"columns": [_RANK_COLUMNS[i] for i in keep], "rows": rows, "more": max(0, len(ranks) - len(rows))}
 
 
 def _collective_rows(rows: list[Any]) -> list[dict[str, Any]]:
@@ -289,8 +268,7 @@ def _collective_rows(rows: list[Any]) -> list[dict[str, Any]]:
 
 def collectives(doc: Mapping[str, Any]) -> list[tuple[str, list[Any] | None, str | None, int]]:
     """``(name, rows, unsupported reason, rows in the certificate)`` per collective of ``doc``,
-    in its order (module doc: ``collectives.<name>``, else ``allreduce`` as ``all_reduce``);
-    at most :data:`MAX_ROWS` rows; rows None when unsupported."""
+    in its order; at most :data:`MAX_ROWS` rows; rows None when unsupported."""
     found: list[tuple[str, list[Any] | None, str | None, int]] = []
     coll = _map(doc.get("collectives"))
     for name, value in list(coll.items())[:MAX_COLLECTIVES]:
@@ -298,9 +276,6 @@ def collectives(doc: Mapping[str, Any]) -> list[tuple[str, list[Any] | None, str
             found.append((_text(name, 200), None, _text(value.get("unsupported")), 0))
         else:
             found.append((_text(name, 200), _list(value, MAX_ROWS), None, len(value) if isinstance(value, list) else 0))
-    legacy = doc.get("allreduce")
-    if "all_reduce" not in coll and isinstance(legacy, list) and len(found) < MAX_COLLECTIVES:
-        found.insert(0, ("all_reduce", _list(legacy, MAX_ROWS), None, len(legacy)))
     return found
 
 
@@ -332,11 +307,8 @@ _LOSS_FIELDS = ("losses", "loss_per_step", "reference_losses", "ranks", "unsuppo
 
 
 def training(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per training check (module doc): name, ``reference_match`` (None: not recorded),
-    unsupported reason, the loss series and the other facts."""
+    """Per training check, what the page shows of it."""
     checks = dict(list(_map(doc.get("training")).items())[:MAX_COLLECTIVES])
-    if "ddp" not in checks and isinstance(doc.get("ddp"), Mapping):
-        checks = {"ddp": doc["ddp"], **checks}
     out = []
     for name, entry in checks.items():
         entry = _map(entry)
@@ -393,9 +365,7 @@ def _svg(fig: Any) -> str:
 
 
 def draw_collective(rows: list[Any]) -> str | None:
-    """The bandwidth-vs-size plot of one collective's rows: per data type, algbw (solid) and
-    busbw (dashed) in GB/s over the size in bytes (log x); None when no row has a positive
-    size and a finite bandwidth."""
+    """The bandwidth (GB/s) over size (bytes) plot of one collective; None when nothing to plot."""
     by_type: dict[str, list[tuple[float, float | None, float | None]]] = {}
     for r in rows[:MAX_ROWS]:
         r = _map(r)
@@ -436,8 +406,7 @@ def draw_collective(rows: list[Any]) -> str | None:
 
 
 def draw_losses(series: Mapping[str, list[float]]) -> str | None:
-    """The loss per step of a training check, one line per series (the reference dashed
-    black); None without a series."""
+    """The loss per step of a training check; None without a series."""
     if not series:
         return None
     mpl = _matplotlib()
@@ -471,9 +440,20 @@ def _environment() -> Any:
                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 
+def prewarm() -> None:
+    """Import matplotlib, load its font and jinja2 now: certify calls it in a thread while the
+    ranks run, which takes about 0.9 s of the 1.2 s a report costs off the wall time. A failure
+    is left to the real drawing to report."""
+    try:
+        with _DRAW_LOCK:
+            draw_losses({"warm": [1.0, 0.5]})
+        _environment().get_template("report.html.j2")
+    except Exception:  # noqa: BLE001 - the drawing after the run says what is wrong
+        pass
+
+
 def render_html(doc: Mapping[str, Any], source: str = "") -> str:
-    """The report page of certificate ``doc`` (JSON data); ``source`` names the certificate
-    file in the page's footer. Draws with matplotlib (imported now)."""
+    """The report page of certificate ``doc``; ``source`` names the certificate file in the footer."""
     from markupsafe import Markup
 
     if not isinstance(doc, Mapping):
@@ -490,45 +470,23 @@ def render_html(doc: Mapping[str, Any], source: str = "") -> str:
             t["svg"] = Markup(svg) if svg else None
     return str(_environment().get_template("report.html.j2").render(
         head=_head(doc, source), verdict=_verdict(doc), stack=_stack(doc), ranks=_ranks(doc),
-        collectives=colls, training=checks, scaling=_scaling(doc)))
+        collectives=colls, training=checks, scaling=_scaling(doc),
+        missing=None if _verdict(doc)["css"] == "passed" else reported_text(doc)))
 
 
 def write_report(doc: Mapping[str, Any], path: str | os.PathLike[str], source: str = "") -> Path:
-    """Draw the report of ``doc`` and write it at ``path`` atomically: a temporary file in the
-    same folder (fsync'd, mode 0644), then ``os.replace``, so that a reader sees the old page
-    or the new one, never half of one; the temporary file is removed in every case.
-
-    Raises:
-        OSError: the folder is missing or the file cannot be written (e.g. no space left).
-        Exception: whatever drawing raises (a bug, or matplotlib missing).
-    """
-    path = Path(path)
-    data = render_html(doc, source=source).encode("utf-8")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".html.tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-    return path
+    """Draw the report of ``doc`` and write it at ``path``.
+    Raises Unreachable (exit 3): the file cannot be written; whatever drawing raises."""
+    return write_atomic(path, render_html(doc, source=source).encode("utf-8"), parents=False)
 
 
 def write_beside(doc: Mapping[str, Any], cert_path: str | os.PathLike[str]) -> tuple[Path | None, str | None]:
-    """Write the report next to the certificate at ``cert_path`` (:func:`report_path`).
-
-    Never raises (but for KeyboardInterrupt): the certificate is already written and stays the
-    record. Returns ``(report path, None)``, or ``(None, one warning line)`` naming the
-    report, the reason and that the certificate was kept.
-    """
+    """Write the report next to the certificate at ``cert_path`` (:func:`report_path`)."""
     target = report_path(cert_path)
     try:
         return write_report(doc, target, source=Path(cert_path).name), None
     except Exception as e:  # noqa: BLE001 - a failure to draw must not lose the certificate
-        reason = (e.strerror or str(e)) if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+        reason = (e.message if isinstance(e, EnvbuildError) else (e.strerror or str(e)) if isinstance(e, OSError)
+                  else f"{type(e).__name__}: {e}")
         return None, (f"report not written: {one_line(target, 300)}: {one_line(reason, 300)} "
                       f"(the certificate {one_line(cert_path, 300)} is kept)")

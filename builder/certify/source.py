@@ -1,15 +1,9 @@
-"""Where certification learns about the image: its labels, lock and environment.
-
-An image source is an input of the run (:func:`builder.certify.run.plan`): an image on a
-Docker engine (:class:`EngineImage`: the labels, config and GPU runtime are read through
-the engine, and its local launcher is the default), or the facts already known
-(:class:`ImageFacts`: a lock file and the labels it implies, e.g. ``envbuild k8s render
-RECIPE --image REF``), where no engine is asked anything. Both give an :class:`ImageFacts`.
-"""
+"""Where certification learns about the image: its labels, lock and environment."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 from collections.abc import Mapping
@@ -17,11 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from builder.core.errors import EnvbuildError, ExitCode
-from builder.core.inputs import one_line, read_text
+from builder.core.errors import EnvbuildError, ExitCode, NoSuchImage, Unreachable
+from builder.core.inputs import escape, has_control, one_line, read_text, show
 from builder.image import engine
 from builder.launchers.base import Launcher, extra_labels_from_env
-from builder.recipe.lock import MAX_LOCK_BYTES, lock_hash, read_lock_text
+from builder.recipe.lock import MAX_LOCK_BYTES, lock_hash, read_lock_text, validate_lock
+from builder.recipe.model import Lock
 
 #: What the ranks' stack is compared with: the image's own lock (``envbuild.lock`` label),
 #: a recipe's lock (``--recipe``), or, for an image envbuild did not build, the stack the
@@ -30,27 +25,19 @@ Reference = Literal["lock", "recipe", "probe"]
 
 #: Labels copied into the certificate (``envbuild.lock`` is stored parsed, as ``lock``).
 LABEL_PREFIXES = ("envbuild.", "org.opencontainers.image.")
+#: Such a label's key (Docker's recommended ``[a-z0-9.-]``, plus ``_`` and ``/``) and the
+#: longest value (characters): one printable line.
+_LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
+MAX_LABEL_CHARS = 4096
 
 
 @dataclass(frozen=True)
 class ImageFacts:
-    """What certification needs to know about an image.
-
-    Attributes:
-        ref: the reference the nodes run (name:tag, ID, or ``REPO@sha256:...``).
-        labels: its labels (``envbuild.recipe``, ``envbuild.lock-hash``, ...).
-        lock: its recipe lock (``envbuild.lock``, parsed and checked).
-        env: the environment the image sets (its config's ``Env``).
-        image_id: its ID, if known.
-        repo_digests: its repository digests, if known.
-        reference: what the ranks' stack is compared with (:data:`Reference`); ``"probe"``
-            for a foreign image (``lock`` is then empty: no recipe lock exists).
-        recipe: the recipe whose lock ``--recipe`` compares with, else None.
-    """
+    """What certification needs to know about an image."""
 
     ref: str
     labels: Mapping[str, str]
-    lock: Mapping[str, Any]
+    lock: Lock | None  # None: a foreign image, compared with its own probe
     env: Mapping[str, str] = field(default_factory=dict)
     image_id: str | None = None
     repo_digests: tuple[str, ...] = ()
@@ -92,44 +79,33 @@ class ImageSource(Protocol):
 
 
 class EngineImage:
-    """An image on a Docker engine: ``client`` (:func:`builder.image.engine.connect`) and
-    ``ref`` (name:tag or ID). Labels, environment, ID and digests are read through the
-    engine (:meth:`read`, once); the default launcher runs the nodes on the same engine."""
+    """An image on a Docker engine, read once (:meth:`read`); the default launcher runs the nodes on
+    the same engine."""
 
-    def __init__(self, client: Any, ref: str, *, recipe: tuple[str, dict[str, Any]] | None = None) -> None:
+    def __init__(self, client: engine.Engine, ref: str, *, recipe: tuple[str, Lock] | None = None) -> None:
         self.client = client
         self.ref = ref
         self.recipe = recipe
         self._facts: ImageFacts | None = None
 
     def read(self) -> ImageFacts:
-        """The image's facts (:func:`read_image`, :func:`builder.image.engine.image_env`).
-        An image without envbuild's labels (a foreign image) is first checked to run
-        python3 >= 3.8 with torch (:func:`check_foreign`); its lock is the recipe's
-        (``recipe``) or none (reference ``"probe"``).
-
-        Raises:
-            EnvbuildError: (exit 2) no such image, a foreign image without python3 or
-                torch, a lock label that is not a valid lock or was changed after the build.
-        """
+        """The image's facts; a foreign image's lock is the recipe's, or none (reference ``"probe"``).
+        Raises EnvbuildError: (exit 3) no such image; (exit 2) a foreign image without python3 or
+        torch, a lock label that is not a valid lock or was changed after the build."""
         if self._facts is None:
-            labels = engine.image_labels(self.client, self.ref)
+            img = self.client.image(self.ref)
+            labels = img.labels
             reference: Reference = "lock"
             if not labels.get("envbuild.lock") and not labels.get("envbuild.lock-hash"):
+                check_labels(labels, None, self.ref)
                 check_foreign(self.client, self.ref)
-                lock: dict[str, Any] = {}
+                lock: Lock | None = None
                 reference = "probe"
             else:
                 labels, lock = read_image(self.client, self.ref)
             if self.recipe is not None:
-                lock, reference = dict(self.recipe[1]), "recipe"
-            env = engine.image_env(self.client, self.ref)
-            try:
-                img = self.client.images.get(self.ref)
-                image_id, digests = img.id, tuple(img.attrs.get("RepoDigests") or [])
-            except Exception:  # noqa: BLE001 - read_image just found it; informational
-                image_id, digests = None, ()
-            self._facts = ImageFacts(self.ref, labels, lock, env, image_id, digests, reference=reference,
+                lock, reference = self.recipe[1], "recipe"
+            self._facts = ImageFacts(self.ref, labels, lock, img.env(), img.id, img.repo_digests, reference=reference,
                                      recipe=self.recipe[0] if self.recipe else None)
         return self._facts
 
@@ -152,7 +128,7 @@ class EngineImage:
         return {"hostname": socket.gethostname(), "docker_server_version": version}
 
 
-def gpu_runtime_visible(client: Any) -> bool:
+def gpu_runtime_visible(client: engine.Engine) -> bool:
     """Whether the engine can hand GPUs to containers: an ``nvidia`` runtime in
     ``docker info``, or the NVIDIA container hook on this machine's PATH."""
     try:
@@ -164,32 +140,36 @@ def gpu_runtime_visible(client: Any) -> bool:
     return bool(shutil.which("nvidia-container-runtime-hook") or shutil.which("nvidia-container-cli"))
 
 
-def read_image(client: Any, image: str) -> tuple[dict[str, str], dict[str, Any]]:
-    """``(labels, lock)`` of ``image`` on the engine: the label ``envbuild.lock`` read with
-    bounds and checked with the recipe's schema (:func:`builder.recipe.lock.read_lock_text`),
-    then against its hash label (:func:`lock_from_labels`).
-
-    Raises:
-        EnvbuildError: (exit 2) no such image; a lock label over 1 MiB, not bounded JSON or
-            breaking the schema (``IMAGE: label envbuild.lock: certify.nodes: 'abc' must be
-            an integer in 1..1024``); see :func:`lock_from_labels`.
-    """
-    labels = engine.image_labels(client, image)
+def read_image(client: engine.Engine, image: str) -> tuple[dict[str, str], Lock]:
+    """``(labels, lock)`` of ``image`` on the engine.
+    Raises EnvbuildError: (exit 3) no such image; (exit 2) a lock label over 1 MiB or not a valid lock."""
+    labels = client.image(image).labels
     if labels.get("envbuild.lock"):
         read_lock_text(labels["envbuild.lock"], f"{image}: label envbuild.lock")
-    return labels, lock_from_labels(labels, image)
+    lock = lock_from_labels(labels, image)
+    check_labels(labels, lock, image)
+    return labels, lock
 
 
-def lock_from_labels(labels: Mapping[str, str], image: str) -> dict[str, Any]:
-    """The lock in the labels of ``image``: ``envbuild.lock`` parsed, checked against
-    ``envbuild.lock-hash`` (:func:`builder.recipe.lock.lock_hash` of the parsed lock, as the
-    renderer wrote it), so that an image rebuilt with an edited lock label is refused.
+def check_labels(labels: Mapping[str, str], lock: Lock | None, image: str) -> None:
+    """The recorded labels are shown and name the certificate's folder: each must be one short
+    printable line, and ``envbuild.recipe`` the lock's recipe.
+    Raises EnvbuildError: (exit 2) naming the label and its value, escaped."""
+    for key, value in label_subset(labels).items():
+        if not _LABEL_KEY.fullmatch(key) or has_control(value) or len(value) > MAX_LABEL_CHARS:
+            raise EnvbuildError(f"label {escape(key, 100)}={show(value, 100)} is not one line of at most "
+                                f"{MAX_LABEL_CHARS} printable characters", field="image", value=image)
+    # an empty value is how a derived image drops a label (Docker cannot remove one)
+    said, recipe = labels.get("envbuild.recipe") or None, lock.recipe if lock else None
+    if said is not None and said != recipe:
+        why = f"is not its lock's recipe {show(recipe, 100)}" if recipe else "names a recipe without a lock label"
+        raise EnvbuildError(f"label envbuild.recipe={show(said, 100)} {why}; rebuild the image with "
+                            "`envbuild build RECIPE`", field="image", value=image)
 
-    Raises:
-        EnvbuildError: (exit 2) not built by envbuild (no ``envbuild.lock`` /
-            ``envbuild.lock-hash`` label); the lock label is not a JSON object; its hash
-            differs from ``envbuild.lock-hash``.
-    """
+
+def lock_from_labels(labels: Mapping[str, str], image: str) -> Lock:
+    """The lock label, checked against ``envbuild.lock-hash`` so that an edited lock label is refused.
+    Raises EnvbuildError (exit 2): no such labels, not a JSON object, or the hash differs."""
     missing = [k for k in ("envbuild.lock", "envbuild.lock-hash") if not labels.get(k)]
     if missing:
         raise EnvbuildError(f"was not built by envbuild (no {' / '.join(missing)} label); build it with "
@@ -208,7 +188,7 @@ def lock_from_labels(labels: Mapping[str, str], image: str) -> dict[str, Any]:
             f"label envbuild.lock was changed after the build: it hashes to {actual}, label "
             f"envbuild.lock-hash says {said}; rebuild the image with `envbuild build RECIPE`",
             field="image", value=image)
-    return lock
+    return validate_lock(lock, f"{image}: label envbuild.lock")
 
 
 def label_subset(labels: Mapping[str, str]) -> dict[str, str]:
@@ -240,50 +220,22 @@ _FOREIGN_CHECK = (
 )
 
 
-def check_foreign(client: Any, ref: str, timeout_s: float = 120) -> dict[str, Any]:
-    """Check that a foreign image can be certified: run ``python3 -c CHECK`` as its
-    entrypoint in a throwaway container (no network, labelled ``envbuild=1`` plus
-    ``$ENVBUILD_EXTRA_LABELS``, removed afterwards) and read ``{"python": [3, 11, 2],
-    "torch": "2.13.0" | None, "error": str | None}``.
-
-    Raises:
-        EnvbuildError: (exit 2) no such image; ``has no python3`` (the entrypoint cannot
-            start); ``python3 3.6 is older than 3.8``; ``has no torch (ModuleNotFoundError:
-            No module named 'torch')``. (exit 3) the engine failed or the check ran past
-            ``timeout_s``.
-    """
-    import docker.errors
-
+def check_foreign(client: engine.Engine, ref: str, timeout_s: float = 120) -> dict[str, Any]:
+    """Check that a foreign image can be certified, in a throwaway container without network.
+    Raises EnvbuildError: (exit 3) no such image; (exit 2) no python3, or one older than 3.8."""
     try:
-        c = client.containers.create(ref, entrypoint=["python3", "-c", _FOREIGN_CHECK], command=[],
-                                     network_mode="none", labels={engine.LABEL: "1", **extra_labels_from_env()})
-    except docker.errors.ImageNotFound:
-        raise EnvbuildError("no such image", field="image", value=ref) from None
-    no_python = False
-    try:
-        try:
-            c.start()
-        except docker.errors.APIError as e:
-            if "executable file not found" not in str(e) and "no such file" not in str(e).lower():
-                raise
-            no_python = True
-        if not no_python:
-            code = c.wait(timeout=timeout_s).get("StatusCode")
-            text = c.logs(stdout=True, stderr=False)[-4096:].decode("utf-8", "replace").strip()
-    except docker.errors.APIError as e:
-        raise EnvbuildError(f"could not check the image: {one_line(str(e), 300)}", field="image", value=ref,
-                            exit_code=ExitCode.UNREACHABLE) from None
-    except Exception as e:  # noqa: BLE001 - the wait timed out or the engine went away
-        raise EnvbuildError(f"could not check the image: {type(e).__name__}: {one_line(str(e), 200)}",
-                            field="image", value=ref, exit_code=ExitCode.UNREACHABLE) from None
-    finally:
-        try:
-            c.remove(force=True)
-        except Exception:  # noqa: BLE001, S110 - already gone
-            pass
-    if no_python:
+        ran = client.run_once(ref, [], entrypoint=["python3", "-c", _FOREIGN_CHECK], timeout_s=timeout_s,
+                              what="the python3 check", network_mode="none",
+                              labels={engine.LABEL: "1", **extra_labels_from_env()})
+    except NoSuchImage:
+        raise
+    except Unreachable as e:
+        raise Unreachable(f"could not check the image: {one_line(e.message, 300)}", field="image",
+                          value=ref) from None
+    if ran.code == engine.NOT_STARTED:
         raise EnvbuildError("cannot be certified: it has no python3 (envbuild runs python3 >= 3.8 with torch "
                             "in it)", field="image", value=ref)
+    code, text = ran.code, ran.stdout[-4096:].decode("utf-8", "replace").strip()
     try:
         found = json.loads(text.splitlines()[-1]) if text else None
     except ValueError:
@@ -301,14 +253,10 @@ def check_foreign(client: Any, ref: str, timeout_s: float = 120) -> dict[str, An
     return found
 
 
-def recipe_lock(images_dir: str | Path, recipe: str) -> tuple[str, dict[str, Any]]:
-    """``(recipe, lock)``: the rendered lock ``<images_dir>/<recipe>/envbuild.lock.json``
-    of ``--recipe``, read with bounds and checked with the lock schema.
-
-    Raises:
-        EnvbuildError: (exit 64) not a recipe name; (exit 2) no such file (``envbuild
-            render RECIPE`` writes it), not a valid lock; Unreachable (exit 3) unreadable.
-    """
+def recipe_lock(images_dir: str | Path, recipe: str) -> tuple[str, Lock]:
+    """``(recipe, lock)``: the rendered lock of ``--recipe``.
+    Raises EnvbuildError: (exit 64) not a recipe name; (exit 2) no such file or not a valid lock;
+    Unreachable (exit 3) unreadable."""
     import re
 
     from builder.core.paths import image_dir
@@ -320,6 +268,4 @@ def recipe_lock(images_dir: str | Path, recipe: str) -> tuple[str, dict[str, Any
     if not path.is_file():
         raise EnvbuildError(f"recipe {recipe} has no lock there; write it with `envbuild render {recipe}`",
                             file=str(path))
-    text = read_text(path, MAX_LOCK_BYTES, "lock")
-    read_lock_text(text, str(path))
-    return recipe, json.loads(text)
+    return recipe, read_lock_text(read_text(path, MAX_LOCK_BYTES, "lock"), str(path))

@@ -1,5 +1,7 @@
-"""The certificate on a terminal: nccl-tests columns, DDP per rank, NCCL transports, the
-verdict with its reasons, and for a failing verdict the log excerpt of each failing node."""
+"""The certificate on a terminal: the all-reduce sweep in nccl-tests columns (with the
+min and median time over ranks and the slowest rank), the profiles,
+NCCL transports, the verdict with its reasons, and for a failing verdict the log excerpt of
+each failing node."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .model import Certificate
+from builder.core.certificate import Certificate
+from builder.core.inputs import escape
 
 #: Lines of a failing node's log shown under a failing verdict when none looks like an error.
 LOG_SHOW_LINES = 5
@@ -40,35 +43,54 @@ def failing_nodes(cert: Certificate) -> list[int]:
     return sorted(bad)
 
 
+def reported_text(cert: Certificate) -> str:
+    """``2 of 4 rank(s) reported a result (see the failures)``: why a section is empty."""
+    n = sum(1 for r in cert.ranks.values() if r.reported)
+    why = "" if cert.verdict.passed else " (see the failures)"
+    return f"{n} of {cert.world_size} rank(s) reported a result{why}"
+
+
 def _head(cert: Certificate) -> str:
+    """One line; every string of the certificate in it escaped (a certificate is input too)."""
     b = cert.backend
     st = cert.stack
     if cert.lock is None and st is not None:  # a foreign image: the probe's stack is the reference
-        what = (f"no recipe lock (reference: rank {st.reference_rank}'s probe: torch {st.torch}, "
-                f"python {st.python}, {st.os})")
+        found = ", ".join(f"{k} {escape(v, 80)}".strip() for k, v in (("torch", st.torch), ("python", st.python),
+                                                                      ("", st.os)) if v is not None)
+        what = (f"no recipe lock (reference: rank {st.reference_rank}'s probe: {found})"
+                if st.reference_rank is not None else "no recipe lock, and no rank's probe reported a stack")
     else:
-        what = f"recipe {cert.recipe}, lock {str(cert.lock_hash or '').split(':')[-1][:12]}"
-    return (f"{cert.image.ref}: {what}, "
-            f"backend {b.used}" + (f" (recipe: {b.recipe})" if b.used != b.recipe else "")
-            + f", {cert.nodes} node(s) x {cert.nproc_per_node} = world {cert.world_size}")
+        what = f"recipe {escape(cert.recipe, 80)}, lock {escape(str(cert.lock_hash or '').split(':')[-1][:12])}"
+    s = cert.settings
+    return (f"{escape(cert.image.ref)}: {what}, "
+            f"backend {escape(b.used, 80)}" + (f" (recipe: {escape(b.recipe, 80)})" if b.used != b.recipe else "")
+            + f", {cert.nodes} node(s) x {cert.nproc_per_node} = world {cert.world_size}; "
+            f"collectives {s.iters} iters (+{s.warmup} warmup) per size; DDP check and scaling "
+            f"{s.ddp_batch} images of {s.ddp_image_size} px per rank, {s.ddp_steps} steps")
 
 
 def _allreduce(cert: Certificate, console: Any) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    th = cert.thresholds
+    th = cert.settings
+    rows = cert.collectives.get("all_reduce")
+    if not isinstance(rows, list) or not rows:
+        return
     t = Table(title="all-reduce (sum)", title_justify="left")
-    for col in ("size (B)", "count", "type", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"):
+    for col in ("size (B)", "count", "type", "min (us)", "median (us)", "time (us)", "slowest",
+                "algbw (GB/s)", "busbw (GB/s)", "#wrong"):
         t.add_column(col, justify="right")
-    for row in cert.allreduce:
-        gate = th.min_busbw_gbps is not None and row.size_bytes == th.busbw_size
-        t.add_row(str(row.size_bytes), str(row.count), str(row.type), _fmt(row.time_us, ".2f"),
+    for row in rows:
+        gate = th.min_busbw_gbps is not None and row.size_bytes == th.busbw_size and row.type == "float32"
+        t.add_row(str(row.size_bytes), str(row.count), str(row.type), _fmt(row.min_time_us, ".2f"),
+                  _fmt(row.median_time_us, ".2f"), _fmt(row.time_us, ".2f"),
+                  "-" if row.slowest_rank is None else f"rank {row.slowest_rank}",
                   _fmt(row.algbw_gbps, ".3f"), Text(_fmt(row.busbw_gbps, ".3f") + (" *" if gate else "")),
                   Text(str(row.wrong), style="red" if row.wrong else ""))
     console.print(t)
     if th.min_busbw_gbps is not None:
-        console.print(f"* gate: busbw >= {th.min_busbw_gbps:g} GB/s at {th.busbw_size} B ({th.source})",
+        console.print(f"* gate: busbw >= {th.min_busbw_gbps:g} GB/s at {th.busbw_size} B ({th.busbw_source})",
                       markup=False, highlight=False)
 
 
@@ -80,6 +102,11 @@ def _profiles(cert: Certificate, console: Any) -> None:
 
     if not cert.profiles:
         return
+    missing = [what for what, got in (("collectives", cert.collectives), ("training checks", cert.training))
+               if not got]
+    if missing:
+        console.print(f"{' and '.join(missing)} of {', '.join(cert.profiles)}: no results, {reported_text(cert)}",
+                      markup=False, highlight=False, soft_wrap=True)
     t = Table(title=f"collectives of {', '.join(cert.profiles)}", title_justify="left")
     for col in ("collective", "sizes (B)", "types", "max busbw (GB/s)", "#wrong"):
         t.add_column(col, justify="right" if col != "collective" else "left")
@@ -93,7 +120,8 @@ def _profiles(cert: Certificate, console: Any) -> None:
                   ",".join(sorted({r.type for r in rows})),
                   _fmt(max((r.busbw_gbps for r in rows), default=None), ".3f"),
                   Text(str(wrong), style="red" if wrong else ""))
-    console.print(t)
+    if cert.collectives:
+        console.print(t)
     tr = Table(title="training checks against a single-process reference", title_justify="left")
     for col in ("profile", "reference match", "max param diff", "samples/s", "final loss"):
         tr.add_column(col, justify="right" if col != "profile" else "left")
@@ -104,31 +132,20 @@ def _profiles(cert: Certificate, console: Any) -> None:
         tr.add_row(name, Text("yes" if c.reference_match else "NO", style="" if c.reference_match else "red"),
                    _fmt(c.max_param_diff, ".3g"), _fmt(c.samples_per_s, ".1f"),
                    _fmt(c.losses[-1] if c.losses else None, ".5g"))
-    console.print(tr)
+    if cert.training:
+        console.print(tr)
     sc = cert.scaling
     if sc is not None:
-        floor = cert.thresholds.min_scaling_efficiency
+        floor = cert.settings.min_scaling_efficiency
         console.print(f"scaling: {sc.throughput_1:.2f} images/s at 1 rank, {sc.throughput_n:.2f} at {sc.world_size}: "
                       f"efficiency {_fmt(sc.efficiency, '.3f')}"
                       + (f" (floor {floor:g})" if floor is not None else " (not gated)"),
                       markup=False, highlight=False, soft_wrap=True)
 
 
-def _ddp_and_transports(cert: Certificate, console: Any) -> None:
+def _transports(cert: Certificate, console: Any) -> None:
     from rich.table import Table
-    from rich.text import Text
 
-    ddp = cert.ddp
-    if ddp:
-        d = Table(title=f"DDP {ddp.model} ({ddp.source}): {ddp.steps} step(s) x {ddp.batch_size} images "
-                        f"{ddp.image_size}px", title_justify="left")
-        for col in ("rank", "images/s", "param checksum", "identical"):
-            d.add_column(col, justify="right" if col != "param checksum" else "left")
-        mism = set(ddp.mismatched_ranks)
-        for r, v in sorted(ddp.ranks.items(), key=lambda kv: int(kv[0])):
-            d.add_row(r, _fmt(v.images_per_s, ".2f"), str(v.param_checksum or "-")[:16],
-                      Text("no", style="red") if int(r) in mism else Text("yes"))
-        console.print(d)
     if cert.transports:
         n = Table(title="NCCL transports", title_justify="left")
         n.add_column("rank", justify="right")
@@ -170,8 +187,8 @@ def phases_line(cert: Certificate) -> str:
 
 def print_table(cert: Certificate, console: Any, path: str | os.PathLike[str] | None = None,
                 written: bool = True) -> None:
-    """Print the certificate: the all-reduce table (nccl-tests columns), DDP images/s per
-    rank, NCCL transports, and the verdict with its reasons (rich tables). A failing
+    """Print the certificate: the all-reduce table (nccl-tests columns), the profiles, NCCL
+    transports, and the verdict with its reasons (rich tables). A failing
     verdict is followed by each failing node's log excerpt (:func:`log_excerpt`) and where
     its full tail is (``node_status.<n>.log_tail`` of the certificate at ``path``; not
     said when the certificate was not ``written``)."""
@@ -179,7 +196,7 @@ def print_table(cert: Certificate, console: Any, path: str | os.PathLike[str] | 
 
     console.print(_head(cert), markup=False, highlight=False, soft_wrap=True)
     _allreduce(cert, console)
-    _ddp_and_transports(cert, console)
+    _transports(cert, console)
     _profiles(cert, console)
     if cert.phases:
         console.print(phases_line(cert), markup=False, highlight=False, soft_wrap=True)

@@ -1,32 +1,4 @@
-"""The verdict of a certification run, from what the ranks reported (:func:`judge`).
-
-The checks:
-
-1. every rank of the world (N x max(G, 1)) reported; a missing rank is named with why
-   (``"rank 1 exited with 3"``, ``"rank 1 did not finish within 60 s (timeout): hung: ..."``:
-   :func:`builder.launchers.progress.name_hangs`);
-2. the all-reduce result was exact (``wrong == 0``) at every size on every rank;
-3. after the DDP steps, every rank held identical parameters;
-4. every rank's probe matches the lock (:func:`builder.image.probecheck.compare_probe_to_lock`),
-   and all ranks loaded the same torch, NCCL, Python, glibc and OS;
-5. the busbw floor: ``min_busbw_gbps`` at ``busbw_size`` (largest size when null). It
-   gates nccl runs with the recipe's threshold, and gloo runs ONLY when given explicitly
-   (``--min-busbw``): CPU figures on shared cores are noise, reported but not gated. A
-   failing floor names the slowest rank at that size;
-6. the profiles (:mod:`builder.certify.profiles`): every collective exact, every training
-   check matching its single-process reference, the scaling floor when given; what the
-   image's torch or backend lacks is a warning (unsupported), never a pass.
-
-A foreign image (no envbuild lock) has no lock to compare with in (4): every rank must
-match the reference rank's probe in torch, NCCL, Python, glibc and OS.
-
-Exit code: 0 passed; 2 a check failed (including a rank that crashed); 3 could not check
-(ranks missing because of the timeout, unreadable results) when no check failed outright.
-Warnings do not fail the verdict. The launcher's notes on the run as a whole
-(``LaunchResult.notes``, e.g. a Slurm job's final state and the tail of its log) come first
-among the failures of a failing verdict, else among the warnings; they never change the
-exit code. Every line is one line (text from the ranks and launchers is escaped and cut).
-"""
+"""The verdict of a certification run, from what the ranks reported (:func:`judge`)."""
 
 from __future__ import annotations
 
@@ -35,37 +7,24 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from builder.certify import nccl_log
+from builder.core.certificate import RunSettings, SocketSetting, Verdict
+from builder.core.documents import NodeReport, RankResult
 from builder.core.errors import ExitCode
 from builder.core.inputs import one_line, show
 from builder.core.netif import match_nccl_ifname
 from builder.image import probecheck
 from builder.launchers.base import SOCKET_VARS, LaunchResult, LaunchSpec
-from builder.launchers.model import RankResult
 from builder.launchers.output import check_result
 from builder.launchers.progress import name_hangs, ranks_text
+from builder.recipe.model import Lock
 
-from .model import Verdict
-from .settings import RunSettings, SocketSetting
-
-
-def compare_probe_to_lock(probe: Mapping[str, Any], lock: Mapping[str, Any]) -> list[str]:
-    """Differences between a probe document and the lock, one line each ([] = match);
-    :func:`builder.image.probecheck.compare_probe_to_lock`."""
-    return list(probecheck.compare_probe_to_lock(dict(probe), dict(lock)))
-
-
-def _os_text(p: Mapping[str, Any]) -> str:
-    os_ = p.get("os") or {}
-    return "{} {}".format(os_.get("id"), os_.get("version_id"))
-
-
-#: Facts that must be identical on every rank: (name, getter of the probe document).
-_SAME_EVERYWHERE: tuple[tuple[str, Callable[[Mapping[str, Any]], Any]], ...] = (
-    ("torch", lambda p: (p.get("torch") or {}).get("version")),
-    ("loaded NCCL", lambda p: ((p.get("nccl") or {}).get("loaded") or {}).get("version")),
-    ("python", lambda p: (p.get("python") or {}).get("version")),
-    ("glibc", lambda p: p.get("glibc")),
-    ("OS", _os_text),
+#: Facts that must be identical on every rank: (name, getter of the probe).
+_SAME_EVERYWHERE: tuple[tuple[str, Callable[[NodeReport], Any]], ...] = (
+    ("torch", lambda p: p.torch and p.torch.version),
+    ("loaded NCCL", lambda p: p.nccl.loaded and p.nccl.loaded.version),
+    ("python", lambda p: p.python.version),
+    ("glibc", lambda p: p.glibc),
+    ("OS", lambda p: f"{p.os.id} {p.os.version_id}"),
 )
 
 
@@ -88,10 +47,20 @@ def signal_text(code: int) -> str:
     return f"exited with {code}"
 
 
+def oom_text(launch: LaunchResult, node: int) -> str | None:
+    """``"killed by the kernel's OOM killer (memory limit N bytes)"`` when the engine saw an
+    OOM kill in ``node`` (``LaunchResult.oom_killed``), else None."""
+    if node not in launch.oom_killed:
+        return None
+    limit = launch.oom_killed[node]
+    return "killed by the kernel's OOM killer (" + (f"memory limit {limit} bytes)" if limit > 0 else
+                                                    "no memory limit: the host's memory ran out)")
+
+
 def check_results(launch: LaunchResult, spec: LaunchSpec) -> None:
     """Refuse (in place) every rank result of ``launch`` that is not of this run: another
     schema, rank, world size or run id, or a document that breaks the
-    :class:`~builder.launchers.model.RankResult` model
+    :class:`~builder.core.documents.RankResult` model
     (:func:`~builder.launchers.output.check_result`): it moves to ``rank_problems`` (named
     there), whatever launcher read it. A launcher that handed plain documents gets them as
     models."""
@@ -119,9 +88,9 @@ def _missing_reason(rank: int, s: RunSettings, launch: LaunchResult, node: int) 
     are named by :func:`~builder.launchers.progress.name_hangs`)."""
     if rank in launch.rank_problems:
         return f"rank {rank}: {one_line(launch.rank_problems[rank], 400)}", True
-    code = launch.rank_exit_codes.get(rank)
+    code, oom = launch.rank_exit_codes.get(rank), oom_text(launch, node)
     if code is not None:
-        return f"rank {rank} {signal_text(code)}", False
+        return f"rank {rank} {oom if oom and code in (-9, 137) else signal_text(code)}", False
     if launch.timed_out:
         limit = launch.deadline_s if launch.deadline_s is not None else s.timeout_s
         return f"rank {rank} did not finish within {limit:g} s (timeout)", True
@@ -130,7 +99,7 @@ def _missing_reason(rank: int, s: RunSettings, launch: LaunchResult, node: int) 
         return (f"rank {rank} did not finish: killed {launch.killed_after_s:g} s after another "
                 "node failed"), False
     if ncode not in (None, 0):
-        return f"rank {rank} wrote no result: node {node} {signal_text(ncode)}", False
+        return f"rank {rank} wrote no result: node {node} {oom or signal_text(ncode)}", False
     return f"rank {rank} wrote no result (node {node} exited with {ncode})", False
 
 
@@ -150,7 +119,7 @@ def _missing_ranks(s: RunSettings, launch: LaunchResult) -> tuple[list[str], boo
     for r in missing:
         if r in hangs:
             continue
-        line, could_not = _missing_reason(r, s, launch, r // s.nproc_per_node)
+        line, could_not = _missing_reason(r, s, launch, s.node_of_rank(r))
         lines.append(line)
         unknown |= could_not
         definite |= not could_not
@@ -173,56 +142,26 @@ def _check_reports(s: RunSettings, results: Mapping[int, RankResult]) -> tuple[l
     return failures, warnings
 
 
-def _check_allreduce(s: RunSettings, results: Mapping[int, RankResult]) -> list[str]:
-    """(2) exact all-reduce on every rank at every size."""
+def lock_mismatches(results: Mapping[int, RankResult], lock: Lock | None) -> dict[int, list[str]]:
+    """``{rank: differences from the lock}`` of every rank with a probe; {} without a lock."""
+    if lock is None:
+        return {}
+    return {r: probecheck.compare_probe_to_lock(d.probe, lock)
+            for r, d in sorted(results.items()) if d.probe is not None}
+
+
+def _check_probes(results: Mapping[int, RankResult], mismatches: Mapping[int, list[str]]) -> list[str]:
+    """(2) every probe matches the lock (``mismatches``; a foreign image has none: the
+    reference rank's probe is the reference), and the ranks agree."""
     failures = []
+    probes: dict[int, NodeReport] = {}
     for rank, doc in sorted(results.items()):
-        bad = [(e.size_bytes, e.wrong) for e in doc.allreduce if e.wrong]
-        if bad:
-            where = ", ".join(f"{size} B ({n} wrong element{'s' if n != 1 else ''})" for size, n in bad)
-            failures.append(f"rank {rank}: all-reduce sum wrong at {where}")
-        measured = {e.size_bytes for e in doc.allreduce}
-        lacking = [x for x in s.sizes if x not in measured]
-        if lacking:
-            failures.append(f"rank {rank}: no all-reduce result at {', '.join(map(str, lacking))} B")
-    return failures
-
-
-def _check_ddp(s: RunSettings, results: Mapping[int, RankResult]) -> list[str]:
-    """(3) DDP: identical parameters everywhere."""
-    if s.ddp_steps <= 0:
-        return []
-    failures = []
-    mismatched: set[int] = set()
-    for rank, doc in sorted(results.items()):
-        if doc.ddp is None:
-            failures.append(f"rank {rank}: no DDP result")
-            continue
-        if not doc.ddp.params_identical:
-            mismatched.update(doc.ddp.mismatched_ranks)
-            if not doc.ddp.mismatched_ranks:
-                mismatched.add(rank)
-    checks = {r: d.ddp.param_checksum for r, d in results.items() if d.ddp is not None}
-    if len(set(checks.values())) > 1 and not mismatched:
-        mismatched.update(r for r, c in checks.items() if c != checks[min(checks)])
-    if mismatched:
-        failures.append(f"DDP parameters differ after {s.ddp_steps} step(s): {ranks_text(mismatched)} "
-                        + ("differs" if len(mismatched) == 1 else "differ") + " from the others")
-    return failures
-
-
-def _check_probes(results: Mapping[int, RankResult], lock: Mapping[str, Any] | None) -> list[str]:
-    """(4) every probe matches the lock (None: no lock, a foreign image: the reference
-    rank's probe is the reference), and the ranks agree."""
-    failures = []
-    probes = {}
-    for rank, doc in sorted(results.items()):
-        if not isinstance(doc.probe, dict):
+        if doc.probe is None:
             errs = "; ".join(one_line(e, 200) for e in doc.errors if "probe" in e)
             failures.append(f"rank {rank}: {errs or 'probe failed: no probe document'}")
             continue
         probes[rank] = doc.probe
-        for d in compare_probe_to_lock(doc.probe, lock) if lock is not None else []:
+        for d in mismatches.get(rank, []):
             failures.append(f"rank {rank}: image differs from the lock: {one_line(d, 300)}")
     for name, get in _SAME_EVERYWHERE:
         values = {r: get(p) for r, p in probes.items()}
@@ -233,20 +172,21 @@ def _check_probes(results: Mapping[int, RankResult], lock: Mapping[str, Any] | N
 
 
 def _check_busbw(s: RunSettings, results: Mapping[int, RankResult]) -> list[str]:
-    """(5) the busbw floor at the gate size."""
+    """(3) the busbw floor at the gate size, on the reference rank's float32 all-reduce rows."""
     ref = reference_rank(results)
     if s.min_busbw_gbps is None or ref is None:
         return []
-    entry = next((e for e in results[ref].allreduce if e.size_bytes == s.busbw_size), None)
+    prof = results[ref].profiles
+    rows = prof.collectives.get("all_reduce") if prof is not None else None
+    entry = next((e for e in rows if e.size_bytes == s.busbw_size and e.type == "float32"),
+                 None) if isinstance(rows, list) else None
     if entry is None:
         return [f"no all-reduce measurement at the gate size {s.busbw_size} B"]
     if entry.busbw_gbps >= s.min_busbw_gbps:
         return []
-    times = entry.rank_time_us
-    slow = max(range(len(times)), key=lambda i: times[i]) if times else ref
-    slow_t = f" ({times[slow]:.1f} us)" if times else ""
+    slow = entry.slowest_rank if entry.slowest_rank is not None else ref
     return [f"all-reduce busbw {entry.busbw_gbps:.4g} GB/s at {s.busbw_size} B is below "
-            f"the floor of {s.min_busbw_gbps:g} GB/s ({s.busbw_source}); slowest rank {slow}{slow_t}"]
+            f"the floor of {s.min_busbw_gbps:g} GB/s ({s.busbw_source}); slowest rank {slow} ({entry.time_us:.1f} us)"]
 
 
 # --------------------------------------------------------------------------- socket settings
@@ -266,15 +206,7 @@ def _selected(var: str, value: str | None, ifaces: Mapping[str, bool]) -> list[s
 
 
 def socket_findings(s: RunSettings, launch: LaunchResult, sock: SocketSetting) -> tuple[list[str], list[str]]:
-    """``(failures, warnings)`` about the socket settings the ranks ran with.
-
-    A failure when the run has more than one node and the variable of the backend
-    (``GLOO_SOCKET_IFNAME`` for gloo, ``NCCL_SOCKET_IFNAME`` for nccl), as the ranks saw
-    it (their ``start`` progress line; else the setting), selects only loopback
-    interfaces of a rank: the ranks cannot reach each other then. It is reported only
-    for a failing run (certification judges what really happened). A warning for each
-    rank that saw another value than the setting (e.g. an entrypoint changed it).
-    """
+    """``(failures, warnings)`` about the socket settings the ranks ran with."""
     var = "GLOO_SOCKET_IFNAME" if s.backend == "gloo" else "NCCL_SOCKET_IFNAME"
     where = {"image": "from the image's ENV", "--socket-ifname": "from --socket-ifname",
              "default": "unset"}[sock.source]
@@ -322,21 +254,21 @@ def _warnings(s: RunSettings, launch: LaunchResult, report_warnings: list[str]) 
     return warnings
 
 
-def judge(s: RunSettings, launch: LaunchResult, lock: Mapping[str, Any] | None,
+def judge(s: RunSettings, launch: LaunchResult, lock: Lock | None,
           sock: SocketSetting | None = None) -> Verdict:
-    """Judge a launch (see the module doc for the checks and exit codes). ``lock`` None: a
+    """Judge a launch. ``lock`` None: a
     foreign image, whose ranks must all match the reference rank's probe. ``sock``: the
     run's socket setting (:func:`~builder.certify.settings.socket_settings`; None: not
     known), for :func:`socket_findings`."""
     from .profiles import check_profiles
 
     results = launch.rank_results
+    launch.lock_mismatches = lock_mismatches(results, lock)  # once; the certificate shows them
     failures, cannot_check, definite = _missing_ranks(s, launch)  # (1) every rank reported
     found, report_warnings = _check_reports(s, results)
-    prof_failures, prof_warnings = check_profiles(s, results)  # (6) the profiles
+    prof_failures, prof_warnings = check_profiles(s, results)  # (4) the profiles
     report_warnings += prof_warnings
-    for check in (_check_allreduce(s, results), _check_ddp(s, results), _check_probes(results, lock),
-                  _check_busbw(s, results), prof_failures):
+    for check in (_check_probes(results, launch.lock_mismatches), _check_busbw(s, results), prof_failures):
         found += check
     failures += found
     definite |= bool(found)

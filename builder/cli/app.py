@@ -1,15 +1,5 @@
 """The ``envbuild`` command: parse (:mod:`builder.cli.parser`), check the arguments
 (:mod:`builder.cli.checks`), run the command (:data:`COMMANDS`, :mod:`builder.cli.commands`).
-
-Commands: ``check``, ``audit``, ``render``, ``build``, ``certify``, ``make`` (check -> render -> build
--> certify), ``report`` (a certificate's HTML report), ``probe``, ``verify``, ``doctor``, ``gate``,
-``base``, ``lock``, ``push``, ``pull``, ``k8s render``, ``k8s gate``.
-Errors from any stage are :class:`EnvbuildError` values printed as one line each (no traceback)
-with the exit code of the shared table (``builder/core/errors.py``); usage errors exit 64, found
-before anything is contacted (:func:`builder.cli.checks.check_args`); SIGINT/SIGTERM exit 130
-after cleanup; an unexpected exception (a bug) exits 70 with its traceback, every line escaped.
-``certify`` and ``make`` run the ranks where ``--launcher`` says: local Docker containers
-(default), one Slurm batch job (:mod:`builder.launchers.slurm`) or a Kubernetes Indexed Job.
 """
 
 from __future__ import annotations
@@ -21,10 +11,11 @@ import sys
 from collections.abc import Callable
 from types import FrameType
 
-from builder.cli.checks import UsageError, check_args
+from builder.cli import output
+from builder.cli.checks import check_args
 from builder.cli.output import say
 from builder.cli.parser import build_parser
-from builder.core.errors import EnvbuildError, ExitCode
+from builder.core.errors import EnvbuildError, ExitCode, UsageError
 from builder.core.inputs import escape, one_line
 
 #: What each command runs: ``command [sub-command]`` -> (module of :mod:`builder.cli.commands`,
@@ -47,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gate": ("gate", "cmd_gate"),
     "push": ("publish", "cmd_push"),
     "pull": ("publish", "cmd_pull"),
+    "config": ("publish", "cmd_config"),
 }
 
 
@@ -60,11 +52,10 @@ def command_of(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
 
 
 def _is_service_error(exc: Exception) -> bool:
-    """Errors from the Docker engine (docker SDK) or an HTTP service (requests)."""
-    import docker.errors
+    """Errors from an HTTP service (requests; the engine's are envbuild's already)."""
     import requests
 
-    return isinstance(exc, (docker.errors.DockerException, requests.RequestException))
+    return isinstance(exc, requests.RequestException)
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -91,18 +82,38 @@ def _internal_error(exc: Exception) -> int:
     return ExitCode.INTERNAL_ERROR
 
 
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The command line with the site settings (:mod:`builder.cli.config`) before the user's flags."""
+    from builder.cli import config
+
+    full, used = config.with_settings(argv, {c.split()[0] for c in COMMANDS})
+    try:
+        return build_parser().parse_args(full)
+    except UsageError as exc:
+        if not used:
+            raise
+        build_parser().parse_args(argv)  # the user's own error first
+        raise UsageError(f"{exc} (a site setting of {', '.join(sorted(set(used)))}; envbuild config)") from None
+
+
 def _run(argv: list[str] | None) -> int:
     """Parse, check the arguments (:func:`~builder.cli.checks.check_args`), run the command;
-    every error becomes escaped ``error:`` lines on stderr and an exit code."""
+    every error becomes escaped ``error:`` lines on stderr and an exit code; a run that printed
+    a warning line and failed nothing exits 1 (:func:`builder.cli.output.exit_code`)."""
+    output.warned[0] = 0
     try:
         try:
-            args = build_parser().parse_args(argv)
+            args = _parse(sys.argv[1:] if argv is None else list(argv))
         except SystemExit as exc:  # --help: argparse printed it and exits by itself
             return exc.code if isinstance(exc.code, int) else ExitCode.OK
+        output.set_mode(args.progress, args.verbose)
         check_args(args)
-        return command_of(args)(args)
+        return output.exit_code(command_of(args)(args))
     except UsageError as exc:
-        say(escape(str(exc), 600))
+        if exc.file or exc.field:
+            say(f"error: {escape(str(exc), 1000)}")
+        else:  # the command line's own message, which names the command, printed as argparse does
+            say(escape(str(exc), 600))
         return ExitCode.USAGE
     except EnvbuildError as exc:
         for line in str(exc).splitlines():

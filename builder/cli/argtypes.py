@@ -1,9 +1,5 @@
 """The argument types of the command line: each value matched whole and bounded, refused as a
 usage error (``argparse.ArgumentTypeError``: exit 64) with the value shown escaped.
-
-A type that needs a stage's grammar (image references, Slurm values, node sources, shm sizes)
-imports it when a value is parsed, not when the parser is built: ``envbuild check`` pays for
-none of them.
 """
 
 from __future__ import annotations
@@ -38,6 +34,8 @@ _BUILD_ARG = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}=[^\x00]{0,4096}", re.S)
 _DURATION = re.compile(r"([0-9]{1,9})([smhd]?)")
 _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _SELECTOR = re.compile(r"([A-Za-z0-9./_-]{1,316})=([A-Za-z0-9._-]{0,63})")
+_HOST_PORT = re.compile(r"(?:\[([0-9A-Fa-f:.]{2,45})\]|([A-Za-z0-9.-]{1,253})):([0-9]{1,5})")
+_PAIRS = re.compile(r"[a-z-]{1,32}=[A-Za-z0-9.]{1,20}(?:,[a-z-]{1,32}=[A-Za-z0-9.]{1,20}){0,3}")
 
 
 def int_in(lo: int, hi: int) -> Callable[[str], int]:
@@ -141,6 +139,14 @@ def registry(value: str) -> str:
     return value
 
 
+def host_port(value: str) -> tuple[str, int]:
+    """argparse type: ``HOST:PORT`` or ``[IPv6]:PORT``, the port 1..65535."""
+    m = _HOST_PORT.fullmatch(value)
+    if m is None or not 1 <= int(m[3]) <= 65535:
+        raise argparse.ArgumentTypeError(f"{show(value)} is not HOST:PORT (port 1..65535)")
+    return (m[1] or m[2], int(m[3]))
+
+
 def socket_ifname(value: str) -> str | None:
     """argparse type of ``--socket-ifname`` (:func:`builder.launchers.base.check_socket_ifname`)."""
     from builder.launchers.base import check_socket_ifname
@@ -196,6 +202,14 @@ def node_selector(text: str) -> tuple[str, str]:
     if m is None:
         raise argparse.ArgumentTypeError(f"{show(text)} is not a node label KEY=VALUE")
     return m.group(1), m.group(2)
+
+
+def k8s_pairs(text: str) -> dict[str, str]:
+    """``cpu=Q,memory=Q`` as a dict (the quantities are checked by builder.launchers.k8s)."""
+    pairs = [p.partition("=") for p in text.split(",")] if _PAIRS.fullmatch(text or "") else []
+    if not pairs or len({k for k, _, _ in pairs}) != len(pairs):
+        raise argparse.ArgumentTypeError(f"{show(text)} is not KEY=QUANTITY[,KEY=QUANTITY] (each key once)")
+    return {k: v for k, _, v in pairs}
 
 
 def _value_error_type(parse: Callable[[str], object]) -> ArgType:

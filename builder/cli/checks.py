@@ -1,7 +1,5 @@
-"""The checks of the command line that need nothing outside this process, run after parsing and
-before a command contacts the engine, a registry, Slurm or Kubernetes: option combinations and
-values (exit 64), then the input files (exit 3).
-"""
+"""Checks of the command line that need nothing outside this process, run before anything is
+contacted: option combinations and values (exit 64), then the input files (exit 3)."""
 
 from __future__ import annotations
 
@@ -9,12 +7,10 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
+from builder.core.errors import UsageError
+
 if TYPE_CHECKING:
     from builder.launchers.slurm import SlurmOptions
-
-
-class UsageError(Exception):
-    """A command-line usage error (exit 64)."""
 
 
 #: Largest CA bundle read (``--ca-cert``, ``--registry-ca``), in bytes.
@@ -35,12 +31,7 @@ INPUT_FILES = (("sign_key", "--sign-key", "signing key", 1 << 20),
 
 
 def slurm_options(args: argparse.Namespace) -> SlurmOptions:
-    """The :class:`~builder.launchers.slurm.SlurmOptions` of ``--launcher slurm`` (each value
-    checked whole by slurm.py).
-
-    Raises:
-        EnvbuildError: (exit 64) a value the batch script cannot carry.
-    """
+    """Raises EnvbuildError (exit 64): a value the batch script cannot carry."""
     from builder.launchers import slurm
 
     return slurm.SlurmOptions(
@@ -51,15 +42,10 @@ def slurm_options(args: argparse.Namespace) -> SlurmOptions:
 
 
 def check_launcher_args(args: argparse.Namespace) -> None:
-    """The launcher options of certify/make, before the engine is contacted: Slurm options
-    only with ``--launcher slurm``; their values (:func:`slurm_options`); ``--slurm-nodes``
-    against ``--nodes`` when both are given; the run folder's path (``--slurm-dir``, else
-    the absolute ``--images-dir`` it goes under).
-
-    Raises:
-        UsageError, EnvbuildError: (exit 64).
-    """
+    """Raises UsageError, EnvbuildError (exit 64)."""
     kind = getattr(args, "launcher", None) or "local"
+    if getattr(args, "bisect", False) and kind != "local":
+        raise UsageError(f"envbuild {args.command}: --bisect runs on the local launcher only (docs/bisect.md)")
     given = [flag for attr, flag in SLURM_FLAGS if getattr(args, attr, None) not in (None, [])]
     if kind != "slurm" and given:
         raise UsageError(f"envbuild {args.command}: {', '.join(given)} go(es) with --launcher slurm")
@@ -74,13 +60,7 @@ def check_launcher_args(args: argparse.Namespace) -> None:
 
 
 def check_input_files(args: argparse.Namespace) -> None:
-    """Every input file option given can be read (:func:`builder.core.inputs.read_regular`):
-    missing, not a regular file (a FIFO, ``/dev/zero``, a directory) or too large is
-    :class:`Unreachable` (exit 3) naming the file; ``--wheels`` must be a directory.
-
-    Raises:
-        Unreachable: (exit 3).
-    """
+    """Every input file given is a bounded regular file (``--wheels``: a folder); else Unreachable (exit 3)."""
     from builder.core.errors import Unreachable
     from builder.core.inputs import read_regular
 
@@ -95,13 +75,7 @@ def check_input_files(args: argparse.Namespace) -> None:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Every check of the command line that needs nothing outside this process, run after
-    parsing and before the command contacts the engine, a registry or Slurm: option
-    combinations and values (exit 64), then the input files (exit 3).
-
-    Raises:
-        UsageError, EnvbuildError: (exit 64); Unreachable: (exit 3) an unreadable input file.
-    """
+    """Raises UsageError, EnvbuildError (exit 64); Unreachable (exit 3): an unreadable input file."""
     if args.command in ("certify", "make"):
         check_launcher_args(args)
     if args.command == "pull":
@@ -113,7 +87,7 @@ def check_args(args: argparse.Namespace) -> None:
 
         naming.parse_target(args.target, args.registry, args.namespace)
     if args.command == "k8s" and getattr(args, "run_id", None):
-        from builder.launchers.k8s.naming import check_run_id
+        from builder.launchers.k8s import check_run_id
 
         check_run_id(args.run_id)
     check_input_files(args)

@@ -1,11 +1,4 @@
-"""Printing: the rich consoles of stdout and stderr, made on first use, and plain lines.
-
-Every line handed here is already escaped (no markup, no raw control character). A plain
-line (:func:`say`, :func:`put`) is written as rich writes an unstyled soft-wrapped line (the
-text, a newline, a flush; a closed stdout exits 1), without importing rich: ``envbuild
-check`` of a clean recipe prints through these only. Styled lines, tables, JSON and status
-spinners go through :func:`console` (stderr) and :func:`out` (stdout).
-"""
+"""Printing: the rich consoles of stdout and stderr, made on first use, and plain lines."""
 
 from __future__ import annotations
 
@@ -20,14 +13,40 @@ if TYPE_CHECKING:
 #: Style of each finding level (recipe rules, audit).
 LEVEL_STYLE = {"error": "red", "warning": "yellow", "note": "cyan"}
 
+#: Warning lines this run printed (set to 0 when a run starts): an exit 0 becomes 1, "done with
+#: warnings only" (:func:`exit_code`), whichever command printed them.
+warned = [0]
+
+
+def count_warnings(n: int = 1) -> None:
+    """Count ``n`` warning lines printed (by :func:`warn`, :func:`finding`, or a stage's own table)."""
+    warned[0] += n
+
+
+def exit_code(code: int) -> int:
+    """``code``, or 1 (done with warnings only) for a 0 of a run that printed a warning line."""
+    return 1 if code == 0 and warned[0] else code
+
+
+#: ``--progress`` of this run (auto, tty, plain, quiet) and ``--verbose``.
+mode: list = ["auto", False]
+
+
+def set_mode(progress: str, verbose: bool) -> None:
+    mode[:] = [progress, verbose]
+    console.cache_clear()
+
 
 @functools.cache
 def console() -> Console:
     """The rich console of stderr (messages, warnings, progress); it writes to the
-    ``sys.stderr`` of the moment (tests redirect it)."""
+    ``sys.stderr`` of the moment (tests redirect it); live only on a terminal or ``--progress tty``."""
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False, emoji=False)
+    force = {"tty": True, "plain": False}.get(mode[0])
+    c = Console(stderr=True, highlight=False, emoji=False, force_terminal=force)
+    c.every_line = mode[1]  # type: ignore[attr-defined]  # --verbose: read by plain progress
+    return c
 
 
 @functools.cache
@@ -63,6 +82,8 @@ def finding(level: str, line: str) -> None:
     """``LEVEL: line`` on stderr, the level in its colour (:data:`LEVEL_STYLE`)."""
     from rich.text import Text
 
+    if level == "warning":
+        count_warnings()
     console().print(Text.assemble((level, LEVEL_STYLE[level]), ": ", line), soft_wrap=True)
 
 
@@ -80,6 +101,7 @@ def _stderr_plain() -> bool:
 def warn(line: str) -> None:
     """``warning: line`` on stderr in yellow; plain (without importing rich) where the console
     would not colour it."""
+    count_warnings()
     if _stderr_plain():
         say(f"warning: {line}")
         return
@@ -87,5 +109,24 @@ def warn(line: str) -> None:
 
 
 def progress(line: str) -> None:
-    """A progress line of a stage on stderr (the stage escaped it)."""
+    """A progress line of a stage on stderr (the stage escaped it); none with ``--quiet``."""
+    if mode[0] == "quiet":
+        return
     console().print(line, markup=False, soft_wrap=True)
+
+
+def publish(args: object, samples: list, events: list) -> None:
+    """A run's ``--metrics-file`` and its events to ``--log-json``/``ENVBUILD_LOG_JSON``/``--syslog``."""
+    import time
+
+    from builder.core import events as ev
+    from builder.core import metrics
+
+    if getattr(args, "metrics_file", None):
+        metrics.write(getattr(args, "metrics_file"), samples, time.time())  # noqa: B009
+    ev.Sinks(getattr(args, "log_json", None), getattr(args, "syslog", None)).emit(*events)
+
+
+def level_of(status: str) -> str:
+    """The event level of a check status or a ``fail:``/``warn:`` line's prefix."""
+    return {"fail": "error", "unknown": "error", "warn": "warning"}.get(status.split(":")[0], "info")

@@ -1,13 +1,5 @@
-"""The argument parser of ``envbuild``: the commands in the order ``envbuild --help`` lists them
-(:data:`COMMANDS`), one function per command that adds its arguments, and one per option group
-several commands share (site, certification, launcher, node sources, registry). Usage errors
-raise :class:`~builder.cli.checks.UsageError` (exit 64).
-
-A command's arguments are added when its parser first parses (``envbuild check`` builds only
-the check parser), and building them imports no stage: the argument types
-(:mod:`builder.cli.argtypes`) import theirs when a value is parsed. The parsed namespace holds
-``command`` (and ``base_command`` / ``k8s_command``): the key :data:`builder.cli.app.COMMANDS` runs.
-"""
+"""The argument parser of ``envbuild``; usage errors raise UsageError (exit 64, not argparse's 2).
+A command's arguments are added when it is parsed, so ``--help`` and one command stay fast."""
 
 from __future__ import annotations
 
@@ -16,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from builder.cli import argtypes as t
-from builder.cli.checks import UsageError
+from builder.core.errors import UsageError
 
 #: Adds a command's arguments to its parser.
 Fill = Callable[[argparse.ArgumentParser], None]
@@ -48,7 +40,15 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (usage errors raise :class:`UsageError`, exit 64)."""
-    p = _Parser(prog="envbuild", description="Reproducible, certified PyTorch images for multi-node clusters.")
+    from importlib.metadata import version
+
+    p = _Parser(prog="envbuild", description="Reproducible, certified PyTorch images for multi-node clusters. "
+                "Site settings: envbuild config.")
+    p.add_argument("--version", action="version", version=f"envbuild {version('envbuild')}")
+    p.add_argument("--progress", choices=("auto", "tty", "plain", "quiet"), default="auto",
+                   help="auto: live on a terminal, else plain timestamped lines (default)")
+    p.add_argument("-q", "--quiet", dest="progress", action="store_const", const="quiet", help="--progress quiet")
+    p.add_argument("-v", "--verbose", action="store_true", help="plain progress: every status line")
     p.add_argument("--recipes-dir", default="recipes", type=t.path("a folder"),
                    help="where recipes live (default: recipes)")
     p.add_argument("--images-dir", default="images", type=t.path("a folder"),
@@ -139,7 +139,7 @@ def _report(rp: argparse.ArgumentParser) -> None:
     rp.add_argument("certificate", metavar="CERT.json", type=t.path("a file"),
                     help="a certificate JSON written by certify, make or k8s render --apply")
     rp.add_argument("--out", metavar="FILE", type=t.path("a file name"),
-                    help="where to write the HTML report (default: next to the certificate, .html)")
+                    help="where to write the HTML report (default: next to the certificate, .html; - for stdout)")
 
 
 def _k8s(k: argparse.ArgumentParser) -> None:
@@ -149,7 +149,7 @@ def _k8s(k: argparse.ArgumentParser) -> None:
                    help="an image on this engine (REPO@sha256:...; settings from its labels) or a recipe name "
                         "(settings from images/RECIPE/envbuild.lock.json; needs --image)")
     r.add_argument("--out", required=True, metavar="DIR", type=t.path("a folder"),
-                   help="folder for the manifests (created)")
+                   help="folder for the manifests (created; - for one YAML stream on stdout)")
     r.add_argument("--image", metavar="REPO@sha256:DIGEST", type=t.image_ref,
                    help="with a recipe name: the image the pods run, by digest")
     r.add_argument("--allow-tag", action="store_true",
@@ -177,13 +177,50 @@ def _k8s(k: argparse.ArgumentParser) -> None:
     r.add_argument("--context", type=t.text("a kubeconfig context"),
                    help="kubeconfig context (default: the current one)")
     r.add_argument("--namespace", type=t.pattern(t.K8S_LABEL, "a Kubernetes namespace (RFC 1123 label)", 63),
-                   help="default: the context's namespace, else default")
+                   help="namespace of the objects (written into them; default: the context's namespace, else default)")
+    r.add_argument("--rdma", metavar="RESOURCE=N", type=t.text("an extended resource", 320),
+                   help="test the RDMA fabric: request N of the site's device resource (e.g. "
+                        "rdma/rdma_shared_device_a=1, nvidia.com/hostdev=1), add IPC_LOCK, run as root "
+                        "(Pod Security level privileged; docs/kubernetes.md)")
+    r.add_argument("--rdma-network", metavar="host|NET[,NET]", type=t.text("a network list", 600),
+                   help="with --rdma: hostNetwork, or secondary networks (Multus k8s.v1.cni.cncf.io/networks)")
+    add_placement_options(r)
     add_certify_options(r)
     ksub.add_parser("gate", help="write the DaemonSet (+ RBAC) that labels certified nodes and taints the others",
                     fill=_k8s_gate)
 
 
+def add_placement_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("placement (docs/kubernetes.md; defaults: builder/launchers/k8s/placement.py)")
+    g.add_argument("--requests", metavar="cpu=Q,memory=Q", type=t.k8s_pairs, default={},
+                   help="container requests per pod (default per rank: cpu=1,memory=2Gi; gate cpu=50m,memory=256Mi)")
+    g.add_argument("--limits", metavar="cpu=Q,memory=Q", type=t.k8s_pairs, default={},
+                   help="container limits per pod; none removes one (default per rank: memory=8Gi; gate memory=1Gi)")
+    g.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE", type=t.node_selector,
+                   help="only nodes with this label (repeatable)")
+    g.add_argument("--toleration", action="append", default=[], metavar="KEY[=VALUE][:EFFECT]",
+                   type=t.text("a toleration", 400),
+                   help="tolerate a taint; * for every key (repeatable; the gate's default: *:NoSchedule, *:NoExecute)")
+    g.add_argument("--node-affinity", action="append", default=[], metavar="KEY[=V1,V2]",
+                   type=t.text("a node affinity", 2400),
+                   help="required node label (In the values, or Exists; repeatable)")
+    g.add_argument("--priority-class", metavar="NAME", type=t.text("a PriorityClass", 253),
+                   help="priorityClassName of the pods")
+
+
+def add_ops_options(p: argparse.ArgumentParser) -> None:
+    """Metrics and logs of ``certify``, ``gate`` and ``doctor`` (docs/operating.md)."""
+    g = p.add_argument_group("metrics and logs")
+    g.add_argument("--metrics-file", metavar="FILE.prom", type=t.path("a file"),
+                   help="write Prometheus text exposition here (node_exporter's textfile collector)")
+    g.add_argument("--log-json", metavar="FILE", type=t.path("a file"),
+                   help="append the run's events as JSON lines (default $ENVBUILD_LOG_JSON)")
+    g.add_argument("--syslog", metavar="HOST:PORT", type=t.host_port,
+                   help="send the run's events as RFC 5424 lines over UDP")
+
+
 def add_certify_options(p: argparse.ArgumentParser) -> None:
+    add_ops_options(p)
     g = p.add_argument_group("certification (defaults from the image's envbuild.* labels)")
     g.add_argument("--nodes", type=t.int_in(1, t.MAX_NODES),
                    help="simulated nodes (containers); default from the recipe (2)")
@@ -210,21 +247,25 @@ def add_certify_options(p: argparse.ArgumentParser) -> None:
                         "(default float32, plus bfloat16 on nccl)")
     g.add_argument("--min-scaling-efficiency", type=t.float_in(0, 1, lo_open=True), metavar="E",
                    help="fail when throughput(N) / (N x throughput(1)) is below E (default: reported, not gated)")
+    g.add_argument("--bisect", action="store_true",
+                   help="when the run fails on 2 or more nodes, find the bad node(s) by bisection (local "
+                        "launcher; docs/bisect.md); written beside the certificate as .bisect.json")
 
 
 def add_launcher_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--launcher", choices=("local", "slurm", "k8s"), default="local",
                    help="where the ranks run: local (containers on this Docker engine; default), slurm "
                         "(one sbatch job), k8s (an Indexed Job; more options: envbuild k8s render --apply)")
-    g = p.add_argument_group("Slurm (--launcher slurm; README: Running on a cluster)")
+    g = p.add_argument_group("Slurm (--launcher slurm; docs/slurm.md)")
     g.add_argument("--partition", metavar="P", type=t.slurm_value("check_partition"),
                    help="sbatch --partition (default: the cluster's default)")
     g.add_argument("--time-limit", metavar="TIME", type=t.slurm_value("parse_time_limit"),
                    help="sbatch --time, e.g. 10 (minutes) or 1:00:00 "
                    "(default: --timeout rounded up to minutes)")
-    g.add_argument("--container-runtime", choices=("docker", "pyxis", "apptainer"),
+    g.add_argument("--container-runtime", choices=("docker", "pyxis", "apptainer", "none"),
                    help="how each node runs the image: docker run (default: the image is in each node's engine), "
-                        "pyxis (srun --container-image), apptainer (apptainer exec)")
+                        "pyxis (srun --container-image), apptainer (apptainer exec), none (python3 on the "
+                        "node's PATH, its own libraries, checked against IMAGE's lock)")
     g.add_argument("--container-image", metavar="REF", type=t.slurm_value("check_container_image"),
                    help="what the nodes run (default: IMAGE; apptainer: "
                    "docker-daemon:IMAGE); pyxis: an enroot URI or a .sqsh path, apptainer: a .sif path")
@@ -235,7 +276,7 @@ def add_launcher_options(p: argparse.ArgumentParser) -> None:
                    help="Slurm nodes the --nodes envbuild nodes share "
                    "(default: one each; 1 runs them all on one machine)")
     g.add_argument("--sbatch-arg", action="append", metavar="ARG", type=t.slurm_value("check_sbatch_arg"),
-                   help="extra #SBATCH option, e.g. --account=X (repeatable; README lists those passed on)")
+                   help="extra #SBATCH option, e.g. --account=X (repeatable; docs/slurm.md lists those passed on)")
     g.add_argument("--pending-timeout", type=t.float_in(0, t.MAX_TIMEOUT_S, lo_open=True), metavar="S",
                    help="seconds the job may wait in the queue (default 600)")
 
@@ -270,13 +311,16 @@ def _gate(g: argparse.ArgumentParser) -> None:
     g.add_argument("--max-age", type=t.duration, default=30 * 86400.0, metavar="D",
                    help="warn when the certificate is older (default 30d)")
     g.add_argument("--checks", metavar="A,B", type=t.text("a list of checks", 1000),
-                   help="local checks: shm, gpu-uuid, gpu-processes, interface, stale-containers (default all)")
+                   help="local checks: shm, gpu-uuid, gpu-processes, interface, stale-containers, gpu-health "
+                        "(default all)")
+    add_health_options(g, "the certificate's gpus_per_node")
     g.add_argument("--min-shm", default="256m", metavar="SIZE", type=t.size, help="smallest /dev/shm (default 256m)")
     g.add_argument("--stale-after", type=t.duration, default=3600.0, metavar="D",
                    help="an envbuild container running longer is stale (default 1h)")
     g.add_argument("--stale-label", action="append", default=[], metavar="KEY[=VALUE]", type=t.label,
                    help="look for stale containers only among those with this label too (repeatable)")
     g.add_argument("--json", action="store_true", help="print the envbuild.gate/1 document only")
+    add_ops_options(g)
 
 
 def _k8s_gate(g: argparse.ArgumentParser) -> None:
@@ -284,17 +328,18 @@ def _k8s_gate(g: argparse.ArgumentParser) -> None:
     g.add_argument("certificate", metavar="CERT", type=t.path("a certificate"), help="the certificate nodes must match")
     g.add_argument("--image", required=True, metavar="REPO@sha256:DIGEST", type=t.image_ref,
                    help="the certified image, by digest (the gate runs in it)")
-    g.add_argument("--out", required=True, metavar="DIR", type=t.path("a folder"), help="folder for the manifests")
-    g.add_argument("--namespace", default="default",
+    g.add_argument("--out", required=True, metavar="DIR", type=t.path("a folder"),
+                   help="folder for the manifests (- for stdout)")
+    g.add_argument("--namespace", default="envbuild-system",
                    type=t.pattern(t.K8S_LABEL, "a Kubernetes namespace (RFC 1123 label)", 63),
-                   help="namespace of the ServiceAccount, ConfigMap and DaemonSet (default: default)")
+                   help="namespace of the ServiceAccount, ConfigMap and DaemonSet (default: envbuild-system, "
+                        "rendered as a Namespace)")
     g.add_argument("--interval", type=t.int_in(10, 86400), default=600, metavar="S",
                    help="seconds between checks on each node (default 600)")
-    g.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE", type=t.node_selector,
-                   help="run the gate only on nodes with this label (repeatable)")
     g.add_argument("--max-age", type=t.duration, default=30 * 86400.0, metavar="D",
                    help="the pods warn when the certificate is older (default 30d)")
     g.add_argument("--allow-tag", action="store_true", help="accept an image without digest (development clusters)")
+    add_placement_options(g)
 
 
 def _doctor(do: argparse.ArgumentParser) -> None:
@@ -302,7 +347,9 @@ def _doctor(do: argparse.ArgumentParser) -> None:
     add_node_sources(do)
     do.add_argument("--checks", metavar="A,B", type=t.text("a list of checks", 1000),
                     help="run only these checks: nodes, port, interface, shm, gpu-uuid, "
-                    "gpu-processes, stale-containers, straggler (default all)")
+                    "gpu-processes, gpu-health, stale-containers, straggler (default all)")
+    add_health_options(do, "not checked")
+    add_ops_options(do)
     do.add_argument("--port", type=t.int_in(1, 65535), default=29500,
                     help="rendezvous port checked on the master (default 29500)")
     do.add_argument("--master", metavar="NODE", type=t.text("a node name"),
@@ -320,14 +367,25 @@ def _doctor(do: argparse.ArgumentParser) -> None:
                     help="look for stale containers only among those with this label too (repeatable)")
 
 
+def add_health_options(p: argparse.ArgumentParser, gpus_default: str) -> None:
+    """The ``gpu-health`` check's options of ``doctor`` and ``gate``."""
+    p.add_argument("--gpus", type=t.int_in(0, 1024), metavar="N",
+                   help=f"gpu-health: GPUs each node must have (default: {gpus_default})")
+    p.add_argument("--gpu-thresholds", metavar="FILE", type=t.path("a threshold file"),
+                   help="gpu-health: YAML/JSON overriding the thresholds (keys defaults, skus; docs/operating.md)")
+
+
 def add_node_sources(p: argparse.ArgumentParser) -> None:
     """The node sources of ``verify`` and ``doctor``, each value checked by
     :mod:`builder.nodes.sources` (:func:`builder.cli.argtypes.node_source`)."""
     source = t.node_source
-    p.add_argument("reports", nargs="*", metavar="REPORT", help="node report files (envbuild probe --host > node.json)")
+    p.add_argument("reports", nargs="*", metavar="REPORT",
+                   help="node report files (envbuild probe --host > node.json), directories of *.json, "
+                        "@LIST (a file of paths, one a line) or - (that list on stdin)")
     g = p.add_argument_group("nodes (any mix of sources)")
     g.add_argument("--image", action="append", default=[], metavar="IMAGE", type=t.image_ref,
-                   help="running containers of IMAGE on this engine (repeatable)")
+                   help="running containers of IMAGE on this engine that envbuild started (repeatable)")
+    g.add_argument("--any-container", action="store_true", help="--image: also containers envbuild did not start")
     g.add_argument("--container", action="append", default=[], metavar="NAME", type=source("check_container"),
                    help="this running container (repeatable)")
     g.add_argument("--label", action="append", default=[], metavar="KEY[=VALUE]", type=source("check_label"),
@@ -411,4 +469,5 @@ COMMANDS: tuple[tuple[str, str, Fill], ...] = (
     ("lock", "resolve base digest, pip hashes and apt versions into images/RECIPE/", _lock),
     ("k8s", "Kubernetes: render (and --apply) the manifests that certify an image on a cluster", _k8s),
     ("base", "base images", _base),
+    ("config", "show the site settings (envbuild.toml, ENVBUILD_*) and where each came from", lambda c: None),
 )

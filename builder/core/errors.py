@@ -1,26 +1,8 @@
-"""The one exception type of envbuild and the exit-code table shared by every command.
-
-Exit codes (``shared/design.md``):
-
-====  =====================================================================
-code  meaning
-====  =====================================================================
-0     done; every check passed
-1     done with warnings only
-2     a check failed: invalid recipe, incompatible versions, nodes that
-      differ, a failing certification verdict, a refused pull
-3     could not check: engine, registry or node unreachable, timeout,
-      unreadable or invalid report
-64    command-line usage error
-70    internal error: an exception envbuild did not expect (a bug)
-130   interrupted (SIGINT/SIGTERM); what was started is removed
-====  =====================================================================
-"""
+"""The one exception type of envbuild and the exit-code table shared by every command."""
 
 from __future__ import annotations
 
-from enum import IntEnum
-from typing import Any
+from enum import IntEnum, StrEnum
 
 
 class ExitCode(IntEnum):
@@ -38,38 +20,32 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130
 
 
+class FailureClass(StrEnum):
+    """What kind of failure a failing check is (NVIDIA Health Validation's verdict classes): the GPU or board,
+    a value past a tunable threshold, the job that ran, the fabric, or the software of the image or node."""
+
+    HARDWARE = "hardware"
+    THRESHOLD = "threshold"
+    WORKLOAD = "workload"
+    NETWORK = "network"
+    IMAGE = "image"
+
+
 _UNSET = object()
 
 
 class EnvbuildError(Exception):
-    """An error the CLI turns into one line and an exit code (no traceback).
+    """An error the CLI turns into one line and an exit code (no traceback)."""
 
-    Args:
-        message: what is wrong, e.g. ``"is not a version"``.
-        file: the file concerned (shown first), e.g. ``"recipes/x.yaml"``.
-        field: dotted field path, e.g. ``"torch.version"``.
-        value: the offending value; shown escaped and cut to ~200 characters
-            (:func:`builder.core.inputs.show`) after the field.
-        exit_code: one of :class:`ExitCode`; defaults to ``CHECK_FAILED`` (2).
+    CODE = ExitCode.CHECK_FAILED
 
-    ``str(err)`` gives ``"recipes/x.yaml: torch.version: '2.8;rm' is not a version"``: always
-    one line (control characters escaped), at most ~600 characters.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        file: str | None = None,
-        field: str | None = None,
-        value: object = _UNSET,
-        exit_code: ExitCode = ExitCode.CHECK_FAILED,
-    ) -> None:
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None, value: object = _UNSET,
+                 exit_code: ExitCode | None = None) -> None:
         self.message = message
         self.file = file
         self.field = field
         self.value = value
-        self.exit_code = ExitCode(exit_code)
+        self.exit_code = ExitCode(self.CODE if exit_code is None else exit_code)
         super().__init__(str(self))
 
     def __str__(self) -> str:
@@ -86,20 +62,31 @@ class EnvbuildError(Exception):
         return "".join(parts)
 
 
+class CheckFailed(EnvbuildError):
+    """A check failed (exit 2)."""
+
+
 class Unreachable(EnvbuildError):
     """Something needed could not be reached or timed out (exit 3)."""
 
-    def __init__(self, message: str, **kw: Any) -> None:
-        kw.setdefault("exit_code", ExitCode.UNREACHABLE)
-        super().__init__(message, **kw)
+    CODE = ExitCode.UNREACHABLE
+
+
+class UsageError(EnvbuildError):
+    """A usage error: an option or value of the command line (exit 64)."""
+
+    CODE = ExitCode.USAGE
+
+
+class NoSuchImage(Unreachable):
+    """The image ``ref`` is not on the engine: could not check (exit 3), as a missing recipe."""
+
+    def __init__(self, ref: str) -> None:
+        super().__init__("no such image", field="image", value=ref)
 
 
 class ManyErrors(EnvbuildError):
-    """Several errors found at once (e.g. every invalid field of a recipe).
-
-    ``errors`` holds the individual :class:`EnvbuildError` values; ``str()`` gives
-    one line per error. The exit code is the highest of theirs.
-    """
+    """Several errors found at once (every invalid field of a recipe): one line each, the highest exit code."""
 
     def __init__(self, errors: list[EnvbuildError]) -> None:
         self.errors = list(errors)

@@ -1,25 +1,4 @@
-"""Untrusted input, read with bounds: files, YAML, JSON, and values shown in one escaped line.
-
-Everything envbuild reads from a user, a node or an image (recipes, node reports, image
-labels, rank results, command-line values) is hostile until checked. This module holds the
-one way to read such input:
-
-* :func:`read_regular` opens a path without blocking (a FIFO or a device never hangs it),
-  refuses anything but a regular file and anything over a byte limit *before* reading it
-  whole. Failures are :class:`~builder.core.errors.Unreachable` (exit 3: "could not check").
-* :func:`load_yaml` parses with a bounded composer: at most :data:`MAX_YAML_NODES` nodes
-  after alias expansion (a "billion laughs" document is refused before it is expanded),
-  nesting at most :data:`MAX_DEPTH`, scalar mapping keys only, duplicate keys refused,
-  integers of more than :data:`MAX_INT_DIGITS` digits left as strings so that the schema
-  names the field. Failures are :class:`~builder.core.errors.EnvbuildError` (exit 2).
-* :func:`load_json` likewise for JSON: NaN/Infinity refused, integers bounded, nesting
-  bounded, lone surrogates refused. Its exit code is the caller's (node reports: 3).
-* :func:`show` renders any value as one escaped line of at most ~200 characters without
-  ever walking more than a few levels of it; :func:`one_line` does the same for free text
-  (messages of other programs, node-reported strings) about to reach a terminal.
-* :func:`control_char_paths` finds every string in loaded data that holds a control
-  character (C0/C1, DEL, line/paragraph separators, bidi overrides), with its field path.
-"""
+"""Untrusted input, read with bounds: files, YAML, JSON, and values shown in one escaped line."""
 
 from __future__ import annotations
 
@@ -63,13 +42,7 @@ _repr.maxother = 60
 
 
 def show(value: object, limit: int = SHOW_LIMIT) -> str:
-    """``value`` as one escaped line of at most ``limit`` (+3) characters.
-
-    Strings are shown with Python's ``repr`` (control characters, bidi overrides and lone
-    surrogates escaped, so nothing reaches the terminal raw); containers are shown a few
-    levels and items deep only (bounded work on any input, also a shared-alias "billion
-    laughs" structure). Never raises.
-    """
+    """``value`` as one escaped line of at most ``limit`` (+3) characters."""
     try:
         if isinstance(value, str):
             text = repr(value[: limit + 1])
@@ -119,9 +92,8 @@ def escape(text: object, limit: int | None = 300) -> str:
 
 
 def one_line(text: object, limit: int | None = 300) -> str:
-    """``text`` (a message of another program, a node-reported string) as one terminal-safe
-    line: whitespace runs collapsed to one space, every other control character escaped as
-    ``\\xNN``/``\\uNNNN``, cut to ``limit`` characters (None: no cut). Never raises."""
+    """``text`` (another program's message, a node-reported string) as one terminal-safe line:
+    whitespace runs collapsed, other control characters escaped, cut to ``limit``. Never raises."""
     s = text if isinstance(text, str) else str(text)
     if limit is not None and len(s) > 4 * limit:
         s = s[: 4 * limit]
@@ -145,9 +117,7 @@ _SPACES = frozenset(" \t\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
 
 
 def control_char_paths(data: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
-    """``(field path, string)`` for every string (mapping keys included) in ``data`` that
-    holds a control character; paths as ``packages.apt[0]``, ``env.FOO``. ``data`` must be
-    bounded already (:func:`load_yaml`/:func:`load_json` output)."""
+    """``(field path, string)`` of every string or key in bounded ``data`` holding a control character."""
     stack: list[tuple[str, Any]] = [(prefix, data)]
     while stack:
         path, node = stack.pop()
@@ -168,14 +138,7 @@ def control_char_paths(data: Any, prefix: str = "") -> Iterator[tuple[str, str]]
 
 # ------------------------------------------------------------------------------ files
 def read_regular(path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:
-    """The bytes of the regular file at ``path``, at most ``limit`` bytes.
-
-    Opens with ``O_NONBLOCK`` (a FIFO without a writer does not block), checks the opened
-    file with ``fstat`` (no race between check and read) and reads at most ``limit + 1``
-    bytes. Raises :class:`~builder.core.errors.Unreachable` (exit 3) naming the file for: no such
-    file, permission denied, a directory, a FIFO/socket/device ("not a regular file"), a
-    file over ``limit`` bytes, any other OS error.
-    """
+    """The bytes of the regular file at ``path``, at most ``limit`` bytes."""
     name = str(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -280,7 +243,7 @@ def _yaml_loader_class() -> Any:
     import yaml
 
     class BoundedLoader(yaml.SafeLoader):
-        """pyyaml's SafeLoader with bounded composition (see the module docstring)."""
+        """pyyaml's SafeLoader with bounded composition."""
 
         def __init__(self, stream) -> None:
             super().__init__(stream)
@@ -326,19 +289,21 @@ _LOADER = None
 
 
 def load_yaml(text: str, file: str) -> Any:
-    """Parse one YAML document from ``text`` with the bounds of the module docstring.
-
-    Returns plain data (dict/list/str/int/float/bool/None). Raises
-    :class:`~builder.core.errors.EnvbuildError` (exit 2) naming ``file``, the line and the problem.
-    """
+    """One YAML document, bounded, as plain data. Raises EnvbuildError (exit 2) naming file and line."""
     global _LOADER
     import yaml
 
     if _LOADER is None:
         _LOADER = _yaml_loader_class()
-    loader = _LOADER(text)
+    loader = None
     try:
+        loader = _LOADER(text)  # its reader refuses unprintable characters (a raw NUL) here
         return loader.get_single_data()
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        raise EnvbuildError(f"malformed YAML: line {line}, column {column}: unacceptable character "
+                            f"U+{exc.character:04X}", file=file) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -347,7 +312,8 @@ def load_yaml(text: str, file: str) -> Any:
     except RecursionError:
         raise EnvbuildError(f"malformed YAML: nesting deeper than {MAX_DEPTH} levels", file=file) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 # ------------------------------------------------------------------------------ JSON
@@ -374,108 +340,28 @@ def _finite_float(text: str) -> float:
 
 def load_json(data: bytes | str, file: str, exit_code: ExitCode = ExitCode.CHECK_FAILED,
               max_depth: int = MAX_DEPTH) -> Any:
-    """Parse JSON ``data`` with bounds: NaN/Infinity and integers of over
-    :data:`MAX_INT_DIGITS` digits refused, nesting at most ``max_depth``, no lone
-    surrogate in any string. Raises :class:`~builder.core.errors.EnvbuildError` with
-    ``exit_code``, naming ``file`` and where."""
+    """JSON, bounded: no NaN/Infinity, huge integers, deep nesting or lone surrogates. Raises
+    EnvbuildError with ``exit_code``, naming ``file`` and where."""
     import json
 
     try:
         text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
     except UnicodeDecodeError as e:
         raise EnvbuildError(f"is not UTF-8 text (byte {e.start})", file=file, exit_code=exit_code) from None
-    doc, deep = _parse_fast(text, max_depth, bytes(data) if isinstance(data, (bytes, bytearray)) else None)
-    if doc is _FAST_FAILED:  # the checked parse, which names the problem
-        deep = True  # and the whole walk below
-        try:
-            doc = json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int, parse_float=_finite_float)
-        except _JsonProblem as e:
-            raise EnvbuildError(f"not valid JSON: {e}", file=file, exit_code=exit_code) from None
-        except RecursionError:
-            raise EnvbuildError(f"not valid JSON: nesting deeper than {max_depth} levels", file=file,
-                                exit_code=exit_code) from None
-        except ValueError as e:
-            raise EnvbuildError(f"not valid JSON: {one_line(e, 160)}", file=file, exit_code=exit_code) from None
+    try:
+        doc = json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int, parse_float=_finite_float)
+    except _JsonProblem as e:
+        raise EnvbuildError(f"not valid JSON: {e}", file=file, exit_code=exit_code) from None
+    except RecursionError:
+        raise EnvbuildError(f"not valid JSON: nesting deeper than {max_depth} levels", file=file,
+                            exit_code=exit_code) from None
+    except ValueError as e:
+        raise EnvbuildError(f"not valid JSON: {one_line(e, 160)}", file=file, exit_code=exit_code) from None
     strings = "\\u" in text and _SURROGATE_ESCAPE.search(text) is not None
-    problem = _json_problem(doc, max_depth, strings) if deep or strings else None
+    problem = _json_problem(doc, max_depth, strings)
     if problem:
         raise EnvbuildError(f"not valid JSON: {problem}", file=file, exit_code=exit_code)
     return doc
-
-
-_FAST_FAILED = object()
-#: Integers at or beyond this magnitude have more than :data:`MAX_INT_DIGITS` digits.
-_INT_LIMIT = 10**MAX_INT_DIGITS
-
-
-#: bytes.translate table: every digit to ``0``, every other byte to a space.
-_DIGITS_TO_ZERO = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
-#: A run of more digits than :data:`MAX_INT_DIGITS` in :data:`_DIGITS_TO_ZERO`'s output: any
-#: integer beyond the bound makes one (JSON integers have no leading zeros or exponent); digits in
-#: strings may too (then :func:`_walk` decides).
-_LONG_RUN = b"0" * (MAX_INT_DIGITS + 1)
-#: The bytes that are not brackets or quotes (deleted before the nesting is counted).
-_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
-#: A string of the reduced text (its content reduced to brackets), and an innermost pair.
-_REDUCED_STRING = re.compile(rb'"[^"]*"')
-_INNERMOST = re.compile(rb"\[\]|\{\}")
-
-
-def _nesting_over(raw: bytes, max_depth: int) -> bool:
-    """True when valid JSON ``raw`` (UTF-8) nests arrays/objects deeper than ``max_depth`` (a
-    top-level object is level 1). Everything but brackets and string quotes is dropped at C speed
-    (escaped backslashes and quotes first: no other backslash is left outside a string), then the
-    strings, then one level of innermost ``[]``/``{}`` per pass: at most ``max_depth`` passes
-    over a text of only brackets."""
-    rest = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE).replace(b'""', b"")
-    if b'"' in rest:  # strings that hold brackets
-        rest = _REDUCED_STRING.sub(b"", rest)
-    if not rest:
-        return False
-    for _ in range(max_depth):
-        rest, n = _INNERMOST.subn(b"", rest)
-        if not rest:
-            return False
-        if n == 0:  # not reached for valid JSON; the careful walk decides
-            return True
-    return True
-
-
-def _parse_fast(text: str, max_depth: int, raw: bytes | None = None) -> tuple[Any, bool]:
-    """``(doc, deep)``: ``text`` parsed without the per-integer hook (it costs more than the
-    parse itself), the integers and the nesting checked afterwards; ``deep`` when it nests deeper
-    than ``max_depth``. ``doc`` is :data:`_FAST_FAILED` when the text is not valid or holds an
-    integer of over :data:`MAX_INT_DIGITS` digits (the caller parses again with every hook, for
-    the exact message).
-
-    ``raw``: the UTF-8 bytes of ``text``, or None. Without a run of over :data:`MAX_INT_DIGITS`
-    digits anywhere in ``raw``, no integer can exceed the bound, and the nesting is bounded by
-    counting brackets (:func:`_nesting_over`): no walk over the parsed values. Otherwise (or
-    without ``raw``) the parsed values are walked (:func:`_walk`)."""
-    import json
-
-    try:
-        doc = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
-    except (_JsonProblem, RecursionError, ValueError):
-        return _FAST_FAILED, False
-    if raw is not None and _LONG_RUN not in raw.translate(_DIGITS_TO_ZERO):
-        return doc, _nesting_over(raw, max_depth)
-    return _walk(doc, max_depth)
-
-
-def _walk(doc: Any, max_depth: int) -> tuple[Any, bool]:
-    """:func:`_parse_fast`'s careful check of parsed ``doc``: every integer and the nesting in one walk."""
-    stack: list[tuple[Any, int]] = [([doc], 0)]
-    deep = False
-    while stack:
-        node, depth = stack.pop()
-        deep = deep or depth > max_depth
-        for v in node.values() if isinstance(node, dict) else node:
-            if isinstance(v, (dict, list)):
-                stack.append((v, depth + 1))
-            elif type(v) is int and not -_INT_LIMIT < v < _INT_LIMIT:
-                return _FAST_FAILED, False
-    return doc, deep
 
 
 def _json_path(chain: tuple | None) -> str:

@@ -1,37 +1,4 @@
-"""The one mechanism for typed documents: msgspec Structs, strict, every violation listed.
-
-Every document envbuild reads or writes (recipe, lock, resolved pins, certify settings, rank
-result, certificate, node report, verify result) is a :class:`Model` subclass: unknown keys
-refused (``forbid_unknown_fields``), values checked whole by their annotations
-(``Annotated[str, Meta(pattern=r"\\A...\\Z")]``, ``Meta(ge=, le=, max_length=)``).
-
-:func:`convert` turns plain data (from :func:`builder.core.inputs.load_yaml` /
-``load_json``) into a model. msgspec stops at the first problem; :func:`violations` walks
-the data against the model's annotations, in document order, and lists *every* violation
-with its field path and value, so a user fixes a file in one round:
-``recipes/x.yaml: certify.nodes: 0 must be an integer in 1..1024``.
-
-What an annotation's ``Meta(extra={...})`` may add (``extra`` is not part of the schema):
-
-- ``"message"``: the human message of any violation of that value (else msgspec's own text);
-- ``"check"``: a callable for what a JSON Schema keyword cannot say (a PEP 508 requirement,
-  a size in bytes): called with a value msgspec accepted (for a list: before its items),
-  it returns None, a message, or ``(message, value shown)``.
-
-``control``: a message maker; when given, every string (mapping keys too) holding a control
-character (:func:`builder.core.inputs.has_control`) is one violation naming its field, and
-that value gets no other check. Models with checks or a ``control`` are always walked
-(msgspec alone cannot see either); others are walked only when msgspec refuses the data.
-
-:func:`partial` builds a model instance from data whose invalid fields are known (left out:
-defaults, or None for a required field), so that later rules can still run on the fields
-that validated.
-
-:func:`json_schema` exports a model's JSON Schema (draft 2020-12) with patterns rewritten
-from Python's ``\\A...\\Z`` to ECMA-262's ``^...$`` (which, without the m flag, matches only
-at the very end), for the files published under ``schemas/`` (:func:`schema_files` gives
-their bytes, :func:`stale_schemas` the ones that differ from the models).
-"""
+"""The one mechanism for typed documents: msgspec Structs, strict, every violation listed in words."""
 
 from __future__ import annotations
 
@@ -63,10 +30,7 @@ class _Document:
 
 
 class Model(_Document, msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """Base of every envbuild document: strict, immutable, keyword-only.
-
-    msgspec inherits ``frozen`` at run time; mypy reads it per class (dataclass_transform), so
-    every subclass says ``frozen=True`` again (a non-frozen subclass of a frozen one is an error)."""
+    """Base of every envbuild document: strict, immutable, keyword-only."""
 
 
 #: The value of a violation about a key that is missing or unknown (no value to show).
@@ -76,12 +40,7 @@ NO_VALUE: Any = object()
 def convert(data: Any, model: type[T], *, file: str | None = None, prefix: str = "",
             exit_code: ExitCode = ExitCode.CHECK_FAILED, control: Control | None = None) -> T:
     """``data`` as an instance of ``model`` (a :class:`Model` subclass or any type msgspec
-    converts), strictly (no str->int coercion, bool is not int).
-
-    Raises: :class:`~builder.core.errors.ManyErrors` with one
-        :class:`~builder.core.errors.EnvbuildError` per violation (file, field path, value,
-        message), all with ``exit_code``.
-    """
+    converts), strictly (no str->int coercion, bool is not int)."""
     found: list[Violation] = []
     if control is not None or has_checks(typing.cast(Any, model)):
         found = list(violations(data, model, prefix, control=control))
@@ -109,24 +68,22 @@ def _msgspec_message(exc: Exception) -> str:
     return _AT.sub("", str(exc))
 
 
-def _extra(annotation: Any) -> dict[str, Any]:
-    """The merged ``Meta(extra=...)`` of an ``Annotated`` type (outermost wins)."""
-    out: dict[str, Any] = {}
-    while typing.get_origin(annotation) is typing.Annotated:
-        args = typing.get_args(annotation)
-        for meta in args[1:]:
-            for k, v in (getattr(meta, "extra", None) or {}).items():
-                out.setdefault(k, v)
-        annotation = args[0]
-    return out
-
-
 def _metas(annotation: Any) -> list[Any]:
+    """The ``Meta`` of an ``Annotated`` type and of those inside it, outermost first."""
     out: list[Any] = []
     while typing.get_origin(annotation) is typing.Annotated:
         args = typing.get_args(annotation)
         out.extend(args[1:])
         annotation = args[0]
+    return out
+
+
+def _extra(annotation: Any) -> dict[str, Any]:
+    """The merged ``Meta(extra=...)`` of an ``Annotated`` type (outermost wins)."""
+    out: dict[str, Any] = {}
+    for meta in _metas(annotation):
+        for k, v in (getattr(meta, "extra", None) or {}).items():
+            out.setdefault(k, v)
     return out
 
 
@@ -142,8 +99,7 @@ def _join(prefix: str, key: Any) -> str:
 
 @functools.cache
 def struct_fields(model: type[msgspec.Struct]) -> tuple[tuple[msgspec.structs.FieldInfo, Any], ...]:
-    """``(field info, annotation with its Meta)`` of every field of ``model``, in order (cached:
-    msgspec resolves the type hints on every call)."""
+    """Cached: msgspec resolves the type hints on every call."""
     hints = typing.get_type_hints(model, include_extras=True)
     return tuple((f, hints[f.name]) for f in msgspec.structs.fields(model))
 
@@ -176,11 +132,9 @@ def _has_checks(t: Any, seen: set[int]) -> bool:
 
 
 def violations(data: Any, model: Any, prefix: str = "", *, control: Control | None = None) -> Iterator[Violation]:
-    """Every ``(field path, value, message)`` where ``data`` breaks ``model``, in document
-    order; the value is :data:`NO_VALUE` for a missing or unknown key. Walks Structs,
-    lists/tuples, dicts and optional/union types; leaves are checked with msgspec itself
-    (the same rules), then by their ``check``. A mapping entry whose key is invalid is not
-    looked into."""
+    """Every violation of ``model`` in ``data``, in document order: msgspec checks the leaves (the same
+    rules), then their ``check`` (None, a message or ``(message, value shown)``). ``control``: a message
+    maker; every string holding a control character is then one violation and gets no other check."""
     return _Walk(control).node(data, model, prefix)
 
 
@@ -247,7 +201,7 @@ class _Walk:
 
     def sequence(self, data: Any, model: Any, base: Any, path: str, extra: dict[str, Any]) -> Iterator[Violation]:
         if not isinstance(data, (list, tuple)):
-            yield path, data, extra.get("message") or _leaf_message(data, model)
+            yield _refusal(path, data, model, extra)
             return
         refused = self._checked(data, path, extra)
         if refused:
@@ -255,7 +209,7 @@ class _Walk:
             return
         metas = _metas(model)
         if metas and not _converts(data, typing.Annotated[(list[Any], *metas)]):
-            yield path, data, extra.get("message") or _leaf_message(data, model)
+            yield _refusal(path, data, model, extra)
             return
         item = typing.get_args(base)[0] if typing.get_args(base) else Any
         for i, value in enumerate(data):
@@ -263,11 +217,11 @@ class _Walk:
 
     def mapping(self, data: Any, model: Any, base: Any, path: str, extra: dict[str, Any]) -> Iterator[Violation]:
         if not isinstance(data, dict):
-            yield path, data, extra.get("message") or _leaf_message(data, model)
+            yield _refusal(path, data, model, extra)
             return
         metas = _metas(model)
         if metas and not _converts(data, typing.Annotated[(dict[Any, Any], *metas)]):
-            yield path, data, extra.get("message") or _leaf_message(data, model)
+            yield _refusal(path, data, model, extra)
             return
         key_t, value_t = typing.get_args(base) or (Any, Any)
         for key, value in data.items():
@@ -283,7 +237,7 @@ class _Walk:
 
     def leaf(self, data: Any, model: Any, path: str, extra: dict[str, Any]) -> Iterator[Violation]:
         if not _converts(data, model):
-            yield path, data, extra.get("message") or _leaf_message(data, model)
+            yield _refusal(path, data, model, extra)
             return
         yield from self._checked(data, path, extra)
 
@@ -319,6 +273,34 @@ def _converts(data: Any, model: Any) -> bool:
     return True
 
 
+_TYPE_WORDS = {str: "a string", bool: "true or false", int: "an integer", float: "a number", list: "a list",
+               tuple: "a list", dict: "an object"}
+_COUNTED = {str: "is {n} characters long", list: "has {n} items", tuple: "has {n} items", dict: "has {n} entries"}
+
+
+def _refusal(path: str, data: Any, model: Any, extra: dict[str, Any]) -> Violation:
+    """The violation of a value msgspec refuses, in words: the ``message``; else "is not
+    <description>"; else the length over ``max_length`` (no value shown), the JSON type or
+    the literals expected; else msgspec's own text."""
+    if extra.get("message"):
+        return path, data, extra["message"]
+    metas = _metas(model)
+    described = next((m.description for m in metas if getattr(m, "description", None)), None)
+    if described:
+        return path, data, f"is not {described}"
+    base = _strip(model)
+    origin = typing.get_origin(base) or base
+    accepted = {float: (int, float), tuple: (list, tuple), list: (list, tuple)}.get(origin, (origin,))
+    limit = min((m.max_length for m in metas if getattr(m, "max_length", None) is not None), default=None)
+    if limit is not None and origin in _COUNTED and type(data) in accepted and len(data) > limit:
+        return path, NO_VALUE, f"{_COUNTED[origin].format(n=len(data))}, over the limit of {limit}"
+    if origin in _TYPE_WORDS and type(data) not in accepted:
+        return path, data, f"is not {_TYPE_WORDS[origin]}"
+    if origin is typing.Literal:
+        return path, data, "is not " + " or ".join(repr(a) for a in typing.get_args(base))
+    return path, data, _leaf_message(data, model)
+
+
 def _leaf_message(data: Any, model: Any) -> str:
     try:
         msgspec.convert(data, model, strict=True)
@@ -329,12 +311,8 @@ def _leaf_message(data: Any, model: Any) -> str:
 
 # ----------------------------------------------------------------------- partial documents
 def partial(data: Any, model: type[T], invalid: Collection[str], prefix: str = "") -> T:
-    """An instance of the Struct ``model`` from ``data`` without the fields at the paths in
-    ``invalid`` (from :func:`violations`): an invalid or missing field takes its default, or
-    None when it has none (a required section: the section with its fields so); invalid list
-    items and mapping entries are left out. The valid
-    leaves are converted by msgspec (an int becomes a float where a float is declared).
-    Meant for rules that run on the fields that validated; not a validated document."""
+    """``model`` from ``data`` without the fields at the paths in ``invalid``: those take their default
+    or None. For rules that run on the fields that validated; not a validated document."""
     built: T = _partial(data, model, frozenset(invalid), prefix)
     return built
 
@@ -395,8 +373,7 @@ def _ecma(node: Any) -> Any:
 
 
 def json_schema(model: Any, schema_id: str, title: str) -> dict[str, Any]:
-    """The JSON Schema (2020-12) of ``model`` with ``$id`` and ``title``; patterns in ECMA
-    form (see the module docstring)."""
+    """The JSON Schema (2020-12) of ``model``, patterns in ECMA form (:func:`ecma_pattern`)."""
     doc = _ecma(msgspec.json.schema(model))
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": schema_id, "title": title, **doc}
 

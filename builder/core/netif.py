@@ -1,17 +1,10 @@
-"""Network-interface selection as NCCL and gloo read it: shared by recipe checks,
-certification and node verification (facts: NVIDIA/nccl ``src/misc/socket.cc``)."""
+"""Network-interface selection as NCCL and gloo read it (NVIDIA/nccl ``src/misc/socket.cc``)."""
 
 from __future__ import annotations
 
 
 def match_nccl_ifname(spec: str | None, names: list[str]) -> list[str]:
-    """The names an ``NCCL_SOCKET_IFNAME`` value selects, in order.
-
-    NCCL's syntax (``src/misc/socket.cc``): a comma list of name prefixes; ``=`` first
-    makes them exact names; ``^`` first excludes them instead (``^=`` both); ``:port``
-    suffixes are ignored here. None or ``""`` selects every name. Linear in the length
-    of ``spec`` and the number of names (a name's prefixes are looked up in a set).
-    """
+    """The names an ``NCCL_SOCKET_IFNAME`` value selects, in order (None or ``""``: all)."""
     if not spec:
         return list(names)
     negate = spec.startswith("^")

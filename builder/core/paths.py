@@ -1,17 +1,4 @@
-"""The images-dir layout: the ONE place that knows where a recipe's files live.
-
-::
-
-    <images_dir>/<recipe>/
-        Dockerfile              rendered (builder.render)
-        Singularity.def         rendered
-        envbuild.lock.json      rendered: the lock (builder.recipe.model.Lock)
-        envbuild.resolved.json  written by `envbuild lock` (builder.recipe.model.Resolved)
-        certificates/           certificates and launcher run folders (builder.certify)
-
-``images_dir`` is ``images/`` by default (``--images-dir``); ``<recipe>`` is the recipe's
-name (its file name without ``.yaml``).
-"""
+"""The images-dir layout: the one place that knows where a recipe's files live."""
 
 from __future__ import annotations
 
@@ -30,7 +17,7 @@ RENDERED_FILES = (DOCKERFILE, SINGULARITY_DEF, LOCK_FILE)
 
 @dataclass(frozen=True)
 class ImageDir:
-    """The folder of recipe ``recipe`` under ``root`` (the images dir) and its files."""
+    """The folder of ``recipe`` under ``root`` (the images dir) and its files."""
 
     root: Path
     recipe: str
@@ -40,16 +27,7 @@ class ImageDir:
         return self.root / self.recipe
 
     def file(self, name: str) -> Path:
-        """A file of the folder by name (one of :data:`RENDERED_FILES`, :data:`RESOLVED_FILE`)."""
         return self.folder / name
-
-    @property
-    def dockerfile(self) -> Path:
-        return self.folder / DOCKERFILE
-
-    @property
-    def singularity_def(self) -> Path:
-        return self.folder / SINGULARITY_DEF
 
     @property
     def lock(self) -> Path:

@@ -1,24 +1,18 @@
-"""BuildKit through the docker CLI: finding a client that can build with BuildKit, the
-build command line, reading ``--progress=plain`` output, and the one-line build error.
-
-The docker SDK only speaks the classic builder, and the rendered Dockerfiles need BuildKit
-(``RUN --mount=type=secret|bind``, ``--secret``), so builds run a docker CLI found by
-:func:`buildkit_cli` (:func:`builder.image.engine.build_image` drives it).
-"""
+"""The BuildKit half of :class:`builder.image.engine.Engine`: a docker CLI that builds with
+BuildKit, its command line, its ``--progress=plain`` output and the one-line build error."""
 
 from __future__ import annotations
 
 import collections
 import os
 import re
-import subprocess
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.core.errors import EnvbuildError
+from builder.core import process
+from builder.core.errors import EnvbuildError, Unreachable
 
 #: Docker CLI releases from 23.0 on need the buildx plugin for BuildKit builds; older
 #: ones have BuildKit built in, enabled by ``DOCKER_BUILDKIT=1``
@@ -30,16 +24,8 @@ LEGACY_BUILDKIT_MAX_MAJOR = 22
 
 @dataclass(frozen=True)
 class BuildkitCLI:
-    """A docker client able to run BuildKit builds.
-
-    Attributes:
-        path: the client executable, e.g. ``"/usr/bin/docker"``.
-        version: its version, e.g. ``"20.10.24+dfsg1"``.
-        argv: the build command prefix: ``(path, "buildx", "build", "--load")`` when the
-            buildx plugin works, else ``(path, "build")``.
-        env: extra environment for the command: ``{"DOCKER_BUILDKIT": "1"}`` for a
-            pre-23 client without buildx, else ``{}``.
-    """
+    """A docker client able to run BuildKit builds: ``argv`` is the build command prefix, ``env`` the
+    extra environment (``DOCKER_BUILDKIT=1`` for a pre-23 client without buildx)."""
 
     path: str
     version: str
@@ -66,10 +52,8 @@ def _candidates(search_path: str | None, extra: Iterable[str]) -> list[str]:
 
 def _client_version(path: str) -> str | None:
     try:
-        out = subprocess.run(
-            [path, "--version"], capture_output=True, text=True, timeout=20
-        )
-    except (OSError, subprocess.SubprocessError):
+        out = process.run([path, "--version"], 20)
+    except Unreachable:
         return None
     m = re.search(r"version\s+v?(\d+\.\d+[^\s,]*)", out.stdout, re.IGNORECASE)
     return m.group(1) if out.returncode == 0 and m else None
@@ -77,36 +61,20 @@ def _client_version(path: str) -> str | None:
 
 def _has_buildx(path: str) -> bool:
     try:
-        out = subprocess.run(
-            [path, "buildx", "version"], capture_output=True, text=True, timeout=20
-        )
-    except (OSError, subprocess.SubprocessError):
+        out = process.run([path, "buildx", "version"], 20)
+    except Unreachable:
         return False
     return out.returncode == 0
 
 
-def buildkit_cli(
-    search_path: str | None = None, extra: Iterable[str] = ("/usr/bin/docker",)
-) -> BuildkitCLI:
-    """Find a docker client that can build with BuildKit.
-
-    Candidates are ``docker`` in each ``search_path`` entry (default ``$PATH``) in order,
-    then ``extra``; duplicates (same real path) are tried once. First choice: a client
-    whose ``docker buildx version`` works (``docker buildx build --load``); else a client
-    older than 23.0 (``docker --version``), used as ``DOCKER_BUILDKIT=1 docker build``.
-
-    Raises:
-        EnvbuildError: (exit 2) no candidate qualifies; the message lists those tried.
-    """
+def buildkit_cli(search_path: str | None = None, extra: Iterable[str] = ("/usr/bin/docker",)) -> BuildkitCLI:
+    """The first ``docker`` on ``search_path`` (default ``$PATH``), then ``extra``, whose buildx works;
+    else one older than 23.0 (BuildKit built in).
+    Raises EnvbuildError (exit 2): none qualifies; the message lists those tried."""
     cands = _candidates(search_path, extra)
     for path in cands:
         if _has_buildx(path):
-            return BuildkitCLI(
-                path=path,
-                version=_client_version(path) or "unknown",
-                argv=(path, "buildx", "build", "--load"),
-                env={},
-            )
+            return BuildkitCLI(path, _client_version(path) or "unknown", (path, "buildx", "build", "--load"))
     tried = []
     for path in cands:
         version = _client_version(path)
@@ -115,16 +83,11 @@ def buildkit_cli(
             continue
         major = int(version.split(".")[0])
         if major <= LEGACY_BUILDKIT_MAX_MAJOR:
-            return BuildkitCLI(
-                path=path, version=version, argv=(path, "build"), env={"DOCKER_BUILDKIT": "1"}
-            )
-    raise EnvbuildError(
-        "no docker client can build with BuildKit: tried "
-        + (", ".join(tried) or "no docker executable found")
-        + "; install the buildx plugin (apt-get install docker-buildx) or a docker client"
-        " older than 23 (Debian's docker.io 20.10)",
-        field="docker",
-    )
+            return BuildkitCLI(path, version, (path, "build"), {"DOCKER_BUILDKIT": "1"})
+    raise EnvbuildError("no docker client can build with BuildKit: tried "
+                        f"{', '.join(tried) or 'no docker executable found'}; install the buildx plugin (apt-get "
+                        "install docker-buildx) or a docker client older than 23 (Debian's docker.io 20.10)",
+                        field="docker")
 
 
 
@@ -136,15 +99,8 @@ BUILD_ERROR_LINES = 3
 
 
 class BuildFailed(EnvbuildError):
-    """``docker build`` failed (exit 2). The message is one line: the failing step, the
-    reason, then its last :data:`BUILD_ERROR_LINES` output lines after ``" | output: "``.
-
-    Attributes:
-        tag: the tag asked for (it does not exist afterwards).
-        step: the failing step as BuildKit names it, e.g. ``"[2/3] RUN make"``, or None.
-        lines: the failing step's last output lines (at most ``keep_lines``), raw
-            ``--progress=plain`` lines, followed by BuildKit's closing error lines.
-    """
+    """``docker build`` failed (exit 2): one line with the failing step (``step``, e.g. ``[2/3] RUN
+    make``), the reason and its last :data:`BUILD_ERROR_LINES` lines; ``lines`` keeps more."""
 
     def __init__(self, message: str, *, tag: str, step: str | None, lines: list[str], **kw: Any) -> None:
         self.tag = tag
@@ -236,34 +192,13 @@ def build_argv(cli: BuildkitCLI, dockerfile: Path, tag: str, iidfile: Path, cont
 
 def run_build(argv: list[str], env: Mapping[str, str], on_line: Callable[[str], None] | None,
               timeout_s: float | None, keep_lines: int) -> tuple[int, ProgressLog, bool]:
-    """Run the build command, each output line (without its newline) to ``on_line`` as it
-    arrives; killed after ``timeout_s``. Returns ``(exit status, the read output, whether
-    it timed out)``; the process never outlives the call."""
+    """``(exit status, read output, whether it timed out)`` of the build command (:func:`process.stream`)."""
     log = ProgressLog(keep_lines)
-    timed_out = threading.Event()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=dict(env), text=True, errors="replace", bufsize=1)
 
-    def _kill() -> None:
-        timed_out.set()
-        proc.kill()
+    def each(line: str) -> None:
+        log.add(line)
+        if on_line:
+            on_line(line)
 
-    timer = threading.Timer(timeout_s, _kill) if timeout_s else None
-    try:
-        if timer:
-            timer.start()
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.rstrip("\n")
-            log.add(line)
-            if on_line:
-                on_line(line)
-        return proc.wait(), log, timed_out.is_set()
-    finally:
-        if timer:
-            timer.cancel()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout:
-            proc.stdout.close()
+    rc, timed_out = process.stream(argv, timeout_s, each, env=env)
+    return rc, log, timed_out

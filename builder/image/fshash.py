@@ -1,33 +1,7 @@
-"""Content hash of an image's filesystem, for comparing two builds of one lock.
-
-Two builds from one lock on one machine should install the same files. Image IDs and
-layer digests cannot show that: every layer tar carries modification times, and a few
-files record *when* something was installed rather than *what*. :func:`image_fshash`
-exports the flattened filesystem of an image (``docker export`` of a created, never
-started container, through the docker SDK) and hashes, per path in sorted order:
-
-* the entry type (file, directory, symlink, hard link, device, fifo),
-* the permission bits (``mode & 0o7777``) and the numeric owner ``uid:gid``,
-* the content's sha256 (regular files; a hard link counts as its target's content),
-  the link target (symlinks) or ``major,minor`` (devices).
-
-Not hashed (the documented exclusions, :data:`EXCLUDED`):
-
-* all timestamps (mtime, atime, ctime): they never enter the hash;
-* ``*.pyc`` files and ``__pycache__/`` folders: bytecode records the source's mtime and is
-  written at install time (PEP 552 describes hash-based .pyc that would avoid it);
-* dpkg's and debconf's backup files (``var/lib/dpkg/*-old``,
-  ``var/cache/debconf/*-old``) and ldconfig's cache (``var/cache/ldconfig/``,
-  ``etc/ld.so.cache``): rewritten on every package installation;
-* apt's caches and lists (``var/cache/apt/``, ``var/lib/apt/lists/``) and all logs
-  (``var/log/``): timestamps by design;
-* scratch space (``tmp/``, ``var/tmp/``, ``root/.cache/``);
-* the files the container engine puts into every container (``.dockerenv``,
-  ``etc/hostname``, ``etc/hosts``, ``etc/resolv.conf``): empty mount points in an export.
-
-Source for the export format: Docker Engine API ``GET /containers/{id}/export`` (a tar
-of the container's root filesystem); tar member types from POSIX ustar/pax.
-"""
+"""Content hash of an image's filesystem, to compare two builds of one lock.
+Image IDs and layer digests differ between identical installs (tar mtimes), so the exported
+filesystem is hashed per path, timestamps and :data:`EXCLUDED` left out.
+Sources: Docker Engine API ``GET /containers/{id}/export``; POSIX ustar/pax member types."""
 
 from __future__ import annotations
 
@@ -40,16 +14,16 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
-import docker
-import docker.errors
+from builder.core.errors import Unreachable
 
-from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from .engine import Engine
 
 #: Name of the method; stored next to the hash so that a changed method is not compared.
 METHOD = "envbuild.fshash/1"
 
-#: Excluded paths: ``fnmatch`` patterns on the path relative to ``/`` (no leading slash);
-#: a pattern ending in ``/`` excludes that folder and everything below it.
+#: ``fnmatch`` patterns on the path relative to ``/``: bytecode (records the source's mtime,
+#: PEP 552), files every install rewrites (dpkg/debconf backups, the ldconfig cache), caches, logs
+#: and scratch (timestamps by design), the engine's per-container files (empty in an export).
 EXCLUDED: tuple[str, ...] = (
     "*.pyc",
     "*/__pycache__/",
@@ -70,30 +44,14 @@ EXCLUDED: tuple[str, ...] = (
     "etc/resolv.conf",
 )
 
-_TYPES = {
-    tarfile.REGTYPE: "file",
-    tarfile.AREGTYPE: "file",
-    tarfile.CONTTYPE: "file",
-    tarfile.DIRTYPE: "dir",
-    tarfile.SYMTYPE: "symlink",
-    tarfile.LNKTYPE: "hardlink",
-    tarfile.CHRTYPE: "chardev",
-    tarfile.BLKTYPE: "blockdev",
-    tarfile.FIFOTYPE: "fifo",
-}
+_TYPES = {tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file", tarfile.CONTTYPE: "file", tarfile.DIRTYPE: "dir",
+          tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink", tarfile.CHRTYPE: "chardev",
+          tarfile.BLKTYPE: "blockdev", tarfile.FIFOTYPE: "fifo"}
 
 
 @dataclass
 class FsHash:
-    """Result of :func:`hash_tar` / :func:`image_fshash`.
-
-    Attributes:
-        sha256: 64 hex digits over the sorted entry lines (see :func:`entry_line`).
-        entries: number of entries hashed.
-        excluded: number of entries skipped by :data:`EXCLUDED`.
-        lines: ``{path: entry line}`` of the hashed entries (for :func:`differences`);
-            not part of :meth:`to_json`.
-    """
+    """Result of :func:`hash_tar`; ``lines`` (for :func:`differences`) is not in :meth:`to_json`."""
 
     sha256: str
     entries: int
@@ -102,13 +60,8 @@ class FsHash:
 
     def to_json(self) -> dict:
         """``{"method", "sha256", "entries", "excluded", "exclusions"}`` (plain JSON data)."""
-        return {
-            "method": METHOD,
-            "sha256": self.sha256,
-            "entries": self.entries,
-            "excluded": self.excluded,
-            "exclusions": list(EXCLUDED),
-        }
+        return {"method": METHOD, "sha256": self.sha256, "entries": self.entries, "excluded": self.excluded,
+                "exclusions": list(EXCLUDED)}
 
 
 def _norm(name: str) -> str:
@@ -118,10 +71,7 @@ def _norm(name: str) -> str:
 
 
 def is_excluded(path: str, is_dir: bool = False, patterns: Iterable[str] = EXCLUDED) -> bool:
-    """Whether ``path`` (relative to ``/``, e.g. ``"var/log/dpkg.log"``) is excluded.
-
-    A pattern ending in ``/`` matches that folder and everything below it.
-    """
+    """Whether ``path`` (relative to ``/``) is excluded; a pattern ending in ``/`` covers the folder."""
     path = _norm(path)
     parts = path.split("/")
     for pat in patterns:
@@ -143,18 +93,8 @@ def entry_line(kind: str, path: str, mode: int, uid: int, gid: int, what: str) -
 
 
 def hash_tar(fileobj: IO[bytes], patterns: Iterable[str] = EXCLUDED) -> FsHash:
-    """Hash a filesystem tar stream (as ``docker export`` writes it).
-
-    Args:
-        fileobj: a readable binary stream of an uncompressed tar.
-        patterns: exclusions (default :data:`EXCLUDED`).
-
-    Returns:
-        :class:`FsHash`.
-
-    Raises:
-        EnvbuildError: (exit 3) the stream is not a readable tar.
-    """
+    """Hash an uncompressed filesystem tar (as ``docker export`` writes it).
+    Raises EnvbuildError (exit 3): not a readable tar."""
     patterns = tuple(patterns)
     lines: dict[str, str] = {}
     contents: dict[str, str] = {}
@@ -190,7 +130,7 @@ def hash_tar(fileobj: IO[bytes], patterns: Iterable[str] = EXCLUDED) -> FsHash:
                     what = "-"
                 lines[path] = entry_line(kind, path, member.mode, member.uid, member.gid, what)
     except tarfile.TarError as e:
-        raise EnvbuildError(f"not a readable tar stream: {e}", field="export", exit_code=ExitCode.UNREACHABLE) from None
+        raise Unreachable(f"not a readable tar stream: {e}", field="export") from None
     for path, member in pending_links:
         target = _norm(member.linkname)
         # a hard link is the same file as its target: hash it as a file with that content
@@ -222,50 +162,12 @@ class _ChunkReader:
         return out
 
 
-def image_fshash(
-    client: docker.DockerClient,
-    image: str,
-    *,
-    labels: Mapping[str, str] | None = None,
-    patterns: Iterable[str] = EXCLUDED,
-) -> FsHash:
-    """Content hash of the filesystem of ``image`` (see the module doc for what counts).
-
-    Creates a container of ``image`` (never started; labelled ``envbuild=1`` plus
-    ``labels``), exports its filesystem, hashes it with :func:`hash_tar`, and removes the
-    container, also on failure.
-
-    Args:
-        client: a connected docker client (:func:`builder.image.engine.connect`).
-        image: image name, tag or ID.
-        labels: extra labels for the temporary container.
-
-    Returns:
-        :class:`FsHash` (``to_json()`` for a certificate).
-
-    Raises:
-        EnvbuildError: (exit 2) no such image; (exit 3) the export failed.
-        Unreachable: (exit 3) the engine stopped answering.
-    """
-    try:
-        container = client.containers.create(
-            image, ["/envbuild-fshash-never-started"], labels={"envbuild": "1", **(labels or {})},
-            network_disabled=True,
-        )
-    except docker.errors.ImageNotFound:
-        raise EnvbuildError("no such image", field="image", value=image) from None
-    except docker.errors.APIError as e:
-        raise Unreachable(f"could not create a container to export: {e.explanation or e}",
-                          field="image", value=image) from None
-    try:
-        return hash_tar(typing.cast(IO[bytes], _ChunkReader(iter(container.export(chunk_size=1 << 20)))), patterns)
-    except docker.errors.APIError as e:
-        raise Unreachable(f"export failed: {e.explanation or e}", field="image", value=image) from None
-    finally:
-        try:
-            container.remove(force=True)
-        except docker.errors.NotFound:
-            pass
+def image_fshash(client: Engine, image: str, *, labels: Mapping[str, str] | None = None,
+                 patterns: Iterable[str] = EXCLUDED) -> FsHash:
+    """Content hash of ``image``'s filesystem, exported from a never started container.
+    Raises EnvbuildError (exit 3): no such image, the export failed; Unreachable (exit 3)."""
+    with client.export(image, dict(labels or {})) as chunks:
+        return hash_tar(typing.cast(IO[bytes], _ChunkReader(chunks)), patterns)
 
 
 def differences(a: FsHash, b: FsHash, limit: int = 20) -> list[str]:

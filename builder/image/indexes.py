@@ -1,26 +1,7 @@
 """Which package indexes a build asks: only those the wheel folder does not make unneeded.
-
-The torch wheel of a variant (``torch==2.13.0+cpu``) exists only on the PyTorch index: PyPI
-has no ``+cpu``/``+cuXYZ`` builds. The rendered Dockerfile hands that index to pip as the
-build argument ``PIP_EXTRA_INDEX_URL`` (pip reads ``PIP_<OPTION>`` variables; an empty value is
-ignored: https://pip.pypa.io/en/stable/topics/configuration/#environment-variables), and pip
-asks every index for every package. Where that index cannot be reached, pip retries it for
-each package (5 retries with backoff, ~7.7 s a package on the reference machine: issue 13),
-although the site's wheel folder (pip's ``find-links``, ``--wheels``) already holds the
-pinned torch wheel. :func:`plan` looks into the wheel folder first:
-
-* it holds a torch wheel of the lock's exact version (``2.13.0+cpu``) whose tags the image's
-  Python, glibc and architecture accept: ``PIP_EXTRA_INDEX_URL`` is emptied, the torch index
-  is not asked (the other pins come from the recipe's main index, as before);
-* the lock is resolved (``envbuild lock``: every wheel hash-pinned) and the folder holds
-  every pinned wheel with one of its sha256 hashes: ``PIP_NO_INDEX=1``, no index is asked;
-* otherwise the indexes stay as rendered, and the plan's note names the torch index pip
-  asks and why.
-
-Wheel file names and tags: PEP 427 and the platform compatibility tags
-(https://packaging.python.org/en/latest/specifications/platform-compatibility-tags/),
-parsed with ``packaging.utils.parse_wheel_filename`` and ``packaging.tags``.
-"""
+pip asks every index for every package and retries an unreachable one (~7.7 s a package on the
+reference machine) although ``--wheels`` may hold the pinned wheel. Sources: PEP 427,
+https://packaging.python.org/en/latest/specifications/platform-compatibility-tags/."""
 
 from __future__ import annotations
 
@@ -58,15 +39,8 @@ class WheelPin:
 
 @dataclass(frozen=True)
 class IndexPlan:
-    """What :func:`plan` decided.
-
-    Attributes:
-        build_args: the build arguments to pass (``{"PIP_EXTRA_INDEX_URL": ""}``, ...); empty
-            when the indexes stay as rendered.
-        note: one line for the user: which index is not asked and which wheel makes it
-            unneeded, or which index pip asks and why; None when there is nothing to say.
-        asks_torch_index: the torch index pip may ask, or None.
-    """
+    """What :func:`plan` decided; ``note``: one line naming the index not asked (and the wheel that
+    makes it unneeded) or the one pip asks and why."""
 
     build_args: dict[str, str] = field(default_factory=dict)
     note: str | None = None
@@ -80,14 +54,8 @@ def declared_args(dockerfile: bytes) -> frozenset[str]:
 
 
 def image_tags(python: str, glibc: str | None, arch: str) -> frozenset[Any]:
-    """The wheel tags a CPython ``python`` (``"3.11"``) on Linux with ``glibc`` (``"2.36"``;
-    None: no manylinux tag) and machine ``arch`` (``"x86_64"``) installs, as
-    ``packaging.tags.Tag`` values: ``cp311-cp311-manylinux_2_28_x86_64``, ``cp311-abi3-...``,
-    ``py3-none-any``, ...
-
-    Raises:
-        ValueError: ``python`` or ``glibc`` is not ``major.minor``.
-    """
+    """The ``packaging.tags.Tag`` values CPython ``python`` (``3.11``) on Linux with ``glibc`` (None: no
+    manylinux) and ``arch`` installs. Raises ValueError: not ``major.minor``."""
     from packaging import tags
 
     major, minor = (int(p) for p in python.split(".")[:2])
@@ -114,9 +82,8 @@ def _sha256(path: Path) -> str:
 
 
 def folder_wheels(folder: Path) -> list[tuple[Path, str, Any, frozenset[Any]]]:
-    """The regular ``*.whl`` files of ``folder`` (at most :data:`MAX_WHEELS`) whose names parse
-    as wheel names: ``(path, canonical name, packaging Version, tags)``; ``%2B`` in a name
-    is read as ``+`` (a saved download URL). Files whose names do not parse are left out."""
+    """``(path, name, Version, tags)`` of the ``*.whl`` in ``folder`` whose names parse (``%2B`` read
+    as ``+``: a saved download URL), at most :data:`MAX_WHEELS`."""
     from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
     out: list[tuple[Path, Any, Any, frozenset[Any]]] = []
@@ -165,18 +132,8 @@ def _pins(lock: Lock) -> tuple[WheelPin, list[WheelPin]]:
 
 
 def plan(lock: Lock, dockerfile: bytes, wheel_dir: Path | None, arch: str) -> IndexPlan:
-    """Decide which indexes the build of ``dockerfile`` asks (see the module docstring).
-
-    Args:
-        lock: the lock (:func:`builder.recipe.lock.validate_lock`).
-        dockerfile: the rendered Dockerfile; only the build arguments it declares are set.
-        wheel_dir: the site's wheel folder (staged as ``wheels/``), or None.
-        arch: the base image's architecture as Docker names it (``amd64``, ``arm64``).
-
-    Returns:
-        The :class:`IndexPlan`; without ``ARG PIP_EXTRA_INDEX_URL`` in ``dockerfile`` (a file not
-        rendered by this envbuild) an empty plan.
-    """
+    """The indexes the build of ``dockerfile`` asks: none when the folder holds every hash-pinned
+    wheel, not the torch index when it holds the torch wheel; else as rendered."""
     declared = declared_args(dockerfile)
     torch_url = lock.index.torch_url
     if EXTRA_INDEX_ARG not in declared or not torch_url:

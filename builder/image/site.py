@@ -1,29 +1,19 @@
 """Site options: what this machine's network setup needs inside image builds.
-
-A site behind a TLS-intercepting proxy configures pip with the proxy's CA bundle
-(``cert``); a site with pre-downloaded wheels points pip at a folder (``find-links``).
-:meth:`SiteOptions.detect` reads both from pip's own configuration, so builds work where
-pip works; the CLI flags ``--ca-cert FILE``, ``--wheels DIR``, ``--base IMAGE`` and
-``--no-site-detect`` override or disable the detection.
-
-Sources: pip's configuration files and ``PIP_<OPTION>`` environment variables
-(https://pip.pypa.io/en/stable/topics/configuration/); ``pip config list`` prints the
-merged settings as ``section.key='value'`` lines, environment variables as
-``:env:.key='value'``.
-"""
+Read from pip's own configuration (``cert``, ``find-links``), so builds work where pip works.
+Source: https://pip.pypa.io/en/stable/topics/configuration/."""
 
 from __future__ import annotations
 
 import ast
 import os
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from builder.core.errors import EnvbuildError
+from builder.core import process
+from builder.core.errors import EnvbuildError, Unreachable
 
 # pip's option precedence, highest first: environment variable, command section, global.
 _SECTIONS = (":env:", "install", "global")
@@ -31,19 +21,8 @@ _SECTIONS = (":env:", "install", "global")
 
 @dataclass(frozen=True)
 class SiteOptions:
-    """How builds on this site reach package indexes.
-
-    Attributes:
-        ca_bundle: PEM CA bundle handed to the build as the ``pip_ca`` secret, or None.
-        wheel_dir: local folder whose ``*.whl`` files are staged into the build context
-            as ``wheels/``, or None.
-        base_override: ``--base IMAGE``: an image used instead of the recipe's official
-            base (see :func:`builder.image.bootstrap.resolve_base`), or None.
-        notes: human-readable remarks from detection (ignored settings and why).
-        pending: pip's configuration is still to be read for the CA bundle and wheel folder
-            not given explicitly (:meth:`detect` with ``deferred=True``): :meth:`complete` reads
-            it, and only a build that runs needs it (a no-change build does not).
-    """
+    """How builds on this site reach package indexes. ``pending``: pip's configuration is still to be
+    read (:meth:`complete`): only a build that runs needs it, a no-change build does not."""
 
     ca_bundle: Path | None = None
     wheel_dir: Path | None = None
@@ -52,37 +31,12 @@ class SiteOptions:
     pending: bool = False
 
     @classmethod
-    def detect(
-        cls,
-        *,
-        ca_cert: str | os.PathLike | None = None,
-        wheels: str | os.PathLike | None = None,
-        base: str | None = None,
-        no_detect: bool = False,
-        env: Mapping[str, str] | None = None,
-        python: str | None = None,
-        deferred: bool = False,
-    ) -> SiteOptions:
-        """Site options from explicit values, else from pip's configuration.
-
-        Args:
-            ca_cert: ``--ca-cert FILE``; must be an existing file.
-            wheels: ``--wheels DIR``; must be an existing folder.
-            base: ``--base IMAGE`` (passed through as ``base_override``).
-            no_detect: True for ``--no-site-detect``: only explicit values count.
-            env: environment to read ``PIP_CERT``/``PIP_FIND_LINKS``/``PIP_CONFIG_FILE``
-                from and to run pip with (default ``os.environ``).
-            python: interpreter whose pip is asked (default ``sys.executable``).
-            deferred: do not read pip's configuration now (``pip config list`` takes ~0.7 s):
-                the result is ``pending`` and :meth:`complete` reads it when a build needs it.
-
-        Detected values are used only when they are local and exist: a URL find-links,
-        a missing folder or a missing CA file is skipped with a note in ``notes``.
-
-        Raises:
-            EnvbuildError: (exit 2) an explicit ``--ca-cert``/``--wheels`` does not exist
-                or is of the wrong kind; the message names the option and value.
-        """
+    def detect(cls, *, ca_cert: str | os.PathLike | None = None, wheels: str | os.PathLike | None = None,
+               base: str | None = None, no_detect: bool = False, env: Mapping[str, str] | None = None,
+               python: str | None = None, deferred: bool = False) -> SiteOptions:
+        """Site options from explicit values, else from pip's configuration (``deferred``: later, it
+        takes ~0.7 s). Detected values count only when local and present; others get a note.
+        Raises EnvbuildError (exit 2): an explicit ``--ca-cert``/``--wheels`` is missing or of the wrong kind."""
         env = dict(os.environ if env is None else env)
         notes: list[str] = []
 
@@ -125,28 +79,13 @@ class SiteOptions:
                                   env=env, python=python)
 
 
-def pip_config(
-    *,
-    env: Mapping[str, str] | None = None,
-    python: str | None = None,
-    notes: list[str] | None = None,
-) -> dict[str, str]:
-    """pip's merged configuration: ``python -m pip config list`` as a dict.
-
-    Returns:
-        ``{"global.cert": "/etc/ssl/certs/ca-certificates.crt", ":env:.find-links": ...}``;
-        ``{}`` (with a note appended to ``notes``) when pip cannot be run.
-    """
+def pip_config(*, env: Mapping[str, str] | None = None, python: str | None = None,
+               notes: list[str] | None = None) -> dict[str, str]:
+    """``python -m pip config list`` as a dict; ``{}`` with a note when pip cannot run."""
     python = python or sys.executable
     try:
-        out = subprocess.run(
-            [python, "-m", "pip", "config", "list"],
-            capture_output=True,
-            text=True,
-            env=dict(os.environ if env is None else env),
-            timeout=60,
-        )
-    except (OSError, subprocess.SubprocessError) as e:
+        out = process.run([python, "-m", "pip", "config", "list"], 60, env=os.environ if env is None else env)
+    except Unreachable as e:
         if notes is not None:
             notes.append(f"could not read pip's configuration: {e}")
         return {}
@@ -202,9 +141,7 @@ def _detect_cert(config: Mapping[str, str], env: Mapping[str, str], notes: list[
     return path
 
 
-def _detect_find_links(
-    config: Mapping[str, str], env: Mapping[str, str], notes: list[str]
-) -> Path | None:
+def _detect_find_links(config: Mapping[str, str], env: Mapping[str, str], notes: list[str]) -> Path | None:
     found = _lookup(config, env, "find-links")
     if not found:
         return None

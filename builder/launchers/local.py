@@ -1,84 +1,19 @@
-"""Local Docker launcher: one container per simulated node on this Docker engine.
-
-For a :class:`~builder.launchers.base.LaunchSpec` of N nodes with G GPUs each (P =
-max(G, 1) processes per node), :meth:`LocalDockerLauncher.run`:
-
-1. removes the networks of earlier runs that ended without cleanup
-   (:func:`builder.image.engine.remove_stale_networks`: deadline passed, no container) and
-   names them in ``LaunchResult.removed_stale``;
-2. creates a private network ``envbuild-<run>`` (bridge, ``--internal``: no route out),
-   labelled with its deadline (:data:`builder.image.engine.DEADLINE_LABEL`: the start plus
-   ``timeout_s`` plus :data:`WATCHDOG_MARGIN_S` plus :data:`NETWORK_SLACK_S`);
-3. creates N containers ``envbuild-<run>-node-<i>`` (hostname and network alias
-   ``node-<i>``), with Docker's ``--rm`` (``AutoRemove``), each running the node watchdog
-   (:mod:`bench.node`) around torchrun::
-
-       python3 -m bench.node --deadline-s TIMEOUT+10 -- \
-           python3 -m torch.distributed.run --nnodes N --nproc-per-node P --node-rank i \
-           --master-addr node-0 --master-port PORT --max-restarts 0 \
-           -m bench --out /results <bench args> --result-to-stdout
-
-   with the in-image code (``builder/agent``: ``bench/``, ``probe/``; the one payload of
-   :mod:`builder.agent.payload`) mounted read-only at ``/opt/envbuild`` (``PYTHONPATH``;
-   the image is never changed); as the arbitrary user ``12345:12345`` (no passwd entry), read-only root
-   filesystem, tmpfs on ``/tmp``, ``HOME=/tmp/home`` and ``/results``, all capabilities
-   dropped, ``no-new-privileges``, ``shm_size`` as asked; with GPUs, node i gets GPUs
-   i*G .. i*G+G-1 (Docker device requests) and ``NCCL_DEBUG=INFO``. The socket settings
-   are the image's own (its ``ENV``); only ``spec.socket_ifname`` (``--socket-ifname``)
-   sets ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` (:func:`~builder.launchers.base.socket_env`);
-4. attaches to every container's output BEFORE starting it (as ``docker run --rm`` does)
-   and reads it as it comes: each rank prints progress lines (phase and heartbeat,
-   :mod:`bench.progress`) and, at its end, its result document as one line; the rest is
-   the node's log (the last :data:`LOG_KEEP_BYTES` kept);
-5. starts them (node 0 first) and waits until all exit, the deadline (``timeout_s``)
-   passes, or, once a node exited non-zero, a grace period (``grace_s``, 20 s) passes;
-   whatever still runs then is killed, after the progress of every rank was noted
-   (``LaunchResult.progress``: which rank stopped making progress, which wait for it);
-6. ALWAYS (``finally``, also on ``KeyboardInterrupt``; further SIGINT/SIGTERM are deferred
-   until it is done) removes the containers (forced; they normally removed themselves),
-   the network, and then everything labelled ``envbuild.run=<run>``
-   (:func:`builder.image.engine.remove_by_label`), so that an object created between a failure
-   and the cleanup is not leaked.
-
-**No results folder on the host.** The ranks write their result files to a tmpfs inside
-their container and print the documents on stdout; the launcher reads them from the
-container's output stream. Nothing on the host is writable by the containers, so no local
-user can plant a rank result (the results folder used to be a host folder of mode 0777,
-since the nodes run as another UID). Every result is checked against the run
-(:func:`~builder.launchers.output.check_result`: schema, rank, run id, world size, the
-:class:`~builder.launchers.model.RankResult` model; bounded by
-:data:`~builder.launchers.model.MAX_RESULT_BYTES`) and must come from the node hosting that
-rank (:class:`~builder.launchers.output.NodeOutput`).
-
-**If envbuild dies** (SIGKILL, a crash), nothing is left running for long: the watchdog
-ends each container :data:`WATCHDOG_MARGIN_S` seconds after the timeout and ``--rm``
-removes it, so containers are gone within ``timeout_s`` + 30 s. The network cannot remove
-itself; it carries its deadline and the next ``certify``/``make`` (or ``doctor --fix``,
-through :func:`builder.image.engine.remove_stale_networks`) removes it.
-
-Every container and the network carry :func:`builder.image.engine.run_labels` plus
-``spec.labels`` plus the labels in the environment variable ``ENVBUILD_EXTRA_LABELS``
-(``key=value,key2=value2``): meant for tests and CI, to tag everything a run creates so
-that it can be found and checked or removed afterwards.
-
-The bind mounts need the engine on this machine (``DOCKER_HOST`` a local socket).
-"""
+"""Local Docker launcher: one container per simulated node on this Docker engine."""
 
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import docker
-import docker.errors
-import docker.types
-import requests
-
-from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.core.clock import utc_stamp
+from builder.core.documents import RankResult
+from builder.core.errors import Unreachable
 from builder.core.inputs import one_line
 from builder.image import engine
 
@@ -95,15 +30,19 @@ from .base import (
     labels_for,
     node_env,
     torchrun_argv,
-    utc_now_iso,
 )
-from .model import RankResult
 from .output import LineBuffer, NodeOutput, parse_torchrun_failures, problems_by_rank
-from .phases import PhaseClock, phase_times
-from .progress import ProgressTracker
+from .phases import PhaseClock, phase_times, stalled_phase
+from .progress import ProgressTracker, phase_text
 
 #: Seconds the other nodes get once one node exited non-zero, before they are killed.
 DEFAULT_GRACE_S = 20.0
+#: Ranks the engine is asked to run per CPU it reports (``docker info`` NCPU), and memory per
+#: rank (bytes): a cpu-torch2 node (torchrun and one rank) holds about 470 MiB during the
+#: checks (``docker stats``), doubled for the larger profiles. Beyond this a run swaps or
+#: times out instead of certifying anything.
+RANKS_PER_CPU = 4
+RANK_MEMORY_BYTES = 1 << 30
 #: Seconds between two looks at the containers while waiting.
 POLL_S = 0.5
 #: Seconds before the second cleanup sweep by label (only when creation was cut short).
@@ -115,6 +54,17 @@ WATCHDOG_MARGIN_S = 10.0
 NETWORK_SLACK_S = 5.0
 #: Seconds to wait for the engine to remove the containers before removing the network.
 REMOVAL_WAIT_S = 15.0
+#: Seconds after the watchdogs' deadline at which the reaper removes what is left (a
+#: paused node: its watchdog is frozen with it).
+REAPER_SLACK_S = 5.0
+
+
+def start_reaper(run_id: str, after_s: float) -> subprocess.Popen[bytes]:
+    """Start :mod:`builder.launchers.reaper` for ``run_id`` in a session of its own (it
+    outlives a SIGKILL of envbuild), holding no pipe of ours."""
+    return subprocess.Popen([sys.executable, "-m", "builder.launchers.reaper", run_id, f"{after_s:g}"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, close_fds=True)
 
 
 # --------------------------------------------------------------------------- container config
@@ -142,9 +92,7 @@ def gpu_ids(spec: LaunchSpec, node: int) -> list[str]:
 
 
 def node_argv(spec: LaunchSpec, node: int) -> list[str]:
-    """The container command of node ``node``: the watchdog (deadline ``timeout_s`` +
-    :data:`WATCHDOG_MARGIN_S`) around :func:`~builder.launchers.base.torchrun_argv` (master
-    ``node-0``), the bench printing its result."""
+    """The container command of node ``node``: torchrun under a watchdog, so the node ends itself."""
     deadline = f"{float(spec.timeout_s) + WATCHDOG_MARGIN_S:g}"
     return ["python3", "-m", "bench.node", "--deadline-s", deadline, "--",
             *torchrun_argv(spec, node, master_addr=node_host(0))]
@@ -157,17 +105,10 @@ def container_kwargs(
     network: str,
     labels: Mapping[str, str],
     code_dir: Path,
-    endpoint_config: object = None,
     user: str = RUN_USER,
+    memory: str | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments of ``client.api.create_container`` (through
-    ``client.containers.create``) for node ``node`` (no engine call).
-
-    ``code_dir``: the in-image code (:func:`~builder.launchers.base.agent_dir`), mounted
-    read-only at :data:`~builder.launchers.base.MOUNT_POINT`. ``endpoint_config``: the
-    network endpoint (``client.api.create_endpoint_config`` with the alias ``node-<i>``);
-    None leaves the alias out (unit tests).
-    """
+    """Keyword arguments of :meth:`~builder.image.engine.Engine.create_container` for node ``node``."""
     kw: dict[str, Any] = dict(
         image=spec.image,
         command=node_argv(spec, node),
@@ -182,16 +123,15 @@ def container_kwargs(
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
         network=network,
+        aliases=[node_host(node)],
         auto_remove=True,
         detach=True,
+        gpus=gpu_ids(spec, node),
     )
-    if endpoint_config is not None:
-        kw["networking_config"] = {network: endpoint_config}
     if spec.shm_size:
         kw["shm_size"] = spec.shm_size
-    ids = gpu_ids(spec, node)
-    if ids:
-        kw["device_requests"] = [docker.types.DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]
+    if memory:
+        kw["mem_limit"] = kw["memswap_limit"] = memory
     return kw
 
 
@@ -199,20 +139,14 @@ def container_kwargs(
 
 
 class NodeWatch:
-    """What one node container says and how it ends, read by two daemon threads.
-
-    :meth:`attach` (before the container starts) reads its output stream line by line into
-    ``output`` (:class:`~builder.launchers.output.NodeOutput`: progress, checked results,
-    the log). :meth:`watch_exit` waits (in a thread) for the engine to remove the container
-    and keeps its exit status. ``done`` is set when the output stream ended (the container
-    stopped).
-    """
+    """What one node container says and how it ends, read by two daemon threads."""
 
     def __init__(self, node: int, container_id: str, spec: LaunchSpec, tracker: ProgressTracker) -> None:
         self.node = node
         self.id = container_id
         self.output = NodeOutput(node, spec, tracker)
         self.exit_code: int | None = None
+        self.memory = 0  # the container's memory limit in bytes (0: none)
         self.done = threading.Event()
         self.exited = threading.Event()
         self.stream: Any = None
@@ -223,12 +157,9 @@ class NodeWatch:
         return self.output.results
 
     # -- output
-    def attach(self, client: docker.DockerClient) -> None:
-        """Attach to the container's output and start reading it (call before start).
-
-        Raises: docker/requests errors from the engine.
-        """
-        self.stream = engine.attach_output(client, self.id)
+    def attach(self, client: engine.Engine) -> None:
+        """Attach to the container's output and start reading it (call before start); Unreachable (exit 3)."""
+        self.stream = client.attach_output(self.id)
         threading.Thread(target=self._read, name=f"envbuild-node-{self.node}-output", daemon=True).start()
 
     def _read(self) -> None:
@@ -247,12 +178,12 @@ class NodeWatch:
             self.done.set()
 
     # -- exit
-    def watch_exit(self, client: docker.DockerClient) -> None:
+    def watch_exit(self, client: engine.Engine) -> None:
         """Start waiting (in a thread) for the engine to remove the container; keeps its
         exit status (call before start: ``--rm`` containers vanish when they end)."""
         def wait() -> None:
             try:
-                self.exit_code = int(client.api.wait(self.id, timeout=None, condition="removed")["StatusCode"])
+                self.exit_code = client.wait(self.id, condition="removed")
             except Exception:  # noqa: BLE001 - gone before the wait was seen: status unknown
                 pass
             finally:
@@ -269,78 +200,78 @@ class NodeWatch:
 # --------------------------------------------------------------------------- launcher
 
 
-class LocalDockerLauncher:
-    """Runs each simulated node as a container on the local Docker engine (see module doc).
+def check_capacity(nodes: int, nproc_per_node: int, info: Mapping[str, Any]) -> None:
+    """Refuse more local nodes than the engine of ``info`` (``docker info``) can run, before anything starts.
+    Raises EnvbuildError: (exit 3: this engine cannot check it) naming the limit and the way out."""
+    ncpu, memory = max(1, int(info.get("NCPU") or 1)), int(info.get("MemTotal") or 0)
+    ranks = min(ncpu * RANKS_PER_CPU, memory // RANK_MEMORY_BYTES) if memory else ncpu * RANKS_PER_CPU
+    limit = max(1, ranks // max(1, nproc_per_node))
+    if nodes > limit:
+        raise Unreachable(
+            f"{nodes} local node(s) of {nproc_per_node} rank(s) are more than this Docker engine runs: at most "
+            f"{limit} ({RANKS_PER_CPU} ranks per CPU of its {ncpu}, {RANK_MEMORY_BYTES >> 20} MiB of its "
+            f"{memory >> 20} MiB memory per rank); give --nodes {limit} or fewer, or run on a cluster "
+            "(--launcher slurm or k8s)")
 
-    Args:
-        client: a connected ``docker.DockerClient`` (:func:`builder.image.engine.connect`).
-        grace_s: seconds the others get once a node exited non-zero.
-        poll_s: seconds between looks at the containers.
-        user: ``uid:gid`` the nodes run as.
-    """
+
+class LocalDockerLauncher:
+    """Runs each simulated node as a container on the local Docker engine."""
 
     def __init__(
         self,
-        client: docker.DockerClient,
+        client: engine.Engine,
         *,
         grace_s: float = DEFAULT_GRACE_S,
         poll_s: float = POLL_S,
         user: str = RUN_USER,
+        memory: str | None = None,
+        machines: list[int] | None = None,
+        node_options: Mapping[int, Mapping[str, Any]] | None = None,
     ) -> None:
         self.client = client
         self.grace_s = grace_s
         self.poll_s = poll_s
         self.user = user
+        self.memory = memory
+        #: node i of a run is machine ``machines[i]`` (default i), created with that machine's
+        #: extra container options (``node_options``: ``nano_cpus``, ``environment`` merged), so
+        #: that a bisection's runs over part of the nodes meet the same machines
+        self.machines = machines
+        self.node_options = dict(node_options or {})
 
-    # -- engine helpers
-
-    def _api_error(self, what: str, e: Exception, image: str | None = None) -> EnvbuildError:
-        if isinstance(e, docker.errors.ImageNotFound):
-            return EnvbuildError("no such image", field="image", value=image or what)
-        if isinstance(e, (requests.exceptions.RequestException, OSError)):
-            return Unreachable(f"Docker engine: {what}: {one_line(e, 200)}")
-        return EnvbuildError(f"Docker engine: {what}: {one_line(e, 300)}",
-                             exit_code=ExitCode.UNREACHABLE)
-
-    def _kill(self, watch: NodeWatch) -> None:
-        """Kill a node's container (SIGKILL; the engine kills a paused one too); gone
-        already is fine."""
-        with contextlib.suppress(docker.errors.APIError, requests.exceptions.RequestException):
-            self.client.api.kill(watch.id)
+    def on(self, machines: list[int]) -> LocalDockerLauncher:
+        """The same launcher, its nodes the given machines."""
+        return LocalDockerLauncher(self.client, grace_s=self.grace_s, poll_s=self.poll_s, user=self.user,
+                                   memory=self.memory, machines=list(machines), node_options=self.node_options)
 
     # -- the launch
 
     def run(self, spec: LaunchSpec, on_progress: OnProgress | None = None) -> LaunchResult:
-        """Launch ``spec`` (see the module doc) and return what the ranks produced.
-
-        Raises:
-            EnvbuildError: (exit 2) no such image, bad ``ENVBUILD_EXTRA_LABELS``;
-                (exit 3) the engine failed to create or start something.
-            KeyboardInterrupt: passed on, after the cleanup.
-        """
+        """Launch ``spec`` and return what the ranks produced.
+        Raises EnvbuildError: (exit 3) no such image, too many nodes, the engine failed; also exit 2."""
         say = on_progress or (lambda msg: None)
         labels = labels_for(spec)
         code_dir = agent_dir()
-        try:
-            self.client.images.get(spec.image)
-        except docker.errors.ImageNotFound:
-            raise EnvbuildError("no such image", field="image", value=spec.image) from None
-        except (docker.errors.APIError, requests.exceptions.RequestException) as e:
-            raise self._api_error(f"inspect image {spec.image}", e) from None
+        check_capacity(spec.nodes, spec.nproc_per_node, self.client.info())
+        self.client.image(spec.image)
 
         watches: list[NodeWatch] = []
         state: dict[str, Any] = {"network": None, "created": 0}
         cleanup_errors: list[str] = []
         clock, phases = PhaseClock(), list[tuple[str, float]]()  # completed after the cleanup (teardown)
         tracker = ProgressTracker(spec.world_size, spec.run_id)
+        ending: dict[str, Any] = {"timed_out": False, "progress": {}}  # how the wait ended
         try:
             clock.mark("launch")
             stale = self._remove_stale(say)
+            state["events"], oom = self._watch_oom(spec.run_id)
             t0, started_at = self._start(spec, labels, code_dir, tracker, watches, state, say)
-            clock.mark("started")
+            clock.marks.setdefault("started", t0)  # the deadline's clock: taken before the nodes start
             timed_out, given_up, progress = self._wait(spec, watches, tracker, t0, say)
+            ending.update(timed_out=timed_out, progress=progress)
             result = self._collect(spec, watches, tracker, timed_out, given_up, progress, started_at,
                                    stale, cleanup_errors, say)
+            result.oom_killed = {w.node: w.memory for w in watches if w.node in oom}
             clock.mark("ended")
             result.phases = phases
             return result
@@ -356,14 +287,34 @@ class LocalDockerLauncher:
                     self._cleanup(spec, watches, state, cleanup_errors)
                 raise
             clock.mark("removed")
-            phases[:] = phase_times(clock.marks, tracker.phase_starts(), spec.world_size)
+            starts = tracker.phase_starts()
+            phases[:] = phase_times(clock.marks, starts, spec.world_size,
+                                    stalled_phase(ending["progress"], starts, spec.world_size), ending["timed_out"])
+
+    def _watch_oom(self, run_id: str) -> tuple[Any, set[int]]:
+        """Follow the engine's ``oom`` events of the run's containers from before they exist:
+        ``(the event stream, the set of nodes it names, filled as they come)``."""
+        seen: set[int] = set()
+        try:
+            stream = self.client.events({"type": "container", "event": "oom", "label": f"{engine.RUN_LABEL}={run_id}"})
+        except Unreachable:
+            return None, seen
+
+        def read() -> None:
+            with contextlib.suppress(Exception):  # the stream closed: the run is over
+                for ev in stream:
+                    node = str(((ev.get("Actor") or {}).get("Attributes") or {}).get("envbuild.node", ""))
+                    if node.isdigit() and len(node) < 7:
+                        seen.add(int(node))
+        threading.Thread(target=read, name=f"envbuild-{run_id}-events", daemon=True).start()
+        return stream, seen
 
     def _remove_stale(self, say: OnProgress) -> list[str]:
         """Remove the networks of earlier runs whose deadline passed (one line each)."""
         try:
-            removed = engine.remove_stale_networks(self.client)
-        except (docker.errors.APIError, requests.exceptions.RequestException) as e:
-            return [f"could not look for stale networks: {one_line(e, 200)}"]
+            removed = self.client.remove_stale_networks()
+        except Unreachable as e:
+            return [f"could not look for stale networks: {one_line(e.message, 200)}"]
         lines = [f"removed network {n['name']} of run {n['run']}, left behind by an envbuild that "
                  f"did not clean up (its deadline {n['deadline']} passed)" for n in removed]
         for line in lines:
@@ -376,27 +327,26 @@ class LocalDockerLauncher:
         net_name = network_name(spec.run_id)
         deadline = time.time() + float(spec.timeout_s) + WATCHDOG_MARGIN_S + NETWORK_SLACK_S
         net_labels = {**labels, engine.DEADLINE_LABEL: engine.deadline_label(deadline)}
-        try:
-            state["network"] = self.client.networks.create(net_name, driver="bridge", internal=True,
-                                                           labels=net_labels)
-            for node in range(spec.nodes):
-                kw = container_kwargs(
-                    spec, node, network=net_name, labels=labels, code_dir=code_dir, user=self.user,
-                    endpoint_config=self.client.api.create_endpoint_config(aliases=[node_host(node)]),
-                )
-                c = self.client.containers.create(**kw)
-                state["created"] += 1
-                watch = NodeWatch(node, c.id, spec, tracker)
-                watches.append(watch)
-                watch.attach(self.client)
-                watch.watch_exit(self.client)
-            say(f"run {spec.run_id}: starting {spec.nodes} node(s) x {spec.nproc_per_node} rank(s)")
-            started_at = utc_now_iso()
-            t0 = time.monotonic()
-            for w in watches:
-                self.client.api.start(w.id)
-        except (docker.errors.APIError, requests.exceptions.RequestException, OSError) as e:
-            raise self._api_error(f"launch of {spec.image}", e, spec.image) from None
+        state["network"] = self.client.create_network(net_name, net_labels)
+        for node in range(spec.nodes):
+            kw = container_kwargs(spec, node, network=net_name, labels=labels, code_dir=code_dir, user=self.user,
+                                  memory=self.memory)
+            for k, v in self.node_options.get(self.machines[node] if self.machines else node, {}).items():
+                kw[k] = {**kw[k], **v} if isinstance(v, Mapping) and isinstance(kw.get(k), Mapping) else v
+            c = self.client.create_container(**kw)
+            state["created"] += 1
+            watch = NodeWatch(node, c.id, spec, tracker)
+            watch.memory = int((c.doc.get("HostConfig") or {}).get("Memory") or 0)
+            watches.append(watch)
+            watch.attach(self.client)
+            watch.watch_exit(self.client)
+        # the reaper's clock starts with the nodes' (creation may be slow under load)
+        state["reaper"] = start_reaper(spec.run_id, float(spec.timeout_s) + WATCHDOG_MARGIN_S + REAPER_SLACK_S)
+        say(f"run {spec.run_id}: starting {spec.nodes} node(s) x {spec.nproc_per_node} rank(s)")
+        started_at = utc_stamp()
+        t0 = time.monotonic()
+        for w in watches:
+            self.client.start(w.id)
         return t0, started_at
 
     def _node_code(self, w: NodeWatch) -> int | None:
@@ -406,8 +356,7 @@ class LocalDockerLauncher:
 
     def _wait(self, spec: LaunchSpec, watches: list[NodeWatch], tracker: ProgressTracker, t0: float,
               say: OnProgress) -> tuple[bool, set[int], dict[int, dict]]:
-        """Wait for the nodes; ``(timed_out, nodes still running when given up, progress
-        snapshot at that moment)``."""
+        """``(timed_out, nodes still running when given up, progress snapshot then)``."""
         deadline = t0 + spec.timeout_s
         grace_until: float | None = None
         last_msg = ""
@@ -426,8 +375,10 @@ class LocalDockerLauncher:
             if grace_until is not None and now >= grace_until:
                 return False, running, tracker.snapshot()
             reported = sum(len(w.results) for w in watches)
+            phases = sorted({phase_text(p) for p in tracker.snapshot(now).values()})
             msg = (f"run {spec.run_id}: {len(running)}/{spec.nodes} node(s) running, "
-                   f"{reported}/{spec.world_size} rank result(s), {now - t0:.0f} s of {spec.timeout_s:g} s")
+                   + (f"phase {', '.join(phases)}, " if phases else "")
+                   + f"{reported}/{spec.world_size} rank result(s), {now - t0:.0f} s of {spec.timeout_s:g} s")
             if msg != last_msg:
                 say(msg)
                 last_msg = msg
@@ -439,7 +390,7 @@ class LocalDockerLauncher:
         """Kill what still runs, wait for the output to end, build the result."""
         for w in watches:
             if w.node in given_up:
-                self._kill(w)
+                self.client.kill(w.id)
         for w in watches:
             if not w.done.wait(30.0):
                 w.close()
@@ -461,7 +412,7 @@ class LocalDockerLauncher:
         return LaunchResult(
             rank_results=results, node_logs=node_logs, node_exit_codes=node_exit, timed_out=timed_out,
             missing_ranks=[r for r in range(spec.world_size) if r not in results],
-            started_at=started_at, finished_at=utc_now_iso(), rank_exit_codes=rank_exit,
+            started_at=started_at, finished_at=utc_stamp(), rank_exit_codes=rank_exit,
             rank_problems=problems,
             killed_after_s=self.grace_s if (given_up and not timed_out) else None,
             cleanup_errors=cleanup_errors,  # filled in by the cleanup
@@ -470,34 +421,38 @@ class LocalDockerLauncher:
         )
 
     def _cleanup(self, spec: LaunchSpec, watches: list[NodeWatch], state: dict[str, Any], errors: list[str]) -> None:
-        """Remove containers (they normally removed themselves), the network and
-        everything labelled with the run."""
+        """Remove everything labelled with the run (containers normally removed themselves); end the reaper."""
+        try:
+            self._remove_all(spec, watches, state, errors)
+        finally:
+            reaper = state.pop("reaper", None)
+            if reaper is not None:
+                reaper.kill()
+                reaper.wait()
+
+    def _remove_all(self, spec: LaunchSpec, watches: list[NodeWatch], state: dict[str, Any],
+                    errors: list[str]) -> None:
         for w in watches:
             try:
-                self.client.api.remove_container(w.id, force=True)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError as e:
-                if "already in progress" not in str(e):
-                    errors.append(f"remove container {node_name(spec.run_id, w.node)}: {one_line(e)}")
+                self.client.remove_container(w.id)
             except Exception as e:  # noqa: BLE001 - cleanup goes on
                 errors.append(f"remove container {node_name(spec.run_id, w.node)}: {one_line(e)}")
             w.close()
+        with contextlib.suppress(Exception):
+            if state.get("events") is not None:
+                state["events"].close()
         run_filter = f"{engine.RUN_LABEL}={spec.run_id}"
         # one list call (no inspect per container: a container removed between a list and its
         # inspect raised NotFound and ended this wait early, leaving one still being removed)
         until = time.monotonic() + REMOVAL_WAIT_S
         with contextlib.suppress(Exception):
-            while self.client.api.containers(all=True, filters={"label": run_filter}) and time.monotonic() < until:
+            while self.client.containers([run_filter], inspect=False) and time.monotonic() < until:
                 time.sleep(0.2)
-        network = state.get("network")
-        if network is not None:
+        if state.get("network") is not None:
             try:
-                network.remove()
-            except docker.errors.NotFound:
-                pass
+                self.client.remove_network(state["network"])
             except Exception as e:  # noqa: BLE001
-                errors.append(f"remove network {network.name}: {one_line(e)}")
+                errors.append(f"remove network {network_name(spec.run_id)}: {one_line(e)}")
         # A create request cut short by an interrupt may still complete on the daemon after
         # the first sweep: when creation did not finish, sweep again a moment later.
         sweeps = 1 if state.get("created") == spec.nodes else 2
@@ -505,6 +460,6 @@ class LocalDockerLauncher:
             if i:
                 time.sleep(SECOND_SWEEP_DELAY_S)
             try:
-                engine.remove_by_label(self.client, run_filter)
+                self.client.remove_by_label(run_filter)
             except Exception as e:  # noqa: BLE001
                 errors.append(f"remove objects labelled {run_filter}: {one_line(e)}")

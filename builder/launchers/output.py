@@ -1,16 +1,6 @@
-"""What a node prints, read the same way by every launcher: progress lines, result lines and
-the rest (its log), and the checks every rank result passes before it counts.
-
-A rank prints its result document as one line ``@@envbuild-result {...}`` on stdout (the
-bench's ``--result-to-stdout``), so that nothing on the host needs to be writable by the
-nodes. :func:`check_result` accepts a document only when it is of this run: schema
-``envbuild.rank-result/1``, the rank expected, the run id and world size of the run, and
-every field valid under :class:`~builder.launchers.model.RankResult`. :class:`NodeOutput`
-sorts the lines of one node (a container's output stream, a Slurm task's log file): progress
-to a :class:`~builder.launchers.progress.ProgressTracker`, results checked (and refused when
-printed by a node that does not host the rank), the rest kept as the node's log (its last
-:data:`LOG_KEEP_BYTES`).
-"""
+"""What a node prints, read the same way by every launcher. Results come as one
+``@@envbuild-result`` line on stdout, so nothing on the host need be writable by the nodes; one is
+accepted only when it is of this run."""
 
 from __future__ import annotations
 
@@ -20,12 +10,12 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from builder.core.documents import MAX_RESULT_BYTES, RESULT_SCHEMA, RankResult
 from builder.core.errors import EnvbuildError, ManyErrors
 from builder.core.inputs import load_json, show
 from builder.core.model import convert
 
 from .base import LaunchSpec
-from .model import MAX_RESULT_BYTES, RESULT_SCHEMA, RankResult
 from .progress import PROGRESS_PREFIX, ProgressTracker
 
 RESULT_PREFIX = "@@envbuild-result "
@@ -35,12 +25,8 @@ LOG_KEEP_BYTES = 4 << 20
 
 def result_problem(doc: object, rank: int, what: str = "result file", *, run_id: str | None = None,
                    world_size: int | None = None) -> str | None:
-    """Why ``doc`` is not a result of ``rank`` of this run (None when it is): not a
-    ``envbuild.rank-result/1`` mapping, written by another rank, by another run (its
-    ``run_id`` is not ``run_id``: a stale or planted result), or for another world size.
-    ``run_id``/``world_size`` None skip those checks. ``what`` names where it came from in
-    the message (``"result file"``, ``"result"``). One line, values escaped. The fields
-    themselves are checked by :func:`check_result`."""
+    """Why ``doc`` is not a result of ``rank`` of this run (None when it is): one escaped line.
+    A foreign ``run_id`` is a stale or planted result; None ``run_id``/``world_size`` skip those checks."""
     if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         return f"{what} is not {RESULT_SCHEMA} (got {show(got, 60)})"
@@ -57,10 +43,7 @@ def result_problem(doc: object, rank: int, what: str = "result file", *, run_id:
 
 def check_result(doc: object, rank: int, what: str = "result file", *, run_id: str | None = None,
                  world_size: int | None = None) -> tuple[RankResult | None, str | None]:
-    """``(RankResult, None)`` when ``doc`` is a usable result of ``rank`` of this run, else
-    ``(None, why)``: :func:`result_problem`, then every field under the
-    :class:`~builder.launchers.model.RankResult` model (the first violation named, with how
-    many more). ``doc`` may be a :class:`RankResult` already (checked again)."""
+    """``(RankResult, None)`` when ``doc`` is a usable result of ``rank`` of this run, else ``(None, why)``."""
     if isinstance(doc, RankResult):
         doc = doc.to_dict()
     why = result_problem(doc, rank, what, run_id=run_id, world_size=world_size)
@@ -74,9 +57,7 @@ def check_result(doc: object, rank: int, what: str = "result file", *, run_id: s
 
 
 def parse_result_line(line: str, node: int) -> tuple[Any | None, str | None]:
-    """``(document, None)`` of one ``@@envbuild-result {...}`` line printed by node
-    ``node``, or ``(None, why)`` when it is not JSON within the bounds
-    (:func:`builder.core.inputs.load_json`; at most :data:`MAX_RESULT_BYTES`)."""
+    """``(document, None)`` of one result line, or ``(None, why)`` when not bounded JSON."""
     body = line[len(RESULT_PREFIX):]
     if len(body) > MAX_RESULT_BYTES:
         return None, f"a result line of node {node} is over {MAX_RESULT_BYTES} bytes"
@@ -94,11 +75,7 @@ _TR_EXIT_RE = re.compile(r"\s*exitcode\s*:\s*(-?\d{1,9})")
 
 
 def parse_torchrun_failures(text: str) -> dict[int, int]:
-    """``{global rank: exit status}`` from torchrun's failure summary in a node log.
-
-    Signals appear as negative statuses (``-9`` for SIGKILL), as torchrun prints them.
-    Ranks that torchrun did not list are absent; ``{}`` when there is no summary.
-    """
+    """``{global rank: exit status}`` from torchrun's failure summary (signals negative); {} if none."""
     out: dict[int, int] = {}
     lines = text.splitlines()
     for i, line in enumerate(lines):
@@ -114,10 +91,7 @@ def parse_torchrun_failures(text: str) -> dict[int, int]:
 
 
 class LineBuffer:
-    """Bytes of one stream cut into lines, each at most :data:`MAX_RESULT_BYTES` + 64
-    bytes: :meth:`feed` yields every complete line (without its newline), or None for a
-    line that was longer (dropped: it is never kept whole in memory); :meth:`rest` gives
-    the last, unterminated line the same way."""
+    """A stream cut into lines of at most ``LIMIT`` bytes; a longer one is dropped (None), never held whole."""
 
     LIMIT = MAX_RESULT_BYTES + 64
 
@@ -126,7 +100,6 @@ class LineBuffer:
         self._size = 0
 
     def feed(self, data: bytes) -> Iterator[bytes | None]:
-        """The lines completed by ``data``."""
         while data:
             cut = data.find(b"\n")
             if cut < 0:
@@ -141,8 +114,7 @@ class LineBuffer:
             yield line
 
     def rest(self) -> list[bytes | None]:
-        """The unterminated last line as a list of one (None in it when it was too long);
-        [] when there is none."""
+        """The unterminated last line as a list of one (None when too long), or []."""
         if not self._parts:
             return []
         line = b"".join(self._parts) if self._size <= self.LIMIT else None
@@ -151,14 +123,8 @@ class LineBuffer:
 
 
 class NodeOutput:
-    """The lines of node ``node`` of ``spec`` sorted as they come (thread-safe).
-
-    :meth:`line` takes one line: a progress line (stdout) goes to ``tracker``; a result
-    line (stdout) becomes ``results[rank]`` (a :class:`RankResult`) or ``problems[rank]``
-    (a result that is not of this run, or printed by a node that does not host its rank; a
-    line without a usable rank is kept under a negative key, :meth:`problems_by_rank`);
-    every other line is the node's log, of which the last :data:`LOG_KEEP_BYTES` are kept.
-    """
+    """The lines of one node sorted as they come (thread-safe); a result from a node that does not
+    host its rank is refused."""
 
     def __init__(self, node: int, spec: LaunchSpec, tracker: ProgressTracker) -> None:
         self.node = node
@@ -171,7 +137,7 @@ class NodeOutput:
         self._mu = threading.Lock()
 
     def line(self, text: str, stdout: bool = True, at: float | None = None) -> None:
-        """Sort one line (without its newline); ``at``: its arrival time (default now)."""
+        """Sort one line; ``at``: its arrival time (default now)."""
         if stdout and text.startswith(PROGRESS_PREFIX):
             if self.tracker.feed(text, at=at):
                 return
@@ -201,15 +167,13 @@ class NodeOutput:
                 self.problems.pop(rank, None)
 
     def raw_line(self, raw: bytes | None, stdout: bool = True, at: float | None = None) -> None:
-        """Sort one line as bytes (from a :class:`LineBuffer`; None: a line over the bound,
-        noted in the log)."""
+        """Sort one line of bytes (None: a line over the bound, noted in the log)."""
         if raw is None:
             self.keep(f"(node {self.node}: a line over {MAX_RESULT_BYTES} bytes was dropped)")
         else:
             self.line(raw.decode("utf-8", "replace").rstrip("\r"), stdout=stdout, at=at)
 
     def keep(self, text: str) -> None:
-        """Add a line to the node's log (the oldest lines go beyond :data:`LOG_KEEP_BYTES`)."""
         with self._mu:
             self._log.append(text)
             self._log_bytes += len(text) + 1
@@ -217,16 +181,14 @@ class NodeOutput:
                 self._log_bytes -= len(self._log.popleft()) + 1
 
     def log(self) -> str:
-        """The node's log kept so far (text, newline-terminated lines)."""
         with self._mu:
             return "".join(line + "\n" for line in self._log)
 
 
 def problems_by_rank(outputs: list[NodeOutput], results: dict[int, RankResult],
                      world_size: int) -> dict[int, str]:
-    """The problems of every node's output by rank: a problem without a usable rank
-    (a line that was not JSON) is shown on the first rank that has neither a result nor
-    a problem of its own; problems of ranks that have a result are dropped."""
+    """Every node's problems by rank; one without a rank goes to the first rank with neither a
+    result nor a problem, and problems of ranks with a result are dropped."""
     problems: dict[int, str] = {}
     loose: list[str] = []
     for out in outputs:

@@ -1,21 +1,11 @@
-"""Rank progress: the ``@@envbuild-progress`` lines every rank prints, tracked per rank, and
-the naming of the ranks that hang (shared by every launcher and by the verdict).
-
-Each rank of the bench prints a line when it enters a phase and, from a heartbeat
-process, every 2 s while it is alive (``builder/agent/bench/progress.py``)::
-
-    @@envbuild-progress {"rank": 1, "run": "0123456789ab", "seq": 4, "phase": "all-reduce",
-                         "detail": "1024 B", "collective": true, "t": 1767258000.1}
-    @@envbuild-progress {"rank": 1, "run": "0123456789ab", "beat": 17, "state": "S", "t": ...}
-
-A launcher feeds the lines it reads to a :class:`ProgressTracker` (with the host's arrival
-time: a frozen rank's own clock says nothing) and hands :meth:`ProgressTracker.snapshot`
-to the verdict in ``LaunchResult.progress``; :func:`name_hangs` tells there which stuck
-rank stopped making progress and which ones wait for it.
+"""Rank progress: the ``@@envbuild-progress`` lines of every rank (``bench.progress``), tracked
+per rank by host arrival time (a frozen rank's own clock says nothing), and the naming of
+the ranks that hang, shared by every launcher and the verdict.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,8 +15,7 @@ from builder.core.errors import EnvbuildError
 from builder.core.inputs import load_json, one_line
 
 PROGRESS_PREFIX = "@@envbuild-progress "
-#: A rank whose last progress line is older than this many seconds when the launch gives
-#: up has stopped (the bench beats every 2 s while alive, ``bench.progress``).
+#: Seconds of silence after which a rank has stopped (the bench beats every 2 s while alive).
 SILENT_AFTER_S = 10.0
 #: Process states (``/proc/PID/stat``) of a rank stopped by a signal (SIGSTOP, a tracer).
 STOPPED_STATES = ("T", "t")
@@ -39,10 +28,7 @@ MAX_PHASE_NAMES = 64
 
 
 def parse_progress_line(line: str) -> dict | None:
-    """The document of one ``@@envbuild-progress {...}`` line, checked (never raises):
-    a phase line (``rank`` and ``seq`` integers, ``phase`` a string) or a beat line of
-    the rank's heartbeat process (``rank`` and ``beat`` integers, ``state`` a string);
-    None for anything else."""
+    """The document of a phase or beat line, checked; None for anything else (never raises)."""
     if not line.startswith(PROGRESS_PREFIX) or len(line) > MAX_PROGRESS_LINE:
         return None
     try:
@@ -64,18 +50,7 @@ def _socket_of(value: object) -> dict[str, str | None]:
 
 
 class ProgressTracker:
-    """The last phase and heartbeat of every rank, and when they arrived (thread-safe).
-
-    Args:
-        world_size: ranks of the run; lines of other ranks are ignored.
-        run_id: lines of another run are ignored (None: not checked).
-        clock: seconds, monotonic (the host's clock at arrival is what counts: a frozen
-            rank's own clock says nothing).
-
-    ``socket`` and ``interfaces`` hold what each rank's ``start`` line said: ``{rank:
-    {"GLOO_SOCKET_IFNAME": str|None, "NCCL_SOCKET_IFNAME": str|None}}`` and ``{rank:
-    {interface: is loopback}}``; ``latest`` the latest time fed (:func:`progress_from_logs`).
-    """
+    """The last phase and heartbeat of every rank of this run, and when they arrived (thread-safe)."""
 
     def __init__(self, world_size: int, run_id: str | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -88,6 +63,7 @@ class ProgressTracker:
         self._seen_at: dict[int, float] = {}
         self._phase_at: dict[int, float] = {}
         self._first_at: dict[int, dict[str, float]] = {}
+        self._first_t: dict[int, dict[str, float]] = {}  # by the rank's own clock (``t``)
         self.socket: dict[int, dict] = {}
         self.interfaces: dict[int, dict] = {}
         self.latest = 0.0
@@ -110,9 +86,11 @@ class ProgressTracker:
             prev = self._phase.get(r)
             if prev is None or doc["seq"] != prev["seq"]:
                 self._phase_at[r] = now
-                firsts = self._first_at.setdefault(r, {})
-                if len(firsts) < MAX_PHASE_NAMES:
-                    firsts.setdefault(doc["phase"][:80], now)
+                t: Any = doc.get("t")
+                stamp = float(t) if type(t) in (int, float) and math.isfinite(t) else None
+                for firsts, when in ((self._first_at.setdefault(r, {}), now), (self._first_t.setdefault(r, {}), stamp)):
+                    if len(firsts) < MAX_PHASE_NAMES and when is not None:
+                        firsts.setdefault(doc["phase"][:80], when)
             self._phase[r] = doc
             if doc["phase"] == "start" and "socket" in doc:
                 self.socket[r] = _socket_of(doc.get("socket"))
@@ -121,18 +99,16 @@ class ProgressTracker:
                     self.interfaces[r] = {str(k)[:32]: bool(v) for k, v in list(ifs.items())[:64]}
         return True
 
-    def phase_starts(self) -> dict[int, dict[str, float]]:
-        """``{rank: {phase name: clock seconds when its first line of that phase arrived}}``
-        (at most :data:`MAX_PHASE_NAMES` names per rank; :mod:`builder.launchers.phases`)."""
+    def phase_starts(self, stamped: bool = False) -> dict[int, dict[str, float]]:
+        """``{rank: {phase: clock seconds its first line arrived}}`` (:mod:`builder.launchers.phases`);
+        ``stamped``: the ``t`` (epoch s) the rank wrote on it, for logs read long after the fact."""
         with self._mu:
-            return {r: dict(v) for r, v in sorted(self._first_at.items())}
+            return {r: dict(v) for r, v in sorted((self._first_t if stamped else self._first_at).items())}
 
     def snapshot(self, at: float | None = None) -> dict[int, dict]:
-        """``{rank: {"phase", "detail", "collective", "seq", "state", "silent_s",
-        "in_phase_s"}}`` at ``at`` (default now), for each rank that printed a phase: its
-        last phase, its process state in the last beat (None before the first),
-        seconds since its last line of either kind (``silent_s``) and since it entered
-        the phase (``in_phase_s``)."""
+        """Per rank that printed a phase: its last phase, process state, and the seconds since its
+        last line (``silent_s``) and since it entered the phase (``in_phase_s``).
+        """
         now = self.clock() if at is None else at
         with self._mu:
             out = {}
@@ -147,10 +123,9 @@ class ProgressTracker:
 
 
 def progress_from_logs(logs: Iterable[str], world_size: int, run_id: str | None = None) -> ProgressTracker:
-    """A :class:`ProgressTracker` fed from whole node logs read after the fact (a launcher
-    that cannot watch the output as it comes, e.g. Kubernetes pod logs): each line counts
-    at the time it carries (``t``, the rank's clock); :meth:`ProgressTracker.snapshot` at
-    ``tracker.latest`` then tells how long each rank was silent before the last line seen."""
+    """A tracker fed from whole logs read after the fact (Kubernetes pod logs), each line at its own
+    ``t``; a snapshot at ``tracker.latest`` tells how long each rank was silent before the end.
+    """
     tracker = ProgressTracker(world_size, run_id)
     for text in logs:
         for line in (text or "").splitlines():
@@ -165,17 +140,16 @@ def progress_from_logs(logs: Iterable[str], world_size: int, run_id: str | None 
 
 
 def ranks_text(ranks: Iterable[int]) -> str:
-    """``"rank 1"`` or ``"ranks 0, 2"`` (sorted)."""
     ordered = sorted(ranks)
     return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(str(r) for r in ordered)
 
 
-def _phase_text(state: Mapping[str, Any]) -> str:
+def phase_text(state: Mapping[str, Any]) -> str:
     detail = state.get("detail")
     return one_line(f"{state.get('phase')} {detail}" if detail else str(state.get("phase")), 80)
 
 
-def _hung_ranks(progress: Mapping[int, dict], prog: Mapping[int, dict | None],
+def hung_ranks(progress: Mapping[int, dict], prog: Mapping[int, dict | None],
                 stuck: Sequence[int]) -> tuple[set[int], set[int], set[int]]:
     """``(silent, idle, hung)`` ranks of ``stuck`` by the rule of :func:`name_hangs`."""
     silent = {r for r, p in prog.items() if p is None or p.get("silent_s", 0) > SILENT_AFTER_S
@@ -197,39 +171,30 @@ def _why(r: int, p: dict | None, sets: tuple[set[int], set[int], set[int]], othe
         if p is None:
             return "hung: never reported progress"
         if p.get("state") in STOPPED_STATES:
-            return f"hung: stopped by a signal (process state {p['state']}) in {_phase_text(p)}"
-        return f"hung: no heartbeat for {p['silent_s']:g} s (frozen or gone); last in {_phase_text(p)}"
+            return f"hung: stopped by a signal (process state {p['state']}) in {phase_text(p)}"
+        return f"hung: no heartbeat for {p['silent_s']:g} s (frozen or gone); last in {phase_text(p)}"
     if r in idle:
-        return (f"hung: stopped making progress in {_phase_text(p)} for {p['in_phase_s']:g} s "
+        return (f"hung: stopped making progress in {phase_text(p)} for {p['in_phase_s']:g} s "
                 "(alive, outside any collective)")
     if r in hung:
-        return (f"hung: stopped making progress in {_phase_text(p)} for {p['in_phase_s']:g} s; "
+        return (f"hung: stopped making progress in {phase_text(p)} for {p['in_phase_s']:g} s; "
                 f"{ranks_text(others)} got further")
     if hung:
-        return f"blocked in {_phase_text(p)}, waiting for {ranks_text(hung)}"
-    return f"blocked in {_phase_text(p)} for {p['in_phase_s']:g} s (no rank got further)"
+        return f"blocked in {phase_text(p)}, waiting for {ranks_text(hung)}"
+    return f"blocked in {phase_text(p)} for {p['in_phase_s']:g} s (no rank got further)"
 
 
 def name_hangs(progress: Mapping[int, dict], stuck: Sequence[int], limit_s: float) -> dict[int, tuple[str, bool]]:
-    """For the ranks ``stuck`` at the deadline (no result, no exit status, no problem):
-    ``{rank: (failure line, hung?)}`` from ``progress`` (:meth:`ProgressTracker.snapshot`
-    when the launch gave up waiting, after ``limit_s`` seconds).
+    """``{rank: (failure line, hung?)}`` for the ranks ``stuck`` at the deadline.
 
-    The rule: a rank is **hung** (it stopped making progress) when its heartbeat stopped
-    (no progress line for more than :data:`SILENT_AFTER_S` s at the deadline: frozen,
-    gone, or never started) or says it is stopped (process state ``T``: SIGSTOP), or
-    when it is alive but outside any collective (computing or sleeping instead of
-    reaching the next collective). The other stuck ranks are alive inside a collective:
-    **blocked, waiting** for the hung ones. When no rank is hung by that rule but some got
-    further than others, the ranks furthest behind (the lowest phase number) are the hung
-    ones; when all are in the same phase, none is singled out (e.g. a network that joins
-    no rank to another). Without any progress (a launcher that reads none) each line
-    only says the rank did not finish.
+    A rank is hung when its heartbeat stopped (silent over ``SILENT_AFTER_S``), it is stopped by
+    a signal, or it is alive outside any collective; the others wait, blocked, in a collective.
+    With none hung so, the ranks furthest behind are, unless all are in the same phase.
     """
     head = {r: f"rank {r} did not finish within {limit_s:g} s (timeout)" for r in stuck}
     if not progress:
         return {r: (head[r], False) for r in stuck}
     prog = {r: progress.get(r) for r in stuck}
-    sets = _hung_ranks(progress, prog, stuck)
+    sets = hung_ranks(progress, prog, stuck)
     others = sorted(x for x in progress if x not in sets[2])
     return {r: (f"{head[r]}: {_why(r, prog[r], sets, others)}", r in sets[2]) for r in stuck}

@@ -1,24 +1,5 @@
 """``envbuild gate``: is this node still what was certified? Run at job start (a Slurm
-Prolog, a Kubernetes DaemonSet), on the node itself.
-
-Steps (:func:`gate`):
-
-1. probe the host (the payload's probe with ``--host``, a subprocess of this interpreter)
-   and, with ``image``, the image too (a throwaway container, GPUs passed when the host has
-   some); the in-image report stands for the node then, its driver and GPUs taken from the
-   host report when the container saw none;
-2. compare it with the reference under verify's rules (:func:`builder.nodes.verify.verify`:
-   a host report is compared in its host fields and against the image's CUDA requirement);
-3. doctor's fast local checks on the host report (shm, gpu-uuid, gpu-processes, the
-   interface from the report alone, stale envbuild containers on this engine when one
-   answers);
-4. one line per failure and warning; the exit code is the worst of both (0/1/2/3);
-5. the report is appended to the history folder (:func:`history_dir`), one file per run,
-   ``<folder>/<hostname>/<UTC stamp>-<pid>.json``, the newest :data:`HISTORY_KEEP` kept;
-6. with ``drain``, a failure (exit 2) or a node that could not be checked (exit 3) drains it
-   in Slurm: ``scontrol update NodeName=N State=DRAIN Reason="envbuild gate: <first line>"``
-   (resume with ``scontrol update NodeName=N State=RESUME``).
-"""
+Prolog, a Kubernetes DaemonSet), on the node itself."""
 
 from __future__ import annotations
 
@@ -27,7 +8,6 @@ import json
 import os
 import re
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -38,52 +18,49 @@ from typing import Any
 import msgspec
 
 from builder.agent import payload
-from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.core import process
+from builder.core.clock import utc_stamp
+from builder.core.documents import NodeReport
+from builder.core.errors import EnvbuildError, ExitCode, Unreachable, UsageError
 from builder.core.files import write_atomic
 from builder.core.inputs import one_line
 from builder.core.model import Model
 
 from . import report as nodereport
 from .doctor import base as doctor_base
+from .doctor.gpu_health import check_host_health
 from .doctor.gpu_processes import check_gpu_processes
 from .doctor.gpu_uuid import check_gpu_uuid
 from .doctor.interface import interface_check, report_interface_problems
 from .doctor.shm import check_shm
 from .doctor.stale_containers import check_stale_containers
 from .reference import Reference, load_reference
-from .report import Node, NodeReport
+from .report import Node
 from .sources.base import PROBE_MODULE, ProcessRunning, payload_archive, report_from_output
 from .verify import DEFAULT_MAX_AGE_S, VerifyResult, verify
 from .verify.result import FAIL, UNKNOWN, WARN
 
 #: The fast local checks, in order (doctor's names).
-GATE_CHECKS = ("shm", "gpu-uuid", "gpu-processes", "interface", "stale-containers")
-#: History files kept per node (the oldest are removed).
-HISTORY_KEEP = 1000
+GATE_CHECKS = ("shm", "gpu-uuid", "gpu-processes", "interface", "stale-containers", "gpu-health")
+#: Retention of the history per node: at most this many files, none older than these seconds (90 days).
+HISTORY_KEEP, HISTORY_MAX_AGE_S = 1000, 90 * 86400.0
 #: Seconds the host probe may take.
 PROBE_TIMEOUT_S = 120.0
 #: Seconds scontrol may take.
 SCONTROL_TIMEOUT_S = 30.0
 #: Characters of the drain reason after ``envbuild gate: ``.
 REASON_CHARS = 200
+#: Characters of a value in the drain reason's head.
+KEY_VALUE_CHARS = 16
 _NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_PINNED_RE = re.compile(r"(?:.+@)?sha256:[0-9a-f]{64}")
 _STATUS_LEVEL = {doctor_base.FAIL: FAIL, doctor_base.WARN: WARN, doctor_base.UNKNOWN: UNKNOWN}
 _LEVEL_CODE = {FAIL: ExitCode.CHECK_FAILED, WARN: ExitCode.WARNINGS, UNKNOWN: ExitCode.UNREACHABLE}
 
 
 @dataclass
 class GateOptions:
-    """One gate run (the command line of ``envbuild gate``).
-
-    Attributes:
-        against: the certificate (or node report, or image) to compare with.
-        image: the image jobs run (probed too), or None. drain: drain the Slurm node on a
-        failure. node: the Slurm node name (default ``$SLURMD_NODENAME``, else the short
-        host name). history: the history folder (None: :func:`history_dir`); keep_history
-        False writes none. max_age_s: the certificate's validity. checks: the local checks.
-        min_shm_bytes, stale_after_s, stale_labels: as doctor's. python: the interpreter
-        that runs the host probe. client: a Docker client (default: connect when needed).
-    """
+    """One gate run (the command line of ``envbuild gate``)."""
 
     against: str
     image: str | None = None
@@ -96,6 +73,7 @@ class GateOptions:
     min_shm_bytes: int = doctor_base.DEFAULT_MIN_SHM
     stale_after_s: float = doctor_base.DEFAULT_STALE_AFTER_S
     stale_labels: tuple[str, ...] = ()
+    health: doctor_base.HealthOptions = field(default_factory=doctor_base.HealthOptions)
     python: str = field(default_factory=lambda: sys.executable or "python3")
     client: Any = None
 
@@ -124,14 +102,12 @@ class GateResult(Model, frozen=True):
 def check_node_name(text: str) -> str:
     """``text`` if it is a Slurm node name (letters, digits, ``_ . -``); else exit 64."""
     if not isinstance(text, str) or _NODE_RE.fullmatch(text) is None:
-        raise EnvbuildError("is not a Slurm node name (letters, digits, _ . -)", field="--node", value=text,
-                            exit_code=ExitCode.USAGE)
+        raise UsageError("is not a Slurm node name (letters, digits, _ . -)", field="--node", value=text)
     return text
 
 
 def history_dir(environ: dict[str, str] | None = None, uid: int | None = None) -> Path:
-    """The default history folder: ``/var/lib/envbuild/gate`` as root, else
-    ``$XDG_STATE_HOME/envbuild/gate`` (``~/.local/state/envbuild/gate`` when unset)."""
+    """The default history folder: ``/var/lib/envbuild/gate`` as root, else under ``$XDG_STATE_HOME``."""
     env = os.environ if environ is None else environ
     if (os.geteuid() if uid is None else uid) == 0:
         return Path("/var/lib/envbuild/gate")
@@ -142,9 +118,7 @@ def history_dir(environ: dict[str, str] | None = None, uid: int | None = None) -
 def probe_host(python: str, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[NodeReport, dict]:
     """This host's report (the payload's probe with ``--host``) and its JSON document.
 
-    Raises:
-        Unreachable, InvalidReport: (exit 3) the probe failed or printed no valid report.
-    """
+    Raises Unreachable, InvalidReport: (exit 3) the probe failed or printed no valid report."""
     run = ProcessRunning(payload.command(python, PROBE_MODULE, ["--host"]), payload_archive(), "host probe")
     out = run.wait(timeout_s)
     report = report_from_output(out, "host probe")
@@ -152,20 +126,16 @@ def probe_host(python: str, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[NodeRep
 
 
 def probe_image(image: str, host: NodeReport, client: Any) -> tuple[NodeReport, dict]:
-    """The report of ``image`` probed on this node (scope ``image``; GPUs passed when the host
-    has some; the host's driver and GPUs when the container saw none; the host's network, as
-    the probe's container has none) and its document."""
-    from builder.image.probecheck import run_probe
+    """The report of ``image`` probed on this node, and its document. Probed without GPUs, so it is
+    kept per image ID; the driver, GPUs and network are the host's, as a job sees them."""
+    from builder.image.probecheck import probe_cached
 
-    doc = run_probe(client, image, gpus=bool(host.gpus))
-    img = client.images.get(image)
-    digests = [d.rsplit("@", 1)[1] for d in img.attrs.get("RepoDigests") or [] if isinstance(d, str) and "@" in d]
-    doc = {**doc, "scope": "image", "image": {"ref": image, "digest": digests[0] if digests else None, "id": img.id}}
-    if not doc.get("driver") and host.driver:
-        doc["driver"] = host.driver
-        doc["gpus"] = [msgspec.to_builtins(g) for g in host.gpus]
-    # the probe's container has no network; a job's container uses the node's (host networking)
-    doc["network"] = msgspec.to_builtins(host.network)
+    doc, _ = probe_cached(client, image, timeout_s=PROBE_TIMEOUT_S)
+    img = client.image(image)
+    digests = img.digests
+    doc = {**doc, "scope": "image", "image": {"ref": image, "digest": digests[0] if digests else None, "id": img.id},
+           "driver": msgspec.to_builtins(host.driver),
+           "gpus": [msgspec.to_builtins(g) for g in host.gpus], "network": msgspec.to_builtins(host.network)}
     doc["errors"] = [e for e in doc.get("errors") or [] if not str(e).startswith("network:")]
     return nodereport.validate(doc, f"probe of {image}"), doc
 
@@ -197,7 +167,7 @@ def local_checks(host: Node, opts: GateOptions, client: Any) -> list[doctor_base
         out.append(interface_check(problems, [], True))
     if "stale-containers" in opts.checks:
         if client is None:
-            out.append(doctor_base.Check("stale-containers", doctor_base.SKIP, "no Docker engine here"))
+            out.append(doctor_base.Check("stale-containers", doctor_base.WARN, "not checked: no Docker engine here"))
         else:
             out.append(check_stale_containers(nodes, doctor_base.Options(
                 client=client, stale_after_s=opts.stale_after_s, labels=opts.stale_labels)))
@@ -218,15 +188,46 @@ def exit_code_of(result: VerifyResult, checks: list[doctor_base.Check]) -> int:
     return max(codes)
 
 
-def write_history(folder: Path, hostname: str, doc: dict, keep: int = HISTORY_KEEP) -> Path:
-    """Append ``doc`` (a node report) to ``folder/<hostname>/``; the newest ``keep`` files
-    stay. Raises OSError (the caller reports it)."""
+def _head(name: str, value: object) -> str:
+    """``"image.id sha256:4f1e2a..."``: a check's name and value, cut for the drain reason."""
+    text = one_line(value, 200) if value is not None else ""
+    text = text if len(text) <= KEY_VALUE_CHARS else text[:KEY_VALUE_CHARS - 2] + ".."
+    return f"{name} {text}".strip()
+
+
+def first_failure(result: VerifyResult, checks: list[doctor_base.Check], lines: list[str]) -> tuple[str, str]:
+    """``(head, line)`` of the first failure, else of the first node not checked."""
+    for level in (FAIL, UNKNOWN):
+        for f in result.findings:
+            if f.level == level:
+                value = next((g.value for g in f.groups if g.value != f.reference), None) if f.reference else None
+                return _head(f.field or f.rule, value), f"{f.level}: {f.rule}: {f.message}"
+        for c in checks:
+            if _STATUS_LEVEL.get(c.status) == level:
+                return _head(c.name, None), f"{level}: {c.name}: {c.message}"
+    return "gate", lines[0] if lines else "could not check"
+
+
+def image_check(image: str) -> doctor_base.Check:
+    """``warn`` for an image named by a plain tag (a tag moves: the job may run another
+    image than the one gated), ``pass`` for ``REF@sha256:...`` or an image ID."""
+    if _PINNED_RE.fullmatch(image):
+        return doctor_base.Check("image-ref", doctor_base.PASS, f"{one_line(image, 300)} is pinned by digest")
+    return doctor_base.Check("image-ref", doctor_base.WARN,
+                             f"--image {one_line(image, 300)} is a plain tag, which moves: pin it as "
+                             "REF@sha256:DIGEST (or the image ID) in the job and the gate")
+
+
+def write_history(folder: Path, hostname: str, doc: dict, keep: int = HISTORY_KEEP,
+                  max_age_s: float = HISTORY_MAX_AGE_S) -> Path:
+    """Append ``doc`` (a node report) to ``folder/<hostname>/``; the newest ``keep`` files not
+    modified over ``max_age_s`` ago stay. Raises OSError (the caller reports it)."""
     node_dir = folder / re.sub(r"[^A-Za-z0-9._-]", "_", hostname)[:128]
-    node_dir.mkdir(parents=True, exist_ok=True)
-    stamp = re.sub(r"[^0-9TZ]", "", str(doc.get("probed_at") or "")) or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    stamp = re.sub(r"[^0-9TZ]", "", str(doc.get("probed_at") or "")) or re.sub(r"[^0-9TZ]", "", utc_stamp())
     path = write_atomic(node_dir / f"{stamp}-{os.getpid()}.json", (json.dumps(doc, indent=2) + "\n").encode())
     old = sorted(p for p in node_dir.glob("*.json") if p.is_file())
-    for stale in old[:max(0, len(old) - keep)]:
+    cut = time.time() - max_age_s
+    for stale in old[:max(0, len(old) - keep)] + [p for p in old if p != path and p.stat().st_mtime < cut]:
         stale.unlink(missing_ok=True)
     return path
 
@@ -236,18 +237,16 @@ def slurm_node_name(opts: GateOptions) -> str:
     return opts.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def drain(node: str, reason: str) -> str:
-    """Drain ``node`` with ``scontrol update``; returns the reason given.
+def drain(node: str, head: str, line: str) -> str:
+    """Drain ``node`` with ``scontrol update``; returns the reason given (``head`` first).
 
-    Raises:
-        Unreachable: (exit 3) scontrol cannot run, fails or takes over 30 s.
-    """
-    text = "envbuild gate: " + one_line(reason, REASON_CHARS)
+    Raises Unreachable: (exit 3) scontrol cannot run, fails or takes over 30 s."""
+    text = one_line(f"{head}: envbuild gate: {line}", REASON_CHARS)
     argv = ["scontrol", "update", f"NodeName={check_node_name(node)}", "State=DRAIN", f"Reason={text}"]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise Unreachable(f"cannot drain {node}: scontrol: {one_line(e, 200)}", field="--drain") from None
+        proc = process.run(argv, SCONTROL_TIMEOUT_S)
+    except Unreachable as e:
+        raise Unreachable(f"cannot drain {node}: {e.message}", field="--drain") from None
     if proc.returncode != 0:
         last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
         raise Unreachable(f"cannot drain {node}: scontrol exited {proc.returncode}: {one_line(last, 200)}",
@@ -257,14 +256,18 @@ def drain(node: str, reason: str) -> str:
 
 @contextlib.contextmanager
 def drain_on_error(opts: GateOptions) -> Iterator[None]:
-    """With ``opts.drain``: a node that could not be checked at all (an error of exit 3
-    escaping :func:`gate`: no certificate, a probe that failed) is drained too, with the
-    error as the reason; the error is raised on."""
+    """With ``opts.drain``, a node the gate stopped on with an error (not a usage error) is drained
+    too, the error as the reason; the error is raised on, naming a drain that failed."""
     try:
         yield
     except EnvbuildError as e:
-        if opts.drain and e.exit_code == ExitCode.UNREACHABLE:
-            drain(slurm_node_name(opts), f"could not check: {e}")
+        if not opts.drain or e.exit_code == ExitCode.USAGE:
+            raise
+        head = _head(e.field or "error", e.value if isinstance(e.value, (str, int, float)) else e.file)
+        try:
+            drain(slurm_node_name(opts), head, f"{'fail' if e.exit_code == ExitCode.CHECK_FAILED else 'unknown'}: {e}")
+        except Unreachable as d:
+            raise EnvbuildError(f"{e}; {d}", exit_code=max(e.exit_code, ExitCode.UNREACHABLE)) from None
         raise
 
 
@@ -278,12 +281,9 @@ def _compared_node(opts: GateOptions, host: NodeReport, host_doc: dict, client: 
 
 
 def gate(opts: GateOptions, reference: Reference | None = None) -> GateResult:
-    """Run the gate on this node (see the module docstring).
-
-    Raises:
-        EnvbuildError: (exit 3) the reference cannot be read, the host not probed; (exit
-            64) a bad node name. Failures of the node itself are in the result.
-    """
+    """Run the gate on this node.
+    Raises EnvbuildError: (exit 3) the reference cannot be read, the host not probed; (exit 64) a bad node name.
+    Failures of the node itself are in the result."""
     if opts.node is not None:
         check_node_name(opts.node)
     ref = reference or load_reference(opts.against)
@@ -292,19 +292,25 @@ def gate(opts: GateOptions, reference: Reference | None = None) -> GateResult:
     node, doc = _compared_node(opts, host, host_doc, client)
     result = verify([node], reference=ref, max_age_s=opts.max_age_s)
     checks = local_checks(Node(name=node.name, source="host", report=host), opts, client)
+    checks += [image_check(opts.image)] if opts.image else []
+    checks += [check_host_health(node.name, opts.python, opts.health, ref.run.gpus_per_node if ref.run else None)
+               ] if "gpu-health" in opts.checks else []
     lines = gate_lines(result, checks)
     code = exit_code_of(result, checks)
     history = None
     if opts.keep_history:
         try:
             history = str(write_history(Path(opts.history) if opts.history else history_dir(), node.name, doc))
-        except OSError as e:
+        except (OSError, EnvbuildError) as e:
             lines.append(f"warn: history: cannot write {one_line(e, 300)}")
             code = max(code, int(ExitCode.WARNINGS))
     drained = None
     if opts.drain and code >= ExitCode.CHECK_FAILED:
-        failing = [line for line in lines if line.startswith(("fail:", "unknown:"))] or lines or ["could not check"]
-        drained = drain(slurm_node_name(opts), failing[0])
+        try:
+            drained = drain(slurm_node_name(opts), *first_failure(result, checks, lines))
+        except Unreachable as e:
+            lines.append(f"unknown: drain: {e}")
+            code = int(ExitCode.UNREACHABLE)
     return GateResult(schema="envbuild.gate/1", node=node.name, exit_code=code, lines=lines, verify=result,
                       checks=[GateCheck(name=c.name, status=c.status, message=c.message) for c in checks],
                       history=history, drained=drained)

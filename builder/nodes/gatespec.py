@@ -1,23 +1,14 @@
-"""The gate spec of the Kubernetes DaemonSet (schema ``envbuild.gate-spec/1``, read by
-:mod:`builder.agent.nodegate` in each pod): what the in-pod gate compares, taken from a
-reference by the same rules as ``verify`` (one source of truth for which fields must match
-and what they must be).
-
-* ``fields``: every must-match rule with a probe path (:class:`~.verify.rules.Rule`
-  ``path``) and the reference's value, and the transport variables
-  (:data:`~.verify.rules.ENV_MUST_MATCH`: set or unset, as in the reference);
-* ``driver``: ``fail_below`` the higher of the torch variant's minor-version floor and the
-  GA driver the image's ``NVIDIA_REQUIRE_CUDA`` needs (its ``brand``/``arch`` alternatives as
-  ``unless``: a warning, the brand decides), ``warn_below`` the variant's GA driver;
-* ``checks``: ``gpu-uuid`` (duplicate GPUs). ``gpu-processes`` is left out: a DaemonSet checks
-  again while jobs run, and a job's own processes are not a fault.
-"""
+"""The gate spec of the Kubernetes DaemonSet (``envbuild.gate-spec/1``): what the in-pod gate
+compares, taken from a reference by the same rules as ``verify``."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from packaging.version import Version
+
+from builder.core.errors import Unreachable
 
 from .reference import Reference
 from .verify.against import DEFAULT_MAX_AGE_S
@@ -27,15 +18,19 @@ from .verify.rules import ENV_MUST_MATCH, MUST_MATCH, env_rule
 SPEC_SCHEMA = "envbuild.gate-spec/1"
 #: The local checks the in-pod gate runs.
 POD_CHECKS = ("gpu-uuid",)
+_LOCK_HASH_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def lock_label(ref: Reference) -> str:
-    """The value of the node label ``envbuild.dev/certified``: the lock hash, 12 hex
-    (``sha256:`` dropped); ``unknown`` when the reference has none."""
-    run = ref.run
-    value = (run.lock_hash if run else None) or ""
-    hexpart = value.split(":", 1)[-1][:12]
-    return hexpart if len(hexpart) == 12 and all(c in "0123456789abcdef" for c in hexpart) else "unknown"
+    """The value of the node label ``envbuild.dev/certified``: the lock hash's 12 hex, or ``unknown``.
+    Raises EnvbuildError: (exit 3, an invalid certificate) a lock hash that is not ``sha256:`` and 64 lowercase hex."""
+    value = ref.run.lock_hash if ref.run else None
+    if value is None:
+        return "unknown"
+    if _LOCK_HASH_RE.fullmatch(value) is None:
+        raise Unreachable("is not a lock hash (sha256: and 64 hex)", file=ref.name, field="lock_hash",
+                          value=value)
+    return value[7:19]
 
 
 def _driver(ref: Reference, floors: dict[str, dict]) -> dict[str, Any]:
@@ -55,7 +50,7 @@ def _driver(ref: Reference, floors: dict[str, dict]) -> dict[str, Any]:
 
 def gate_spec(ref: Reference, max_age_s: float = DEFAULT_MAX_AGE_S,
               floors: dict[str, dict] | None = None) -> dict[str, Any]:
-    """The gate spec of ``ref`` (see the module docstring), plain JSON data."""
+    """The gate spec of ``ref``, plain JSON data."""
     floors = default_floors() if floors is None else floors
     rules = [r for r in MUST_MATCH if r.path] + [env_rule(v) for v in ENV_MUST_MATCH]
     fields = []

@@ -1,17 +1,5 @@
 """What nodes are compared against (``envbuild verify --against``, ``envbuild gate``): a
-certificate (its rank probes are the reference), a node report, or an image (probed).
-
-:func:`read_certificate` is the ONE place where the nodes stage reads a certificate
-(``envbuild.certificate/1``, written by :mod:`builder.certify`): bounded
-(:func:`builder.core.inputs.read_json`, 16 MiB), taking only the rank probes and the
-metadata it needs. Each rank probe is validated as a :class:`~.report.NodeReport`.
-
-The certified image's CUDA requirement comes, first found first: from the certificate's
-``cuda_requirement`` (the certified image's config ``Env``, recorded by certify), its label
-``envbuild.cuda.require`` (recorded at build time from the base's config), or the
-``NVIDIA_REQUIRE_CUDA`` the rank probes saw; the torch variant's CUDA from the lock, the
-label ``envbuild.cuda`` or the probes' ``torch.cuda``.
-"""
+certificate (its rank probes are the reference), a node report, or an image (probed)."""
 
 from __future__ import annotations
 
@@ -23,16 +11,17 @@ from typing import Any, Literal
 import msgspec
 
 from builder.core import inputs
-from builder.core.errors import EnvbuildError, ExitCode
+from builder.core.certificate import CERT_SCHEMAS, Certificate, load_certificate
+from builder.core.documents import Image, NodeReport, report_problem
+from builder.core.errors import ExitCode, Unreachable
 
 from . import report as nodereport
-from .report import Image, InvalidReport, NodeReport
+from .report import InvalidReport
 from .verify.floor import CudaRequirement, is_true
 from .verify.result import ReferenceSummary
 
 #: Largest certificate read, in bytes.
 MAX_CERTIFICATE_BYTES = 16 << 20
-CERTIFICATE_SCHEMA = "envbuild.certificate/1"
 #: The image label with the base's ``NVIDIA_REQUIRE_CUDA`` (:mod:`builder.image.build`).
 LABEL_CUDA_REQUIRE = "envbuild.cuda.require"
 LABEL_CUDA = "envbuild.cuda"
@@ -43,17 +32,7 @@ Kind = Literal["certificate", "report", "image"]
 
 @dataclass(frozen=True)
 class CertifiedRun:
-    """What the nodes stage takes from a certificate.
-
-    Attributes:
-        path: the file. probes: the validated rank probes, by rank. finished_at: when the
-        run ended (UTC, as written). envbuild_version, recipe, lock_hash: of the run.
-        image_ref, image_id, digests: the certified image (``sha256:...`` digests of its
-        repository digests). labels: its envbuild labels. passed, failures: the verdict.
-        torch_cuda: the lock's CUDA. require, require_source: the image's
-        ``NVIDIA_REQUIRE_CUDA`` and where it was read (None: none recorded).
-        disable_require: ``NVIDIA_DISABLE_REQUIRE`` is true in the image.
-    """
+    """What the nodes stage takes from a certificate."""
 
     path: str
     probes: dict[int, NodeReport]
@@ -71,48 +50,15 @@ class CertifiedRun:
     require: str | None
     require_source: str
     disable_require: bool = False
+    #: GPUs per node the run certified (None: not said).
+    gpus_per_node: int | None = None
 
 
-def _text(doc: Any, *path: str, limit: int = 4096) -> str | None:
-    """``doc[path...]`` when it is a string of at most ``limit`` characters, else None."""
-    for key in path:
-        doc = doc.get(key) if isinstance(doc, dict) else None
-    return doc if isinstance(doc, str) and len(doc) <= limit else None
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    """``value`` when it is a JSON object, else an empty one."""
-    return value if isinstance(value, dict) else {}
-
-
-def _rank_probes(doc: dict, path: str) -> dict[int, NodeReport]:
-    """Every rank's probe, ``ranks.<r>.probe`` (else ``probe.<r>``), validated.
-
-    Raises:
-        InvalidReport: (exit 3) a probe that is not a valid node report, naming the rank;
-            no rank probe at all.
-    """
-    ranks = _dict(doc.get("ranks"))
-    flat = _dict(doc.get("probe"))
-    probes: dict[int, NodeReport] = {}
-    for key in sorted({*ranks, *flat}, key=lambda k: (len(str(k)), str(k)))[:65536]:
-        entry = ranks.get(key)
-        raw = entry.get("probe") if isinstance(entry, dict) and "probe" in entry else flat.get(key)
-        if raw is None or not str(key).isdigit():
-            continue
-        where = "ranks" if isinstance(entry, dict) and "probe" in entry else "probe"
-        probes[int(key)] = nodereport.validate(raw, f"{path}: {where}.{key}.probe")
-    if not probes:
-        raise InvalidReport("holds no rank probe (ranks.<r>.probe): nothing to compare with", file=path)
-    return probes
-
-
-def _requirement(doc: dict, labels: dict[str, str], probes: dict[int, NodeReport]) -> tuple[str | None, str, bool]:
+def _requirement(cert: Certificate, probes: dict[int, NodeReport]) -> tuple[str | None, str, bool]:
     """(``NVIDIA_REQUIRE_CUDA``, where it was read, disabled) of a certificate."""
-    rec = doc.get("cuda_requirement") if isinstance(doc.get("cuda_requirement"), dict) else None
-    if rec is not None and "nvidia_require_cuda" in rec:
-        return (_text(rec, "nvidia_require_cuda"), _text(rec, "source") or "certificate cuda_requirement",
-                is_true(_text(rec, "nvidia_disable_require")))
+    rec, labels = cert.cuda_requirement, cert.image.labels
+    if rec is not None:
+        return rec.nvidia_require_cuda, rec.source, is_true(rec.nvidia_disable_require)
     if LABEL_CUDA_REQUIRE in labels:
         return labels[LABEL_CUDA_REQUIRE] or None, f"image label {LABEL_CUDA_REQUIRE}", False
     first = probes[min(probes)]
@@ -121,41 +67,37 @@ def _requirement(doc: dict, labels: dict[str, str], probes: dict[int, NodeReport
 
 
 def read_certificate(path: str | os.PathLike[str]) -> CertifiedRun:
-    """Read the certificate at ``path`` (see the module docstring).
-
-    Raises:
-        EnvbuildError: (exit 3) unreadable, over 16 MiB, not bounded JSON, not an
-            ``envbuild.certificate/1`` document; InvalidReport (exit 3) a rank probe that is
-            not a valid node report.
-    """
-    # The fields are read one by one, each checked for its type, rather than through
-    # builder.certify.model.load_certificate: certificates written before a field was added
-    # (cuda_requirement, probed_at in the rank probes) are still references.
+    """Read the certificate at ``path`` (the one model) as a reference: its rank probes.
+    Raises Unreachable (exit 3): unreadable, over 16 MiB, not a valid certificate; InvalidReport (exit 3):
+    a rank probe that is not a valid node report, or none."""
     p = str(path)
     doc = inputs.read_json(p, MAX_CERTIFICATE_BYTES, "certificate", exit_code=ExitCode.UNREACHABLE)
-    if not isinstance(doc, dict) or doc.get("schema") != CERTIFICATE_SCHEMA:
-        raise EnvbuildError(f"is not a certificate ({CERTIFICATE_SCHEMA})", file=p, field="schema",
-                            value=doc.get("schema") if isinstance(doc, dict) else type(doc).__name__,
-                            exit_code=ExitCode.UNREACHABLE)
-    probes = _rank_probes(doc, p)
-    image = _dict(doc.get("image"))
-    raw_labels = _dict(image.get("labels"))
-    labels = {str(k)[:256]: v for k, v in list(raw_labels.items())[:1024] if isinstance(v, str) and len(v) <= 65536}
-    digests = tuple(d.rsplit("@", 1)[1] for d in (image.get("repo_digests") or [])[:64]
-                    if isinstance(d, str) and "@" in d and len(d) <= 4096)
-    verdict = _dict(doc.get("verdict"))
-    failures = tuple(str(f)[:4096] for f in (verdict.get("failures") or [])[:100] if isinstance(f, str))
-    require, source, disabled = _requirement(doc, labels, probes)
-    first = probes[min(probes)]
-    torch_cuda = (_text(doc, "lock", "cuda", limit=64) or labels.get(LABEL_CUDA)
-                  or (first.torch.cuda if first.torch else None))
+    if not isinstance(doc, dict) or doc.get("schema") not in CERT_SCHEMAS:
+        raise Unreachable(f"is not a certificate ({', '.join(CERT_SCHEMAS)})", file=p, field="schema",
+                          value=doc.get("schema") if isinstance(doc, dict) else type(doc).__name__)
+    cert = load_certificate(doc, p, exit_code=ExitCode.UNREACHABLE)
+    probes: dict[int, NodeReport] = {}
+    for key, probe in sorted(cert.probe.items(), key=lambda kv: (len(kv[0]), kv[0])):
+        if probe is None or not key.isdigit():
+            continue
+        problem = report_problem(probe)
+        if problem is not None:
+            raise InvalidReport(problem[2], file=f"{p}: probe.{key}", field=problem[0], value=problem[1])
+        probes[int(key)] = probe
+    if not probes:
+        raise InvalidReport("holds no rank probe (probe.<r>): nothing to compare with", file=p)
+    require, source, disabled = _requirement(cert, probes)
+    first, lock_cuda = probes[min(probes)], (cert.lock or {}).get("cuda")
+    labels = cert.image.labels
     return CertifiedRun(
-        path=p, probes=probes, finished_at=_text(doc, "finished_at", limit=64),
-        envbuild_version=_text(doc, "envbuild_version", limit=256), recipe=_text(doc, "recipe", limit=256),
-        lock_hash=_text(doc, "lock_hash", limit=256) or labels.get(LABEL_LOCK_HASH),
-        image_ref=_text(image, "ref"), image_id=_text(image, "id", limit=256), digests=digests, labels=labels,
-        passed=verdict.get("passed") is True, failures=failures, torch_cuda=torch_cuda, require=require,
-        require_source=f"{source} of {p}", disable_require=disabled)
+        path=p, probes=probes, finished_at=cert.finished_at, envbuild_version=cert.envbuild_version,
+        recipe=cert.recipe, lock_hash=cert.lock_hash or labels.get(LABEL_LOCK_HASH), image_ref=cert.image.ref,
+        image_id=cert.image.id, digests=tuple(d.rsplit("@", 1)[1] for d in cert.image.repo_digests if "@" in d),
+        labels=dict(labels), passed=cert.verdict.passed, failures=tuple(cert.verdict.failures),
+        torch_cuda=(lock_cuda if isinstance(lock_cuda, str) else None) or labels.get(LABEL_CUDA)
+        or (first.torch.cuda if first.torch else None),
+        require=require, require_source=f"{source} of {p}", disable_require=disabled,
+        gpus_per_node=cert.gpus_per_node)
 
 
 # --------------------------------------------------------------------------- the reference
@@ -163,15 +105,7 @@ def read_certificate(path: str | os.PathLike[str]) -> CertifiedRun:
 
 @dataclass(frozen=True)
 class Reference:
-    """What every node is compared with.
-
-    Attributes:
-        kind: ``certificate``, ``report`` or ``image``. name: the file or image reference.
-        report: the reference's node report (a certificate's lowest rank, with the
-            certified image's ID and digest). requirement: its CUDA requirement.
-        made_at: when it was made (certificate) or probed (report, image), UTC.
-        run: the certificate read (kind ``certificate``), else None.
-    """
+    """What every node is compared with."""
 
     kind: Kind
     name: str
@@ -251,24 +185,16 @@ def from_report(path: str) -> Reference:
 
 
 def from_image(image: str, client: Any = None, gpus: bool = False) -> Reference:
-    """The reference of an image on this engine: the probe run in it (no network), with the
-    engine's image ID and repository digest; the requirement from its config ``Env`` and its
-    label ``envbuild.cuda``.
-
-    Raises:
-        EnvbuildError: (exit 2) no such image; (exit 3) no engine, the probe failed or
-            printed an invalid report.
-    """
+    """The reference of an image on this engine: the probe run in it (no network).
+    Raises EnvbuildError: (exit 3) no such image, no engine, the probe failed or printed an invalid report."""
     from builder.image import engine
-    from builder.image.probecheck import run_probe
+    from builder.image.probecheck import probe_cached
 
     client = client or engine.connect()
-    doc = run_probe(client, image, gpus=gpus)
+    doc, _ = probe_cached(client, image, gpus=gpus)
     r = nodereport.validate(doc, f"probe of {image}")
-    img = client.images.get(image)
-    digests = [d.rsplit("@", 1)[1] for d in img.attrs.get("RepoDigests") or [] if isinstance(d, str) and "@" in d]
-    env = engine.image_env(client, image)
-    labels = engine.image_labels(client, image)
+    img = client.image(image)
+    env, labels, digests = img.env(), img.labels, img.digests
     r = msgspec.structs.replace(r, image=Image(ref=image, digest=digests[0] if digests else None, id=img.id))
     req = CudaRequirement(torch_cuda=labels.get(LABEL_CUDA) or (r.torch.cuda if r.torch else None),
                           torch=r.torch.version if r.torch else None, require=env.get("NVIDIA_REQUIRE_CUDA"),
@@ -285,21 +211,15 @@ def sniff(path: str) -> str | None:
 def load_reference(ref: str, client: Any = None, gpus: bool = False) -> Reference:
     """``--against REF``: a certificate or node report file (told apart by its ``schema``),
     else an image on this engine.
-
-    Raises:
-        EnvbuildError: (exit 3) a ``.json`` name that is no file, a file that is neither a
-            certificate nor a node report, or as :func:`from_certificate`,
-            :func:`from_report`, :func:`from_image`.
-    """
-    if os.path.exists(ref) or ref.endswith(".json"):
+    Raises EnvbuildError (exit 3)."""
+    if os.path.exists(ref) or ref.endswith(".json") or ref.startswith(("/", "./", "../")):  # no image ref starts so
         schema = sniff(ref)
-        if schema == CERTIFICATE_SCHEMA:
+        if schema in CERT_SCHEMAS:
             return from_certificate(ref)
         if schema in nodereport.SUPPORTED_SCHEMAS:
             return from_report(ref)
-        raise EnvbuildError(f"is neither a certificate ({CERTIFICATE_SCHEMA}) nor a node report "
-                            f"({', '.join(nodereport.SUPPORTED_SCHEMAS)})", file=ref, field="schema", value=schema,
-                            exit_code=ExitCode.UNREACHABLE)
+        raise Unreachable(f"is neither a certificate ({', '.join(CERT_SCHEMAS)}) nor a node report "
+                          f"({', '.join(nodereport.SUPPORTED_SCHEMAS)})", file=ref, field="schema", value=schema)
     from builder.oci import reference
 
     reference.parse(ref, field="--against")

@@ -1,12 +1,11 @@
-"""The published JSON Schemas of the nodes stage's documents (``schemas/<name>.schema.json``):
-the node report (:class:`builder.nodes.report.NodeReport`, ``envbuild.probe/1``) and the
-verify result (:class:`builder.nodes.verify.result.VerifyResult`, ``envbuild.verify/1``)."""
+"""The published JSON Schemas of the nodes stage (node report, verify result)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .report import NodeReport
+from builder.core.documents import NodeReport
+
 from .verify.result import VerifyResult
 
 SCHEMA_BASE = "https://envbuild.dev/schemas/"

@@ -1,31 +1,5 @@
-"""A client for one OCI registry (distribution API ``/v2/``): auth, manifests, blobs, tags.
-
-Built on oras-py (``oras.provider.Registry``): blob uploads (existence check, POST, the
-``Location`` session, PUT) and blob downloads are oras' own calls, and so are the
-authentication flows: oras' ``BasicAuth`` answers a ``WWW-Authenticate: Basic`` challenge,
-its ``TokenAuth`` a ``Bearer realm=...,service=...,scope=...`` one (Docker registry token
-authentication, with the user's credentials or anonymously). envbuild keeps its own code
-only where oras 0.2 lacks something:
-
-* **credentials**: oras reads ``~/.docker/config.json`` only (not ``$DOCKER_CONFIG``) and
-  runs credential helpers without a timeout; envbuild resolves them with the docker SDK
-  (``auths``, ``credHelpers``, ``credsStore``), as the engine that pushes and pulls does,
-  and hands them to oras' backends in memory (never written anywhere);
-* **transport** (:meth:`RegistryClient.request`): oras' ``do_request`` retries every
-  failure five times with sleeps of 3 to 83 s, sets no timeout and answers a refused login
-  with a bare ``ValueError``; envbuild makes one attempt plus one authenticated retry, with
-  timeouts, and fails in one line (exit 3) naming the registry and the cause;
-* **manifests**: oras' ``get_manifest`` returns parsed JSON (the bytes whose sha256 must be
-  the digest are lost) and ``upload_manifest`` re-serialises JSON and accepts image
-  manifests only; envbuild GETs and PUTs the exact bytes (any manifest kind, by tag or
-  digest) and checks a manifest fetched by digest against it;
-* **reads are bounded**: a manifest at most 4 MiB, a blob at most the caller's limit;
-* **the Referrers API** is absent from oras 0.2: :mod:`builder.oci.referrers`.
-
-Errors: :class:`~builder.core.errors.Unreachable` (exit 3: no answer, TLS, credentials
-refused or missing, server errors); :class:`~builder.core.errors.EnvbuildError` (exit 2:
-the registry refused a request, or served content that does not hash to its digest).
-"""
+"""A client for one OCI registry on oras-py (blobs, Basic/Bearer auth). Credentials, timeouts without
+retry sleeps, exact manifest bytes and the loopback plain-HTTP fallback are ours: oras lacks them."""
 
 from __future__ import annotations
 
@@ -40,11 +14,11 @@ import docker.auth
 import docker.utils.config
 import oras.auth
 import oras.auth.utils
-import oras.container
 import oras.provider
 import requests
 
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.core.files import write_atomic
 from builder.oci.manifest import (
     DIGEST_HEADER,
     MANIFEST_ACCEPT,
@@ -82,8 +56,7 @@ class Credentials:
 
 
 def docker_config_path() -> str:
-    """The Docker config file the docker CLI would read (``$DOCKER_CONFIG/config.json`` or
-    ``~/.docker/config.json``), as a display string even when it does not exist."""
+    """The Docker config file the docker CLI would read, shown even when it does not exist."""
     found = docker.utils.config.find_config_file()
     if found:
         return str(found)
@@ -92,12 +65,8 @@ def docker_config_path() -> str:
 
 
 def docker_credentials(host: str) -> Credentials | None:
-    """Credentials for ``host`` from the Docker config (``auths``, ``credHelpers``,
-    ``credsStore``), read with the docker SDK at call time; None when it has none.
-
-    Raises:
-        EnvbuildError: (exit 3) the config exists but cannot be read or parsed.
-    """
+    """Credentials for ``host`` from the Docker config, read with the docker SDK at call time; None
+    when it has none. Raises EnvbuildError (exit 3): the config cannot be read."""
     path = docker.utils.config.find_config_file()
     if not path:
         return None
@@ -105,8 +74,7 @@ def docker_credentials(host: str) -> Credentials | None:
         cfg = docker.auth.load_config(path)
         found = cfg.resolve_authconfig(host)
     except Exception as e:  # noqa: BLE001 - the SDK raises several types here
-        raise EnvbuildError(f"cannot read registry credentials: {e}", file=path,
-                            exit_code=ExitCode.UNREACHABLE) from None
+        raise Unreachable(f"cannot read registry credentials: {e}", file=path) from None
     if not found:
         return None
     user = found.get("username") or found.get("Username")
@@ -158,7 +126,7 @@ def _reason(exc: BaseException) -> str:
 
 
 class _Session(requests.Session):
-    """A session whose every request has a timeout (oras' token request sets none)."""
+    """Every request with a timeout: oras' token requests set none."""
 
     def __init__(self, timeout_s: float) -> None:
         super().__init__()
@@ -169,20 +137,8 @@ class _Session(requests.Session):
         return super().request(method, url, *args, **kwargs)
 
 
-class _Repository(oras.container.Container):
-    """oras' handle of a repository envbuild has already parsed (no second grammar)."""
-
-    def __init__(self, registry: str, repository: str) -> None:  # noqa: D107 - no parse()
-        namespace, _, name = repository.rpartition("/")
-        self.registry = registry
-        self.namespace = namespace or None
-        self.repository = name
-        self.tag = "latest"
-        self.digest = None
-
-
 class _Oras(oras.provider.Registry):
-    """oras' registry client with envbuild's transport (:meth:`RegistryClient.request`)."""
+    """oras' client; only its transport is envbuild's (:meth:`RegistryClient.request`: one try, timeouts)."""
 
     def __init__(self, owner: RegistryClient) -> None:
         super().__init__(hostname=owner.host, insecure=True, tls_verify=owner.verify, auth_backend="basic")
@@ -195,11 +151,7 @@ class _Oras(oras.provider.Registry):
 
 
 def read_bounded(r: requests.Response, limit: int, what: str) -> bytes:
-    """The body of a streamed response (``stream=True``), refused past ``limit`` bytes.
-
-    Raises:
-        EnvbuildError: (exit 2) over ``limit`` (declared or read); ``what`` names it.
-    """
+    """A streamed response's body, refused past ``limit`` bytes. Raises EnvbuildError (exit 2)."""
     declared = r.headers.get("Content-Length")
     if declared and declared.isdigit() and int(declared) > limit:
         r.close()
@@ -215,18 +167,6 @@ def read_bounded(r: requests.Response, limit: int, what: str) -> bytes:
 
 
 class RegistryClient:
-    """A client for one registry (OCI distribution API ``/v2/``).
-
-    Args:
-        host: ``host[:port]``.
-        plain_http: True: plain HTTP only; False: HTTPS only; None (default): HTTPS, and
-            for a loopback host plain HTTP when HTTPS does not answer (the engine treats
-            127.0.0.0/8 registries as insecure by default).
-        ca_cert: CA bundle for HTTPS (default: ``/etc/docker/certs.d/<host>/ca.crt`` when
-            it exists, as the engine does, else the system's).
-        timeout_s: seconds per request.
-        credentials: default (True): :func:`docker_credentials` for ``host``; None/False: none.
-    """
 
     def __init__(self, host: str, *, plain_http: bool | None = None, ca_cert: str | os.PathLike[str] | None = None,
                  timeout_s: float = 30.0, credentials: Credentials | None | bool = True) -> None:
@@ -251,14 +191,8 @@ class RegistryClient:
 
     def request(self, method: str, url: str, *, data: Any = None, headers: dict[str, str] | None = None,
                 json: Any = None, stream: bool = False, params: dict[str, str] | None = None) -> requests.Response:
-        """One HTTP request with authentication (Basic or Bearer token, as the registry's
-        ``WWW-Authenticate`` asks) and one retry after a 401.
-
-        Raises:
-            Unreachable: (exit 3) connection refused, timeout, TLS failure, or the
-                registry refuses the credentials / asks for credentials the Docker config
-                does not have.
-        """
+        """One HTTP request with authentication (as ``WWW-Authenticate`` asks), one retry after a 401.
+        Raises Unreachable (exit 3): no connection, timeout, TLS, or credentials refused or missing."""
         hdrs = dict(headers or {})
         hdrs.update(self._auth_header)
         kw: dict[str, Any] = dict(data=data, json=json, stream=stream, params=params, verify=self.verify,
@@ -287,9 +221,8 @@ class RegistryClient:
                           f"for it; run `docker login {self.host}`")
 
     def _authenticate(self, resp: requests.Response) -> None:
-        """Answer the 401's challenge with oras' auth backend for its scheme (``basic``:
-        the credentials; ``bearer``: a token from the realm, with the credentials when
-        there are some, else anonymous); keeps the header for the next requests."""
+        """Answer the 401's challenge with oras' auth backend for its scheme (basic, or a bearer token,
+        anonymous without credentials); keeps the header for the next requests."""
         challenge = resp.headers.get("WWW-Authenticate", "")
         scheme = challenge.strip().partition(" ")[0].lower()
         creds = self.credentials
@@ -331,11 +264,7 @@ class RegistryClient:
     # -- API
 
     def ping(self) -> None:
-        """``GET /v2/`` (with credentials when asked); picks HTTPS or plain HTTP.
-
-        Raises:
-            Unreachable: (exit 3) no registry answers, or credentials are refused/missing.
-        """
+        """``GET /v2/``; picks HTTPS or plain HTTP. Raises Unreachable (exit 3)."""
         last: Exception | None = None
         for scheme in self._schemes:
             self.scheme = scheme
@@ -362,11 +291,7 @@ class RegistryClient:
             self.ping()
 
     def head_manifest(self, repository: str, ref: str) -> Descriptor | None:
-        """The descriptor of manifest ``ref`` (tag or digest), or None when absent (404).
-
-        The digest is the registry's ``Docker-Content-Digest``; without that header the
-        manifest is fetched and hashed.
-        """
+        """The descriptor of manifest ``ref`` (tag or digest), or None when absent (404)."""
         self.ensure()
         r = self.request("HEAD", self.url(repository, "manifests", ref), headers={"Accept": MANIFEST_ACCEPT})
         if r.status_code == 404:
@@ -382,12 +307,8 @@ class RegistryClient:
                           int(length) if length.isdigit() else 0)
 
     def get_manifest(self, repository: str, ref: str) -> tuple[bytes, Descriptor] | None:
-        """``(manifest bytes, descriptor)`` of ``ref``, or None when absent (404).
-
-        Raises:
-            EnvbuildError: (exit 2) over 4 MiB, or ``ref`` is a digest and the bytes served
-                hash to something else (content altered in the registry).
-        """
+        """``(manifest bytes, descriptor)`` of ``ref``, or None when absent (404). Raises EnvbuildError
+        (exit 2): over 4 MiB, or the bytes do not hash to the digest asked for."""
         self.ensure()
         r = self.request("GET", self.url(repository, "manifests", ref), headers={"Accept": MANIFEST_ACCEPT},
                          stream=True)
@@ -404,11 +325,7 @@ class RegistryClient:
         return body, Descriptor(mt, digest, len(body))
 
     def put_manifest(self, repository: str, ref: str, body: bytes, media_type: str) -> requests.Response:
-        """PUT a manifest under ``ref`` (a tag, or its digest). Returns the response (201).
-
-        Raises:
-            EnvbuildError: (exit 2) refused by the registry; (exit 3) server error.
-        """
+        """PUT a manifest under ``ref``; returns the response (201). Raises EnvbuildError (exit 2, 3)."""
         self.ensure()
         r = self.request("PUT", self.url(repository, "manifests", ref), data=body,
                          headers={"Content-Type": media_type})
@@ -422,28 +339,23 @@ class RegistryClient:
         desc = Descriptor(media_type, sha256_digest(data), len(data))
         with tempfile.TemporaryDirectory(prefix="envbuild-blob-") as tmp:
             path = os.path.join(tmp, "blob")
-            with open(path, "wb") as f:
-                f.write(data)
+            write_atomic(path, data)
             try:
-                r = self._oras.upload_blob(path, _Repository(self.host, repository), desc.to_json())
+                r = self._oras.upload_blob(path, self._oras.get_container(f"{self.host}/{repository}"), desc.to_json())
             except ValueError as e:  # oras: no upload session (no Location)
-                raise EnvbuildError(f"registry {self.host}: blob upload to {repository} failed: "
-                                    f"{' '.join(str(e).split())[:200]}", exit_code=ExitCode.UNREACHABLE) from None
+                raise Unreachable(f"registry {self.host}: blob upload to {repository} failed: "
+                                  f"{' '.join(str(e).split())[:200]}") from None
         if r.status_code not in (200, 201, 202):
             raise self.fail(r, f"blob upload to {repository}")
         return desc
 
     def get_blob(self, repository: str, desc: Descriptor, limit: int = MAX_BLOB_BYTES) -> bytes:
-        """Fetch a blob (oras) and check it against its descriptor (sha256 and size).
-
-        Raises:
-            EnvbuildError: (exit 2) missing (404), larger than ``limit`` bytes, or its
-                content does not hash to the descriptor's digest (altered in the registry).
-        """
+        """Fetch a blob (oras) and check its sha256 and size. Raises EnvbuildError (exit 2): missing,
+        over ``limit`` bytes, or altered in the registry."""
         self.ensure()
         if desc.size > limit:
             raise EnvbuildError(f"blob of {desc.size} bytes is larger than {limit}", field="blob", value=desc.digest)
-        r = self._oras.get_blob(_Repository(self.host, repository), desc.digest, stream=True)
+        r = self._oras.get_blob(self._oras.get_container(f"{self.host}/{repository}"), desc.digest, stream=True)
         if r.status_code == 404:
             raise EnvbuildError(f"registry {self.host} has no blob {desc.digest} in {repository}",
                                 field="blob", value=desc.digest)

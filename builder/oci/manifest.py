@@ -1,19 +1,5 @@
-"""OCI documents: media types, content descriptors, image manifests and indexes.
-
-Registry answers are hostile input: they are decoded here into typed msgspec Structs
-(:class:`Descriptor`, :class:`Manifest`, :class:`Index`), which bounds their shape (no
-arbitrary nesting, 64-bit integers, strings where strings belong). As the OCI image spec
-requires, unknown properties are ignored (spec: "implementations MUST NOT generate an error
-if they encounter an unknown property"), unlike envbuild's own documents
-(:class:`builder.core.model.Model`), which refuse them.
-
-What envbuild publishes is serialised by :func:`canonical_json` (sorted keys, no blanks,
-UTF-8): the bytes whose sha256 is the manifest digest and that a signature covers.
-
-Sources: OCI image spec v1.1 (``descriptor.md``, ``manifest.md``, ``image-index.md``,
-"Guidance for an Empty Descriptor"); OCI distribution spec v1.1 (manifest size: registries
-SHOULD accept manifests of at least 4 MiB).
-"""
+"""OCI documents as msgspec Structs: registry answers are hostile, so decoding bounds their
+shape; unknown properties are ignored as the image spec requires. Source: OCI image spec v1.1."""
 
 from __future__ import annotations
 
@@ -49,15 +35,7 @@ class _Oci(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
 
 
 class Descriptor(_Oci, frozen=True):
-    """An OCI content descriptor.
-
-    Attributes:
-        media_type: e.g. :data:`MT_OCI_MANIFEST`.
-        digest: ``"sha256:<64 hex>"`` of the content.
-        size: the content's length in bytes.
-        artifact_type: the artifact's type (a manifest of an artifact), or None.
-        annotations: string annotations.
-    """
+    """An OCI content descriptor."""
 
     media_type: _Text
     digest: Sha256
@@ -105,11 +83,7 @@ def sha256_digest(data: bytes) -> str:
 
 
 def decode_manifest(body: bytes, origin: str) -> Manifest:
-    """``body`` as an image manifest.
-
-    Raises:
-        EnvbuildError: (exit 2) not an OCI/Docker image manifest; names ``origin``.
-    """
+    """``body`` as an image manifest. Raises EnvbuildError (exit 2), naming ``origin``."""
     try:
         return msgspec.json.decode(body, type=Manifest)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:

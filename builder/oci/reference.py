@@ -1,28 +1,6 @@
-"""The one image-reference grammar: ``[registry[:port]/]path[:tag][@sha256:digest]``.
-
-Every image reference envbuild reads (a recipe's ``base.image``, ``--image``/``--base``
-arguments, ``envbuild pull REF``, a Kubernetes pod image, a base to resolve to a digest) is
-parsed here, matched whole (:func:`re.fullmatch`; never ``$``, which matches before a final
-newline) and bounded in length. The grammar is the distribution project's ``reference``
-package (the one Docker and Kubernetes use), narrowed to what envbuild handles:
-
-* **registry** ``host[:port]``: DNS labels (letters, digits, inner ``-``; 1-63 characters)
-  joined by ``.``, or a bracketed IPv6 address; an optional port 1..65535. The first path
-  component is a registry only when it holds a ``.`` or a ``:`` or is ``localhost``
-  (Docker's rule, ``splitDockerDomain``); without one the reference names Docker Hub.
-* **path**: lower-case components ``[a-z0-9]+`` joined by ``.``, ``_``, ``__`` or runs of
-  ``-``, separated by ``/``; the whole name (registry and path) at most 255 characters
-  (distribution's ``NameTotalLengthMax``).
-* **tag**: ``[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`` (ASCII only).
-* **digest**: ``sha256:<64 lower-case hex>`` only (the one algorithm envbuild verifies).
-
-Docker Hub normalisation (distribution's ``ParseNormalizedNamed``): no registry, ``docker.io``
-and ``index.docker.io`` are Docker Hub, whose API host is ``registry-1.docker.io``, and a
-one-component path there is an official image ``library/<path>``.
-
-Sources: https://github.com/distribution/reference/blob/main/reference.go (grammar),
-normalize.go (Docker Hub rules); OCI distribution spec v1.1 ("<name>", tag pattern).
-"""
+"""The one image-reference grammar, ``[registry[:port]/]path[:tag][@sha256:digest]``, matched
+whole and bounded, with Docker Hub normalisation. Source: https://github.com/distribution/reference
+(reference.go, normalize.go), narrowed to sha256 digests."""
 
 from __future__ import annotations
 
@@ -32,12 +10,13 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from builder.core.errors import EnvbuildError, ExitCode
+from builder.core.errors import UsageError
 
-#: Longest text looked at as a reference (characters); longer input is refused unread.
-MAX_CHARS = 1000
 #: Longest name (registry and path), distribution's ``NameTotalLengthMax``.
 MAX_NAME_CHARS = 255
+#: Longest whole reference: the name, ``:`` and a tag of at most 128 characters, ``@`` and
+#: ``sha256:`` with 64 hex (456 characters); longer input is refused unread.
+MAX_CHARS = MAX_NAME_CHARS + 1 + 128 + 1 + 71
 
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _IPV6 = r"\[[0-9A-Fa-f:.]{2,45}\]"
@@ -73,27 +52,18 @@ DOCKER_HUB_API = "registry-1.docker.io"
 Reason = Literal["size", "name", "long", "tag", "digest", "host"]
 
 
-class ReferenceError(EnvbuildError):
-    """Not an image reference (exit 64). ``reason`` says which part is wrong:
-    ``size`` (over :data:`MAX_CHARS`), ``name`` (the grammar), ``long`` (name over
-    :data:`MAX_NAME_CHARS`), ``tag``, ``digest``, ``host`` (registry or port)."""
+class ReferenceError(UsageError):
+    """Not an image reference (exit 64); ``reason`` names the part: ``size``, ``name``, ``long``,
+    ``tag``, ``digest`` or ``host``."""
 
     def __init__(self, message: str, reason: Reason, *, field: str, value: object) -> None:
-        super().__init__(message, field=field, value=value, exit_code=ExitCode.USAGE)
+        super().__init__(message, field=field, value=value)
         self.reason = reason
 
 
 @dataclass(frozen=True)
 class ImageRef:
-    """A parsed image reference ``[host/]path[:tag][@digest]``, as written.
-
-    Attributes:
-        host: registry ``host[:port]`` as written (e.g. ``"127.0.0.1:5000"``), or None
-            (Docker Hub).
-        path: the repository path as written, e.g. ``"envbuild/cpu-torch2"``, ``"debian"``.
-        tag: e.g. ``"bookworm-slim"``, or None.
-        digest: ``"sha256:<64 hex>"``, or None.
-    """
+    """A parsed image reference ``[host/]path[:tag][@digest]``, as written."""
 
     host: str | None
     path: str
@@ -157,25 +127,12 @@ class ImageRef:
     def with_tag(self, tag: str | None) -> ImageRef:
         return dataclasses.replace(self, tag=tag)
 
-    def with_digest(self, digest: str | None) -> ImageRef:
-        return dataclasses.replace(self, digest=digest)
-
 
 _SYNTAX = "[host[:port]/]path[:tag][@sha256:digest]"
 
 
 def parse(text: object, *, field: str = "reference", syntax: str = _SYNTAX) -> ImageRef:
-    """Parse ``text`` as an image reference (see the module doc).
-
-    Args:
-        field: names the value in the error (``reference``, ``image``, ``base.image``).
-        syntax: the shape shown when the grammar does not match, e.g.
-            ``"host/repository[:tag][@sha256:digest]"``.
-
-    Raises:
-        ReferenceError: (exit 64) with ``reason`` and a one-line message; the value is
-            shown escaped by :class:`~builder.core.errors.EnvbuildError`.
-    """
+    """Parse ``text`` as an image reference. Raises ReferenceError (exit 64)."""
     if not isinstance(text, str) or len(text) > MAX_CHARS:
         raise ReferenceError(f"is not an image reference (at most {MAX_CHARS} characters)", "size",
                              field=field, value=text)

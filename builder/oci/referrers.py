@@ -1,19 +1,5 @@
-"""Artifacts that refer to a manifest (its ``subject``): the OCI Referrers API, with the
-referrers tag schema where a registry lacks that API.
-
-oras-py 0.2 has no Referrers API, so this is a thin layer over
-:class:`~builder.oci.client.RegistryClient`:
-
-* :func:`attach` publishes a blob as an OCI artifact: an image manifest with
-  ``artifactType``, the empty config ``application/vnd.oci.empty.v1+json`` and one layer,
-  whose ``subject`` is the manifest it refers to. A registry with the Referrers API answers
-  the manifest PUT with ``OCI-Subject``; otherwise (e.g. Debian's docker-registry 2.8) the
-  artifact is added to the image index tagged ``sha256-<hex of the subject digest>``;
-* :func:`referrers` lists them: ``GET /v2/<repo>/referrers/<digest>``, else that index.
-
-Sources: OCI distribution spec v1.1, "Pushing Manifests with Subject", "Listing Referrers",
-"Referrers Tag Schema"; OCI image spec v1.1, "Guidance for an Empty Descriptor".
-"""
+"""Artifacts referring to a manifest: the Referrers API, else the referrers tag schema (docker-registry
+2.8; oras-py 0.2 has neither). Source: OCI distribution spec v1.1."""
 
 from __future__ import annotations
 
@@ -35,6 +21,7 @@ from builder.oci.manifest import (
     index_entries,
     sha256_digest,
 )
+from builder.oci.reference import DIGEST
 
 #: How :func:`referrers` and :func:`attach` say they found or filed an artifact.
 BY_API = "referrers API"
@@ -49,14 +36,7 @@ def fallback_tag(digest: str) -> str:
 
 
 def referrers(reg: RegistryClient, repository: str, digest: str) -> tuple[list[Descriptor], str]:
-    """Manifests that refer to ``digest`` (their ``subject``), and how they were found.
-
-    Uses ``GET /v2/<repo>/referrers/<digest>``; when the registry lacks that API (404 or
-    not an image index), reads the fallback index tagged ``sha256-<hex>``.
-
-    Returns:
-        ``(descriptors, "referrers API" | "tag sha256-<hex>")``.
-    """
+    """Manifests that refer to ``digest`` (their ``subject``), and how they were found."""
     reg.ensure()
     r = reg.request("GET", reg.url(repository, "referrers", digest), headers={"Accept": MT_OCI_INDEX},
                     stream=True)
@@ -92,16 +72,7 @@ def artifact_manifest(subject: Descriptor, config: Descriptor, layer: Descriptor
 
 def attach(reg: RegistryClient, repository: str, subject: Descriptor, blob: bytes, media_type: str, *,
            artifact_type: str, annotations: Mapping[str, str] | None = None) -> tuple[Descriptor, bytes, str]:
-    """Publish ``blob`` as an OCI artifact referring to ``subject``.
-
-    Uploads the empty config and the blob, PUTs the artifact manifest by its digest, and
-    when the registry did not answer ``OCI-Subject`` (no Referrers API) adds the artifact
-    to the ``sha256-<hex>`` fallback index (read, append, PUT; the spec's tag schema:
-    concurrent pushers may race, the last PUT wins).
-
-    Returns:
-        ``(artifact manifest descriptor, manifest bytes, "referrers API" | "tag ...")``.
-    """
+    """Publish ``blob`` as an OCI artifact referring to ``subject``."""
     cfg = reg.push_blob(repository, EMPTY_BLOB, MT_EMPTY)
     layer = reg.push_blob(repository, blob, media_type)
     ann = dict(sorted((annotations or {}).items()))
@@ -120,8 +91,8 @@ def attach(reg: RegistryClient, repository: str, subject: Descriptor, blob: byte
 
 
 def _fallback_entries(reg: RegistryClient, repository: str, tag: str) -> list[Any]:
-    """The entries of the fallback index ``tag`` as they are (other pushers' entries are
-    kept byte for byte), ``[]`` when absent or not an index."""
+    """The entries of the fallback index ``tag`` as they are, ``[]`` when absent. Entries whose
+    manifest is gone are dropped: the registry refuses an index naming them, blocking later pushes."""
     got = reg.get_manifest(repository, tag)
     if not got:
         return []
@@ -130,4 +101,8 @@ def _fallback_entries(reg: RegistryClient, repository: str, tag: str) -> list[An
     except EnvbuildError:
         return []
     entries = old.get("manifests") if isinstance(old, dict) else None
-    return list(entries) if isinstance(entries, list) else []
+    if not isinstance(entries, list):
+        return []
+    return [m for m in entries if not (isinstance(m, dict) and isinstance(m.get("digest"), str)
+                                       and DIGEST.fullmatch(m["digest"])
+                                       and reg.head_manifest(repository, m["digest"]) is None)]

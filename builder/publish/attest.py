@@ -1,48 +1,7 @@
-"""A certificate as an in-toto attestation, optionally signed in a DSSE envelope.
-
-The certificate (``envbuild.certificate/1``, :mod:`builder.certify.certificate`) is published next to
-the image it certifies as an **in-toto Statement v1**
-(https://github.com/in-toto/attestation/blob/main/spec/v1/statement.md)::
-
-    {"_type": "https://in-toto.io/Statement/v1",
-     "subject": [{"name": "registry.example:5000/envbuild/cpu-torch2",
-                  "digest": {"sha256": "<64 hex of the image manifest digest>"}}],
-     "predicateType": PREDICATE_TYPE,
-     "predicate": {"schema": "envbuild.attestation/1",
-                   "certificate": {...the certificate as written by certify...},
-                   "certificate_sha256": "<hex of the certificate file's bytes>",
-                   "image": {"id": "sha256:...", "digest": "sha256:...", "repository": "...",
-                             "tags": [...], "recipe": "...", "lock_hash": "sha256:..."},
-                   "filesystem": {...builder.image.fshash result...} or null}}
-
-(:class:`Statement`; its JSON Schema is ``schemas/attestation.schema.json``) so that
-supply-chain tools can read it (the subject is the image by digest; the predicate is
-envbuild's certification). A site may sign it with its own key: the statement becomes the
-payload of a **DSSE envelope**
-(https://github.com/secure-systems-lab/dsse/blob/master/envelope.md, protocol.md)::
-
-    {"payloadType": "application/vnd.in-toto+json",
-     "payload": "<base64 of the statement bytes>",
-     "signatures": [{"keyid": "sha256:<hex of the DER public key>", "sig": "<base64>"}]}
-
-signed over the pre-authentication encoding ``PAE(type, body) = "DSSEv1" SP LEN(type) SP
-type SP LEN(body) SP body``. Keys are PEM files (PKCS#8 private, possibly encrypted with a
-passphrase; SubjectPublicKeyInfo public) of Ed25519 (signature: 64 raw bytes) or ECDSA
-P-256/P-384 (signature: ASN.1 DER over SHA-256/SHA-384), e.g. ``openssl genpkey -algorithm
-ed25519``.
-
-Libraries: the envelope, its PAE, signing and verifying are **securesystemslib**'s
-(``securesystemslib.dsse.Envelope``, ``signer.CryptoSigner``, ``signer.SSlibKey``): it
-supports exactly these key types and schemes (``ed25519``, ``ecdsa-sha2-nistp256``,
-``ecdsa-sha2-nistp384``) on pyca/cryptography, and takes a key object, so envbuild loads the
-PEM itself (bounded read, passphrase from the environment) and keeps its key id, which keeps
-the envelopes published before verifiable. Its ``Envelope.verify`` matches signatures to
-keys by key id, while DSSE makes the key id an unauthenticated hint: envbuild offers each
-signature to the configured key under that key's id, so a signature verifies whatever key
-id it carries (as before). The statement is built from plain data: **in-toto-attestation**
-(protobuf bindings, last release 0.9.3 in 2023) would add a protobuf runtime for a
-five-key document that :class:`Statement` already types.
-"""
+"""A certificate as an in-toto Statement v1, optionally signed in a DSSE envelope. Every signature
+is offered to the configured key whatever its key id (DSSE: an unauthenticated hint). Sources:
+https://github.com/in-toto/attestation/blob/main/spec/v1/statement.md,
+https://github.com/secure-systems-lab/dsse/blob/master/envelope.md."""
 
 from __future__ import annotations
 
@@ -60,12 +19,12 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from msgspec import Meta
 
 from builder.core import inputs
-from builder.core.errors import EnvbuildError, ExitCode
+from builder.core.errors import EnvbuildError, UsageError
 from builder.core.model import json_schema
 from builder.oci.manifest import canonical_json
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-#: envbuild's predicate type (a URI naming the predicate schema ``envbuild.attestation/1``).
+#: A URI naming the predicate schema ``envbuild.attestation/1``.
 PREDICATE_TYPE = "https://envbuild.dev/attestation/certification/v1"
 PREDICATE_SCHEMA = "envbuild.attestation/1"
 #: Media type of an in-toto statement (in-toto attestation spec, "Envelope" layer).
@@ -140,53 +99,25 @@ def attestation_schema() -> dict[str, Any]:
     return json_schema(model, schema_id, title)
 
 
-def statement(
-    *,
-    subject_name: str,
-    subject_digest: str,
-    certificate: Mapping[str, Any],
-    certificate_sha256: str | None = None,
-    image: Mapping[str, Any] | None = None,
-    filesystem: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The in-toto Statement v1 certifying the image ``subject_name@subject_digest``, as
-    JSON data (:class:`Statement`).
-
-    Args:
-        subject_name: the repository, e.g. ``"127.0.0.1:5000/envbuild/cpu-torch2"``.
-        subject_digest: the image manifest digest ``"sha256:<64 hex>"``.
-        certificate: the certificate document (``envbuild.certificate/1``).
-        certificate_sha256: hex sha256 of the certificate file as written on disk.
-        image: facts about the published image (id, digest, repository, tags, ...).
-        filesystem: :meth:`builder.image.fshash.FsHash.to_json` of the image, or None.
-
-    Raises:
-        EnvbuildError: (exit 2) ``subject_digest`` is not ``sha256:<64 hex>``.
-    """
+def statement(*, subject_name: str, subject_digest: str, certificate: Mapping[str, Any],
+              certificate_sha256: str | None = None, image: Mapping[str, Any] | None = None,
+              filesystem: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The in-toto Statement certifying ``subject_name@subject_digest``, as JSON data.
+    Raises EnvbuildError (exit 2) when ``subject_digest`` is not ``sha256:<64 hex>``."""
     algo, _, hexd = subject_digest.partition(":")
     if algo != "sha256" or len(hexd) != 64 or any(c not in "0123456789abcdef" for c in hexd):
         raise EnvbuildError("is not sha256:<64 hex>", field="subject digest", value=subject_digest)
-    stmt = Statement(
-        type=STATEMENT_TYPE,
-        subject=[Subject(name=subject_name, digest=SubjectDigest(sha256=hexd))],
-        predicate_type=PREDICATE_TYPE,
-        predicate=Predicate(schema=PREDICATE_SCHEMA, certificate=dict(certificate),
-                            certificate_sha256=certificate_sha256, image=dict(image or {}),
-                            filesystem=dict(filesystem) if filesystem else None),
-    )
+    stmt = Statement(type=STATEMENT_TYPE, subject=[Subject(name=subject_name, digest=SubjectDigest(sha256=hexd))],
+                     predicate_type=PREDICATE_TYPE,
+                     predicate=Predicate(schema=PREDICATE_SCHEMA, certificate=dict(certificate),
+                                         certificate_sha256=certificate_sha256, image=dict(image or {}),
+                                         filesystem=dict(filesystem) if filesystem else None))
     return msgspec.to_builtins(stmt)
 
 
 def check_statement(doc: Any, subject_digest: str | None = None, *, origin: str = "attestation") -> dict[str, Any]:
-    """Check the shape of a statement and (optionally) that it certifies ``subject_digest``.
-
-    Returns:
-        The statement's predicate (``envbuild.attestation/1``).
-
-    Raises:
-        EnvbuildError: (exit 2) not an in-toto Statement v1 of envbuild's predicate type,
-            no certificate in it, or its subject is another digest (the message prints both).
-    """
+    """Check a statement's shape and that it certifies ``subject_digest``; returns its predicate.
+    Raises EnvbuildError (exit 2) on another type, no certificate, or another subject digest."""
     if not isinstance(doc, dict) or doc.get("_type") != STATEMENT_TYPE:
         got = doc.get("_type") if isinstance(doc, dict) else type(doc).__name__
         raise EnvbuildError(f"is not an in-toto statement ({STATEMENT_TYPE})", file=origin, field="_type", value=got)
@@ -219,47 +150,34 @@ def _first_line(exc: Exception) -> str:
 
 
 def load_private_key(path: str | os.PathLike[str], password: bytes | None = None) -> PrivateKey:
-    """Load a PEM private key (Ed25519 or ECDSA P-256/P-384) for signing.
-
-    ``password`` defaults to ``$ENVBUILD_SIGN_KEY_PASSWORD`` when that is set.
-
-    Raises:
-        Unreachable: (exit 3) missing, not a regular file (a FIFO, a device, a directory),
-            over :data:`MAX_KEY_BYTES`, unreadable (:func:`builder.core.inputs.read_regular`).
-        EnvbuildError: (exit 64) not a PEM private key, wrong password, or an unsupported
-            key type.
-    """
+    """A PEM Ed25519 or ECDSA P-256/P-384 private key for signing. Raises Unreachable (exit 3) when
+    the file cannot be read, EnvbuildError (exit 64) when it is no usable key."""
     data = inputs.read_regular(path, MAX_KEY_BYTES, "signing key")
     if password is None and os.environ.get(ENV_SIGN_KEY_PASSWORD):
         password = os.environ[ENV_SIGN_KEY_PASSWORD].encode()
     try:
         key = serialization.load_pem_private_key(data, password=password)
     except (ValueError, TypeError, UnsupportedAlgorithm) as e:
-        raise EnvbuildError(f"is not a usable PEM private key ({_first_line(e)})",
-                            file=str(path), exit_code=ExitCode.USAGE) from None
+        raise UsageError(f"is not a usable PEM private key ({_first_line(e)})",
+                         file=str(path)) from None
     if not isinstance(key, (ed25519.Ed25519PrivateKey, ec.EllipticCurvePrivateKey)):
-        raise EnvbuildError(f"key type {type(key).__name__} is not supported (Ed25519 or ECDSA)",
-                            file=str(path), exit_code=ExitCode.USAGE)
+        raise UsageError(f"key type {type(key).__name__} is not supported (Ed25519 or ECDSA)",
+                         file=str(path))
     _check_curve(key, path)
     return key
 
 
 def load_public_key(path: str | os.PathLike[str]) -> PublicKey:
-    """Load a PEM public key (SubjectPublicKeyInfo) for verifying.
-
-    Raises:
-        Unreachable: (exit 3) the file cannot be read (see :func:`load_private_key`).
-        EnvbuildError: (exit 64) not a PEM public key, unsupported type.
-    """
+    """A PEM public key (SubjectPublicKeyInfo); errors as :func:`load_private_key`."""
     data = inputs.read_regular(path, MAX_KEY_BYTES, "public key")
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError, UnsupportedAlgorithm) as e:
-        raise EnvbuildError(f"is not a PEM public key ({_first_line(e)})",
-                            file=str(path), exit_code=ExitCode.USAGE) from None
+        raise UsageError(f"is not a PEM public key ({_first_line(e)})",
+                         file=str(path)) from None
     if not isinstance(key, (ed25519.Ed25519PublicKey, ec.EllipticCurvePublicKey)):
-        raise EnvbuildError(f"key type {type(key).__name__} is not supported (Ed25519 or ECDSA)",
-                            file=str(path), exit_code=ExitCode.USAGE)
+        raise UsageError(f"key type {type(key).__name__} is not supported (Ed25519 or ECDSA)",
+                         file=str(path))
     _check_curve(key, path)
     return key
 
@@ -267,8 +185,8 @@ def load_public_key(path: str | os.PathLike[str]) -> PublicKey:
 def _check_curve(key: PrivateKey | PublicKey, path: str | os.PathLike[str]) -> None:
     if isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)):
         if not isinstance(key.curve, (ec.SECP256R1, ec.SECP384R1)):
-            raise EnvbuildError(f"ECDSA curve {key.curve.name} is not supported (P-256 or P-384)",
-                                file=str(path), exit_code=ExitCode.USAGE)
+            raise UsageError(f"ECDSA curve {key.curve.name} is not supported (P-256 or P-384)",
+                             file=str(path))
 
 
 def _public(key: PrivateKey | PublicKey) -> PublicKey:
@@ -282,7 +200,6 @@ def key_id(key: PrivateKey | PublicKey) -> str:
 
 
 def _sslib_key(key: PrivateKey | PublicKey) -> Any:
-    """securesystemslib's public key of ``key`` under envbuild's :func:`key_id`."""
     from securesystemslib.signer import SSlibKey
 
     return SSlibKey.from_crypto(_public(key), keyid=key_id(key))
@@ -292,14 +209,14 @@ def _sslib_key(key: PrivateKey | PublicKey) -> Any:
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
-    """DSSE pre-authentication encoding: ``b"DSSEv1 <len type> <type> <len body> <body>"``."""
+    """DSSE pre-authentication encoding of ``payload``."""
     from securesystemslib.dsse import Envelope
 
     return Envelope(payload, payload_type, {}).pae()
 
 
 def sign(payload: bytes, key: PrivateKey, payload_type: str = PAYLOAD_TYPE) -> dict[str, Any]:
-    """A DSSE envelope of ``payload`` signed with ``key`` (see the module doc for the shape)."""
+    """A DSSE envelope of ``payload`` signed with ``key``."""
     from securesystemslib.dsse import Envelope
     from securesystemslib.signer import CryptoSigner
 
@@ -319,7 +236,6 @@ def _b64(text: Any) -> bytes:
 
 
 def _verifies(payload: bytes, payload_type: str, sig: bytes, key: Any) -> bool:
-    """Whether ``sig`` verifies over ``PAE(payload_type, payload)`` with ``key``."""
     from securesystemslib.dsse import Envelope
     from securesystemslib.exceptions import VerificationError
     from securesystemslib.signer import Signature
@@ -334,14 +250,8 @@ def _verifies(payload: bytes, payload_type: str, sig: bytes, key: Any) -> bool:
 
 def verify_envelope(envelope: Any, public_key: PublicKey, *, origin: str = "attestation",
                     key_name: str = "the key") -> bytes:
-    """Verify a DSSE envelope with ``public_key``; returns the payload bytes.
-
-    Passes when any signature verifies over ``PAE(payloadType, payload)`` (a signature's
-    ``keyid`` is only a hint, DSSE protocol).
-
-    Raises:
-        SignatureMismatch: (exit 2) malformed envelope, no signature, or none verifies.
-    """
+    """The payload of a DSSE envelope when any signature verifies with ``public_key``.
+    Raises SignatureMismatch (exit 2) on a malformed envelope, no signature, or none verifying."""
     if not isinstance(envelope, dict):
         raise SignatureMismatch("is not a DSSE envelope", file=origin)
     try:
@@ -372,9 +282,7 @@ def verify_envelope(envelope: Any, public_key: PublicKey, *, origin: str = "atte
 
 
 def encode(stmt: Mapping[str, Any], key: PrivateKey | None = None) -> tuple[bytes, str]:
-    """The published blob and its media type: the canonical statement
-    (``application/vnd.in-toto+json``) or, with ``key``, its DSSE envelope
-    (``application/vnd.dsse.envelope.v1+json``)."""
+    """The published blob and its media type: the canonical statement, or its DSSE envelope."""
     body = canonical_json(stmt)
     if key is None:
         return body, MEDIA_TYPE_STATEMENT
@@ -391,17 +299,9 @@ def _json(data: bytes, origin: str, field: str | None = None, what: str = "is no
 
 def decode(blob: bytes, media_type: str, *, public_key: PublicKey | None = None, key_name: str = "the key",
            origin: str = "attestation") -> tuple[dict[str, Any], str | None]:
-    """Parse a published attestation blob (bounded JSON); verify its signature when
-    ``public_key`` is given.
-
-    Returns:
-        ``(statement, signer)``: ``signer`` is the verified key id, or None when not checked.
-
-    Raises:
-        SignatureMismatch: (exit 2) a key is configured and the blob is unsigned, or no
-            signature verifies.
-        EnvbuildError: (exit 2) not JSON, unknown media type.
-    """
+    """``(statement, verified signer key id or None)`` of a published attestation blob.
+    Raises SignatureMismatch (exit 2) when ``public_key`` is given and no signature verifies, and
+    EnvbuildError (exit 2) on bad JSON or an unknown media type."""
     doc = _json(blob, origin)
     if media_type == MEDIA_TYPE_DSSE:
         signer = None

@@ -1,11 +1,4 @@
-"""This node against a certificate, at pull: the NVIDIA driver floor and the GPU models.
-
-A certificate covers the hardware its ranks ran on. Before ``envbuild pull`` puts an image
-on a node, :func:`check_hardware` compares the node's report (:func:`node_report`, the
-probe's ``driver`` and ``gpus[].name``) with the certificate: a driver below the image's
-floor, or a GPU model no rank was certified on, is a reason to refuse (or, with
-``--allow-uncertified-hw``, a warning).
-"""
+"""This node against a certificate, at pull: the NVIDIA driver floor and the GPU models."""
 
 from __future__ import annotations
 
@@ -16,7 +9,6 @@ from packaging.version import InvalidVersion, Version
 
 
 def node_report() -> dict[str, Any]:
-    """This node's report (:func:`builder.agent.probe.collect`): ``driver``, ``gpus``, ..."""
     from builder.agent import probe
 
     return probe.collect()
@@ -45,17 +37,8 @@ def _below(driver: Any, floor: str) -> bool:
 
 def check_hardware(cert: Mapping[str, Any], host: Mapping[str, Any]) -> list[str]:
     """Reasons this node is not covered by the certificate ([] = covered).
-
-    * the driver (host probe ``driver``) is below the image's floor (the lock's
-      ``driver.min``, else the ``envbuild.driver.min`` label), or absent for an image
-      that has one;
-    * for CUDA images, a GPU model of this node (probe ``gpus[].name``) that no rank of
-      the certification ran on.
-
-    Args:
-        cert: the certificate (``envbuild.certificate/1``).
-        host: this node's report (:func:`node_report`).
-    """
+    A driver below the image's floor (the lock's ``driver.min``, else the label), or for CUDA
+    images a GPU model no rank of the certification ran on."""
     lock = cert.get("lock") or {}
     labels = (cert.get("image") or {}).get("labels") or {}
     floor = (lock.get("driver") or {}).get("min") or labels.get("envbuild.driver.min")

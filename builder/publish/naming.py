@@ -1,18 +1,12 @@
 """Where a certified image and its certificate live in a registry: repository, tags, annotations.
-
-``HOST/<namespace>/<recipe>`` holds the image under two tags, ``<lock hash 12>`` and the
-moving ``certified``; the certificate artifact refers to the image manifest (its
-``subject``) and is tagged ``<tag>.cert`` next to each image tag, so that a node can tell
-from the tag alone which digest the certificate covers. ``envbuild pull`` takes a recipe
-name (``REGISTRY/<namespace>/<recipe>:certified``) or an image reference
-(:mod:`builder.oci.reference`).
-"""
+The certificate artifact is tagged ``<tag>.cert`` next to each tag, so a node can tell from the
+tag alone which digest the certificate covers."""
 
 from __future__ import annotations
 
 import re
 
-from builder.core.errors import EnvbuildError, ExitCode
+from builder.core.errors import EnvbuildError, UsageError
 from builder.oci import reference
 from builder.oci.reference import ImageRef
 from builder.oci.referrers import ANN_PREDICATE
@@ -36,40 +30,27 @@ __all__ = ["ANN_CREATED", "ANN_LOCK", "ANN_PREDICATE", "ANN_RECIPE", "ANN_VERDIC
            "CERTIFIED_TAG", "CERT_TAG_SUFFIX", "DEFAULT_NAMESPACE", "lock12", "parse_ref", "parse_target"]
 
 
-def _usage(message: str, value: object) -> EnvbuildError:
-    return EnvbuildError(message, field="reference", value=value, exit_code=ExitCode.USAGE)
-
-
 def parse_ref(text: str, default_host: str | None = None) -> ImageRef:
-    """``[host[:port]/]repo/path[:tag][@sha256:hex]`` (:func:`builder.oci.reference.parse`)
-    with a registry: ``default_host`` when the reference names none.
-
-    Raises:
-        EnvbuildError: (exit 64) malformed, or no host and no ``default_host``.
-    """
+    """An image reference with a registry: ``default_host`` when it names none (EnvbuildError, exit 64)."""
     ref = reference.parse(text, field="reference", syntax=_SYNTAX)
     if ref.host is None:
         if not default_host:
-            raise _usage("names no registry; give --registry HOST[:PORT]", text)
+            raise UsageError("names no registry; give --registry HOST[:PORT]", field="reference", value=text)
         if not reference.is_host(default_host):
-            raise _usage("registry is not HOST[:PORT] (a port in 1..65535)", text)
+            raise UsageError("registry is not HOST[:PORT] (a port in 1..65535)", field="reference", value=text)
         ref = ref.with_host(default_host)
     return ref
 
 
 def parse_target(target: str, registry: str | None, namespace: str = DEFAULT_NAMESPACE) -> ImageRef:
-    """What ``envbuild pull`` should fetch: a recipe name (``cpu-torch2`` ->
-    ``REGISTRY/<namespace>/cpu-torch2:certified``) or an image reference (no tag and no
-    digest: ``:certified``).
-
-    Raises:
-        EnvbuildError: (exit 64) malformed, or no registry known.
-    """
+    """What ``envbuild pull`` fetches: a recipe name (``REGISTRY/<namespace>/NAME:certified``) or a reference.
+    Raises EnvbuildError (exit 64) when malformed or no registry is known."""
     if not isinstance(target, str) or len(target) > MAX_REF_CHARS:
-        raise _usage(f"is not a recipe name or image reference (at most {MAX_REF_CHARS} characters)", target)
+        raise UsageError(f"is not a recipe name or image reference (at most {MAX_REF_CHARS} characters)",
+                         field="reference", value=target)
     if reference.COMPONENT.fullmatch(target):
         if not registry:
-            raise _usage("a recipe name needs --registry HOST[:PORT]", target)
+            raise UsageError("a recipe name needs --registry HOST[:PORT]", field="reference", value=target)
         return ImageRef(host=registry, path=f"{namespace}/{target}", tag=CERTIFIED_TAG)
     ref = parse_ref(target, registry)
     if ref.tag is None and ref.digest is None:
@@ -78,11 +59,7 @@ def parse_target(target: str, registry: str | None, namespace: str = DEFAULT_NAM
 
 
 def lock12(lock_hash: str | None) -> str:
-    """The image tag of a lock hash: its first 12 hex digits (``sha256:abc...`` -> ``abc...``).
-
-    Raises:
-        EnvbuildError: (exit 2) not a sha256 lock hash.
-    """
+    """The image tag of a lock hash: its first 12 hex digits (EnvbuildError, exit 2, if not sha256)."""
     hexd = str(lock_hash or "").split(":", 1)[-1]
     if not re.fullmatch(r"[0-9a-f]{12,64}", hexd):
         raise EnvbuildError("is not a sha256 lock hash", field="envbuild.lock-hash", value=lock_hash)

@@ -1,29 +1,17 @@
-"""``envbuild pull RECIPE|REF --registry HOST``: pull only what is certified, by digest.
-
-:func:`pull` resolves the tag to a digest, fetches the certificate (``<tag>.cert``, else the
-referrers of the digest: :func:`find_attestation`), verifies the statement (subject = that
-digest, a passing verdict, the signature when a public key is configured), checks this node
-(:func:`builder.publish.hardware.check_hardware`), pulls the image **by digest** and checks
-that the pulled image ID and labels are the certified ones (:func:`check_image`) before
-tagging it. A refused pull removes what it pulled: no half-tagged image. With
-``--format sif`` it prints (and runs, when apptainer is there) ``apptainer pull`` by digest.
-"""
+"""``envbuild pull``: pull only what is certified, by digest; a refused pull removes what it pulled."""
 
 from __future__ import annotations
 
-import contextlib
 import os
+import re
 import shutil
-import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import docker
-import docker.errors
-import requests
-
-from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.core import process
+from builder.core.errors import EnvbuildError, ExitCode, Unreachable, UsageError
+from builder.image.engine import Engine, Image, PullFailed
 from builder.oci import referrers
 from builder.oci.client import RegistryClient
 from builder.oci.manifest import Descriptor, decode_manifest
@@ -39,30 +27,29 @@ from builder.publish.naming import (
     lock12,
     parse_target,
 )
-from builder.publish.push import engine_stream
 from builder.publish.store import failures, passed
+
+#: Longest ``apptainer pull`` waited for, in seconds: it downloads and converts every layer.
+APPTAINER_TIMEOUT_S = 6 * 3600
+#: How the engine words a blob whose content does not hash to its digest (config or layer).
+_VERIFY_FAILED = re.compile(r"verification failed for digest (sha256:[0-9a-f]{64})")
 
 
 class Refused(EnvbuildError):
     """A pull refused by a check (exit 2)."""
 
 
-def check_image(img_attrs: Mapping[str, Any], ref: ImageRef, digest: str, cert: Mapping[str, Any],
+def check_image(img: Image, ref: ImageRef, digest: str, cert: Mapping[str, Any],
                 certified_id: str | None) -> list[str]:
-    """Differences between a pulled image (``docker inspect`` data) and its certificate.
-
-    Checks: the image is known by ``name@digest``; its ID is the certified image ID; every
-    label the certificate recorded has the same value.
-    """
+    """Differences between a pulled image and its certificate."""
     problems = []
     wanted = f"{ref.name}@{digest}"
-    repo_digests = img_attrs.get("RepoDigests") or []
-    if wanted not in repo_digests:
-        problems.append(f"the engine does not list {wanted} for the pulled image ({', '.join(repo_digests) or 'none'})")
-    image_id = img_attrs.get("Id")
-    if certified_id and image_id != certified_id:
-        problems.append(f"pulled image ID {image_id} is not the certified image ID {certified_id}")
-    got = ((img_attrs.get("Config") or {}).get("Labels")) or {}
+    if wanted not in img.repo_digests:
+        problems.append(f"the engine does not list {wanted} for the pulled image "
+                        f"({', '.join(img.repo_digests) or 'none'})")
+    if certified_id and img.id != certified_id:
+        problems.append(f"pulled image ID {img.id} is not the certified image ID {certified_id}")
+    got = img.labels
     want = (cert.get("image") or {}).get("labels") or {}
     for key in sorted(want):
         if got.get(key) != want[key]:
@@ -75,17 +62,7 @@ def check_image(img_attrs: Mapping[str, Any], ref: ImageRef, digest: str, cert: 
 
 @dataclass
 class Attestation:
-    """A verified certificate found in the registry.
-
-    Attributes:
-        digest: the image digest it certifies.
-        manifest: the artifact manifest's digest.
-        found_by: ``"tag <tag>.cert"``, ``"referrers API"`` or ``"tag sha256-..."``.
-        statement: the in-toto statement; ``predicate`` its envbuild predicate.
-        certificate: the certificate inside.
-        signer: the verified key id, or None when no key was configured.
-        signed: whether the artifact is a DSSE envelope.
-    """
+    """A verified certificate found in the registry; ``signer`` is the verified key id or None."""
 
     digest: str
     manifest: str
@@ -128,8 +105,7 @@ def _certified_subject(body: bytes) -> str | None:
 
 def _by_tag(reg: RegistryClient, ref: ImageRef, public_key: PublicKey | None, key_name: str
             ) -> tuple[str, Attestation | None]:
-    """The digest ``ref``'s tag points to, and the certificate its ``<tag>.cert`` names (None
-    when there is no such pointer)."""
+    """The digest ``ref``'s tag points to, and the certificate its ``<tag>.cert`` names, if any."""
     assert ref.tag is not None
     d = reg.head_manifest(ref.path, ref.tag)
     if d is None:
@@ -144,6 +120,10 @@ def _by_tag(reg: RegistryClient, ref: ImageRef, public_key: PublicKey | None, ke
     body, desc = pointer
     certified = _certified_subject(body)
     if certified != digest:
+        own, _ = referrers.referrers(reg, ref.path, digest)
+        if any(d.artifact_type == ARTIFACT_TYPE for d in own):  # the tag's image is certified: the pointer changed
+            raise Refused(f"refused: {ref.name}:{ref.tag}{CERT_TAG_SUFFIX} is the certificate of another image "
+                          f"({certified}), not of {digest} that {ref.name}:{ref.tag} points to")
         raise Refused(f"refused: {ref.name}:{ref.tag} points to {digest}, but its certificate "
                       f"({ref.tag}{CERT_TAG_SUFFIX}) certifies {certified}: the tag was moved after "
                       "certification")
@@ -153,18 +133,8 @@ def _by_tag(reg: RegistryClient, ref: ImageRef, public_key: PublicKey | None, ke
 
 def find_attestation(reg: RegistryClient, ref: ImageRef, public_key: PublicKey | None = None,
                      key_name: str = "the key") -> Attestation:
-    """Resolve ``ref`` to the certified digest and fetch and verify its certificate.
-
-    A tag is resolved to a digest; the certificate is read from the tag ``<tag>.cert``
-    when it exists (and must certify that very digest), else from the referrers of the
-    digest (newest by ``org.opencontainers.image.created``).
-
-    Raises:
-        Refused: (exit 2) no such tag; the tag moved (both digests printed); no certificate;
-            a certificate that is altered, not passing, for another image, unsigned or
-            signed by another key when ``public_key`` is configured.
-        Unreachable: (exit 3) the registry cannot be reached.
-    """
+    """Resolve ``ref`` to a digest and fetch and verify its certificate.
+    Raises Refused (exit 2) when none is valid, Unreachable (exit 3)."""
     reg.ensure()
     digest = ref.digest
     if ref.tag:
@@ -195,18 +165,7 @@ def find_attestation(reg: RegistryClient, ref: ImageRef, public_key: PublicKey |
 
 @dataclass
 class PullResult:
-    """Outcome of :func:`pull`.
-
-    Attributes:
-        reference: ``host/repo@sha256:...`` (what was pulled or is to be pulled).
-        digest: the certified digest.
-        attestation: the verified certificate.
-        image_id: the pulled image ID (None for ``--format sif``).
-        local_tags: tags set on the pulled image.
-        warnings: hardware not covered, accepted with ``allow_uncertified_hw``.
-        sif_command: the ``apptainer pull`` argv (``--format sif``), else None.
-        sif_ran: whether that command was run (apptainer found) and succeeded.
-    """
+    """Outcome of :func:`pull`; ``warnings``: hardware not covered, accepted with ``allow_uncertified_hw``."""
 
     reference: str
     digest: str
@@ -219,7 +178,6 @@ class PullResult:
 
 
 def sif_command(ref: ImageRef, digest: str, output: str, plain_http: bool) -> list[str]:
-    """``apptainer pull [--no-https] OUTPUT docker://HOST/REPO@sha256:...`` (by digest)."""
     cmd = ["apptainer", "pull"]
     if plain_http:
         cmd.append("--no-https")
@@ -237,49 +195,46 @@ def _pull_sif(reg: RegistryClient, ref: ImageRef, result: PullResult, output: st
             env["APPTAINER_DOCKER_USERNAME"] = reg.credentials.username
             env["APPTAINER_DOCKER_PASSWORD"] = reg.credentials.password
         say(" ".join(result.sif_command))
-        rc = subprocess.run(result.sif_command, env=env).returncode
+        rc = process.run(result.sif_command, APPTAINER_TIMEOUT_S, env=env, capture=False).returncode
         if rc != 0:
             raise Unreachable(f"apptainer pull exited with {rc}", field="reference", value=result.reference)
         result.sif_ran = True
     return result
 
 
-def _engine_pull(client: docker.DockerClient, reg: RegistryClient, ref: ImageRef, digest: str) -> Any:
+def _engine_pull(client: Engine, reg: RegistryClient, ref: ImageRef, digest: str) -> Image:
     by_digest = f"{ref.name}@{digest}"
     try:
-        stream = client.api.pull(ref.name, tag=digest, stream=True, decode=True,
-                                 auth_config=reg.credentials.engine_auth() if reg.credentials else None)
-        engine_stream(stream, f"docker pull {by_digest}")
-    except (docker.errors.APIError, requests.exceptions.RequestException) as e:
-        raise Unreachable(f"docker pull {by_digest} failed: {' '.join(str(e).split())[:300]}") from None
-    try:
-        return client.images.get(by_digest)
-    except docker.errors.ImageNotFound:
-        raise Unreachable(f"docker pull {by_digest} left no image") from None
+        auth = reg.credentials.engine_auth() if reg.credentials else None
+        image_id = client.pull(ref.name, None, tag=digest, auth=auth)
+    except PullFailed as e:  # the engine checks every blob against its digest: a mismatch is a refusal
+        bad = _VERIFY_FAILED.search(e.reason)
+        if bad is None:
+            raise Unreachable(f"docker pull {by_digest} failed: {e.reason[:300]}") from None
+        raise Refused(f"refused: docker pull {by_digest}: blob {bad.group(1)} does not match its digest "
+                      "(altered in the registry)") from None
+    return client.image(image_id)
 
 
-def _pull_docker(client: docker.DockerClient, reg: RegistryClient, ref: ImageRef, result: PullResult,
+def _pull_docker(client: Engine, reg: RegistryClient, ref: ImageRef, result: PullResult,
                  say: Callable[[str], None]) -> PullResult:
     """Pull by digest, check the image against the certificate, tag it; undo on refusal."""
     att, digest, by_digest = result.attestation, result.digest, result.reference
     cert = att.certificate
     certified_id = (att.predicate.get("image") or {}).get("id") or (cert.get("image") or {}).get("id")
-    try:
-        pre = client.images.get(by_digest)
-        pre_existing = by_digest in (pre.attrs.get("RepoDigests") or [])
-    except docker.errors.ImageNotFound:
-        pre_existing = False
+    pre = client.inspect_image(by_digest)
+    pre_existing = pre is not None and by_digest in pre.repo_digests
     ok = False
     added: list[str] = []
     try:
         say(f"pulling {by_digest}")
         img = _engine_pull(client, reg, ref, digest)
-        problems = check_image(img.attrs, ref, digest, cert, certified_id)
+        problems = check_image(img, ref, digest, cert, certified_id)
         if problems:
             raise Refused("refused: the pulled image is not the certified one: " + "; ".join(problems),
                           field="reference", value=by_digest)
         for t in dict.fromkeys([t for t in (ref.tag, lock12(cert.get("lock_hash"))) if t]):
-            client.api.tag(img.id, ref.name, t, force=True)
+            client.tag(img.id, ref.name, t)
             added.append(f"{ref.name}:{t}")
         result.image_id = img.id
         result.local_tags = added
@@ -288,38 +243,19 @@ def _pull_docker(client: docker.DockerClient, reg: RegistryClient, ref: ImageRef
     finally:
         if not ok:
             for t in added:
-                with contextlib.suppress(docker.errors.APIError):
-                    client.api.remove_image(t, noprune=True)
+                client.untag(t)
             if not pre_existing:
-                with contextlib.suppress(docker.errors.APIError):
-                    client.api.remove_image(by_digest)
+                client.untag(by_digest, prune=True)
 
 
-def pull(client: docker.DockerClient | None, target: str, registry: str | None = None, *,
+def pull(client: Engine | None, target: str, registry: str | None = None, *,
          namespace: str = DEFAULT_NAMESPACE, public_key: PublicKey | None = None, key_name: str = "the key",
          allow_uncertified_hw: bool = False, fmt: str = "docker", host_report: Mapping[str, Any] | None = None,
          plain_http: bool | None = None, ca_cert: str | None = None, sif_output: str | None = None,
          run_apptainer: bool = True, on_progress: Callable[[str], None] | None = None) -> PullResult:
-    """Pull a certified image by digest onto this node, or refuse (see the module doc).
-
-    Args:
-        client: connected docker client (may be None for ``fmt="sif"``).
-        target: recipe name or image reference (:func:`builder.publish.naming.parse_target`).
-        registry: ``host[:port]`` when ``target`` names none.
-        public_key: from :func:`builder.publish.attest.load_public_key`: the certificate must be a
-            DSSE envelope signed by it.
-        allow_uncertified_hw: hardware the certificate does not cover gives warnings
-            instead of a refusal.
-        fmt: ``"docker"`` (pull into the engine) or ``"sif"`` (print/run ``apptainer pull``).
-        host_report: this node's report (default :func:`builder.publish.hardware.node_report`).
-        sif_output: the SIF file (default ``<recipe>_<lock12>.sif``).
-        run_apptainer: run the command when ``apptainer`` is on PATH.
-
-    Raises:
-        Refused: (exit 2) see :func:`find_attestation`; hardware not covered; the pulled
-            image differs from the certificate (it is removed again).
-        Unreachable: (exit 3) registry or engine unreachable; apptainer failed.
-    """
+    """Pull a certified image by digest onto this node, or refuse.
+    Raises Refused (exit 2) when no valid certificate covers this node or the pulled image
+    differs from it, Unreachable (exit 3) when the registry, engine or apptainer fails."""
     say = on_progress or (lambda _msg: None)
     ref = parse_target(target, registry, namespace)
     assert ref.host is not None
@@ -338,6 +274,6 @@ def pull(client: docker.DockerClient | None, target: str, registry: str | None =
     if fmt == "sif":
         return _pull_sif(reg, ref, result, sif_output, run_apptainer, say)
     if fmt != "docker":
-        raise EnvbuildError("is not docker or sif", field="--format", value=fmt, exit_code=ExitCode.USAGE)
+        raise UsageError("is not docker or sif", field="--format", value=fmt)
     assert client is not None
     return _pull_docker(client, reg, ref, result, say)

@@ -1,38 +1,19 @@
-"""``envbuild push RECIPE --registry HOST[:PORT]``: publish a certified image by digest.
-
-1. :func:`builder.publish.store.find_certified` finds a *passing* certificate for the exact
-   local image (same image ID) and refuses (exit 2) without one;
-2. the Docker engine pushes the image as ``HOST/<namespace>/<recipe>:<lock hash 12>``
-   (:func:`engine_push`) and reports the manifest digest; the moving tag ``certified`` is
-   then set to that same manifest through the registry API (no second engine push);
-3. the certificate is published as an in-toto statement (:mod:`builder.publish.attest`,
-   optionally a signed DSSE envelope) in an OCI artifact whose ``subject`` is the image
-   manifest (:func:`builder.oci.referrers.attach`: Referrers API or its tag fallback);
-4. the artifact manifest is tagged ``<tag>.cert`` next to each image tag
-   (:mod:`builder.publish.naming`); ``certified`` moves last, once its certificate is there.
-
-Credentials come from the user's Docker config (:func:`builder.oci.client.docker_credentials`)
-and are handed in memory to the engine and to the registry client.
-"""
+"""``envbuild push``: publish a certified image by digest, and its certificate next to it.
+The moving tag ``certified`` is set last, once its certificate is there."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import docker
-import docker.errors
-import requests
-
 from builder.core import inputs
-from builder.core.errors import EnvbuildError, Unreachable
+from builder.core.errors import Unreachable
 from builder.core.paths import image_dir
+from builder.image.engine import Engine
 from builder.oci import referrers
 from builder.oci.client import Credentials, RegistryClient
 from builder.oci.manifest import MT_OCI_MANIFEST, sha256_digest
@@ -42,67 +23,25 @@ from builder.publish.attest import PrivateKey
 from builder.publish.naming import CERT_TAG_SUFFIX, CERTIFIED_TAG, DEFAULT_NAMESPACE, lock12
 from builder.publish.store import find_certified
 
-_STATUS_DIGEST = re.compile(r"Digest: (sha256:[0-9a-f]{64})")
+
+def _remove_ours(client: Engine, image_id: str, ours: list[str]) -> None:
+    after = client.inspect_image(image_id)
+    if after and [t for t in after.tags if t not in ours]:  # never remove the image's last name
+        for r in ours:
+            client.untag(r)
 
 
-def engine_stream(stream: Iterable[Any], what: str) -> str | None:
-    """Consume a docker push/pull progress stream; returns the manifest digest it reports.
-
-    Raises:
-        Unreachable: (exit 3) the stream reports an error (one line, at most 300 characters).
-    """
-    digest = None
-    for msg in stream:
-        if not isinstance(msg, dict):
-            continue
-        if msg.get("error") or msg.get("errorDetail"):
-            text = (msg.get("errorDetail") or {}).get("message") or msg.get("error")
-            raise Unreachable(f"{what} failed: {' '.join(str(text).split())[:300]}")
-        aux = msg.get("aux") or {}
-        if aux.get("Digest"):
-            digest = aux["Digest"]
-        m = _STATUS_DIGEST.search(str(msg.get("status") or ""))
-        if m:
-            digest = m.group(1)
-    return digest
-
-
-def _remove_ours(client: docker.DockerClient, image_id: str, ours: list[str]) -> None:
-    """Remove the references made for a push, unless they are the image's only names."""
-    with contextlib.suppress(docker.errors.APIError):
-        after = client.images.get(image_id).attrs
-        others = [t for t in (after.get("RepoTags") or []) if t not in ours]
-        if others:  # never remove the image's last name
-            for r in ours:
-                with contextlib.suppress(docker.errors.APIError):
-                    client.api.remove_image(r, noprune=True)
-
-
-def engine_push(client: docker.DockerClient, image_id: str, name: str, tag: str,
+def engine_push(client: Engine, image_id: str, name: str, tag: str,
                 credentials: Credentials | None) -> str:
-    """Push image ``image_id`` as ``name:tag`` with the engine; returns the manifest digest.
-
-    The local references ``name:tag`` (made for the push) and ``name@digest`` (recorded by
-    the engine) are removed afterwards unless they existed before or are the image's only
-    names (the image itself always stays).
-
-    Raises:
-        Unreachable: (exit 3) the engine or the registry failed the push.
-    """
+    """Push ``image_id`` as ``name:tag``; returns the manifest digest (Unreachable, exit 3).
+    The references made for the push are removed afterwards unless they are the image's only names."""
     ref = f"{name}:{tag}"
-    try:
-        before = client.images.get(image_id).attrs
-    except docker.errors.ImageNotFound:
-        raise EnvbuildError("no such image in the engine", field="image", value=image_id) from None
-    had = set(before.get("RepoTags") or []) | set(before.get("RepoDigests") or [])
-    client.api.tag(image_id, name, tag, force=True)
+    before = client.image(image_id)
+    had = set(before.tags) | set(before.repo_digests)
+    client.tag(image_id, name, tag)
     digest = None
     try:
-        stream = client.api.push(name, tag=tag, stream=True, decode=True,
-                                 auth_config=credentials.engine_auth() if credentials else None)
-        digest = engine_stream(stream, f"docker push {ref}")
-    except (docker.errors.APIError, requests.exceptions.RequestException) as e:
-        raise Unreachable(f"docker push {ref} failed: {' '.join(str(e).split())[:300]}") from None
+        digest = client.push(name, tag, credentials.engine_auth() if credentials else None)
     finally:
         _remove_ours(client, image_id, [r for r in (ref, f"{name}@{digest}" if digest else None)
                                         if r and r not in had])
@@ -113,20 +52,7 @@ def engine_push(client: docker.DockerClient, image_id: str, name: str, tag: str,
 
 @dataclass
 class PushResult:
-    """Outcome of :func:`push`.
-
-    Attributes:
-        repository: ``host/namespace/recipe``.
-        digest: the image manifest digest in the registry, ``sha256:...``.
-        tags: the tags set to it (``<lock hash 12>``, ``certified``).
-        image_id: the local image ID (the certified one).
-        certificate_path: the certificate published.
-        attestation: the artifact manifest's digest.
-        referrers: how the artifact is discoverable (``"referrers API"`` or ``"tag sha256-..."``).
-        signed_by: key id of the signature, or None (unsigned).
-        filesystem: the image's filesystem hash (:mod:`builder.image.fshash`), or None.
-        warnings: remarks (e.g. the image was built from an older lock than the rendered one).
-    """
+    """Outcome of :func:`push`; ``digest`` is the image manifest digest in the registry."""
 
     repository: str
     digest: str
@@ -140,7 +66,7 @@ class PushResult:
     warnings: list[str] = field(default_factory=list)
 
 
-def _filesystem(client: docker.DockerClient, img: Any, cert: Mapping[str, Any], labels: Mapping[str, str] | None,
+def _filesystem(client: Engine, img: Any, cert: Mapping[str, Any], labels: Mapping[str, str] | None,
                 say: Callable[[str], None]) -> dict[str, Any]:
     """The image's filesystem hash: the certificate's own when it recorded one, else computed."""
     from builder.image import fshash
@@ -172,28 +98,13 @@ def _stale_lock_warnings(images_dir: str | os.PathLike[str], recipe: str, cert: 
     return []
 
 
-def push(client: docker.DockerClient, recipe: str, registry: str, *, images_dir: str | os.PathLike[str] = "images",
+def push(client: Engine, recipe: str, registry: str, *, images_dir: str | os.PathLike[str] = "images",
          image: str | None = None, namespace: str = DEFAULT_NAMESPACE, sign_key: PrivateKey | None = None,
          plain_http: bool | None = None, ca_cert: str | None = None, fs_hash: bool = True,
          labels: Mapping[str, str] | None = None, on_progress: Callable[[str], None] | None = None) -> PushResult:
-    """Publish a certified image and its certificate (see the module doc).
-
-    Args:
-        client: connected docker client.
-        recipe: recipe name (``images_dir/<recipe>/certificates/``).
-        registry: ``host[:port]``.
-        image: push this local image (default: the newest certified one of ``recipe``).
-        namespace: repository prefix (``<namespace>/<recipe>``).
-        sign_key: a private key from :func:`builder.publish.attest.load_private_key`, or None.
-        plain_http, ca_cert: see :class:`builder.oci.client.RegistryClient`.
-        fs_hash: record the filesystem content hash (:mod:`builder.image.fshash`) in the statement.
-        labels: labels for temporary containers (the filesystem export).
-        on_progress: receives one-line progress messages.
-
-    Raises:
-        EnvbuildError: (exit 2) refused (see :func:`builder.publish.store.find_certified`).
-        Unreachable: (exit 3) registry or engine unreachable, credentials refused.
-    """
+    """Publish a certified image and its certificate.
+    Raises EnvbuildError (exit 2) without a passing certificate for the image, Unreachable
+    (exit 3) when the registry or engine fails."""
     say = on_progress or (lambda _msg: None)
     img, cert, cert_path = find_certified(client, images_dir, recipe, image)
     warnings = _stale_lock_warnings(images_dir, recipe, cert)

@@ -1,11 +1,7 @@
 """The value types of recipe, lock and resolved-pins fields: closed patterns, bounds, messages.
 
 Every value that may reach a ``RUN`` line matches a closed pattern over the *whole* value
-(``\\A...\\Z``: Python's ``$`` also matches before a final newline), so nothing free-form is
-rendered. Each type is an ``Annotated`` msgspec type whose ``Meta`` holds the pattern and
-bounds (published in the JSON schemas) and, in ``extra``, the one-line message of a value
-that breaks it and, where a pattern cannot say it, a ``check``
-(:mod:`builder.core.model`). Versions parse with ``packaging``; package names follow
+(``\\A...\\Z``: Python's ``$`` also matches before a final newline). Package names follow
 PEP 508 / Debian policy 5.6.1; sizes are docker's 1024-based ``units.RAMInBytes``.
 """
 
@@ -53,7 +49,6 @@ WHEEL_FILE = re.compile(r"\A[A-Za-z0-9._+~!-]{0,255}\Z")
 PLATFORM_TAG = re.compile(r"\A[a-z0-9_]{1,64}\Z")
 
 BACKENDS = ("gloo", "nccl")
-OS_IDS = ("debian", "ubuntu")
 #: Largest all-reduce message accepted (64 GiB), in bytes.
 MAX_SIZE = 2**36
 #: Most all-reduce sizes, apt packages and pip requirements a recipe may list.
@@ -93,13 +88,9 @@ def control_message(text: str) -> str:
 
 _PEP508 = "is not a PEP 508 requirement (name[extras] and version specifiers only)"
 
-#: The common form of a pip requirement, decided without packaging (its requirement parser
-#: imports ``packaging.tags``: ~40-70 ms, most of ``envbuild check``'s budget, issue 13 item 5):
-#: a name and one specifier whose version is a plain release (``numpy==2.3.5``,
-#: ``scipy >= 1.11``; ``~=`` needs two release segments). Group 1 name, 2 operator, 3 version.
-#: Anything else goes through packaging's parser; both give the same canonical string
-#: (``name`` as written, then ``operator`` and ``version`` without blanks: packaging's
-#: ``str(Requirement)``; tests/unit/test_fast_paths.py compares them).
+#: A name and one specifier of a plain release (``scipy >= 1.11``), decided without packaging,
+#: whose parser imports ``packaging.tags`` (~40-70 ms, most of ``envbuild check``'s budget).
+#: Anything else goes through packaging; both give the same canonical string.
 SIMPLE_REQUIREMENT = re.compile(
     r"\A([A-Za-z0-9](?:[A-Za-z0-9._-]{0,126}[A-Za-z0-9])?)[ \t]*"
     r"(?:(==|!=|<=|>=|<|>)[ \t]*([0-9]{1,20}(?:\.[0-9]{1,20}){0,9})|(~=)[ \t]*([0-9]{1,20}(?:\.[0-9]{1,20}){1,9}))"
@@ -197,6 +188,22 @@ def _int_in(low: int, high: int, **more: Any) -> Any:
     return Annotated[int, Meta(ge=low, le=high, extra={"message": f"must be an integer in {low}..{high}"}, **more)]
 
 
+def _image_ref(value: str) -> str | None:
+    """What the pattern cannot say: the name's length, the port range, the IPv6 address."""
+    try:
+        reference.parse(value)
+    except reference.ReferenceError as e:
+        return f"is not an image reference: {e.message}"
+    return None
+
+
+def _url_host(value: str) -> str | None:
+    """The URL's ``host[:port]`` as a registry's: DNS labels, a port in 1..65535."""
+    if reference.is_host(value.split("://", 1)[-1].split("/", 1)[0]):
+        return None
+    return "is not an http(s) URL: its host is not HOST[:PORT] (a port in 1..65535)"
+
+
 SHM_MESSAGE = "is not a size from 1m to 1024g such as 1g or 512m"
 
 # ---------------------------------------------------------------------------- the types
@@ -205,15 +212,16 @@ Description = Annotated[str, Meta(max_length=MAX_DESCRIPTION, description="one l
 Release = Annotated[str, Meta(pattern=RELEASE.pattern, max_length=64, extra={"message": "is not a version"})]
 PythonVersion = Annotated[str, Meta(pattern=RELEASE.pattern, max_length=64,
                                     extra={"message": "is not a version", "check": _python_minor})]
-ImageRef = Annotated[str, Meta(pattern=reference.PATTERN, max_length=reference.MAX_CHARS,
-                               extra={"message": "is not an image reference (name[:tag][@sha256:digest])"})]
+ImageRef = Annotated[str, Meta(pattern=reference.PATTERN, max_length=reference.MAX_CHARS, extra={
+    "message": "is not an image reference (name[:tag][@sha256:digest])", "check": _image_ref})]
 OsId = Annotated[Literal["debian", "ubuntu"], Meta(extra={"message": "is not a supported OS; use debian or ubuntu"})]
 Backend = Annotated[Literal["gloo", "nccl"], Meta(extra={"message": f"is not a backend; use {' or '.join(BACKENDS)}"})]
 Variant = Annotated[str, Meta(pattern=VARIANT.pattern, max_length=8, extra={
     "message": "is not a torch variant; use cpu or cu and the CUDA digits, such as cu128"})]
 KeepPip = Annotated[bool, Meta(description="keep pip (and setuptools) in the image", extra={
     "message": "must be true or false"})]
-Url = Annotated[str, Meta(pattern=URL.pattern, max_length=1300, extra={"message": "is not an http(s) URL"})]
+Url = Annotated[str, Meta(pattern=URL.pattern, max_length=1300, extra={"message": "is not an http(s) URL",
+                                                                       "check": _url_host})]
 ShmSize = Annotated[str, Meta(pattern=SHM_SIZE.pattern, max_length=16,
                               description="docker size syntax, 1024-based: 1m to 1024g",
                               extra={"message": SHM_MESSAGE, "check": _shm_range})]

@@ -1,27 +1,5 @@
-"""Stage 1: load a recipe YAML file into a validated :class:`~builder.recipe.model.Recipe`.
-
-The schema is the model (:mod:`builder.recipe.model`, value types in
-:mod:`builder.recipe.fields`): unknown keys are errors (with a "did you mean"), versions are
-release strings, package names follow PEP 508 / Debian policy, and every value that reaches
-a ``RUN`` line matches a closed pattern over the *whole* value.
-
-Reading is bounded (:mod:`builder.core.inputs`): a recipe is a regular file of at most
-:data:`~builder.core.inputs.MAX_RECIPE_BYTES` (else exit 3), parsed by the bounded YAML loader
-(aliases, depth, complex keys, duplicate keys, huge integers: exit 2). No string anywhere
-in a recipe may hold a control character (newline, tab, ESC, bidi overrides...): each one
-is an error naming its field (``packages.apt[0]``, ``env.FOO``, ``description``).
-
-Before validation, what YAML makes of a version is undone: a number where a version or an
-environment value is expected is read as its text (``version: 12`` is ``"12"``), and a
-section written as ``null`` is an empty section (``cuda: null`` stays: a CPU image).
-
-All problems of one file are reported together, one line each, in document order:
-``recipes/x.yaml: torch.version: '2.8;rm -rf /' is not a version``. :func:`parse` returns
-the recipe with the fields that failed left out (named in :attr:`Loaded.invalid`) and the
-errors, so that the compatibility rules can still run on the fields that validated;
-:func:`load` raises them; :func:`validate` does what :func:`parse` does for a mapping built
-in memory. The schema is documented in README.md ("Recipe schema").
-"""
+"""Load a recipe YAML file into a Recipe: all problems of a file together, and the rules still
+run on the fields that passed."""
 
 from __future__ import annotations
 
@@ -36,7 +14,7 @@ import msgspec
 
 from builder.core import inputs
 from builder.core import model as docmodel
-from builder.core.errors import EnvbuildError, ExitCode, ManyErrors
+from builder.core.errors import EnvbuildError, ManyErrors, Unreachable
 
 from .fields import MAX_RECIPE_NAME, RECIPE_NAME, control_message, pip_requirement
 from .model import DEFAULT_CERTIFY, DEFAULT_SIZES, Recipe
@@ -49,10 +27,7 @@ VERSION_FIELDS = frozenset({"os.version", "python", "cuda.version", "cuda.driver
 
 @dataclass(frozen=True)
 class Loaded:
-    """A recipe file read: ``name`` (the file name without ``.yaml``), ``path`` as given,
-    the ``recipe``, and from :func:`parse` the ``errors`` of the fields that failed, named
-    in ``invalid`` (``torch.variant``, ``packages.apt[0]``); those fields hold their defaults
-    or None, and :meth:`valid` tells the compatibility rules to leave them alone."""
+    """A recipe file read, with the ``errors`` of the fields named in ``invalid`` (left at defaults)."""
 
     name: str
     path: str
@@ -61,9 +36,7 @@ class Loaded:
     errors: tuple[EnvbuildError, ...] = ()
 
     def valid(self, *fields: str) -> bool:
-        """True when none of ``fields`` (dotted paths such as ``torch.variant``) failed
-        validation, nor a part of one (``packages.apt[2]`` for ``packages.apt``), nor a
-        section holding one (``torch`` for ``torch.variant``)."""
+        """True when none of ``fields``, a part of one, or a section holding one failed."""
         for f in fields:
             for bad in self.invalid:
                 if bad == f or bad.startswith((f + ".", f + "[")) or f.startswith((bad + ".", bad + "[")):
@@ -72,17 +45,8 @@ class Loaded:
 
 
 def parse(path: str | Path) -> Loaded:
-    """Load the recipe at ``path`` and validate every field.
-
-    Returns:
-        :class:`Loaded`: its ``errors`` hold one :class:`EnvbuildError` per invalid field
-        (exit 2), in document order; the recipe leaves those fields out.
-    Raises:
-        Unreachable: (exit 3) no such file, not a regular file (a FIFO, a device, a
-            directory), over :data:`~builder.core.inputs.MAX_RECIPE_BYTES`, unreadable.
-        EnvbuildError: (exit 2) not UTF-8, malformed or unbounded YAML (alias bomb,
-            complex key, nesting, duplicate key), not a mapping.
-    """
+    """``errors``: one EnvbuildError (exit 2) per invalid field. Raises Unreachable (exit 3):
+    unreadable; EnvbuildError (exit 2): not UTF-8, malformed YAML, not a mapping."""
     p = Path(path)
     file = str(path)
     text = inputs.read_text(p, inputs.MAX_RECIPE_BYTES, "recipe file")
@@ -99,11 +63,7 @@ def parse(path: str | Path) -> Loaded:
 
 
 def validate(data: dict[Any, Any], file: str, name: str) -> Loaded:
-    """A recipe mapping (as :func:`builder.core.inputs.load_yaml` gives it) validated field by
-    field: what :func:`parse` does once the file is read, for a recipe built in memory
-    (``envbuild audit`` builds one from a Dockerfile). ``file`` and ``name`` name it in the
-    errors and the :class:`Loaded`. Returns the :class:`Loaded` with every schema error
-    (exit 2), in document order, the recipe without those fields; never raises for bad data."""
+    """:func:`parse` for a mapping built in memory (``envbuild audit``); never raises for bad data."""
     data = normalise(data, Recipe)
     found = list(docmodel.violations(data, Recipe, control=control_message))
     invalid = frozenset(field for field, _value, _message in found)
@@ -113,11 +73,7 @@ def validate(data: dict[Any, Any], file: str, name: str) -> Loaded:
 
 
 def load(path: str | Path) -> Loaded:
-    """Load and validate the recipe at ``path``.
-
-    Returns: a :class:`Loaded` without errors.
-    Raises: what :func:`parse` raises; :class:`ManyErrors` (exit 2) listing every invalid field.
-    """
+    """:func:`parse`, raising ManyErrors (exit 2) listing every invalid field."""
     loaded = parse(path)
     if loaded.errors:
         raise ManyErrors(list(loaded.errors))
@@ -125,10 +81,9 @@ def load(path: str | Path) -> Loaded:
 
 
 def normalise(data: dict[Any, Any], model: Any, prefix: str = "") -> dict[Any, Any]:
-    """``data`` (a mapping for the Struct ``model``) with YAML's readings undone: a section
-    given as null is empty (a nullable one stays null), another null value is left out (its
-    default applies, or "is required"), a number in a :data:`VERSION_FIELDS` field or an
-    ``env`` value is its text. Keys the model does not know are kept (they are errors)."""
+    """``data`` with YAML's readings undone: a null section is empty, another null is left out, a
+    number in a version field or an ``env`` value is its text.
+    """
     hints = {f.encode_name: hint for f, hint in docmodel.struct_fields(model)}
     out: dict[Any, Any] = {}
     for key, value in data.items():
@@ -153,7 +108,6 @@ def normalise(data: dict[Any, Any], model: Any, prefix: str = "") -> dict[Any, A
 
 
 def _section(annotation: Any) -> tuple[Any, bool]:
-    """``(the Struct type of a section field or None, whether it may be null)``."""
     while typing.get_origin(annotation) is typing.Annotated:
         annotation = typing.get_args(annotation)[0]
     args = typing.get_args(annotation)
@@ -169,10 +123,7 @@ def _is_number(value: Any) -> bool:
 
 
 def _canonical(recipe: Recipe, data: dict[Any, Any], invalid: frozenset[str]) -> Recipe:
-    """The recipe in canonical form: description stripped, pip requirements as packaging
-    writes them, env sorted by name, all-reduce sizes sorted without repeats, shm size in
-    lower case; a CUDA recipe that names no (valid) backend or GPU count gets ``nccl`` and
-    one GPU per node."""
+    """Canonical form; a CUDA recipe naming no valid backend or GPU count gets nccl and 1 GPU."""
     replace = msgspec.structs.replace
     c = recipe.certify
     section = data.get("certify")
@@ -195,15 +146,8 @@ def _canonical(recipe: Recipe, data: dict[Any, Any], invalid: frozenset[str]) ->
 
 
 def find(name_or_path: str, recipes_dir: str | Path = "recipes") -> Path:
-    """Resolve ``cpu-torch2`` to ``recipes/cpu-torch2.yaml`` (or ``.yml``); a path ending in
-    ``.yaml``/``.yml`` is returned as is (:func:`parse` reads it).
-
-    Raises:
-        EnvbuildError: (exit 2) a path or name that is not a recipe (a Dockerfile, a
-            Singularity definition, any other file): a recipe is a ``.yaml``/``.yml`` file.
-        Unreachable: (exit 3) no recipe of that name under ``recipes_dir`` (the known
-            recipes are listed).
-    """
+    """``cpu-torch2`` -> ``recipes/cpu-torch2.yaml``. EnvbuildError (exit 2): not a recipe;
+    Unreachable (exit 3): no such recipe."""
     p = Path(name_or_path)
     if p.suffix in SUFFIXES:
         return p
@@ -220,14 +164,11 @@ def find(name_or_path: str, recipes_dir: str | Path = "recipes") -> Path:
             return candidate
     known = sorted({q.stem for s in SUFFIXES for q in Path(recipes_dir).glob(f"*{s}")})
     hint = f"; known recipes: {', '.join(known)}" if known else ""
-    raise EnvbuildError(f"no such recipe{hint}", file=str(Path(recipes_dir) / f"{name_or_path}.yaml"),
-                        exit_code=ExitCode.UNREACHABLE)
+    raise Unreachable(f"no such recipe{hint}", file=str(Path(recipes_dir) / f"{name_or_path}.yaml"))
 
 
 def schema_fields(model: Any = Recipe, prefix: str = "") -> list[tuple[str, Any]]:
-    """Every leaf field of ``model`` as ``(dotted path, Python type of its values)``, in
-    schema order: ``[("description", str), ("base.image", str), ...,
-    ("certify.nodes", int), ...]`` (a section's fields, not the section; ``X | None`` is X)."""
+    """Every leaf field of ``model`` as ``(dotted path, type of its values)``, in schema order."""
     out: list[tuple[str, Any]] = []
     for f, hint in docmodel.struct_fields(model):
         path = f"{prefix}.{f.encode_name}" if prefix else f.encode_name

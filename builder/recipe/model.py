@@ -1,17 +1,4 @@
-"""The documents of the recipe stage as typed models (:mod:`builder.core.model`, msgspec).
-
-- :class:`Recipe`: what a recipe file (``recipes/<name>.yaml``) holds; README "Recipe schema".
-- :class:`CertifySettings`: how ``envbuild certify`` runs, with THE one default table
-  (:data:`DEFAULT_CERTIFY`): a recipe that leaves a setting out gets it from here, and so
-  does certification of a lock without one. A CUDA recipe that names no backend or GPU
-  count gets ``nccl`` and one GPU per node (:func:`builder.recipe.load.parse`).
-- :class:`Lock`: the resolved pins, ``images/<recipe>/envbuild.lock.json`` and the image
-  label ``envbuild.lock`` (every key present; nullable ones may be null).
-- :class:`Resolved`: what ``envbuild lock`` resolved, ``images/<recipe>/envbuild.resolved.json``.
-
-Value types (patterns, bounds, messages) come from :mod:`builder.recipe.fields`.
-:func:`schemas` names each model's published JSON Schema (``schemas/<name>.schema.json``).
-"""
+"""The documents of the recipe stage; :class:`CertifySettings`' field defaults are the one default table."""
 
 from __future__ import annotations
 
@@ -67,23 +54,27 @@ from .fields import (
 
 DEFAULT_INDEX_URL = "https://pypi.org/simple"
 DEFAULT_SIZES: tuple[Size, ...] = (8, 1024, 65536, 1048576, 4194304)
+#: The profiles run when the command line names none (``--profile``; part of the table).
+DEFAULT_PROFILES: tuple[str, ...] = ("ddp",)
 
 
 # ---------------------------------------------------------------------------- certify settings
 class AllreduceSettings(Model, frozen=True):
-    """All-reduce sweep: message ``sizes`` in bytes, ``iters`` timed and ``warmup`` untimed iterations."""
+    """The profiles' collective sweeps: message ``sizes`` in bytes, ``iters`` timed and
+    ``warmup`` untimed iterations per size."""
 
     sizes: Sizes = DEFAULT_SIZES
-    iters: Iters = 20
-    warmup: Warmup = 5
+    iters: Iters = 10
+    warmup: Warmup = 2
 
 
 class DdpSettings(Model, frozen=True):
-    """DDP training check: ``steps`` of ResNet-18 on ``batch_size`` synthetic images of ``image_size``² pixels."""
+    """The ddp profile's check and scaling: ``steps`` of ResNet-18 on ``batch_size``
+    synthetic images per rank of ``image_size``² pixels."""
 
     steps: Steps = 3
-    batch_size: BatchSize = 8
-    image_size: ImageSize = 64
+    batch_size: BatchSize = 4
+    image_size: ImageSize = 32
 
 
 class Thresholds(Model, frozen=True):
@@ -95,17 +86,18 @@ class Thresholds(Model, frozen=True):
 
 
 class CertifySettings(Model, frozen=True):
-    """How ``envbuild certify`` runs: simulated ``nodes``, ``gpus_per_node``, backend, rendezvous ``port``,
-    ``shm_size`` (docker syntax, e.g. ``1g``), ``timeout_s`` (seconds) for the whole run.
+    """How ``envbuild certify`` runs: ``shm_size`` in docker syntax (``1g``), ``timeout_s`` seconds.
 
-    The field defaults are THE default table of certification (:data:`DEFAULT_CERTIFY`)."""
+    The defaults are sized for a 2-core CPU machine: a run near a minute, 256m of /dev/shm
+    covers gloo, and 300 s bounds a hung run.
+    """
 
     backend: Backend = "gloo"
     nodes: Nodes = 2
     gpus_per_node: GpusPerNode = 0
     port: Port = 29500
-    shm_size: ShmSize = "1g"
-    timeout_s: TimeoutS = 600
+    shm_size: ShmSize = "256m"
+    timeout_s: TimeoutS = 300
     allreduce: AllreduceSettings = AllreduceSettings()
     ddp: DdpSettings = DdpSettings()
     thresholds: Thresholds = Thresholds()
@@ -140,12 +132,8 @@ class Torch(Model, frozen=True):
 
 
 class Packages(Model, frozen=True):
-    """Extra Debian packages (``name`` or ``name=version``) and pip requirements (PEP 508, no URLs or markers).
-
-    ``keep_pip``: keep pip (and setuptools/wheel) in the image; by default the build removes
-    them once the packages are installed (a lean image: README "Rendering"), except
-    setuptools or wheel where an installed package requires them (torch 2.13's wheel requires
-    setuptools: ``torch.utils.cpp_extension`` and the inductor's C++ builder import it)."""
+    """Extra Debian packages and pip requirements (PEP 508, no URLs or markers). ``keep_pip``: else the
+    build removes pip, and setuptools/wheel unless required (torch's ``cpp_extension`` imports setuptools)."""
 
     apt: AptList = ()
     pip: PipList = ()
@@ -270,8 +258,7 @@ class LockResolved(Model, frozen=True):
 
 
 def _all_required(model: type[Model], name: str) -> Any:
-    """``model`` with every field required except those that may be null (a lock holds every
-    setting, as :meth:`builder.recipe.spec.Spec.lock` writes it)."""
+    """``model`` with every field required except the nullable ones (a lock holds every setting)."""
     fields = []
     hints = typing.get_type_hints(model, include_extras=True)
     for f in msgspec.structs.fields(model):
@@ -288,13 +275,7 @@ LockCertify = _all_required(CertifySettings, "LockCertifySettings")
 
 
 def lock_certify(settings: CertifySettings) -> Any:
-    """``settings`` as the certify section of a lock (:data:`LockCertify`)."""
     return msgspec.convert(msgspec.to_builtins(settings), LockCertify, strict=True)
-
-
-def certify_settings(section: Any) -> CertifySettings:
-    """The certify section of a :class:`Lock` as :class:`CertifySettings`."""
-    return msgspec.convert(msgspec.to_builtins(section), CertifySettings, strict=True)
 
 
 class Lock(Model, frozen=True):

@@ -1,12 +1,9 @@
-"""The checked recipe: the findings of the compatibility rules and the pins they resolved.
-
-:class:`Spec` is what render, build and ``envbuild lock`` consume; :meth:`Spec.lock` gives
-the :class:`~builder.recipe.model.Lock` document (``images/<recipe>/envbuild.lock.json``).
-"""
+"""The checked recipe: the findings of the compatibility rules and the pins they resolved."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 import msgspec
 
@@ -28,13 +25,14 @@ from .model import (
     lock_certify,
 )
 
-ERROR, WARNING, NOTE = "error", "warning", "note"
+ERROR: Final = "error"
+WARNING: Final = "warning"
+NOTE: Final = "note"
 
 
 @dataclass(frozen=True)
 class Finding:
-    """One rule's result: ``level`` error|warning|note, the ``rule`` id, the ``fields`` it
-    concerns, a one-line ``message`` and the ``source`` of the fact (e.g. ``S1 (V)``)."""
+    """One rule's result; ``source`` names the fact (e.g. ``S1 (V)``)."""
 
     level: str
     rule: str
@@ -43,24 +41,14 @@ class Finding:
     source: str
 
     def line(self, file: str) -> str:
-        """``recipes/x.yaml: torch.variant: <message> [source]``, one escaped line."""
         fields = ", ".join(self.fields)
         return f"{inputs.escape(file, 200)}: {fields}: {inputs.one_line(self.message, 600)} [{self.source}]"
 
 
 @dataclass(frozen=True)
 class Spec:
-    """The resolved pins of recipe ``name`` (file ``path``): what render and build consume.
-
-    ``torch_local`` is the exact wheel version (``2.8.0+cu128``); ``torch_index_url`` the
-    index it comes from (the recipe's ``index.torch_url``, else the variant's folder of the
-    PyTorch index); ``nccl_package``/``nccl`` the ``nvidia-nccl-cu1X`` wheel and its version
-    pinned by that torch build (None for CPU or when torch bundles NCCL); ``driver_min`` the
-    full-support driver of the variant's CUDA GA release and ``driver_minor_compat_min`` its
-    minor-version-compatibility floor (NVIDIA CUDA release notes Table 3;
-    minor-version-compatibility docs). ``schema_errors`` are the recipe's schema errors
-    (:func:`builder.recipe.load.parse`): a spec with any is never rendered.
-    """
+    """The resolved pins of a recipe. ``driver_min``/``driver_minor_compat_min``: NVIDIA CUDA release
+    notes Table 3 and the minor-version-compatibility docs. One with ``schema_errors`` is never rendered."""
 
     name: str
     path: str
@@ -88,11 +76,10 @@ class Spec:
 
     @property
     def failed(self) -> bool:
-        """True when the recipe broke the schema or a rule gave an error."""
         return bool(self.schema_errors or self.errors)
 
     def pip_requirements(self) -> list[str]:
-        """The pip requirement lines, torch first: ``torch==2.8.0+cu128``, the NCCL pin, then extras."""
+        """The pip requirement lines: torch, the NCCL pin, then the extras."""
         reqs = [f"torch=={self.torch_local}"]
         if self.nccl_package and self.nccl:
             reqs.append(f"{self.nccl_package}=={self.nccl}")
@@ -100,9 +87,7 @@ class Spec:
         return reqs
 
     def lock(self, resolved: Resolved | None = None) -> Lock:
-        """The lock document of this spec; with ``resolved`` (checked, from
-        :func:`builder.render.resolved.load_resolved`) it gains the ``resolved`` section: the
-        base digest, the pip wheels with their hashes, the apt versions."""
+        """The lock document; with ``resolved`` it gains the base digest, wheel hashes, apt versions."""
         r = self.recipe
         lock = Lock(
             schema=LOCK_SCHEMA,

@@ -1,34 +1,19 @@
-"""The one rendering context: what every image definition says, whatever its format.
-
-As in spack's container writers (``spack.container.writers.PathContext`` and one thin
-subclass per format), :class:`Context` computes the format-neutral parts once: base image
-(pinned by digest when resolved), environment, apt packages (pinned by version when
-resolved), pip options and requirements (hash-pinned when resolved), labels. A format
-(:mod:`builder.render.dockerfile`, :mod:`builder.render.singularity`) names its template
-and adds only its own filters, so both files describe the same environment.
-
-Rendering is byte-deterministic: it depends only on the spec and the resolved pins (no
-time, host, user or site paths: the header names the recipe by its file name,
-``cpu-torch2.yaml``, not by the path it was given as); site options enter at build time
-(``builder/image/build.py``).
-
-A second line of defence behind the recipe's closed patterns: every value substituted into
-a template passes :func:`_finalize`, which refuses (:class:`~builder.core.errors.EnvbuildError`,
-naming the template and the value) any value holding a newline or another control
-character, so no value can start a new Dockerfile instruction or shell line.
-"""
+"""The one rendering context, as spack's container writers (``PathContext``): format-neutral parts
+once, each format (:data:`FORMATS`) adds its template, so both files describe the same environment.
+Byte-deterministic: only the spec and the resolved pins enter (no time, host or site paths)."""
 
 from __future__ import annotations
 
+import json
 import shlex
-from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from builder.core import inputs
 from builder.core.errors import EnvbuildError
 from builder.core.files import template_environment
+from builder.core.paths import DOCKERFILE, SINGULARITY_DEF
 from builder.recipe.lock import lock_hash, lock_label
 from builder.recipe.model import Lock, LockResolved, Resolved
 from builder.recipe.spec import Spec
@@ -41,17 +26,13 @@ REQUIREMENTS_TMP = "/tmp/envbuild-requirements.txt"
 
 
 class _UnsafeValue(Exception):
-    """A substituted value holds a control character (raised by :func:`_finalize`)."""
-
     def __init__(self, value: str) -> None:
         super().__init__(value)
         self.value = value
 
 
 def _finalize(value: Any) -> Any:
-    """jinja2 ``finalize``: every ``{{ ... }}`` output passes here. A value with a newline or
-    another control character (:func:`builder.core.inputs.has_control`) is refused: it could end
-    a Dockerfile instruction or a ``%post`` line and start one of its own."""
+    """jinja2 ``finalize``: refuse a value with a control character, which could start a new instruction or line."""
     text = value if isinstance(value, str) else str(value)
     if inputs.has_control(text):
         raise _UnsafeValue(text)
@@ -59,7 +40,7 @@ def _finalize(value: Any) -> Any:
 
 
 def image_env(spec: Spec) -> list[tuple[str, str]]:
-    """Environment variables of the image, in order: the venv first, then the recipe's ``env`` by name."""
+    """The image's environment, in order: the venv first, then the recipe's ``env`` by name."""
     env = [
         ("VIRTUAL_ENV", VENV),
         ("PATH", f"{VENV}/bin:$PATH"),
@@ -71,12 +52,7 @@ def image_env(spec: Spec) -> list[tuple[str, str]]:
 
 
 def labels(spec: Spec, lock: Lock) -> list[tuple[str, str]]:
-    """Image labels (OCI ``org.opencontainers.image.*`` and ``envbuild.*`` pins), sorted by name.
-
-    ``envbuild.lock`` holds the whole ``lock`` (with its ``resolved`` section when there is
-    one) as compact JSON so that ``certify`` and node checks can read the recipe's pins and
-    settings from the image alone.
-    """
+    """Image labels, sorted; ``envbuild.lock`` holds the whole lock so checks can read it from the image alone."""
     r = spec.recipe
     digest = lock_hash(lock)
     out = {
@@ -102,9 +78,7 @@ def labels(spec: Spec, lock: Lock) -> list[tuple[str, str]]:
 
 
 def pip_options(spec: Spec, *, torch_index: bool = True) -> list[str]:
-    """pip options: no cache, the recipe's main index, the torch index (``--extra-index-url``,
-    unless ``torch_index`` is False: the Dockerfile hands it to pip as the build argument
-    ``PIP_EXTRA_INDEX_URL`` instead), the wheel folder."""
+    """pip options; without ``torch_index`` the Dockerfile passes the torch index as ``PIP_EXTRA_INDEX_URL``."""
     opts = ["--no-cache-dir", "--disable-pip-version-check", "--index-url", spec.recipe.index.url]
     if torch_index and spec.torch_index_url:
         opts += ["--extra-index-url", spec.torch_index_url]
@@ -113,14 +87,11 @@ def pip_options(spec: Spec, *, torch_index: bool = True) -> list[str]:
 
 
 def site_packages(spec: Spec) -> str:
-    """The venv's ``site-packages`` folder: ``/opt/venv/lib/python3.11/site-packages``."""
     return f"{VENV}/lib/python{spec.recipe.python}/site-packages"
 
 
-#: Uninstalls pip, setuptools and wheel where no other installed distribution requires them
-#: (markers evaluated with pip's own vendored ``packaging``), naming what it removes; a failure
-#: fails the build. A fixed program: no recipe value enters it. torch 2.13's wheel requires
-#: setuptools (``torch.utils.cpp_extension`` imports it), so setuptools stays in torch 2.13 images.
+#: Uninstalls pip, setuptools and wheel unless another distribution requires them (torch 2.13
+#: requires setuptools); a fixed program: no recipe value enters it.
 DROP_TOOLS = (
     "import importlib.metadata as m, subprocess, sys; "
     "from pip._vendor.packaging.requirements import Requirement as R; "
@@ -136,11 +107,7 @@ DROP_TOOLS = (
 
 
 def lean_commands(spec: Spec) -> list[str]:
-    """Shell commands run after pip in the build (both formats) for a lean image: torch's C++
-    test programs go (the folder ``torch/test`` and the ``test_*``/``*Test`` executables of
-    ``torch/bin``; ``torch_shm_manager`` and the headers stay), and unless the recipe sets
-    ``packages.keep_pip``, pip and the setuptools/wheel nothing requires (:data:`DROP_TOOLS`).
-    The ``.pyc`` files pip wrote stay: ranks run on a read-only root filesystem."""
+    """torch's C++ tests go, and pip unless kept; ``.pyc`` files stay (ranks run on a read-only root)."""
     torch = f"{site_packages(spec)}/torch"
     cmds = [f"rm -rf {torch}/test",
             f"if [ -d {torch}/bin ]; then find {torch}/bin -maxdepth 1 -type f "
@@ -151,17 +118,20 @@ def lean_commands(spec: Spec) -> list[str]:
 
 
 def _apt_pinned(names: list[str], pins: dict[str, str]) -> list[str]:
-    """``name`` -> ``name=version`` where ``pins`` has a version (``name=version`` kept)."""
     return [n if "=" in n or n not in pins else f"{n}={pins[n]}" for n in names]
 
 
-class Context:
-    """The format-neutral context of ``spec`` with the ``resolved`` pins (or None); a
-    subclass per format names its ``file_name``, ``template`` and template ``filters``."""
+def dockerquote(value: str) -> str:
+    """A Dockerfile double-quoted string (``"`` and ``\\`` escaped, ``$`` not expanded)."""
+    return json.dumps(value, ensure_ascii=False).replace("$", "\\$")
 
-    file_name: ClassVar[str]
-    template: ClassVar[str]
-    filters: ClassVar[dict[str, Callable[..., Any]]] = {}
+
+#: The image definitions, in the order they are written: file name -> template (Apptainer labels stay raw).
+FORMATS = {DOCKERFILE: "Dockerfile.j2", SINGULARITY_DEF: "Singularity.def.j2"}
+
+
+class Context:
+    """The format-neutral context of ``spec``."""
 
     def __init__(self, spec: Spec, resolved: Resolved | None = None) -> None:
         self.spec = spec
@@ -169,12 +139,11 @@ class Context:
 
     @cached_property
     def lock(self) -> Lock:
-        """The lock with the resolved pins (:meth:`builder.recipe.spec.Spec.lock`)."""
         return self.spec.lock(self.resolved)
 
     @property
     def base_image(self) -> str:
-        """The recipe's base image, pinned ``image@sha256:...`` when resolved to a digest."""
+        """The base image, pinned ``image@sha256:...`` when resolved."""
         base = self.spec.recipe.base.image
         digest = self.resolved.base.digest if self.resolved else None
         return f"{base}@{digest}" if digest and "@" not in base else base
@@ -190,7 +159,6 @@ class Context:
         return [shlex.quote(f"{p.name}=={p.version} " + " ".join(f"--hash={h}" for h in p.hashes)) for p in wheels]
 
     def values(self) -> dict[str, Any]:
-        """The template's values (plain data)."""
         spec, apt = self.spec, self.spec.recipe.packages.apt
         return {
             "recipe": spec.name,
@@ -215,12 +183,11 @@ class Context:
             "labels": labels(spec, self.lock),
         }
 
-    def render(self) -> bytes:
-        """The file's bytes. Raises :class:`EnvbuildError` (exit 2) naming the template and
-        the value when :func:`_finalize` refuses one; jinja2 errors only on template bugs."""
-        env = template_environment(self.filters, finalize=_finalize)
+    def render(self, template: str) -> bytes:
+        """The file's bytes; EnvbuildError (exit 2) naming the template and a value :func:`_finalize` refuses."""
+        env = template_environment({"dockerquote": dockerquote}, finalize=_finalize)
         try:
-            return env.get_template(self.template).render(self.values()).encode()
+            return env.get_template(template).render(self.values()).encode()
         except _UnsafeValue as e:
             raise EnvbuildError("refusing to write a value with a newline or control character into the template",
-                                file=f"builder/render/templates/{self.template}", value=e.value) from None
+                                file=f"builder/render/templates/{template}", value=e.value) from None

@@ -1,6 +1,4 @@
-"""The resolved pins ``envbuild lock`` wrote (``images/<recipe>/envbuild.resolved.json``), read
-back for rendering: checked against :class:`~builder.recipe.model.Resolved` and against the
-recipe's lock, so a file made for another lock is an error, never ignored."""
+"""The pins ``envbuild lock`` wrote, read back for rendering and checked against the recipe's lock."""
 
 from __future__ import annotations
 
@@ -21,19 +19,7 @@ MAX_RESOLVED_BYTES = 4 << 20
 
 
 def check_resolved(doc: Any, spec: Spec, path: str | os.PathLike[str]) -> Resolved:
-    """Check a parsed ``envbuild.resolved.json`` against ``spec``; returns it as :class:`Resolved`.
-
-    Every value that reaches a RUN line matches a closed pattern over the whole value (the
-    model's types): pip names and versions (PEP 508/440 characters only), ``sha256:<64
-    hex>`` hashes, Debian package names and versions, the base digest; strings only (no
-    number standing in for a version).
-
-    Raises:
-        EnvbuildError: (exit 2) naming the file, the field and the value: not an object, a
-            field breaking the model (all of them, :class:`ManyErrors`, when several), the
-            recipe is another one, ``lock_hash`` differs from the recipe's lock (the recipe
-            changed since ``envbuild lock``).
-    """
+    """Raises EnvbuildError or ManyErrors (exit 2); another ``lock_hash``: the recipe changed since the lock."""
     file = str(path)
     if not isinstance(doc, dict):
         raise EnvbuildError("is not a JSON object", file=file, field="schema", value=type(doc).__name__)
@@ -52,12 +38,7 @@ def check_resolved(doc: Any, spec: Spec, path: str | os.PathLike[str]) -> Resolv
 
 
 def load_resolved(spec: Spec, images_dir: str | os.PathLike[str] = "images") -> Resolved | None:
-    """Read and check ``images_dir/<recipe>/envbuild.resolved.json``; None when absent.
-
-    Raises:
-        Unreachable: (exit 3) not a regular file, over :data:`MAX_RESOLVED_BYTES`, unreadable.
-        EnvbuildError: (exit 2) not valid (bounded) JSON, or what :func:`check_resolved` raises.
-    """
+    """None when absent. Raises Unreachable (exit 3): unreadable; EnvbuildError (exit 2): invalid."""
     path: Path = image_dir(images_dir, spec.name).resolved
     if not os.path.lexists(path):
         return None

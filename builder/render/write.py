@@ -12,18 +12,11 @@ from .rendered import Rendered
 
 
 def write(rendered: Rendered, images_dir: str | os.PathLike[str] = "images") -> tuple[Path, list[str]]:
-    """Write ``rendered`` to ``images_dir/<recipe>/`` as one set (:func:`builder.core.files.write_set`):
-    all of the changed files or, on any error, none; unchanged files are not rewritten.
-
-    Returns: (the folder, names of the files written).
-    Raises:
-        EnvbuildError: (exit 3) the folder or a file cannot be written (a full disk, no
-            permission), naming the file.
-    """
+    """``(folder, names written)``: all changed files or, on any error, none (EnvbuildError, exit 3)."""
     folder = image_dir(images_dir, rendered.recipe).folder
     return folder, write_set(folder, rendered.files)
 
 
 def stale(rendered: Rendered, images_dir: str | os.PathLike[str] = "images") -> list[str]:
-    """Names of the files under ``images_dir/<recipe>/`` that differ from ``rendered`` (or are missing)."""
+    """Names of the files under ``images_dir/<recipe>/`` that differ from ``rendered`` or are missing."""
     return changed_files(image_dir(images_dir, rendered.recipe).folder, rendered.files)

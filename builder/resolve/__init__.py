@@ -1,7 +1,1 @@
-"""`envbuild lock`: resolve the base image digest, pip hashes and apt versions into
-images/<recipe>/envbuild.resolved.json, then render again with them.
-
-Modules: base (base digest; the registry client is an argument), pip, apt, lock.
-
-May import: builder.core, builder.recipe, builder.render, builder.image, builder.oci.
-"""
+"""`envbuild lock`: pin the base image digest, pip hashes and apt versions, then render again."""

@@ -1,8 +1,5 @@
-"""The base image's manifest digest: the engine's record of a pull, else the registry's answer.
-
-The registry client is an argument (:class:`ManifestClient`, made by a
-:data:`RegistryFactory` for the ref's registry host): this stage imports no registry code.
-"""
+"""The base image's digest: the engine's record of a pull, else the registry's (a RegistryFactory
+argument: this stage imports no registry code)."""
 
 from __future__ import annotations
 
@@ -16,9 +13,7 @@ from builder.recipe.model import ResolvedBase
 
 
 class ManifestClient(Protocol):
-    """What resolving needs of a registry client: ``HEAD /v2/<repository>/manifests/<ref>``
-    (OCI distribution spec) giving a descriptor with a ``digest``, or None when absent (404);
-    :class:`~builder.core.errors.EnvbuildError` when the registry cannot be asked."""
+    """``HEAD /v2/<repository>/manifests/<ref>``: a descriptor, None on 404, EnvbuildError when unreachable."""
 
     def head_manifest(self, repository: str, ref: str) -> Any | None: ...
 
@@ -28,11 +23,9 @@ RegistryFactory = Callable[..., ManifestClient]
 
 
 def _engine_digest(engine: Any, image: ImageRef) -> str | None:
-    """The digest the engine recorded for ``image`` when it was pulled (``RepoDigests`` of the
-    same repository, :meth:`builder.oci.reference.ImageRef.same_repository`), if any."""
+    """The digest the engine recorded for ``image`` (``RepoDigests`` of the same repository), if any."""
     try:
-        img = engine.images.get(str(image))
-        for rd in img.attrs.get("RepoDigests") or []:
+        for rd in engine.image(str(image)).repo_digests:
             pinned = reference.try_parse(rd)
             if pinned is not None and pinned.digest and pinned.same_repository(image):
                 return pinned.digest
@@ -43,17 +36,7 @@ def _engine_digest(engine: Any, image: ImageRef) -> str | None:
 
 def base_digest(ref: str, engine: Any = None, registry: RegistryFactory | None = None, *,
                 timeout_s: float = 10.0) -> tuple[ResolvedBase, str | None]:
-    """Resolve the base image ``ref`` to a manifest digest.
-
-    Args:
-        engine: a docker client (the local image's ``RepoDigests``) or None.
-        registry: makes the registry client (``registry(host, timeout_s=...)``) or None
-            (the registry is not asked).
-
-    Returns:
-        ``(ResolvedBase, note)``: its ``source`` is ``"recipe"`` (already pinned),
-        ``"engine"``, ``"registry"`` or ``"none"``; ``note`` says why it is unresolved.
-    """
+    """``(ResolvedBase, note)``: ``ref`` resolved to a manifest digest, or a note saying why not."""
     image = reference.try_parse(ref)
     if image is None:
         return (ResolvedBase(ref=ref, digest=None, source="none"),

@@ -1,12 +1,6 @@
-"""pip requirements to exact versions with the sha256 of each wheel, by pip's own resolver.
-
-``pip install --dry-run --ignore-installed --report`` for the image's interpreter and
-platform (``--python-version``, ``--implementation cp``, ``--platform
-manylinux_2_<m>_<arch>`` for every glibc minor down to 17, ``--only-binary=:all:``), with
-the recipe's indexes and the site's CA bundle and wheel folder (``builder.image.site``),
-and nothing else from pip's configuration (``PIP_CONFIG_FILE=/dev/null``): the build sees
-the same sources. The report format is pip's "installation report"
-(https://pip.pypa.io/en/stable/reference/installation-report/).
+"""pip requirements to versions and wheel hashes by pip's own resolver (``--dry-run --report`` with
+the recipe's indexes and the site's CA and wheels only, as the build sees them). Report format:
+https://pip.pypa.io/en/stable/reference/installation-report/
 """
 
 from __future__ import annotations
@@ -14,14 +8,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from builder.core.errors import EnvbuildError, ExitCode
+from builder.core import process
+from builder.core.errors import EnvbuildError, Unreachable
 from builder.image.site import SiteOptions
 from builder.recipe.model import ResolvedWheel
 from builder.recipe.spec import Spec
@@ -35,8 +29,7 @@ _SHA256_HEX = re.compile(r"\A[0-9a-f]{64}\Z")
 
 
 def platform_tags(glibc: str, arch: str = "x86_64") -> list[str]:
-    """``manylinux_2_<m>_<arch>`` for m from the image's glibc minor down to 17, then
-    ``linux_<arch>`` (pip matches ``--platform`` exactly, so every accepted tag is listed)."""
+    """``manylinux_2_<m>_<arch>`` from the glibc minor down to 17, then ``linux_<arch>`` (pip matches exactly)."""
     major, _, minor = str(glibc).partition(".")
     try:
         top = int(minor) if major == "2" else MANYLINUX_MIN_MINOR
@@ -48,8 +41,6 @@ def platform_tags(glibc: str, arch: str = "x86_64") -> list[str]:
 
 def pip_command(spec: Spec, site: SiteOptions, report: Path, target: Path, *, python: str | None = None
                 ) -> list[str]:
-    """The ``pip install --dry-run --report`` argv resolving ``spec``'s requirements for
-    the image (see the module doc)."""
     r = spec.recipe
     argv = [python or sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
             "--disable-pip-version-check", "--no-input", "--retries", "1", "--timeout", "20",
@@ -67,12 +58,6 @@ def pip_command(spec: Spec, site: SiteOptions, report: Path, target: Path, *, py
     return [*argv, *spec.pip_requirements()]
 
 
-def _pip_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env["PIP_CONFIG_FILE"] = os.devnull
-    return env
-
-
 def _sha256(archive: Mapping[str, Any]) -> str | None:
     hashes = dict(archive.get("hashes") or {})
     if not hashes and archive.get("hash"):
@@ -83,20 +68,15 @@ def _sha256(archive: Mapping[str, Any]) -> str | None:
 
 
 def parse_report(report: Mapping[str, Any]) -> list[ResolvedWheel]:
-    """The wheels of a pip installation report, sorted by (normalised) name, each with
-    ``name``, ``version``, ``hashes`` (``["sha256:..."]``), ``file``, ``requested``.
-
-    Raises:
-        EnvbuildError: (exit 3) an entry has no sha256 (pip could not hash its source).
-    """
+    """The wheels of a pip installation report, by name; EnvbuildError (exit 3) for one without a sha256."""
     out = []
     for item in report.get("install") or []:
         meta = item.get("metadata") or {}
         info = item.get("download_info") or {}
         sha = _sha256(info.get("archive_info") or {})
         if not sha:
-            raise EnvbuildError("pip gave no sha256 for it", field="pip",
-                                value=f"{meta.get('name')}=={meta.get('version')}", exit_code=ExitCode.UNREACHABLE)
+            raise Unreachable("pip gave no sha256 for it", field="pip",
+                              value=f"{meta.get('name')}=={meta.get('version')}")
         url = str(info.get("url") or "")
         out.append(ResolvedWheel(name=str(meta.get("name")), version=str(meta.get("version")),
                                  hashes=(f"sha256:{sha}",), file=url.rsplit("/", 1)[-1].replace("%2B", "+"),
@@ -106,16 +86,15 @@ def parse_report(report: Mapping[str, Any]) -> list[ResolvedWheel]:
 
 def resolve_pip(spec: Spec, site: SiteOptions, *, timeout_s: float = PIP_TIMEOUT_S
                 ) -> tuple[list[ResolvedWheel] | None, str | None]:
-    """Resolve the pip requirements with hashes. Returns ``(wheels, None)`` or
-    ``(None, note)`` when pip could not resolve (index unreachable, no wheel)."""
+    """``(wheels, None)``, or ``(None, note)`` when pip could not resolve."""
     with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp:
         report = Path(tmp) / "report.json"
         argv = pip_command(spec, site, report, Path(tmp) / "target")
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=_pip_env(),
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return None, f"pip: no resolution within {timeout_s:g} s"
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}  # the recipe's indexes only
+            proc = process.run(argv, timeout_s, env={**env, "PIP_CONFIG_FILE": os.devnull})
+        except Unreachable as e:
+            return None, f"pip: not resolved ({e.message})"
         if proc.returncode != 0 or not report.is_file():
             errors = [line.strip() for line in proc.stderr.splitlines() if line.strip().startswith("ERROR")]
             last = errors[0] if errors else (proc.stderr.strip().splitlines() or ["no output"])[-1]

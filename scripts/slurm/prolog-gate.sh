@@ -1,25 +1,70 @@
 #!/bin/sh
-# Slurm Prolog: run `envbuild gate` on the node before each job (issue 11).
+# Slurm Prolog: `envbuild gate` on the node before each job. The policy (each outcome -> the job
+# runs, or the node is drained with envbuild's reason and the job held) is the `case` below;
+# docs/slurm-gate.md explains it, with the slurm.conf lines.
 #
 # slurm.conf:   Prolog=/etc/slurm/prolog-gate.sh        (this file, mode 0755, on every node)
 # settings:     /etc/envbuild/gate.conf, a shell file read here, for example
 #                 ENVBUILD=/opt/envbuild/bin/envbuild
 #                 GATE_ARGS="--against /etc/envbuild/cpu-torch2.cert.json --image registry/x@sha256:..."
-#
-# The gate drains a node that fails (exit 2) or cannot be checked (exit 3) with the reason
-# "envbuild gate: <first failure>", and this script exits non-zero: Slurm then requeues the
-# job (held) and it does not run on that node. Warnings only (exit 1) let the job run.
-# Resume a node once fixed:  scontrol update NodeName=<node> State=RESUME
-# Each run's report is appended to the gate's history folder (/var/lib/envbuild/gate/<host>/).
+#                 GATE_TIMEOUT_S=120
+# Slurm runs a Prolog with its own SLURM_* variables only (no PATH, no HOME): a site that wants no
+# job to run ungated sets ENVBUILD_GATE_REQUIRED=1 on the line below or in gate.conf.
+ENVBUILD_GATE_REQUIRED="${ENVBUILD_GATE_REQUIRED:-0}"
 CONF=/etc/envbuild/gate.conf
 ENVBUILD=envbuild
 GATE_ARGS=""
+GATE_TIMEOUT_S=120
 LOG=/var/log/envbuild-gate.log
-[ -r "$CONF" ] && . "$CONF"
-# shellcheck disable=SC2086  # GATE_ARGS is a list of words
-"$ENVBUILD" gate $GATE_ARGS --drain >>"$LOG" 2>&1
-rc=$?
-if [ "$rc" -le 1 ]; then
+PATH="${PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}"
+NODE="${SLURMD_NODENAME:-$(hostname -s)}"
+
+log() {
+    printf '%s envbuild-gate: job %s on %s: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${SLURM_JOB_ID:-none}" \
+        "$NODE" "$1" >>"$LOG" 2>/dev/null || true
+}
+
+# The job names the reason (its Comment: `scontrol show job`); Slurm requeues it held.
+hold() {
+    [ -n "${SLURM_JOB_ID:-}" ] && scontrol update JobId="$SLURM_JOB_ID" Comment="$1" >>"$LOG" 2>&1
+    log "drained, job held: $1"
+    exit "$2"
+}
+
+# Drain the node with REASON ("<check> <value>: envbuild gate: ..."), then hold the job.
+drain() {
+    reason="$(printf '%s' "$1" | tr -c '[:print:]' ' ' | cut -c1-240)"
+    scontrol update NodeName="$NODE" State=DRAIN Reason="$reason" >>"$LOG" 2>&1
+    hold "$reason" "$2"
+}
+
+# The site's setup, not the node (no config, no envbuild, bad arguments): run ungated, unless required.
+unset_up() {
+    [ "$ENVBUILD_GATE_REQUIRED" = 1 ] && drain "$1: envbuild gate: $2, ENVBUILD_GATE_REQUIRED=1" "$3"
+    log "not gated, the job runs: $2 (set ENVBUILD_GATE_REQUIRED=1 to drain instead)"
     exit 0
+}
+
+if [ ! -r "$CONF" ]; then
+    unset_up "gate.conf missing" "no readable $CONF" 3
 fi
-exit "$rc"
+if ! (. "$CONF") >/dev/null 2>&1; then
+    unset_up "gate.conf invalid" "$CONF does not run as a shell file" 64
+fi
+. "$CONF"
+case "$GATE_TIMEOUT_S" in ''|*[!0-9]*|0*|?????*) GATE_TIMEOUT_S=120 ;; esac  # 1 to 9999 s
+if ! command -v "$ENVBUILD" >/dev/null 2>&1; then
+    unset_up "envbuild missing" "$ENVBUILD: not found" 3
+fi
+# shellcheck disable=SC2086  # GATE_ARGS is a list of words
+timeout -k 5 "$GATE_TIMEOUT_S" "$ENVBUILD" gate $GATE_ARGS --drain >>"$LOG" 2>&1
+rc=$?
+case "$rc" in
+    0|1) log "gate exit $rc: the job runs"; exit 0 ;;
+    2|3) reason="$(sinfo -h -n "$NODE" -o '%E' 2>/dev/null | head -n 1)"  # the gate drained the node
+         [ -n "$reason" ] && [ "$reason" != none ] && hold "$reason" "$rc"
+         drain "gate.exit $rc: envbuild gate: the gate could not drain the node (see $LOG)" "$rc" ;;
+    64) unset_up "gate.args 64" "GATE_ARGS of $CONF refused (exit 64)" 64 ;;
+    124|137) drain "gate.timeout ${GATE_TIMEOUT_S}s: envbuild gate: ran over GATE_TIMEOUT_S, killed" 3 ;;
+    *) drain "gate.exit $rc: envbuild gate: ended unexpectedly (see $LOG)" 3 ;;
+esac

@@ -11,21 +11,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
-import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from test_build_units import CA_TEXT, LOCK, TINY, TORCH_LOCK, WHEEL, WHEEL_TEXT, site_files, whole, write_rendered  # noqa: F401
 
 from builder.agent import payload
 from builder.core.errors import EnvbuildError, Unreachable
-from builder.image import bootstrap, build, engine, engineapi, probecache, reuse
-from builder.image.buildkit import BuildFailed
-from builder.image.probecheck import compare_probe_to_lock
+from builder.image import bootstrap, build, engine, probecache, reuse
+from builder.image.engine import BuildFailed
 from builder.image.site import SiteOptions
 
 from factories import CPU_REPORT, node_report
@@ -37,42 +37,7 @@ OFFICIAL = "debian:bookworm-slim"
 # a Debian tag that exists in no registry: pulling it fails with or without network
 UNPULLABLE = "debian:bookworm-envbuild-test-no-such-tag"
 BOOTSTRAP = "envbuild/bootstrap-debian:bookworm"
-CA_TEXT = "envbuild-test-ca-MARKER\n"
 CA_SHA256 = "ce030684f2982fc9c117c4697626122b14d89373f1ee4a7bcc69037eb71a3312"
-WHEEL = "fake_pkg-1.0-py3-none-any.whl"
-WHEEL_TEXT = "envbuild-test-wheel-MARKER\n"
-
-LOCK = {
-    "recipe": "tiny",
-    "python": "3.11",
-    "torch": {"version": "2.13.0", "variant": "cpu", "local": "2.13.0+cpu"},
-    "cuda": None,
-    "nccl": None,
-    "os": {"id": "debian", "version_id": "12"},
-}
-
-# The contract: ARG BASE_IMAGE first, the pip_ca secret and the wheels bind mount.
-TINY = """\
-# a test Dockerfile following the rendered-Dockerfile contract
-ARG BASE_IMAGE=debian:bookworm-slim
-FROM ${{BASE_IMAGE}}
-RUN apt-get update && apt-get install -y --no-install-recommends python3 && rm -rf /var/lib/apt/lists/*
-LABEL envbuild.torch="2.13.0+cpu"
-RUN --mount=type=secret,id=pip_ca --mount=type=bind,source=wheels,target=/run/envbuild/wheels \\
-    ls -A /run/envbuild/wheels > /saw-wheels.txt \\
- && if [ -s /run/secrets/pip_ca ]; then sha256sum < /run/secrets/pip_ca > /saw-ca.txt; else echo none > /saw-ca.txt; fi
-RUN mkdir /usr/lib/python3/dist-packages/torch \\
- && printf '__version__ = "{torch}"\\nfrom . import version\\n' > /usr/lib/python3/dist-packages/torch/__init__.py \\
- && printf 'cuda = None\\n' > /usr/lib/python3/dist-packages/torch/version.py
-"""
-
-
-def write_rendered(images_dir, name, dockerfile, lock):
-    folder = images_dir / name
-    folder.mkdir(parents=True)
-    (folder / "Dockerfile").write_text(dockerfile)
-    (folder / "envbuild.lock.json").write_text(json.dumps({**lock, "recipe": name}, indent=2) + "\n")
-    return folder
 
 
 def expected_tag(folder, name, base_id):
@@ -82,23 +47,13 @@ def expected_tag(folder, name, base_id):
 
 def sh(client, image, command, labels):
     """Run ``sh -c command`` in a throwaway container; (exit code, stdout)."""
-    c = client.containers.create(image, ["sh", "-c", command], labels=labels, network_mode="none")
+    c = client.sdk.containers.create(image, ["sh", "-c", command], labels=labels, network_mode="none")
     try:
         c.start()
         code = c.wait(timeout=120)["StatusCode"]
         return code, c.logs(stdout=True, stderr=False).decode()
     finally:
         c.remove(force=True)
-
-
-@pytest.fixture(scope="module")
-def site_files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("site")
-    (d / "ca.pem").write_text(CA_TEXT)
-    (d / "wheels").mkdir()
-    (d / "wheels" / WHEEL).write_text(WHEEL_TEXT)
-    (d / "wheels" / "notes.txt").write_text("not a wheel\n")
-    return d
 
 
 @pytest.fixture(scope="module")
@@ -121,12 +76,12 @@ def tiny_build(docker_client, bootstrap_image, session_labels, test_session_id, 
 
 def test_build_tags_labels_and_checks(docker_client, tiny_build, test_session_id):
     result, folder, warnings, lines = tiny_build
-    base_id = docker_client.images.get(BOOTSTRAP).id
+    base_id = docker_client.sdk.images.get(BOOTSTRAP).id
     assert result.tag == expected_tag(folder, f"tiny-{test_session_id}", base_id)
     assert (result.base_used, result.base_image_id, result.base_how) == (BOOTSTRAP, base_id, "bootstrapped")
     assert result.mismatches == [] and result.reused is False
     assert result.lock_hash.startswith(result.tag.rsplit(":", 1)[1]) and len(result.lock_hash) == 64
-    assert docker_client.images.get(result.tag).id == result.image_id
+    assert docker_client.sdk.images.get(result.tag).id == result.image_id
     assert result.probe["schema"] == "envbuild.probe/1"
     assert (result.probe["torch"]["version"], result.probe["os"]["id"], result.probe["os"]["version_id"]) == ("2.13.0+cpu", "debian", "12")
     labels = result.labels
@@ -169,7 +124,7 @@ def test_build_without_ca_and_wheels_sees_neither(docker_client, tiny_build, ses
 
 def probe_containers(client, run_id, since):
     """The container events of probes labelled ``envbuild.run=<run_id>`` since ``since``."""
-    return list(client.events(since=since, until=int(time.time()) + 1, decode=True,
+    return list(client.sdk.events(since=since, until=int(time.time()) + 1, decode=True,
                               filters={"type": "container", "label": f"envbuild.run={run_id}"}))
 
 
@@ -181,7 +136,7 @@ def test_existing_tag_is_reused_and_checked_again(docker_client, tiny_build, ses
     again = build.build(options, docker_client)
     assert (again.reused, again.probe_cached) == (True, False)  # a new cache: probed in a container
     assert again.tag == result.tag
-    assert again.image_id == docker_client.images.get(result.tag).id
+    assert again.image_id == docker_client.sdk.images.get(result.tag).id
     assert again.mismatches == [] and again.probe["torch"]["version"] == "2.13.0+cpu"
     assert [e["status"] for e in probe_containers(docker_client, options.run_id, since)][:2] == ["create", "start"]
 
@@ -192,7 +147,7 @@ def test_no_change_build_decides_from_the_image_id(docker_client, tiny_build, se
     first = build.BuildOptions(recipe=folder.name, images_dir=folder.parent, base_mode="bootstrap",
                                labels=session_labels, probe_cache=cache)
     probed = build.build(first, docker_client)
-    image_id = docker_client.images.get(result.tag).id  # (an earlier test may have rebuilt the tag)
+    image_id = docker_client.sdk.images.get(result.tag).id  # (an earlier test may have rebuilt the tag)
     assert (probed.probe_cached, probed.image_id) == (False, image_id)
     assert [p.name for p in cache.iterdir()] == [image_id.split(":")[1] + ".json"]
     # pip's configuration is pending and would fail if read (a missing folder); no client given
@@ -221,7 +176,7 @@ def test_retagged_or_edited_image_is_probed_again(docker_client, bootstrap_image
     assert build.build(options, docker_client).probe_cached is True
     repo, tag = good.tag.split(":")
     # edited: a committed copy (same files, one more label) under the same tag: another image ID
-    box = docker_client.containers.create(good.tag, ["true"], labels=session_labels)
+    box = docker_client.sdk.containers.create(good.tag, ["true"], labels=session_labels)
     try:
         edited = box.commit(repo, tag, changes=["LABEL envbuild.test-edited=1"])
     finally:
@@ -234,7 +189,7 @@ def test_retagged_or_edited_image_is_probed_again(docker_client, bootstrap_image
     with pytest.raises(build.LockMismatch) as info:
         build.build(dataclasses.replace(options, recipe=f"{name}-impostor"), docker_client)
     impostor = info.value.result.image_id
-    docker_client.api.tag(impostor, repo, tag, force=True)
+    docker_client.sdk.api.tag(impostor, repo, tag, force=True)
     with pytest.raises(build.LockMismatch) as info:
         build.build(options, docker_client)
     assert info.value.result.image_id == impostor and info.value.result.probe_cached is False
@@ -310,7 +265,7 @@ def test_probe_mismatch_fails_and_keeps_the_image(docker_client, bootstrap_image
         f"(docker run --rm -it {tag} bash)"
     )
     assert tag.startswith(f"envbuild/{name}:")
-    image = docker_client.images.get(tag)
+    image = docker_client.sdk.images.get(tag)
     assert image.labels["envbuild.torch"] == "2.13.0+cpu"
 
 
@@ -328,78 +283,7 @@ def test_failed_build_leaves_no_tag(docker_client, bootstrap_image, session_labe
         "[2/2] RUN echo half-done && exit 3: executor failed running [/bin/sh -c echo half-done && exit 3]: exit code: 3"
     )
     assert "half-done" in output and "\n" not in str(info.value)
-    assert docker_client.images.list(name=f"envbuild/{name}") == []
-
-
-def test_missing_rendered_files_say_render(tmp_path):
-    client = None  # never reached
-    with pytest.raises(EnvbuildError) as info:
-        build.build(build.BuildOptions(recipe="tiny", images_dir=tmp_path), client)
-    assert str(info.value) == f"{tmp_path}/tiny/Dockerfile: missing; run `envbuild render tiny` first"
-    (tmp_path / "tiny").mkdir()
-    (tmp_path / "tiny" / "Dockerfile").write_text(TINY.format(torch="2.13.0+cpu"))
-    with pytest.raises(EnvbuildError) as info:
-        build.build(build.BuildOptions(recipe="tiny", images_dir=tmp_path), client)
-    assert str(info.value) == f"{tmp_path}/tiny/envbuild.lock.json: missing; run `envbuild render tiny` first"
-
-
-def test_rendered_files_are_validated(tmp_path):
-    folder = write_rendered(tmp_path, "tiny", "FROM debian:bookworm-slim\n", LOCK)
-    with pytest.raises(EnvbuildError) as info:
-        build.read_rendered("tiny", tmp_path)
-    assert str(info.value) == f"{folder}/Dockerfile: ARG BASE_IMAGE: the first instruction must be ARG BASE_IMAGE=<image>"
-    (folder / "Dockerfile").write_text("# syntax=docker/dockerfile:1\n\nARG BASE_IMAGE=debian:bookworm-slim\nFROM ${BASE_IMAGE}\n")
-    assert build.read_rendered("tiny", tmp_path)[3] == "debian:bookworm-slim"
-    (folder / "envbuild.lock.json").write_text(json.dumps({**LOCK, "recipe": "other"}))
-    with pytest.raises(EnvbuildError) as info:
-        build.read_rendered("tiny", tmp_path)
-    assert str(info.value) == (
-        f"{folder}/envbuild.lock.json: recipe: 'other' lock is for another recipe than 'tiny'; "
-        "run `envbuild render tiny` again"
-    )
-    (folder / "envbuild.lock.json").write_text(json.dumps({k: v for k, v in LOCK.items() if k != "os"} | {"recipe": "tiny"}))
-    with pytest.raises(EnvbuildError) as info:
-        build.read_rendered("tiny", tmp_path)
-    assert str(info.value) == f"{folder}/envbuild.lock.json: os: missing"
-
-
-def test_recipe_name_must_suit_an_image_name():
-    assert build.image_tag("cpu-torch2", b"L", b"D", "sha256:0")[0] == "envbuild/cpu-torch2:" + hashlib.sha256(b"LDsha256:0").hexdigest()[:12]
-    with pytest.raises(EnvbuildError) as info:
-        build.image_tag("CPU torch", b"L", b"D", "sha256:0")
-    assert str(info.value) == "recipe: 'CPU torch' not usable in an image name (lowercase letters, digits, '.', '_', '-')"
-
-
-def test_stage_context_links_only_wheels(site_files, tmp_path):
-    ctx = tmp_path / "ctx"
-    ctx.mkdir()
-    (site_files / "wheels" / "link.whl").symlink_to(site_files / "wheels" / WHEEL)
-    try:
-        staged = build.stage_context(b"ARG BASE_IMAGE=x\n", site_files / "wheels", ctx)
-    finally:
-        (site_files / "wheels" / "link.whl").unlink()
-    assert staged == [WHEEL, "link.whl"]
-    assert sorted(p.name for p in (ctx / "wheels").iterdir()) == [WHEEL, "link.whl"]
-    assert (ctx / "Dockerfile").read_bytes() == b"ARG BASE_IMAGE=x\n"
-    src = os.stat(site_files / "wheels" / WHEEL)
-    for name in (WHEEL, "link.whl"):  # hard links to the wheel (same filesystem), no symlinks
-        st = os.lstat(ctx / "wheels" / name)
-        assert (st.st_ino, st.st_dev) == (src.st_ino, src.st_dev)
-    empty = tmp_path / "ctx2"
-    empty.mkdir()
-    assert build.stage_context(b"", None, empty) == [] and list((empty / "wheels").iterdir()) == []
-
-
-# --------------------------------------------------------------------------- real torch
-
-
-TORCH_LOCK = {
-    "python": "3.11",
-    "torch": {"version": "2.13.0", "variant": "cpu", "local": "2.13.0+cpu"},
-    "cuda": None,
-    "nccl": None,
-    "os": {"id": "debian", "version_id": "12"},
-}
+    assert docker_client.sdk.images.list(name=f"envbuild/{name}") == []
 
 SHADOW = """\
 FROM {image}
@@ -410,86 +294,19 @@ RUN d="$(python3 -c 'import importlib.util as u; print(u.find_spec("torch").subm
 
 
 def test_check_reads_the_environment_not_the_labels(docker_client, torch_image, session_labels, test_session_id, tmp_path):
-    probe, mismatches = build.check_image(docker_client, torch_image, TORCH_LOCK, labels=session_labels)
+    probe, mismatches = build.check_image(docker_client, torch_image, whole(TORCH_LOCK), labels=session_labels)
     assert mismatches == []
     assert probe["torch"]["version"] == "2.13.0+cpu"
 
     (tmp_path / "Dockerfile").write_text(SHADOW.format(image=torch_image))
     shadow = f"envbuild-test/shadow-torch:{test_session_id}"
-    engine.build_image(tmp_path, shadow, labels=session_labels, client=docker_client)
-    good_labels = {k: v for k, v in docker_client.images.get(torch_image).labels.items() if k != TEST_SESSION_LABEL}
-    shadow_labels = {k: v for k, v in docker_client.images.get(shadow).labels.items() if k != TEST_SESSION_LABEL}
+    docker_client.build(tmp_path, shadow, labels=session_labels)
+    good_labels = {k: v for k, v in docker_client.sdk.images.get(torch_image).labels.items() if k != TEST_SESSION_LABEL}
+    shadow_labels = {k: v for k, v in docker_client.sdk.images.get(shadow).labels.items() if k != TEST_SESSION_LABEL}
     assert shadow_labels == good_labels  # the labels still describe the good image
 
-    probe, mismatches = build.check_image(docker_client, shadow, TORCH_LOCK, labels=session_labels)
+    probe, mismatches = build.check_image(docker_client, shadow, whole(TORCH_LOCK), labels=session_labels)
     assert mismatches == ["torch.version: lock '2.13.0+cpu', image '2.99.0+cpu'"]
-
-
-# --------------------------------------------------------------------------- lockcheck
-
-
-def probe_doc(**changes):
-    """The cpu-torch2 node report of tests/factories.py with top-level ``changes``."""
-    return node_report(CPU_REPORT, **changes)
-
-
-CUDA_LOCK = {
-    "python": "3.12",
-    "torch": {"version": "2.8.0", "variant": "cu128", "local": "2.8.0+cu128"},
-    "cuda": "12.8",
-    "nccl": "2.27.3",
-    "os": {"id": "ubuntu", "version_id": "24.04"},
-}
-
-
-def cuda_probe(nccl_loaded):
-    return probe_doc(
-        python={"version": "3.12.3", "executable": "/opt/venv/bin/python3"},
-        torch={"version": "2.8.0+cu128", "cuda": "12.8", "cuda_available": True, "cudnn": "91002", "nccl_compiled": "2.27.3"},
-        os={"id": "ubuntu", "version_id": "24.04", "pretty_name": "Ubuntu 24.04.2 LTS"},
-        nccl={"loaded": nccl_loaded, "found": [], "pip_packages": {}},
-    )
-
-
-def test_lockcheck_matching_probe():
-    assert compare_probe_to_lock(probe_doc(), TORCH_LOCK) == []
-    nccl = {"version": "2.27.3", "code": 22703, "path": "/x/libnccl.so.2"}
-    assert compare_probe_to_lock(cuda_probe(nccl), CUDA_LOCK) == []
-
-
-def test_lockcheck_names_every_difference():
-    probe = probe_doc(
-        python={"version": "3.12.1", "executable": "/usr/bin/python3"},
-        torch={"version": "2.12.0+cpu", "cuda": "12.6"},
-        os={"id": "ubuntu", "version_id": "22.04", "pretty_name": "Ubuntu"},
-    )
-    assert compare_probe_to_lock(probe, TORCH_LOCK) == [
-        "torch.version: lock '2.13.0+cpu', image '2.12.0+cpu'",
-        "python.version: lock '3.11', image '3.12.1'",
-        "torch.cuda: lock None, image '12.6'",
-        "os.id: lock 'debian', image 'ubuntu'",
-        "os.version_id: lock '12', image '22.04'",
-    ]
-
-
-def test_lockcheck_torch_missing():
-    assert compare_probe_to_lock(probe_doc(torch=None), TORCH_LOCK) == ["torch.version: lock '2.13.0+cpu', image None"]
-
-
-def test_lockcheck_nccl_only_where_cuda():
-    other = {"version": "2.21.5", "code": 22105, "path": "/usr/lib/x86_64-linux-gnu/libnccl.so.2"}
-    assert compare_probe_to_lock(cuda_probe(other), CUDA_LOCK) == ["nccl.loaded.version: lock '2.27.3', image '2.21.5'"]
-    assert compare_probe_to_lock(cuda_probe(None), CUDA_LOCK) == ["nccl.loaded.version: lock '2.27.3', image None"]
-    # a CPU lock ignores whatever NCCL the image has
-    assert compare_probe_to_lock(probe_doc(nccl={"loaded": other}), TORCH_LOCK) == []
-
-
-def test_lockcheck_cuda_compares_major_minor():
-    probe = cuda_probe({"version": "2.27.3"})
-    probe["torch"]["cuda"] = "12.8.1"
-    assert compare_probe_to_lock(probe, CUDA_LOCK) == []
-    probe["torch"]["cuda"] = "12.9"
-    assert compare_probe_to_lock(probe, CUDA_LOCK) == ["torch.cuda: lock '12.8', image '12.9'"]
 
 
 # --------------------------------------------------------------------------- bootstrap
@@ -497,7 +314,7 @@ def test_lockcheck_cuda_compares_major_minor():
 
 def test_bootstrap_image_is_own_named_and_labelled(docker_client, bootstrap_image, session_labels):
     assert bootstrap_image == BOOTSTRAP
-    image = docker_client.images.get(BOOTSTRAP)
+    image = docker_client.sdk.images.get(BOOTSTRAP)
     assert image.labels == {
         "envbuild.bootstrap.mirror": "http://deb.debian.org/debian",
         "envbuild.bootstrap.stands-for": "debian:bookworm-slim",
@@ -534,7 +351,7 @@ def test_bootstrap_without_debootstrap_says_apt_get(docker_client, tmp_path, mon
 
 def test_bootstrap_unreachable_mirror_cleans_up(docker_client, bootstrap_image, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the rootfs goes
-    before = docker_client.images.get(BOOTSTRAP).id
+    before = docker_client.sdk.images.get(BOOTSTRAP).id
     with pytest.raises(Unreachable) as info:
         bootstrap.bootstrap_debian(docker_client, "bookworm", mirror="http://127.0.0.1:9/debian", rebuild=True)
     assert info.value.exit_code == 3
@@ -544,14 +361,14 @@ def test_bootstrap_unreachable_mirror_cleans_up(docker_client, bootstrap_image, 
         "http://127.0.0.1:9/debian/dists/bookworm/Release"
     )
     assert list(tmp_path.iterdir()) == []  # the temporary rootfs is gone
-    assert docker_client.images.get(BOOTSTRAP).id == before  # the existing image is untouched
-    assert sorted(t for i in docker_client.images.list(name="envbuild/bootstrap-debian") for t in i.tags if "importing" in t) == []
+    assert docker_client.sdk.images.get(BOOTSTRAP).id == before  # the existing image is untouched
+    assert sorted(t for i in docker_client.sdk.images.list(name="envbuild/bootstrap-debian") for t in i.tags if "importing" in t) == []
 
 
 def test_resolve_auto_bootstraps_a_debian_base_with_a_warning(docker_client, bootstrap_image):
     warnings = []
     ref, image_id, how = bootstrap.resolve_base(docker_client, UNPULLABLE, "auto", warn=warnings.append, pull_timeout_s=20)
-    assert (ref, image_id, how) == (BOOTSTRAP, docker_client.images.get(BOOTSTRAP).id, "bootstrapped")
+    assert (ref, image_id, how) == (BOOTSTRAP, docker_client.sdk.images.get(BOOTSTRAP).id, "bootstrapped")
     assert len(warnings) == 1
     assert warnings[0].startswith(f"{UNPULLABLE} is not available locally and cannot be pulled (")
     assert warnings[0].endswith(
@@ -563,7 +380,7 @@ def test_resolve_auto_bootstraps_a_debian_base_with_a_warning(docker_client, boo
 def test_resolve_auto_uses_a_local_image(docker_client, bootstrap_image):
     warnings = []
     got = bootstrap.resolve_base(docker_client, BOOTSTRAP, "auto", warn=warnings.append)
-    assert got == (BOOTSTRAP, docker_client.images.get(BOOTSTRAP).id, "local") and warnings == []
+    assert got == (BOOTSTRAP, docker_client.sdk.images.get(BOOTSTRAP).id, "local") and warnings == []
 
 
 def test_resolve_non_debian_unpullable_is_unreachable(docker_client):
@@ -583,7 +400,7 @@ def test_resolve_local_mode_does_not_pull_or_bootstrap(docker_client):
 
 def test_resolve_override_is_taken_as_is(docker_client, python_image):
     got = bootstrap.resolve_base(docker_client, OFFICIAL, "auto", override=python_image)
-    assert got == (python_image, docker_client.images.get(python_image).id, "explicit")
+    assert got == (python_image, docker_client.sdk.images.get(python_image).id, "explicit")
     with pytest.raises(Unreachable) as info:
         bootstrap.resolve_base(docker_client, OFFICIAL, "local", override="envbuild-test/no-such-image:0")
     assert str(info.value) == "base: 'envbuild-test/no-such-image:0' is not available locally"
@@ -596,65 +413,36 @@ def test_resolve_bootstrap_mode_needs_a_debian_base(docker_client):
     assert str(info.value) == "base: 'ubuntu:24.04' only a debian:<suite> base can be bootstrapped"
 
 
-@pytest.mark.parametrize(
-    "ref, suite",
-    [
-        ("debian:bookworm-slim", "bookworm"),
-        ("debian:bookworm", "bookworm"),
-        ("docker.io/library/debian:12-slim", "bookworm"),
-        ("debian:12.8", "bookworm"),
-        ("debian:trixie-20250101-slim", "trixie"),
-        ("debian:bookworm-slim@sha256:" + "0" * 64, "bookworm"),
-        ("debian:latest", None),
-        ("debian", None),
-        ("ubuntu:24.04", None),
-        ("nvidia/cuda:12.8.1-base-ubuntu24.04", None),
-        ("myregistry.example/debian:bookworm", None),
-    ],
-)
-def test_debian_suite(ref, suite):
-    assert bootstrap.debian_suite(ref) == suite
+def test_engine_inspects_a_local_engine_without_the_sdk(docker_client, bootstrap_image):
+    code = ("import sys; from builder.image.engine import Engine; e = Engine(); ref = sys.argv[1]; "
+            "print(e.image_id(ref), e.image(ref).labels['envbuild.bootstrap.suite'], "
+            "e.inspect_image('envbuild-test/no-such-image:none'), 'docker' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, bootstrap_image], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [docker_client.sdk.images.get(bootstrap_image).id, "bookworm", "None", "False"]
 
 
-# --------------------------------------------------------------------------- no-change build: parts
+def test_engine_without_a_socket_is_unreachable(tmp_path):
+    for host in ("tcp://127.0.0.1:9", f"unix://{tmp_path}/no.sock"):
+        with pytest.raises(Unreachable) as info:
+            engine.Engine(5, env={"DOCKER_HOST": host}).inspect_image("debian:bookworm-slim")
+        assert (info.value.exit_code, str(info.value).split(" (")[0]) == (3, f"no Docker engine answers at {host}")
 
 
-def test_probe_cache_misses_on_any_other_key(tmp_path):
-    agent = tmp_path / "agent"
-    shutil.copytree(payload.AGENT_DIR / "probe", agent / "probe", ignore=shutil.ignore_patterns("__pycache__"))
-    image_id = "sha256:" + "a" * 64
-    doc = {"schema": "envbuild.probe/1", "torch": {"version": "2.13.0+cpu"}}
-    cache = tmp_path / "cache"
-    assert probecache.load(cache, image_id, b"lock", agent) is None  # nothing recorded
-    assert probecache.store(cache, image_id, b"lock", agent, doc) == cache / f"{'a' * 64}.json"
-    assert probecache.load(cache, image_id, b"lock", agent) == doc
-    assert probecache.load(cache, "sha256:" + "b" * 64, b"lock", agent) is None  # another image
-    assert probecache.load(cache, image_id, b"lock2", agent) is None  # another lock
-    (agent / "probe" / "__main__.py").write_text((agent / "probe" / "__main__.py").read_text() + "\n# changed\n")
-    assert probecache.load(cache, image_id, b"lock", agent) is None  # another probe
-    assert probecache.load(cache, "envbuild/x:latest", b"lock", agent) is None  # not an image ID
-    (cache / f"{'a' * 64}.json").write_text("{not json")
-    assert probecache.load(cache, image_id, b"lock", agent) is None  # malformed: a miss, not an error
-    blocked = tmp_path / "file"
-    blocked.write_text("")
-    assert probecache.store(blocked / "cache", image_id, b"lock", agent, doc) is None  # cannot write: no error
+def test_build_gate_and_reference_share_the_probe_kept_by_image_id(docker_client, torch_image, monkeypatch, tmp_path):
+    from builder.image.probecheck import probe_cached
+    from builder.nodes import gate, reference
+    from builder.nodes import report as nodereport
 
-
-def test_probe_cache_folder_follows_xdg(tmp_path):
-    assert probecache.default_dir({"ENVBUILD_CACHE_DIR": "/c", "XDG_CACHE_HOME": "/x"}) == Path("/c/probe-matches")
-    assert probecache.default_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/envbuild/probe-matches")
-    assert probecache.default_dir({}) == Path.home() / ".cache/envbuild/probe-matches"
-
-
-def test_engine_api_speaks_only_to_a_local_socket(docker_client, bootstrap_image, tmp_path):
-    assert engineapi.connect({"DOCKER_HOST": "tcp://127.0.0.1:2375"}) is None
-    assert engineapi.connect({"DOCKER_HOST": f"unix://{tmp_path}/no.sock"}) is None
-    api = engineapi.connect({})
-    assert api.inspect_image(bootstrap_image)["Id"] == docker_client.images.get(bootstrap_image).id
-    assert api.inspect_image("envbuild-test/no-such-image:none") is None
-    assert engineapi.image_labels(api.inspect_image(bootstrap_image))["envbuild.bootstrap.suite"] == "bookworm"
-    with pytest.raises(engineapi.EngineAPIError):
-        engineapi.EngineAPI(str(tmp_path / "no.sock")).inspect_image(bootstrap_image)
+    monkeypatch.setenv("ENVBUILD_CACHE_DIR", str(tmp_path))
+    doc, cached = probe_cached(docker_client, torch_image)
+    assert (cached, probe_cached(docker_client, torch_image)) == (False, (doc, True))
+    # a kept document with a mark: whoever reads it answers with the mark, no container runs
+    probecache.store(probecache.default_dir(), docker_client.image_id(torch_image), payload.AGENT_DIR,
+                     {**doc, "hostname": "kept-by-image-id"})
+    assert reference.from_image(torch_image, docker_client).report.hostname == "kept-by-image-id"
+    host = nodereport.validate(node_report(CPU_REPORT), "host")
+    assert gate.probe_image(torch_image, host, docker_client)[0].hostname == "kept-by-image-id"
+    assert probe_cached(docker_client, torch_image, cache_dir=tmp_path / "other")[0]["hostname"] != "kept-by-image-id"
 
 
 def test_reuse_decides_only_from_local_images(docker_client, tiny_build, session_labels):
@@ -663,10 +451,10 @@ def test_reuse_decides_only_from_local_images(docker_client, tiny_build, session
     options = build.BuildOptions(recipe=folder.name, images_dir=folder.parent, base_mode="bootstrap")
     found = reuse.find(options, df, lock, OFFICIAL)
     assert (found.tag, found.base, found.warning) == (
-        result.tag, (BOOTSTRAP, docker_client.images.get(BOOTSTRAP).id, "bootstrapped"), None)
+        result.tag, (BOOTSTRAP, docker_client.sdk.images.get(BOOTSTRAP).id, "bootstrapped"), None)
     # auto mode without the official base: the stand-in an earlier build used, with a warning
     auto = reuse.find(dataclasses.replace(options, base_mode="auto"), df, lock, OFFICIAL)
-    if docker_client.images.list(name=OFFICIAL):  # a machine with the official image: it is the base
+    if docker_client.sdk.images.list(name=OFFICIAL):  # a machine with the official image: it is the base
         assert auto is None or auto.base[2] == "local"
     else:
         assert auto.tag == result.tag and auto.warning.startswith(f"{OFFICIAL} is not available locally: {result.tag}")

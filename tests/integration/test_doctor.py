@@ -6,16 +6,13 @@ a second network, --shm-size, NCCL_SOCKET_IFNAME, --cpus) and on hand-written re
 from __future__ import annotations
 
 import datetime
-import json
 import time
 
 import docker.errors
 import pytest
+from test_doctor_units import containers  # noqa: F401
 
-from builder.core.errors import EnvbuildError
 from builder.nodes import doctor
-from builder.nodes.doctor import agent_output
-from builder.nodes.report import InvalidReport
 
 from fixtures_nodes import (  # noqa: F401 - pytest fixtures
     CASE_LABEL,
@@ -34,19 +31,13 @@ def doctor_json(*args: str) -> tuple[int, dict, float]:
     return code, doc, time.monotonic() - t0
 
 
-def containers(*cs) -> list[str]:
-    out = []
-    for c in cs:
-        out += ["--container", c.name]
-    return out
-
-
 def statuses(doc: dict) -> dict[str, str]:
     return {c["name"]: c["status"] for c in doc["checks"]}
 
 
 # --- firewall ----------------------------------------------------------------------------------
 
+@pytest.mark.serial  # timed: alone, after the parallel pass (Makefile)
 def test_blocked_rendezvous_port_is_named_with_the_host_pair(torch_image, nodes_factory):
     net = nodes_factory.network()
     n0 = nodes_factory.start(torch_image, "node-0", network=net)
@@ -105,13 +96,14 @@ def test_nccl_socket_ifname_present_everywhere(torch_image, nodes_factory):
     assert check(doc, "interface")["message"] == "the interfaces NCCL/gloo would pick exist, are not loopback"
 
 
+@pytest.mark.serial  # timed: alone, after the parallel pass (Makefile)
 def test_interface_not_reachable_from_the_peer(docker_client, torch_image, nodes_factory):
     # node-0 also sits on a second network node-1 is not on, and NCCL is told to use it
     net = nodes_factory.network()
     other = nodes_factory.name("other")
-    docker_client.networks.create(other, driver="bridge", labels=nodes_factory.labels)
+    docker_client.sdk.networks.create(other, driver="bridge", labels=nodes_factory.labels)
     n0 = nodes_factory.start(torch_image, "node-0", network=net, environment={"NCCL_SOCKET_IFNAME": "eth1"})
-    docker_client.networks.get(other).connect(n0)
+    docker_client.sdk.networks.get(other).connect(n0)
     n1 = nodes_factory.start(torch_image, "node-1", network=net, environment={"NCCL_SOCKET_IFNAME": "eth0"})
     n0.reload()
     ip_other = n0.attrs["NetworkSettings"]["Networks"][other]["IPAddress"]
@@ -153,6 +145,7 @@ def test_large_enough_shm_passes(torch_image, nodes_factory):
 
 # --- straggler ------------------------------------------------------------------------------------
 
+@pytest.mark.serial  # timed: alone, after the parallel pass (Makefile)
 def test_cpu_limited_node_is_the_straggler(torch_image, nodes_factory):
     net = nodes_factory.network()
     a = nodes_factory.start(torch_image, "node-a", network=net)
@@ -186,19 +179,60 @@ def test_fix_removes_the_leftover_and_nothing_else(docker_client, torch_image, n
     assert code == 2
     stale = check(doc, "stale-containers")
     assert stale["data"]["stale"] == sorted([exited.name, leftover.name])
-    assert stale["fix"] == "`envbuild doctor --fix` removes them (only containers labelled envbuild)"
+    assert stale["fix"] == "`envbuild doctor --fix` removes them (only containers and networks labelled envbuild)"
 
     code, doc, _ = doctor_json(*args, "--fix")
     assert code == 0
     assert check(doc, "stale-containers")["data"]["removed"] == sorted([exited.name, leftover.name])
     for gone in (leftover, exited):
         with pytest.raises(docker.errors.NotFound):
-            docker_client.containers.get(gone.id)
+            docker_client.sdk.containers.get(gone.id)
     for kept in (ours, bare):
-        assert docker_client.containers.get(kept.id).status == "running"
+        assert docker_client.sdk.containers.get(kept.id).status == "running"
     code, doc, _ = doctor_json(*args)
     assert (code, check(doc, "stale-containers")["message"]) == (
-        0, f"no stale containers (label envbuild, {scope})")
+        0, f"no stale containers or networks (label envbuild, {scope})")
+
+
+def test_fix_removes_a_stale_network_and_keeps_live_ones(docker_client, torch_image, nodes_factory):
+    """A run network as envbuild labels it whose deadline passed is stale and removed by
+    --fix; a live run's network (deadline ahead), one still in use, and one without
+    envbuild's labels are kept."""
+    from builder.image import engine
+
+    scope = f"{CASE_LABEL}={nodes_factory.case}"
+    past, ahead = time.time() - 60, time.time() + 3600
+
+    def run_network(suffix: str, deadline: float | None, run: str) -> str:
+        labels = {**nodes_factory.labels, **engine.run_labels(run)}
+        if deadline is not None:
+            labels[engine.DEADLINE_LABEL] = engine.deadline_label(deadline)
+        name = nodes_factory.name(suffix)
+        docker_client.sdk.networks.create(name, driver="bridge", internal=True, labels=labels)
+        return name
+
+    stale = run_network("stale", past, "0123456789ab")
+    live = run_network("live", ahead, "aaaaaaaaaaaa")
+    busy = run_network("busy", past, "bbbbbbbbbbbb")
+    nodes_factory.start(torch_image, "on-busy", network=busy)
+    undated = run_network("undated", None, "cccccccccccc")
+    plain = nodes_factory.network()  # the test's labels, not envbuild's
+    args = ("--checks", "stale-containers", "--stale-label", scope, "--stale-after", "3600")
+    code, doc, _ = doctor_json(*args)
+    found = check(doc, "stale-containers")
+    assert (code, found["message"], found["data"]["stale_networks"]) == (
+        2, f"1 stale envbuild networks: {stale}", [stale])
+
+    code, doc, _ = doctor_json(*args, "--fix")
+    fixed = check(doc, "stale-containers")
+    assert (code, fixed["data"]["removed_networks"]) == (0, [stale]), fixed
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.sdk.networks.get(stale)
+    for kept in (live, busy, undated, plain):
+        assert docker_client.sdk.networks.get(kept).name == kept
+    code, doc, _ = doctor_json(*args)
+    assert (code, check(doc, "stale-containers")["message"]) == (
+        0, f"no stale containers or networks (label envbuild, {scope})")
 
 
 def test_recent_runs_are_not_stale(docker_client, torch_image, nodes_factory):
@@ -303,7 +337,8 @@ def test_a_node_that_did_not_answer_is_never_left_out(tmp_path):
 def test_checks_without_any_source_are_a_usage_error():
     proc = run_envbuild("doctor", "--checks", "shm")
     assert (proc.returncode, proc.stderr) == (
-        64, "envbuild doctor: give report files, --image/--container/--label, --hosts or --slurm\n")
+        64, "envbuild doctor: give report files, --image/--container/--label, --hosts or --slurm; "
+        "or --checks stale-containers for this engine alone\n")
     proc = run_envbuild("doctor", "--checks", "shm", "x.json", "--min-shm", "256m\n")
     assert proc.returncode == 64
     assert proc.stderr == "envbuild doctor: argument --min-shm: '256m\\n' is not a size such as 256m or 1g\n"
@@ -325,41 +360,3 @@ def test_doctor_output_is_escaped_never_markup(tmp_path):
     assert code == 2
     assert check(doc, "gpu-processes")["details"] == [
         "node-2 GPU 0 (GPU-8f6a1c52-0d1e-4a7b-9c3e-1f2a3b4c5d02): pid 48213 ([/][bold red]x\x1b[2J\u202e) holds 1.0 GiB"]
-
-
-@pytest.mark.parametrize("line, spec, message", [
-    ('{"compute": {"backend": "torch-cpu", "iters": 1, "seconds": [], "best_s": 0}}', "AGENT_COMPUTE",
-     "ssh n: agent output: compute.best_s: 0 is not a number in 1e-09..1e+09"),
-    ('{"pairs": [{"peer": "x", "round": 0, "seconds": 1.0, "error": null}]}', "AGENT_PAIRS",
-     "ssh n: agent output: pairs[0].peer: 'x' is not an integer in 0..65535"),
-    ('{"ports": {"29500": "listening"}, "sample": [70000]}', "AGENT_LISTEN",
-     "ssh n: agent output: sample[0]: 70000 is not a port (0..65535)"),
-    ('{"results": {"rdzv:a": {"status": "[/]", "detail": "", "seconds": 0}}}', "AGENT_CONNECT",
-     "ssh n: agent output: results.rdzv:a.status: '[/]' is not 'ok' or 'open' or 'refused' or 'timeout' or "
-     "'unreachable' or 'error'"),
-])
-def test_agent_output_is_checked_before_use(line, spec, message):
-    model = {"AGENT_COMPUTE": agent_output.Compute, "AGENT_PAIRS": agent_output.Pairs,
-             "AGENT_LISTEN": agent_output.Listen, "AGENT_CONNECT": agent_output.Connect}[spec]
-    with pytest.raises(InvalidReport) as err:
-        agent_output.last_json("noise\n" + line + "\n", model, "ssh n")
-    assert str(err.value) == message
-    # the passing twin: the agent's real output shape
-    good = {"AGENT_COMPUTE": '{"compute": {"backend": "torch-cpu", "iters": 1, "seconds": [0.5], "best_s": 0.5}}',
-            "AGENT_PAIRS": '{"pairs": [{"peer": 1, "round": 0, "seconds": 1.0, "error": null}]}',
-            "AGENT_LISTEN": '{"ports": {"29500": "listening"}, "sample": [32768]}',
-            "AGENT_CONNECT": '{"results": {"rdzv:a": {"status": "ok", "detail": "connected", "seconds": 0.0}}}'}
-    assert agent_output.last_json(good[spec], model, "ssh n").to_dict() == json.loads(good[spec])
-    assert agent_output.last_json('{"deep": ' + "[" * 5000 + "]" * 5000 + "}", model, "n") is None
-
-
-@pytest.mark.parametrize("text, size", [("256m", 256 << 20), ("1g", 1 << 30), ("1.5GiB", 3 << 29), ("1048576", 1 << 20)])
-def test_parse_size(text, size):
-    assert doctor.parse_size(text) == size
-
-
-@pytest.mark.parametrize("text", ["256m\n", " 1g", "-1m", "1e400m", "nan", "", "1" * 16])
-def test_parse_size_refuses(text):
-    with pytest.raises(EnvbuildError) as err:
-        doctor.parse_size(text)
-    assert err.value.message == "is not a size like 256m or 1g"

@@ -9,93 +9,19 @@ import uuid
 import docker.errors
 import pytest
 
-from builder.core.errors import EnvbuildError, ExitCode, Unreachable
-from builder.image import buildkit, engine, probecheck
+from builder.core.errors import EnvbuildError, Unreachable
+from builder.image import engine, probecheck
 
 from fixtures_engine import TEST_SESSION_LABEL, write_script
-
-# --------------------------------------------------------------------------- connect
-
-
-def test_connect_to_dead_socket_is_one_line_unreachable(tmp_path, monkeypatch):
-    dead = tmp_path / "dead.sock"
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{dead}")
-    with pytest.raises(Unreachable) as info:
-        engine.connect()
-    msg = str(info.value)
-    assert info.value.exit_code == ExitCode.UNREACHABLE == 3
-    assert "\n" not in msg
-    assert msg.startswith(f"no Docker engine answers at unix://{dead} (")
-    assert "`dockerd &`" in msg and "`systemctl start docker`" in msg and "scripts/setup.sh" in msg
 
 
 def test_connect_to_running_engine(docker_client):
     client = engine.connect()
     try:
         assert client.ping() is True
-        assert client.api.base_url == docker_client.api.base_url
+        assert client.sdk.api.base_url == docker_client.sdk.api.base_url
     finally:
         client.close()
-
-
-# --------------------------------------------------------------------------- BuildKit CLI
-
-
-def fake_docker(folder, version, buildx):
-    """A `docker` script answering `--version` and `buildx version` like a real client."""
-    folder.mkdir()
-    path = folder / "docker"
-    if buildx:
-        answer = "echo 'github.com/docker/buildx v0.12.1 0000'"
-    else:
-        answer = "echo 'docker: unknown command: docker buildx' >&2; exit 1"
-    path.write_text(
-        "#!/bin/sh\n"
-        'case "$1" in\n'
-        f'  --version) echo "Docker version {version}, build 0000000" ;;\n'
-        f"  buildx) {answer} ;;\n"
-        "  *) exit 2 ;;\n"
-        "esac\n"
-    )
-    path.chmod(0o755)
-    return str(path)
-
-
-def test_buildkit_cli_prefers_buildx(tmp_path):
-    old = fake_docker(tmp_path / "old", "20.10.24+dfsg1", buildx=False)
-    new = fake_docker(tmp_path / "new", "28.2.2", buildx=True)
-    cli = buildkit.buildkit_cli(f"{tmp_path / 'old'}:{tmp_path / 'new'}", extra=())
-    assert cli == buildkit.BuildkitCLI(
-        path=new, version="28.2.2", argv=(new, "buildx", "build", "--load"), env={}
-    )
-    assert old != new
-
-
-def test_buildkit_cli_falls_back_to_pre23_client_with_env(tmp_path):
-    new = fake_docker(tmp_path / "new", "28.2.2", buildx=False)
-    old = fake_docker(tmp_path / "old", "20.10.24+dfsg1", buildx=False)
-    cli = buildkit.buildkit_cli(f"{tmp_path / 'new'}:{tmp_path / 'old'}", extra=())
-    assert cli == buildkit.BuildkitCLI(
-        path=old, version="20.10.24+dfsg1", argv=(old, "build"), env={"DOCKER_BUILDKIT": "1"}
-    )
-    assert new != old
-
-
-def test_buildkit_cli_none_qualifies(tmp_path):
-    new = fake_docker(tmp_path / "new", "28.2.2", buildx=False)
-    with pytest.raises(EnvbuildError) as info:
-        buildkit.buildkit_cli(str(tmp_path / "new"), extra=())
-    msg = str(info.value)
-    assert info.value.exit_code == 2
-    assert f"tried {new} (28.2.2)" in msg
-    assert "apt-get install docker-buildx" in msg
-
-
-def test_buildkit_cli_searches_extra_after_path(tmp_path):
-    new = fake_docker(tmp_path / "new", "28.2.2", buildx=False)
-    old = fake_docker(tmp_path / "old", "19.03.15", buildx=False)
-    cli = buildkit.buildkit_cli(str(tmp_path / "new"), extra=(old,))
-    assert cli.path == old and cli.env == {"DOCKER_BUILDKIT": "1"} and new != old
 
 
 # --------------------------------------------------------------------------- build
@@ -109,15 +35,15 @@ RUN echo first-line && echo second-line >&2 && exit {code}
 
 
 def leftover_tags(client, repo):
-    return sorted(t for img in client.images.list(name=repo) for t in img.tags)
+    return sorted(t for img in client.sdk.images.list(name=repo) for t in img.tags)
 
 
 def test_failing_build_reports_step_and_leaves_no_tag(docker_client, bootstrap_image, session_labels, test_session_id, tmp_path):
     (tmp_path / "Dockerfile").write_text(FAILING.format(base=bootstrap_image, code=7))
     repo = f"envbuild-test/fail-{test_session_id}"
     lines = []
-    with pytest.raises(buildkit.BuildFailed) as info:
-        engine.build_image(tmp_path, f"{repo}:1", labels=session_labels, on_line=lines.append, client=docker_client)
+    with pytest.raises(engine.BuildFailed) as info:
+        docker_client.build(tmp_path, f"{repo}:1", labels=session_labels, on_line=lines.append)
     err = info.value
     assert err.exit_code == 2
     assert err.step == "[3/3] RUN echo first-line && echo second-line >&2 && exit 7"
@@ -139,8 +65,8 @@ def test_failing_build_reports_step_and_leaves_no_tag(docker_client, bootstrap_i
 def test_passing_build_is_tagged_with_labels(docker_client, bootstrap_image, session_labels, test_session_id, tmp_path):
     (tmp_path / "Dockerfile").write_text(FAILING.format(base=bootstrap_image, code=0))
     repo = f"envbuild-test/pass-{test_session_id}"
-    image_id = engine.build_image(tmp_path, f"{repo}:1", labels={**session_labels, "x.y": "z"}, client=docker_client)
-    image = docker_client.images.get(f"{repo}:1")
+    image_id = docker_client.build(tmp_path, f"{repo}:1", labels={**session_labels, "x.y": "z"})
+    image = docker_client.sdk.images.get(f"{repo}:1")
     assert image.id == image_id and image_id.startswith("sha256:")
     assert image.labels["x.y"] == "z"
     assert leftover_tags(docker_client, repo) == [f"{repo}:1"]  # no temporary tag left
@@ -149,7 +75,7 @@ def test_passing_build_is_tagged_with_labels(docker_client, bootstrap_image, ses
 def test_build_secret_must_exist(docker_client, tmp_path):
     (tmp_path / "Dockerfile").write_text("FROM scratch\n")
     with pytest.raises(EnvbuildError) as info:
-        engine.build_image(tmp_path, "envbuild-test/none:1", secrets={"pip_ca": tmp_path / "nope.pem"}, client=docker_client)
+        docker_client.build(tmp_path, "envbuild-test/none:1", secrets={"pip_ca": tmp_path / "nope.pem"})
     assert str(info.value) == f"secret pip_ca: '{tmp_path / 'nope.pem'}' no such file"
 
 
@@ -157,7 +83,7 @@ def test_build_secret_must_exist(docker_client, tmp_path):
 
 
 def probe_containers(client, test_session_id):
-    return client.containers.list(all=True, filters={"label": f"{TEST_SESSION_LABEL}={test_session_id}"})
+    return client.sdk.containers.list(all=True, filters={"label": f"{TEST_SESSION_LABEL}={test_session_id}"})
 
 
 def test_run_probe_parses_json_and_removes_container(docker_client, python_image, session_labels, test_session_id, tmp_path):
@@ -227,20 +153,14 @@ def test_run_probe_needs_the_module_in_the_agent_folder(docker_client, python_im
 
 
 def test_image_labels(docker_client, bootstrap_image):
-    assert engine.image_labels(docker_client, bootstrap_image) == {
+    assert docker_client.image(bootstrap_image).labels == {
         "envbuild.bootstrap.mirror": "http://deb.debian.org/debian",
         "envbuild.bootstrap.stands-for": "debian:bookworm-slim",
         "envbuild.bootstrap.suite": "bookworm",
     }
     with pytest.raises(EnvbuildError) as info:
-        engine.image_labels(docker_client, "envbuild-test/no-such-image:0")
+        docker_client.image("envbuild-test/no-such-image:0")
     assert str(info.value) == "image: 'envbuild-test/no-such-image:0' no such image"
-
-
-def test_run_labels():
-    assert engine.run_labels("0123456789ab") == {"envbuild": "1", "envbuild.run": "0123456789ab"}
-    run_id = engine.new_run_id()
-    assert len(run_id) == 12 and int(run_id, 16) >= 0 and run_id != engine.new_run_id()
 
 
 def test_remove_by_label_removes_only_matching(docker_client, bootstrap_image, session_labels, test_session_id):
@@ -248,95 +168,48 @@ def test_remove_by_label_removes_only_matching(docker_client, bootstrap_image, s
     kept = {**session_labels, "envbuild.test-rm": "keep-" + uuid.uuid4().hex}
     made = {}
     for name, labels in (("doomed", doomed), ("kept", kept)):
-        c = docker_client.containers.create(bootstrap_image, ["true"], labels=labels)
-        n = docker_client.networks.create(f"envbuild-test-{name}-{test_session_id}", labels=labels)
+        c = docker_client.sdk.containers.create(bootstrap_image, ["true"], labels=labels)
+        n = docker_client.sdk.networks.create(f"envbuild-test-{name}-{test_session_id}", labels=labels)
         i = c.commit(repository=f"envbuild-test/rm-{name}", tag=test_session_id, conf={"Labels": labels})
         made[name] = (c.id, n.id, i.id)
 
-    counts = engine.remove_by_label(docker_client, f"envbuild.test-rm={doomed['envbuild.test-rm']}")
+    counts = docker_client.remove_by_label(f"envbuild.test-rm={doomed['envbuild.test-rm']}")
 
     assert counts == {"containers": 1, "networks": 1, "images": 1}
     c_id, n_id, i_id = made["doomed"]
     with pytest.raises(docker.errors.NotFound):
-        docker_client.containers.get(c_id)
+        docker_client.sdk.containers.get(c_id)
     with pytest.raises(docker.errors.NotFound):
-        docker_client.networks.get(n_id)
+        docker_client.sdk.networks.get(n_id)
     with pytest.raises(docker.errors.ImageNotFound):
-        docker_client.images.get(i_id)
+        docker_client.sdk.images.get(i_id)
     c_id, n_id, i_id = made["kept"]
-    assert docker_client.containers.get(c_id).labels["envbuild.test-rm"] == kept["envbuild.test-rm"]
-    assert docker_client.networks.get(n_id).attrs["Labels"]["envbuild.test-rm"] == kept["envbuild.test-rm"]
-    assert docker_client.images.get(i_id).labels["envbuild.test-rm"] == kept["envbuild.test-rm"]
+    assert docker_client.sdk.containers.get(c_id).labels["envbuild.test-rm"] == kept["envbuild.test-rm"]
+    assert docker_client.sdk.networks.get(n_id).attrs["Labels"]["envbuild.test-rm"] == kept["envbuild.test-rm"]
+    assert docker_client.sdk.images.get(i_id).labels["envbuild.test-rm"] == kept["envbuild.test-rm"]
     # the kept ones go with the session: they carry its label
 
 
 def test_remove_by_label_reports_an_image_in_use(docker_client, bootstrap_image, session_labels, test_session_id):
     key, value = "envbuild.test-rm", uuid.uuid4().hex
-    seed = docker_client.containers.create(bootstrap_image, ["true"], labels=session_labels)
+    seed = docker_client.sdk.containers.create(bootstrap_image, ["true"], labels=session_labels)
     try:
         image = seed.commit(repository="envbuild-test/rm-busy", tag=test_session_id, conf={"Labels": {**session_labels, key: value}})
     finally:
         seed.remove(force=True)
     # a running container of that image, which does not match the filter itself
-    user = docker_client.containers.run(image.id, ["sleep", "60"], detach=True, labels={**session_labels, key: "other"})
+    user = docker_client.sdk.containers.run(image.id, ["sleep", "60"], detach=True, labels={**session_labels, key: "other"})
     try:
         with pytest.raises(EnvbuildError) as info:
-            engine.remove_by_label(docker_client, f"{key}={value}")
+            docker_client.remove_by_label(f"{key}={value}")
         msg = str(info.value)
         assert msg.startswith(f"label: '{key}={value}' could not remove 1 image(s) ({image.id[7:19]}: ")
         assert "being used by running container" in msg
         assert msg.endswith("; the rest was removed")
-        assert docker_client.images.get(image.id).id == image.id
+        assert docker_client.sdk.images.get(image.id).id == image.id
     finally:
         user.remove(force=True)
-    assert engine.remove_by_label(docker_client, f"{key}={value}") == {"containers": 0, "networks": 0, "images": 1}
-
-
-BUILDX_FAILURE = """\
-#5 [build 2/3] RUN make
-#5 0.215 compiling
-#5 0.300 make: *** [all] Error 2
-#5 ERROR: process "/bin/sh -c make" did not complete successfully: exit code: 2
-#6 [stage-1 2/2] RUN sleep 5
-#6 CANCELED
-#6 ERROR: context canceled
-------
- > [build 2/3] RUN make:
-0.215 compiling
-0.300 make: *** [all] Error 2
-------
-Dockerfile:5
---------------------
-   5 | >>> RUN make
---------------------
-ERROR: failed to solve: process "/bin/sh -c make" did not complete successfully: exit code: 2
-"""
-
-
-def test_progress_log_picks_the_failing_step_not_the_cancelled_one():
-    """buildx's output format (the engine here has the older one): parsed from literal lines."""
-    log = buildkit.ProgressLog(keep=30)
-    for line in BUILDX_FAILURE.splitlines():
-        log.add(line)
-    assert log.failure() == (
-        "[build 2/3] RUN make",
-        'process "/bin/sh -c make" did not complete successfully: exit code: 2',
-        [
-            "#5 [build 2/3] RUN make",
-            "#5 0.215 compiling",
-            "#5 0.300 make: *** [all] Error 2",
-            "Dockerfile:5",
-            "   5 | >>> RUN make",
-            'ERROR: failed to solve: process "/bin/sh -c make" did not complete successfully: exit code: 2',
-        ],
-    )
-    short = buildkit.ProgressLog(keep=2)
-    for line in BUILDX_FAILURE.splitlines():
-        short.add(line)
-    assert short.failure()[2] == [
-        "   5 | >>> RUN make",
-        'ERROR: failed to solve: process "/bin/sh -c make" did not complete successfully: exit code: 2',
-    ]
+    assert docker_client.remove_by_label(f"{key}={value}") == {"containers": 0, "networks": 0, "images": 1}
 
 
 # --------------------------------------------------------------------------- stale networks
@@ -355,37 +228,30 @@ def test_stale_networks_are_only_those_past_their_deadline_without_containers(do
         labels = {**case, **engine.run_labels(f"{name}{test_session_id}")}
         if deadline is not None:
             labels[engine.DEADLINE_LABEL] = engine.deadline_label(deadline)
-        made[name] = docker_client.networks.create(f"envbuild-test-{name}-{test_session_id}", labels=labels)
-    busy = docker_client.containers.run(bootstrap_image, ["sleep", "60"], labels=case, detach=True,
+        made[name] = docker_client.sdk.networks.create(f"envbuild-test-{name}-{test_session_id}", labels=labels)
+    busy = docker_client.sdk.containers.run(bootstrap_image, ["sleep", "60"], labels=case, detach=True,
                                         network=made["busy"].name)
     try:
         assert made["stale"].attrs["Labels"][engine.DEADLINE_LABEL] == "2027-01-15T07:59:59Z"
-        stale = engine.stale_networks(docker_client, now=now, label_filter=only_case)
+        stale = docker_client.stale_networks(now=now, label_filter=only_case)
         assert stale == [{"name": f"envbuild-test-stale-{test_session_id}", "id": made["stale"].id,
                           "run": f"stale{test_session_id}", "deadline": "2027-01-15T07:59:59Z"}]
-        assert engine.remove_stale_networks(docker_client, now=now, label_filter=only_case) == stale
-        left = sorted(n.name for n in docker_client.networks.list(filters={"label": only_case}))
+        assert docker_client.remove_stale_networks(now=now, label_filter=only_case) == stale
+        left = sorted(n.name for n in docker_client.sdk.networks.list(filters={"label": only_case}))
         assert left == sorted(f"envbuild-test-{n}-{test_session_id}" for n in ("future", "busy", "nolabel"))
         # once the busy one's container is gone, it is stale too
         busy.remove(force=True)
-        assert [n["name"] for n in engine.stale_networks(docker_client, now=now, label_filter=only_case)] == [
+        assert [n["name"] for n in docker_client.stale_networks(now=now, label_filter=only_case)] == [
             f"envbuild-test-busy-{test_session_id}"]
     finally:
-        engine.remove_by_label(docker_client, only_case)
-
-
-def test_deadline_label_round_trips():
-    assert engine.deadline_label(1_800_000_000.2) == "2027-01-15T08:00:01Z"
-    assert engine._parse_deadline("2027-01-15T08:00:01Z") == 1_800_000_001.0
-    for bad in ("2027-01-15T08:00:01Z\n", "soon", "2027-13-45T99:00:01Z", None, 5):
-        assert engine._parse_deadline(bad) is None
+        docker_client.remove_by_label(only_case)
 
 
 def test_image_env(docker_client, python_image):
-    env = engine.image_env(docker_client, python_image)
+    env = docker_client.image(python_image).env()
     assert env["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     with pytest.raises(EnvbuildError) as info:
-        engine.image_env(docker_client, "envbuild-test/no-such-image:0")
+        docker_client.image("envbuild-test/no-such-image:0").env()
     assert str(info.value) == "image: 'envbuild-test/no-such-image:0' no such image"
 
 
@@ -403,4 +269,4 @@ def test_run_probe_output_is_bounded(docker_client, python_image, session_labels
         probecheck.run_probe(docker_client, python_image, tmp_path, module="deep", labels=case)
     write_script(tmp_path / "small.py", 'print("{}")\n')  # the passing twin
     assert probecheck.run_probe(docker_client, python_image, tmp_path, module="small", labels=case) == {}
-    assert docker_client.containers.list(all=True, filters={"label": f"envbuild.test-case={case['envbuild.test-case']}"}) == []
+    assert docker_client.sdk.containers.list(all=True, filters={"label": f"envbuild.test-case={case['envbuild.test-case']}"}) == []

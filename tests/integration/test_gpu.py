@@ -38,7 +38,7 @@ def test_certify_nccl_one_node_one_gpu(cuda_image, tmp_path):
     client, result = cuda_image
     cert, _ = certify_image(client, result.tag, nodes=1, gpus_per_node=1, backend="nccl", port=None,
                             timeout_s=600, min_busbw_gbps=None, images_dir=tmp_path, console=None,
-                            sizes=[1048576, 134217728], ddp_steps=3)
+                            sizes=[1048576, 134217728])
     assert cert["verdict"]["passed"], cert["verdict"]
     assert cert["backend"]["used"] == "nccl"
     assert cert["probe"]["0"]["nccl"]["loaded"]["version"] == "2.27.3"

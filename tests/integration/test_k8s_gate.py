@@ -23,12 +23,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from builder.launchers.k8s.options import K8S_VERSIONS
+
 from fixtures_nodes import run_envbuild
 
 pytest_plugins = ["fixtures_gate", "fixtures_nodes"]  # the certificate, bumped_torch_image, nodes_factory
 
-K8S_VERSION = "1.30"
-FILES = ["gate-serviceaccount.yaml", "gate-clusterrole.yaml", "gate-clusterrolebinding.yaml",
+FILES = ["gate-namespace.yaml", "gate-serviceaccount.yaml", "gate-clusterrole.yaml", "gate-clusterrolebinding.yaml",
          "gate-configmap.yaml", "gate-daemonset.yaml"]
 TOKEN = "stand-in-token-c11"
 
@@ -42,7 +43,8 @@ def render(certificate_path: Path, image: str, out: Path, *extra: str) -> dict[s
 
 
 def validate(obj: dict) -> None:
-    assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True) == K8S_VERSION
+    for version in K8S_VERSIONS:
+        assert kubernetes_validate.validate(obj, version, strict=True) == version
 
 
 def test_gate_manifests_validate(certificate, torch_image, tmp_path):
@@ -50,13 +52,16 @@ def test_gate_manifests_validate(certificate, torch_image, tmp_path):
     objs = render(path, torch_image, tmp_path / "m", "--node-selector", "nvidia.com/gpu.present=true")
     for obj in objs.values():
         validate(obj)
-    assert objs["gate-clusterrole.yaml"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"],
-                                                       "verbs": ["get", "patch"]}]
+    assert objs["gate-clusterrole.yaml"]["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]
+    assert objs["gate-namespace.yaml"]["metadata"]["name"] == "envbuild-system"
     ds = objs["gate-daemonset.yaml"]
     pod = ds["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "envbuild-gate"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    assert pod["tolerations"] == [{"key": "envbuild.dev/uncertified", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["tolerations"] == [{"operator": "Exists", "effect": "NoSchedule"},
+                                  {"operator": "Exists", "effect": "NoExecute"}]
     assert pod["containers"][0]["image"] == torch_image
     spec = json.loads(objs["gate-configmap.yaml"]["data"]["gate-spec.json"])
     assert spec["label_value"] == cert["lock_hash"].split(":")[-1][:12]
@@ -80,7 +85,7 @@ def test_broken_gate_manifests_do_not_validate(certificate, torch_image, tmp_pat
 def test_k8s_gate_refuses_a_tag_without_allow_tag(certificate, torch_image, tmp_path):
     _, path = certificate
     proc = run_envbuild("k8s", "gate", str(path), "--image", torch_image, "--out", str(tmp_path / "m"))
-    assert proc.returncode == 2  # as k8s render: the image check of builder.launchers.k8s.naming
+    assert proc.returncode == 2  # as k8s render: the image check of builder.launchers.k8s.options
     assert "use REPO@sha256:<digest> (or --allow-tag on a development cluster)" in proc.stderr
     assert not (tmp_path / "m").exists()
 
@@ -90,7 +95,8 @@ def test_k8s_gate_refuses_a_tag_without_allow_tag(certificate, torch_image, tmp_
 
 class ApiServer:
     """The part of the Kubernetes API the gate uses: ``GET`` and merge-``PATCH`` of
-    ``/api/v1/nodes/NAME`` with a bearer token, ``resourceVersion`` checked (409 Conflict)."""
+    ``/api/v1/nodes/NAME`` with a bearer token, ``resourceVersion`` checked (409 Conflict), and
+    the strategic merge ``PATCH`` of its ``/status`` (conditions merged by type)."""
 
     def __init__(self, host: str, certfile: Path, keyfile: Path, nodes: list[str]) -> None:
         self.nodes = {n: {"apiVersion": "v1", "kind": "Node",
@@ -114,7 +120,7 @@ class ApiServer:
                 if self.headers.get("Authorization") != f"Bearer {TOKEN}":
                     self._answer(401, {"kind": "Status", "code": 401})
                     return None
-                name = self.path.removeprefix("/api/v1/nodes/")
+                name = self.path.removeprefix("/api/v1/nodes/").removesuffix("/status")
                 if name not in server.nodes:
                     self._answer(404, {"kind": "Status", "code": 404})
                     return None
@@ -131,6 +137,9 @@ class ApiServer:
                 if name is None:
                     return
                 patch = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path.endswith("/status"):
+                    self._status(name, patch)
+                    return
                 if self.headers.get("Content-Type") != "application/merge-patch+json":
                     self._answer(415, {"kind": "Status", "code": 415})
                     return
@@ -144,6 +153,18 @@ class ApiServer:
                     merged["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 1)
                     server.nodes[name] = merged
                     self._answer(200, merged)
+
+            def _status(self, name: str, patch: dict) -> None:
+                if self.headers.get("Content-Type") != "application/strategic-merge-patch+json" \
+                        or set(patch) != {"status"}:
+                    self._answer(415, {"kind": "Status", "code": 415})
+                    return
+                with server.lock:
+                    status = server.nodes[name].setdefault("status", {})
+                    conditions = {c["type"]: c for c in status.get("conditions", [])}
+                    conditions.update({c["type"]: c for c in patch["status"].get("conditions", [])})
+                    status["conditions"] = list(conditions.values())
+                    self._answer(200, server.nodes[name])
 
         self.httpd = http.server.ThreadingHTTPServer((host, 0), Handler)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -206,7 +227,7 @@ def run_pod(client: Any, daemonset: dict, configmap: dict, node: str, image: str
     env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
     env.update(NODE_NAME=node, KUBERNETES_SERVICE_HOST=host, KUBERNETES_SERVICE_PORT=str(api.port))
     sec = pod["securityContext"]
-    return client.containers.run(image, c["command"], detach=True, environment=env, volumes=mounts, tmpfs=tmpfs,
+    return client.sdk.containers.run(image, c["command"], detach=True, environment=env, volumes=mounts, tmpfs=tmpfs,
                                  user=f"{sec['runAsUser']}:{sec['runAsGroup']}", read_only=True, labels=labels,
                                  cap_drop=["ALL"], security_opt=["no-new-privileges"], network=network,
                                  name=f"envbuild-test-gate-{node}-{os.getpid()}")
@@ -225,7 +246,7 @@ def test_stand_in_labels_a_passing_node_and_taints_a_failing_one(certificate, to
     cert, path = certificate
     objs = render(path, torch_image, tmp_path / "m", "--interval", "10")
     network = nodes_factory.network()
-    gateway = docker_client.networks.get(network).attrs["IPAM"]["Config"][0]["Gateway"]
+    gateway = docker_client.sdk.networks.get(network).attrs["IPAM"]["Config"][0]["Gateway"]
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
                     "/CN=stand-in", "-addext", f"subjectAltName=IP:{gateway}", "-keyout", str(tmp_path / "tls.key"),
                     "-out", str(tmp_path / "tls.crt")], check=True, capture_output=True, timeout=60)
@@ -236,8 +257,7 @@ def test_stand_in_labels_a_passing_node_and_taints_a_failing_one(certificate, to
             pods.append(run_pod(docker_client, objs["gate-daemonset.yaml"], objs["gate-configmap.yaml"], node, image,
                                 api, gateway, tmp_path, nodes_factory.labels, network))
         lock12 = cert["lock_hash"].split(":")[-1][:12]
-        wait_for(lambda: api.node("node-pass")["metadata"]["labels"].get("envbuild.dev/certified") == lock12
-                 and api.node("node-fail")["spec"].get("taints"))
+        wait_for(lambda: all(api.node(n).get("status") for n in ("node-pass", "node-fail")))
         assert api.node("node-pass")["metadata"]["labels"] == {"envbuild.dev/certified": lock12}
         assert api.node("node-pass")["spec"]["taints"] == []
         assert api.node("node-fail")["metadata"]["labels"] == {}
@@ -246,6 +266,13 @@ def test_stand_in_labels_a_passing_node_and_taints_a_failing_one(certificate, to
         log = pods[1].logs().decode()
         torch = cert["probe"]["0"]["torch"]["version"]
         assert f"fail: torch.version: certified {torch}, this node 2.13.1+cpu" in log
+        conditions = {n: [{k: c[k] for k in ("type", "status", "reason", "message")}
+                          for c in api.node(n)["status"]["conditions"]] for n in ("node-pass", "node-fail")}
+        assert conditions == {
+            "node-pass": [{"type": "EnvbuildUncertified", "status": "False", "reason": "Certified",
+                           "message": f"matches the certificate of lock {lock12}"}],
+            "node-fail": [{"type": "EnvbuildUncertified", "status": "True", "reason": "torch.version",
+                           "message": f"torch.version: certified {torch}, this node 2.13.1+cpu"}]}
     finally:
         for p in pods:
             p.remove(force=True)

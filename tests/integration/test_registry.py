@@ -12,6 +12,7 @@ from ``builder.certify.run`` with a launcher that replays passing rank results
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import uuid
@@ -21,14 +22,15 @@ import docker.errors
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
+from test_registry_units import GPU  # noqa: F401
 
 from builder.certify import certificate
-from builder.certify.model import load_certificate
 from builder.cli.app import main
+from builder.core.certificate import load_certificate
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
 from builder.oci import client as oci
 from builder.oci import manifest, referrers
-from builder.publish import attest, hardware, naming
+from builder.publish import attest, naming
 from builder.publish import pull as pulling
 from builder.publish import push as pushing
 
@@ -36,7 +38,6 @@ from certify_helpers import certify_image
 from fixtures_registry import free_port, recipe_labels, recorded_certificate, small_image, write_docker_config
 
 INDEX = "application/vnd.oci.image.index.v1+json"
-GPU = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-00000000-0000-0000-0000-000000000001"}
 
 
 def run_cli(capsys, *argv):
@@ -72,7 +73,7 @@ def make_certified(docker_client, bootstrap_image, test_labels, tmp_path):
 
 def names_of(client, image_id) -> set[str]:
     try:
-        attrs = client.images.get(image_id).attrs
+        attrs = client.sdk.images.get(image_id).attrs
     except docker.errors.ImageNotFound:
         return set()
     return set(attrs.get("RepoTags") or []) | set(attrs.get("RepoDigests") or [])
@@ -81,7 +82,7 @@ def names_of(client, image_id) -> set[str]:
 def refs_under(client, name: str) -> list[str]:
     """Every local tag or digest reference of repository ``name``."""
     out = []
-    for img in client.images.list():
+    for img in client.sdk.images.list():
         for r in (img.attrs.get("RepoTags") or []) + (img.attrs.get("RepoDigests") or []):
             if r.startswith(name + ":") or r.startswith(name + "@"):
                 out.append(r)
@@ -125,12 +126,12 @@ def test_push_then_pull_by_digest_on_a_clean_engine(registry, namespace, make_ce
     assert not any(r.startswith(registry.host) for r in names_of(docker_client, img.id))
 
     # a clean engine: the image is gone before the pull
-    docker_client.images.remove(img.id, force=True)
+    docker_client.sdk.images.remove(img.id, force=True)
     assert names_of(docker_client, img.id) == set()
     code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
     assert code == 0, err
     assert f"certified {name}@{digest}" in out and "found by" not in err
-    pulled = docker_client.images.get(f"{name}@{digest}")
+    pulled = docker_client.sdk.images.get(f"{name}@{digest}")
     assert pulled.id == img.id
     assert set(pulled.tags) == {f"{name}:certified", f"{name}:{img.lock12}"}
 
@@ -145,7 +146,7 @@ def test_pull_format_sif_prints_the_apptainer_pull_by_digest(registry, namespace
     img = make_certified()
     pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
                       fs_hash=False)
-    docker_client.images.remove(img.id, force=True)
+    docker_client.sdk.images.remove(img.id, force=True)
     code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace,
                              "--format", "sif", "--print-only")
     assert code == 0, err
@@ -190,7 +191,7 @@ def test_pull_refused_when_the_tag_moved_after_certification(registry, namespace
     creds = oci.docker_credentials(registry.host)
     moved = pushing.engine_push(docker_client, other.id, pushed.repository, "certified", creds)
     assert moved != pushed.digest
-    docker_client.images.remove(other.id, force=True)
+    docker_client.sdk.images.remove(other.id, force=True)
 
     code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
     assert code == ExitCode.CHECK_FAILED
@@ -208,7 +209,7 @@ def test_pull_refused_when_no_certificate_is_published(registry, namespace, make
     img = make_certified(certified=False)
     name = f"{registry.host}/{namespace}/cpu-torch2"
     digest = pushing.engine_push(docker_client, img.id, name, "certified", oci.docker_credentials(registry.host))
-    docker_client.images.remove(img.id, force=True)
+    docker_client.sdk.images.remove(img.id, force=True)
     code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
     assert code == ExitCode.CHECK_FAILED
     [line] = error_lines(err)
@@ -221,7 +222,7 @@ def test_pull_refused_when_the_certificate_was_altered_in_the_registry(registry,
     img = make_certified()
     pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
                  fs_hash=False)
-    docker_client.images.remove(img.id, force=True)
+    docker_client.sdk.images.remove(img.id, force=True)
     s = registry.session()
     api = f"http://{registry.host}/v2/{namespace}/cpu-torch2"
     artifact = s.get(f"{api}/manifests/certified.cert", headers={"Accept": manifest.MT_OCI_MANIFEST}).json()
@@ -252,7 +253,7 @@ def test_forged_certificate_pull_leaves_no_half_tagged_image(registry, namespace
     client = oci.RegistryClient(registry.host)
     repo = f"{namespace}/cpu-torch2"
     moved = pushing.engine_push(docker_client, other.id, pushed.repository, "certified", client.credentials)
-    docker_client.images.remove(other.id, force=True)
+    docker_client.sdk.images.remove(other.id, force=True)
     subject_body, subject = client.get_manifest(repo, moved)
     forged = attest.statement(subject_name=pushed.repository, subject_digest=moved, certificate=img.cert,
                               image={"id": img.id})
@@ -320,7 +321,7 @@ def test_node_hardware_is_checked_against_the_certificate(registry, namespace, m
     img = make_certified("cuda12-torch2", gpus=[GPU], driver="570.124.06")
     pushing.push(docker_client, "cuda12-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
                  fs_hash=False)
-    docker_client.images.remove(img.id, force=True)
+    docker_client.sdk.images.remove(img.id, force=True)
     floor = img.cert["lock"]["driver"]["min"]
 
     def pull(host, **kw):
@@ -341,15 +342,6 @@ def test_node_hardware_is_checked_against_the_certificate(registry, namespace, m
     result = pull({"driver": "575.57.08", "gpus": [a100]}, allow_uncertified_hw=True)
     assert result.warnings and result.image_id == img.id
     assert pull({"driver": "575.57.08", "gpus": [GPU]}).warnings == []
-
-
-def test_check_hardware_rules():
-    cpu_cert = {"lock": {"cuda": None, "driver": {"min": None}}, "probe": {}}
-    assert hardware.check_hardware(cpu_cert, {"driver": None, "gpus": [GPU]}) == []
-    gpu_cert = {"lock": {"cuda": "12.8", "driver": {"min": "570.26"}}, "backend": {"used": "gloo"},
-                "probe": {"0": {"gpus": []}}}
-    [issue] = hardware.check_hardware(gpu_cert, {"driver": "580.65.06", "gpus": [GPU]})
-    assert "covers no GPU (certified with gloo on CPUs)" in issue
 
 
 # --------------------------------------------------------------------------- reachability, credentials
@@ -397,51 +389,22 @@ def test_credentials_come_from_the_docker_config_only(registry, namespace, make_
     assert not any(registry.password.encode() in p.read_bytes() for p in others)
 
 
-def test_references_parse():
-    r = naming.parse_target("cpu-torch2", "reg.example:5000")
-    assert str(r) == "reg.example:5000/envbuild/cpu-torch2:certified"
-    r = naming.parse_target("reg.example:5000/a/b@sha256:" + "0" * 64, None)
-    assert (r.host, r.repository, r.tag, r.digest) == ("reg.example:5000", "a/b", None, "sha256:" + "0" * 64)
-    assert naming.parse_target("team/x:1.0", "h:1").name == "h:1/team/x"
-    with pytest.raises(EnvbuildError) as e:
-        naming.parse_target("cpu-torch2", None)
-    assert e.value.exit_code == ExitCode.USAGE
-    with pytest.raises(EnvbuildError):
-        naming.parse_ref("h:1/Bad Repo", None)
-    assert oci.is_loopback("127.0.0.1:5000") and oci.is_loopback("localhost") and not oci.is_loopback("10.0.0.1:5000")
-    assert referrers.fallback_tag("sha256:" + "a" * 64) == "sha256-" + "a" * 64
-
-
-@pytest.mark.parametrize("target, message", [
-    ("cpu-torch2\n", r"reference: 'cpu-torch2\n' is not an image reference (host/repository[:tag][@sha256:digest])"),
-    ("h:1/team/x:1.0\n", r"reference: 'h:1/team/x:1.0\n' tag is not a valid tag"),
-    ("h:1/team/x@sha256:" + "0" * 64 + "\n", r"reference: 'h:1/team/x@sha256:" + "0" * 64 + r"\n' digest is not "
-     "sha256:<64 hex>"),
-    ("h:1/team/x\n", r"reference: 'h:1/team/x\n' is not an image reference (host/repository[:tag][@sha256:digest])"),
-    ("h;id:1/team/x", "reference: 'h;id:1/team/x' registry is not HOST[:PORT] (a port in 1..65535)"),
-    ("h:99999/team/x", "reference: 'h:99999/team/x' registry is not HOST[:PORT] (a port in 1..65535)"),
-    ("h:1/" + "a" * 2000, "reference: 'h:1/" + "a" * 192 + "... is not a recipe name or image reference (at most "
-     "1000 characters)"),
-])
-def test_references_are_matched_whole(target, message):
-    """A trailing newline (which ``$`` lets through) or a malformed registry host is a usage
-    error (64); the well-formed twins are in test_references_parse."""
-    with pytest.raises(EnvbuildError) as e:
-        naming.parse_target(target, "h:1")
-    assert (e.value.exit_code, str(e.value)) == (ExitCode.USAGE, message)
-    assert str(naming.parse_target("[::1]:5000/team/x:1", None)) == "[::1]:5000/team/x:1"
-
-
 # --------------------------------------------------------------------------- a real certification
 
 
 def test_real_certificate_of_the_torch_image_is_published_and_pulled(registry, namespace, torch_image, docker_client,
-                                                                     test_labels, tmp_path):
+                                                                     test_labels, session_labels, tmp_path):
     """The certificate of a real (short) certification run of the session's torch image
     is published with it and verified on pull (the image is in the engine already, so
-    the pull checks digest, ID and labels without downloading)."""
+    the pull checks digest, ID and labels without downloading). A label-only copy is pushed:
+    a push gives the image a repo digest, which would change what tests running beside this
+    one see of the shared torch image."""
+    copy = f"envbuild-test/registry-torch:{uuid.uuid4().hex[:12]}"
+    docker_client.sdk.images.build(fileobj=io.BytesIO(f"FROM {torch_image}\n".encode()), tag=copy, rm=True,
+                               labels={**session_labels, **test_labels})
+    torch_image = copy
     cert, path = certify_image(docker_client, torch_image, images_dir=tmp_path / "images", nodes=2,
-                               sizes=[1024], iters=1, warmup=0, ddp_steps=1, ddp_batch=2, ddp_image_size=32,
+                               sizes=[1024], iters=1, warmup=0,
                                timeout_s=300, labels=test_labels)
     assert cert["verdict"]["passed"], cert["verdict"]
     name = f"{registry.host}/{namespace}/cpu-torch2"
@@ -452,7 +415,7 @@ def test_real_certificate_of_the_torch_image_is_published_and_pulled(registry, n
         result = pulling.pull(docker_client, "cpu-torch2", registry.host, namespace=namespace,
                               host_report=no_gpu_host())
         added = result.local_tags + [result.reference]
-        assert result.image_id == docker_client.images.get(torch_image).id == cert["image"]["id"]
+        assert result.image_id == docker_client.sdk.images.get(torch_image).id == cert["image"]["id"]
         assert result.attestation.certificate == json.loads(path.read_text())
         probe = result.attestation.certificate["probe"]["0"]
         assert probe["torch"]["version"] == cert["lock"]["torch"]["local"]
@@ -460,9 +423,10 @@ def test_real_certificate_of_the_torch_image_is_published_and_pulled(registry, n
     finally:
         for ref in added + refs_under(docker_client, name):
             try:
-                docker_client.api.remove_image(ref, noprune=True)
+                docker_client.sdk.api.remove_image(ref, noprune=True)
             except docker.errors.APIError:
                 pass
+        docker_client.sdk.api.remove_image(copy, force=True)
 
 
 def test_registry_client_errors_are_one_line(registry):
@@ -492,3 +456,111 @@ def test_blob_reads_are_bounded_whatever_the_descriptor_says(registry, namespace
                             "limit")
     with pytest.raises(EnvbuildError, match="altered in the registry"):
         client.get_blob(repo, lying)
+
+
+# --------------------------------------------------------------------------- leftovers in the registry
+
+
+def _attestation(registry, namespace):
+    """(session, api url, certified.cert artifact manifest JSON, its digest)."""
+    s = registry.session()
+    api = f"http://{registry.host}/v2/{namespace}/cpu-torch2"
+    r = s.get(f"{api}/manifests/certified.cert", headers={"Accept": manifest.MT_OCI_MANIFEST})
+    return s, api, r.json(), r.headers["Docker-Content-Digest"]
+
+
+@pytest.mark.parametrize("deleted", ["manifest", "manifest and blob"])
+def test_repush_after_a_deleted_attestation_recovers(registry, namespace, make_certified, docker_client, capsys,
+                                                     deleted):
+    img = make_certified()
+    argv = ("--images-dir", img.images_dir, "push", "cpu-torch2", "--registry", registry.host,
+            "--namespace", namespace)
+    code, out, err = run_cli(capsys, *argv, "--no-fs-hash")
+    assert code == 0, err
+    s, api, artifact, att = _attestation(registry, namespace)
+    assert s.delete(f"{api}/manifests/{att}").status_code == 202
+    if deleted == "manifest and blob":
+        assert s.delete(f"{api}/blobs/{artifact['layers'][0]['digest']}").status_code == 202
+    code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
+    assert code == ExitCode.CHECK_FAILED, err  # the fault is real: nothing to pull until it is pushed again
+
+    code, out, err = run_cli(capsys, *argv)  # a new statement (with the filesystem hash): another digest
+    assert (code, error_lines(err)) == (0, []), err
+    _, _, again, att2 = _attestation(registry, namespace)
+    assert att2 != att
+    index = s.get(f"{api}/manifests/{referrers.fallback_tag(artifact['subject']['digest'])}",
+                  headers={"Accept": INDEX}).json()
+    assert [m["digest"] for m in index["manifests"]] == [att2]
+    assert s.head(f"{api}/blobs/{again['layers'][0]['digest']}").status_code == 200
+    docker_client.sdk.images.remove(img.id, force=True)
+    code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
+    assert code == 0, err
+
+
+def test_repush_keeps_the_other_entries_of_the_referrers_index(registry, namespace, make_certified, docker_client,
+                                                               capsys):
+    """The twin: an index entry whose manifest still exists (another pusher's) is kept."""
+    img = make_certified()
+    pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir,
+                          namespace=namespace, fs_hash=False)
+    client = oci.RegistryClient(registry.host)
+    repo = f"{namespace}/cpu-torch2"
+    _, subject = client.get_manifest(repo, pushed.digest)
+    other, _, _ = referrers.attach(client, repo, subject, b'{"other": 1}', "application/json",
+                                   artifact_type="application/example")
+    pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
+                 fs_hash=False)
+    listed, _ = referrers.referrers(client, repo, pushed.digest)
+    assert sorted(d.digest for d in listed) == sorted([pushed.attestation, other.digest])
+
+
+def test_pull_of_a_corrupted_blob_is_refused_naming_the_digest(registry, namespace, make_certified, docker_client,
+                                                                capsys):
+    img = make_certified()
+    pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir,
+                          namespace=namespace, fs_hash=False)
+    docker_client.sdk.images.remove(img.id, force=True)
+    client = oci.RegistryClient(registry.host)
+    body, _ = client.get_manifest(f"{namespace}/cpu-torch2", pushed.digest)
+    # the image config: the engine still has the layers (build cache), never the removed image's config
+    config = json.loads(body)["config"]["digest"]
+    blob = registry.blob_path(config)
+    data = blob.read_bytes()
+    blob.write_bytes(data[:-8] + bytes(8))
+    try:
+        code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host,
+                                 "--namespace", namespace)
+    finally:
+        blob.write_bytes(data)
+    assert code == ExitCode.CHECK_FAILED, err
+    [line] = error_lines(err)
+    assert line == (f"error: refused: docker pull {pushed.repository}@{pushed.digest}: blob {config} does not "
+                    "match its digest (altered in the registry)"), line
+    assert names_of(docker_client, img.id) == set()
+    code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
+    assert code == 0, err  # the twin: the intact layer pulls
+
+
+def test_another_images_certificate_swapped_in_is_named_as_such(registry, namespace, make_certified,
+                                                                docker_client, capsys):
+    """`certified.cert` replaced by the certificate of another image of the repository (the
+    tag did not move): the refusal says the certificate's subject is another image."""
+    img = make_certified()
+    pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir,
+                          namespace=namespace, fs_hash=False)
+    s, api, artifact, att = _attestation(registry, namespace)
+    other = make_certified()
+    pushed_other = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=other.images_dir,
+                                image=other.id, namespace=namespace, fs_hash=False)
+    client = oci.RegistryClient(registry.host)
+    repo = f"{namespace}/cpu-torch2"
+    # put the first image back under `certified`, leaving the other image's certificate pointer
+    body, desc = client.get_manifest(repo, pushed.digest)
+    client.put_manifest(repo, "certified", body, desc.media_type)
+    code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
+    assert code == ExitCode.CHECK_FAILED
+    [line] = error_lines(err)
+    assert line == (f"error: refused: {pushed.repository}:certified.cert is the certificate of another image "
+                    f"({pushed_other.digest}), not of {pushed.digest} that {pushed.repository}:certified "
+                    "points to"), line
+    assert "moved" not in line

@@ -43,12 +43,12 @@ def test_report_of_todays_certificate_in_chromium(chromium, tmp_path):
     text = dom.text
     assert "verdict: PASSED (exit code 0)" in text
     assert "torch 2.13.0+cpu 2.13.0+cpu" in text and "Python 3.11.2 3.11" in text
-    assert "OS Debian GNU/Linux 12 (bookworm) debian 12" in text and "CUDA - -" in text
+    assert "OS Debian GNU/Linux 12 (bookworm) debian 12" in text and "CUDA - (not recorded)" in text
     assert "reference: the image's recipe lock" in text
     assert re.search(r"all_reduce .*size \(B\) count type time \(us\) algbw \(GB/s\) busbw \(GB/s\) #wrong "
                      r"8 2 float32 101\.00 0\.05 0\.05 0", text), text
-    assert "ddp no per-step losses in this certificate model resnet18" in text
-    assert "0 0 node-0 cpu yes 5.00 12.00 6.9" in text and "1 1 node-1 cpu yes 5.00 13.00 6.9" in text
+    assert "training This certificate holds no training check." in text  # the legacy DDP table is not carried
+    assert "0 0 node-0 cpu yes 5.00 1 1 node-1 cpu yes 5.00 collectives" in text
     assert sum(1 for t, _ in dom.tags if t == "svg") == 1 and injected(dom) == []
 
 
@@ -97,7 +97,7 @@ def test_a_blank_or_plotless_page_fails_the_screenshot_checks_twin(chromium, tmp
     pic = picture(screenshot(chromium, blank, tmp_path / "blank.png", 1280, 800))
     assert pic["size"] == (1280, 800) and not drawn(pic), pic
     doc = todays_certificate()
-    doc["allreduce"] = []
+    doc["collectives"] = {}
     pic, _ = _open(chromium, report.write_report(doc, tmp_path / "noplot.html"), tmp_path, 1600)
     assert drawn(pic) and pic["C0"] == 0 and pic["C1"] == 0, pic
 

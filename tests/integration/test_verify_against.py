@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fixtures_gate import rank_probe, write_cert
+from test_verify_against_units import messages  # noqa: F401
 
 from fixtures_nodes import finding, gpu_report, run_envbuild, run_json, write_reports
 
@@ -26,10 +27,6 @@ def gpu_cert(folder: Path, cert: dict, require: str | None, **changes) -> str:
     return write_cert(folder, cert, **{"probe.0": gpu_report(0), "lock.cuda": "12.8",
                                        "cuda_requirement.torch_cuda": "12.8",
                                        "cuda_requirement.nvidia_require_cuda": require, **changes})
-
-
-def messages(doc: dict, level: str) -> list[str]:
-    return [f["message"] for f in doc["findings"] if f["level"] == level]
 
 
 # --- the certificate records what verify needs -----------------------------------------------
@@ -85,19 +82,6 @@ def test_json_prints_only_the_verify_document(certificate, tmp_path):
     doc = json.loads(proc.stdout)  # the whole of stdout is one document
     assert doc["schema"] == "envbuild.verify/1"
     assert proc.returncode == 0
-
-
-def test_loaded_nccl_difference_against_a_node_report(tmp_path):
-    ref = gpu_report(1)
-    paths = write_reports(tmp_path, {"ref.json": ref, "same.json": gpu_report(2),
-                                     "odd.json": gpu_report(3, **{"nccl.loaded.version": "2.26.2",
-                                                                  "nccl.loaded.code": 22602})})
-    code, doc = run_json("verify", "--against", paths[0], paths[1])
-    assert code == 0, doc["findings"]
-    assert doc["reference"]["kind"] == "report"
-    code, doc = run_json("verify", "--against", paths[0], paths[2])
-    assert code == 2
-    assert messages(doc, "fail") == ["nccl.loaded: reference 2.27.3; 2.26.2 on node-3"]
 
 
 def test_against_an_image_probed(torch_image, nodes_factory):
@@ -214,48 +198,6 @@ def test_failed_certificate_fails(certificate, tmp_path):
     assert messages(doc, "fail") == [f"certificate {path}: its certification failed: allreduce: wrong sum at 1 MiB"]
 
 
-def test_max_age_usage_error():
-    proc = run_envbuild("verify", "--against", "x.json", "--max-age", "30 days", "y.json")
-    assert proc.returncode == 64
-    assert "is not a duration like 30d" in proc.stderr
-
-
-# --- the NCCL network plugin and CUDA runtime copies -------------------------------------------
-
-PLUGIN = {"requested": None, "path": "/usr/lib/x86_64-linux-gnu/libnccl-net.so",
-          "realpath": "/usr/lib/x86_64-linux-gnu/libnccl-net.so.1.11.0", "sha256": "sha256:" + "1a" * 32,
-          "name": "AWS Libfabric", "api": "v8", "version": "1.11.0"}
-
-
-def test_net_plugin_must_match(tmp_path):
-    other = dict(PLUGIN, sha256="sha256:" + "2b" * 32, realpath="/usr/lib/x86_64-linux-gnu/libnccl-net.so.1.9.1",
-                 version="1.9.1")
-    paths = write_reports(tmp_path, {"ref.json": gpu_report(1, **{"nccl.net_plugin": PLUGIN}),
-                                     "same.json": gpu_report(2, **{"nccl.net_plugin": PLUGIN}),
-                                     "odd.json": gpu_report(3, **{"nccl.net_plugin": other})})
-    code, doc = run_json("verify", "--against", paths[0], paths[1])
-    assert code == 0, doc["findings"]
-    code, doc = run_json("verify", "--against", paths[0], paths[2])
-    assert code == 2
-    assert [f["field"] for f in doc["findings"] if f["level"] == "fail"] == ["nccl.net_plugin"]
-    code, doc = run_json("verify", paths[1], paths[2])  # between nodes too
-    assert code == 2
-    assert [f["field"] for f in doc["findings"] if f["level"] == "fail"] == ["nccl.net_plugin"]
-
-
-def test_second_cuda_runtime_warns(tmp_path):
-    one = {"loaded": [{"path": "/opt/venv/lib/python3.12/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12",
-                       "version": "12.8"}]}
-    two = {"loaded": [*one["loaded"], {"path": "/usr/local/cuda/lib64/libcudart.so.12", "version": "12.4"}]}
-    paths = write_reports(tmp_path, {"a.json": gpu_report(1, cuda_runtime=one),
-                                     "b.json": gpu_report(2, cuda_runtime=two)})
-    code, doc = run_json("verify", paths[0])
-    assert code == 0, doc["findings"]
-    code, doc = run_json("verify", paths[1])
-    assert code == 1
-    assert [f["rule"] for f in doc["findings"]] == ["cuda-runtime-copies"]
-
-
 # --- drift over a history folder ----------------------------------------------------------------
 
 def test_drift_since_the_certificate_and_the_previous_report(certificate, tmp_path):
@@ -299,14 +241,14 @@ def test_no_drift_in_an_unchanged_history(certificate, tmp_path):
 
 def test_build_labels_the_base_nvidia_require_cuda(docker_client, bootstrap_image, test_labels, test_session_id,
                                                    tmp_path):
-    from builder.image import build, engine
+    from builder.image import build
 
     (tmp_path / "Dockerfile").write_text(f"FROM {bootstrap_image}\nENV NVIDIA_REQUIRE_CUDA=\"{REQUIRE_126}\"\n")
     tag = f"envbuild-test/require-cuda:{test_session_id}"
-    engine.build_image(tmp_path, tag, labels=test_labels, client=docker_client)
+    docker_client.build(tmp_path, tag, labels=test_labels)
     opts = build.BuildOptions(recipe="cpu-torch2", images_dir=tmp_path)
     for base, want in ((tag, REQUIRE_126), (bootstrap_image, None)):  # and its twin: a base without it
-        base_id = docker_client.images.get(base).id
+        base_id = docker_client.sdk.images.get(base).id
         labels = build.image_labels_for(opts, docker_client, "debian:bookworm", (base, base_id, "local"), b"{}",
                                         "0" * 64)
         assert labels.get("envbuild.cuda.require") == want

@@ -1,4 +1,4 @@
-"""The architecture as the data flows (README: Architecture): stages import only earlier
+"""The architecture as the data flows (docs/architecture.md): stages import only earlier
 stages, in-image code imports nothing of envbuild. The contracts are import-linter's
 (pyproject.toml, [tool.importlinter]); these tests run the real `lint-imports` on this tree
 and on a copy with one planted backward import, which must break the contract."""
@@ -48,3 +48,31 @@ def test_an_envbuild_import_in_the_agent_breaks_its_contract(tmp_path):
     res = _lint(repo)
     assert res.returncode == 1
     assert "builder.agent.probe.collect -> builder.core.errors" in res.stdout
+
+
+def _docker_importers(root: Path) -> list[str]:
+    """The modules under ``root/builder`` that import the docker SDK (``docker`` or ``docker.*``)."""
+    import ast
+
+    found = []
+    for path in sorted((root / "builder").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n == "docker" or n.startswith("docker.") for n in names):
+                found.append(path.relative_to(root).as_posix())
+                break
+    return found
+
+
+def test_only_the_engine_speaks_the_docker_sdk():
+    # oci/client.py reads the Docker CLI's credential store (docker.auth), not the engine
+    assert _docker_importers(ROOT) == ["builder/image/engine.py", "builder/oci/client.py"]
+
+
+def test_a_planted_docker_import_outside_the_engine_is_found(tmp_path):
+    repo = _copy(tmp_path)
+    target = repo / "builder" / "launchers" / "local.py"
+    target.write_text("import docker.errors  # planted\n" + target.read_text())
+    assert _docker_importers(repo) == ["builder/image/engine.py", "builder/launchers/local.py",
+                                       "builder/oci/client.py"]

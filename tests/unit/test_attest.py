@@ -175,7 +175,7 @@ def test_encrypted_key_uses_the_password_from_the_environment(tmp_path, monkeypa
 
 
 def test_openssl_keys_and_openssl_verifies_the_signature(tmp_path):
-    """The README's key commands work, and openssl verifies envbuild's Ed25519 signature
+    """The key commands of docs/publish.md work, and openssl verifies envbuild's Ed25519 signature
     over PAE(payloadType, payload): the envelope is standard DSSE."""
     priv, pub = tmp_path / "site.key", tmp_path / "site.pub"
     subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(priv)], check=True, capture_output=True)

@@ -82,27 +82,55 @@ def test_algbw():
     assert coll.algbw_gbps(1024, 0.0) == 0.0
 
 
+def test_rank_stats_min_median_max_slowest_and_total():
+    times = [1000.0, 2000.0] + [1500.0] * 6
+    assert coll.rank_stats(times, [0, 1, 0, 0, 0, 0, 2, 0]) == [1000.0, 1500.0, 2000.0, 1.0, 3.0]
+    assert coll.rank_stats([3.0, 1.0, 2.0, 3.0], [0, 0, 0, 0]) == [1.0, 2.5, 3.0, 0.0, 0.0]  # first of equals
+    assert coll.rank_stats([5.0], [7]) == [5.0, 5.0, 5.0, 0.0, 7.0]
+
+
+def test_a_rank_result_does_not_grow_with_the_world():
+    """Each rank reports its own figures and the run's summary: its row is the same size at 2
+    ranks and at 65,536 (a per-rank list in every row made the host read N^2)."""
+    import json
+
+    def row(world):
+        stats = coll.rank_stats([10.0] * world, [0] * world)
+        return len(json.dumps(coll.summarize("all_reduce", 250, 1000, "float32", "all_reduce", stats, 10.0, 0, world)))
+
+    assert row(2) == row(65536) == 302
+
+
+def test_shard_weights_are_the_ranks_share_of_each_slice():
+    assert training.shard_weights(1) == [1.0]
+    assert training.shard_weights(3) == [1 / 3, 1 / 3, 1 / 3]
+    assert training.shard_weights(6) == [2 / 6, 2 / 6, 1 / 6, 1 / 6]
+    assert len(training.shard_weights(65536)) == 4 and sum(training.shard_weights(65536)) == 1.0
+    assert [training.shard_of(r, 6, 2) for r in (0, 3, 4, 5)] == [slice(0, 2), slice(6, 8), slice(0, 2), slice(2, 4)]
+
+
 def test_summarize_all_gather_row():
     # 8 ranks, 1 MiB total: algbw = S/t with S = count x 4 x 8; busbw x 7/8.
     row = coll.summarize("all_gather", 32768, 1048576, "float32", "all_gather_single",
-                         [1000.0, 2000.0] + [1500.0] * 6, [0, 1, 0, 0, 0, 0, 2, 0])
+                         [1000.0, 1500.0, 2000.0, 1.0, 3.0], 1500.0, 2, 8)
     assert row == {"size_bytes": 1048576, "count": 32768, "type": "float32", "redop": "none",
                    "root": -1, "api": "all_gather_single", "time_us": 2000.0,
-                   "rank_time_us": [1000.0, 2000.0] + [1500.0] * 6,
+                   "min_time_us": 1000.0, "median_time_us": 1500.0, "slowest_rank": 1,
                    "algbw_gbps": pytest.approx(0.524288), "busbw_gbps": pytest.approx(0.458752),
-                   "wrong": 3, "wrong_by_rank": [0, 1, 0, 0, 0, 0, 2, 0]}
+                   "wrong": 3, "own_time_us": 1500.0, "own_wrong": 2}
 
 
 def test_summarize_all_reduce_and_broadcast_rows():
-    ar = coll.summarize("all_reduce", 250, 1000, "bfloat16", "all_reduce", [10.0, 10.0], [0, 0])
+    ar = coll.summarize("all_reduce", 250, 1000, "bfloat16", "all_reduce", [10.0, 10.0, 10.0, 0.0, 0.0], 10.0, 0, 2)
     assert (ar["redop"], ar["root"], ar["algbw_gbps"], ar["busbw_gbps"], ar["wrong"]) == \
         ("sum", -1, pytest.approx(0.1), pytest.approx(0.1), 0)
-    bc = coll.summarize("broadcast", 250, 1000, "float32", "broadcast", [10.0], [0])
+    bc = coll.summarize("broadcast", 250, 1000, "float32", "broadcast", [10.0, 10.0, 10.0, 0.0, 0.0], 10.0, 0, 1)
     assert (bc["redop"], bc["root"], bc["busbw_gbps"]) == ("none", 0, pytest.approx(0.1))
 
 
 def test_format_row():
-    row = coll.summarize("reduce_scatter", 131072, 1048576, "float32", "x", [1234.5678, 1.0], [1, 0])
+    row = coll.summarize("reduce_scatter", 131072, 1048576, "float32", "x",
+                         coll.rank_stats([1234.5678, 1.0], [1, 0]), 1.0, 0, 2)
     assert coll.format_row("reduce_scatter", row) == (
         "  reduce_scatter      1048576       131072  float32     1234.57        0.849"
         "        0.425        1")

@@ -9,24 +9,24 @@ import json
 import os
 import re
 
-import docker.errors
 import msgspec
 import pytest
 from rich.console import Console
 
 from builder.certify import certificate, nccl_log, source, table, verdict
 from builder.certify import settings as certify_settings
-from builder.certify.model import load_certificate
-from builder.certify.settings import Overrides, SocketSetting
+from builder.certify.settings import Overrides
+from builder.core.certificate import SocketSetting, load_certificate
+from builder.core.documents import RankResult
 from builder.core.errors import EnvbuildError, ExitCode, ManyErrors
 from builder.core.model import convert
+from builder.image import engine, probecheck
 from builder.launchers import base, local, output
 from builder.launchers.base import LaunchResult, LaunchSpec
-from builder.launchers.model import RankResult
-from builder.recipe.lock import lock_hash
+from builder.recipe.lock import lock_hash, validate_lock
 
 from certify_helpers import certify_image
-from factories import CPU_REPORT, allreduce_entries, ddp_result, node_report, rank_result
+from factories import CPU_REPORT, lock_of, node_report, profiles_result, rank_result
 
 # --------------------------------------------------------------------------- fixtures
 
@@ -74,13 +74,12 @@ PROBE = node_report(CPU_REPORT)
 RUN_ID = "0123456789ab"
 
 
-def rank_doc(rank, world=2, *, sizes=(8, 1024, 65536), wrong=0, times=None, identical=True,
-             mismatched=(), checksum="aa", probe=None, backend="gloo", busbw=0.05, ddp=True, run_id=RUN_ID):
-    """A passing envbuild.rank-result/1 (tests/factories.py) with these changes."""
+def rank_doc(rank, world=2, *, sizes=(8, 1024, 65536), wrong=0, times=None, match=True,
+             probe=None, backend="gloo", busbw=0.05, run_id=RUN_ID):
+    """A passing rank result (tests/factories.py) with these changes."""
     doc = rank_result(rank, world, run_id=run_id, backend=backend,
-                      allreduce=allreduce_entries(rank, world, sizes, wrong=wrong, times=times, busbw=busbw),
-                      ddp=ddp_result(rank, world, checksum=checksum, identical=identical, mismatched=mismatched)
-                      if ddp else None)
+                      profiles=profiles_result(rank, world, sizes, wrong=wrong, times=times, busbw=busbw,
+                                               match=match))
     doc["probe"] = copy.deepcopy(PROBE if probe is None else probe)
     doc["probe"]["hostname"] = f"node-{rank}"
     return doc
@@ -100,24 +99,28 @@ def launch(results, world=2, **kw):
     return LaunchResult(**fields)
 
 
+def typed(lock):
+    """A lock document as the model (None: no lock, a foreign image)."""
+    return validate_lock(lock, "lock") if lock else None
+
+
 def settings(lock=CPU_LOCK, gpu_visible=False, **kw):
-    """Resolved settings; no profile unless ``profiles=`` is given (the hand-written rank
-    documents hold none; tests/test_certify_profiles.py covers them)."""
-    return certify_settings.resolve(lock, Overrides(**{"profiles": [], **kw}), gpu_visible=gpu_visible)
+    """Resolved settings (the ddp profile unless ``profiles=`` is given)."""
+    return certify_settings.resolve(typed(lock), Overrides(**kw), gpu_visible=gpu_visible)
 
 
-def judge(*args, **kw):
+def judge(s, res, lock, *args, **kw):
     """The verdict as plain data (as the certificate holds it)."""
-    return verdict.judge(*args, **kw).to_dict()
+    return verdict.judge(s, res, typed(lock), *args, **kw).to_dict()
 
 
 # --------------------------------------------------------------------------- settings
 
 
 def test_settings_from_lock_and_overrides():
-    s = settings(nodes=3, timeout_s=40, sizes=[8, 16], ddp_steps=1)
+    s = settings(nodes=3, timeout_s=40, sizes=[8, 16])
     assert (s.nodes, s.gpus_per_node, s.world_size, s.backend, s.recipe_backend) == (3, 0, 3, "gloo", "gloo")
-    assert s.timeout_s == 40 and s.sizes == [8, 16] and s.ddp_steps == 1
+    assert s.timeout_s == 40 and s.sizes == [8, 16] and s.ddp_steps == 3 and s.ddp_batch == 8
     assert s.iters == 10 and s.port == 29500 and s.shm_size == "256m"
     assert s.min_busbw_gbps is None and s.busbw_size == 16
     args = s.bench_args()
@@ -168,6 +171,16 @@ def test_bad_values_are_usage_errors(kw):
 # --------------------------------------------------------------------------- judging
 
 
+@pytest.mark.parametrize("text", [" 8", "8 ", "8, 16", " 1K:4K", "1K: 4K", "\u00a08"])
+def test_sizes_are_validated_whole(text):
+    with pytest.raises(ValueError, match="is not a number of bytes"):
+        certify_settings.parse_sizes(text)
+
+
+def test_sizes_without_blanks_twin():
+    assert [certify_settings.parse_sizes(t) for t in ("8", "8,16", "1K:4K")] == [[8], [8, 16], [1024, 2048, 4096]]
+
+
 def test_judge_pass():
     v = judge(settings(), launch([rank_doc(0), rank_doc(1)]), CPU_LOCK)
     assert v == {"passed": True, "exit_code": 0, "failures": [], "warnings": []}
@@ -177,15 +190,16 @@ def test_judge_wrong_allreduce_names_rank_and_sizes():
     v = judge(settings(), launch([rank_doc(0), rank_doc(1, wrong=1)]), CPU_LOCK)
     assert not v["passed"] and v["exit_code"] == 2
     assert len(v["failures"]) == 1
-    assert v["failures"][0].startswith("rank 1: all-reduce sum wrong at 8 B (1 wrong element)")
+    assert v["failures"][0].startswith("collective all_reduce wrong at 8 B float32 (1 wrong element on rank 1)")
     assert "65536 B" in v["failures"][0]
 
 
-def test_judge_ddp_mismatch_names_rank():
-    docs = [rank_doc(r, identical=False, mismatched=[1], checksum="ab"[r]) for r in (0, 1)]
+def test_judge_ddp_mismatch_is_the_profile_check():
+    docs = [rank_doc(r, match=False) for r in (0, 1)]
     v = judge(settings(), launch(docs), CPU_LOCK)
     assert v["exit_code"] == 2
-    assert v["failures"] == ["DDP parameters differ after 3 step(s): rank 1 differs from the others"]
+    assert v["failures"] == ["training ddp does not match its single-process reference: losses match, "
+                             "parameters differ (max difference 0.5; rtol 1e-05, atol 1e-08)"]
 
 
 def test_judge_timeout_is_exit_3():
@@ -368,7 +382,7 @@ def test_nccl_plugin_line_is_fallback_for_network():
 def _cert_model(results=None, s=None, **launch_kw):
     s = s or settings()
     res = launch([rank_doc(0), rank_doc(1)] if results is None else results, **launch_kw)
-    v = verdict.judge(s, res, CPU_LOCK)
+    v = verdict.judge(s, res, typed(CPU_LOCK))
     labels = {
         "envbuild.recipe": "cpu-torch2",
         "envbuild.lock-hash": "sha256:a0d76dd47f233ebba933a62d27f20c99af5f57613d4a8877dfaf3df561831414",
@@ -378,7 +392,7 @@ def _cert_model(results=None, s=None, **launch_kw):
         "org.opencontainers.image.title": "envbuild/cpu-torch2",
         "maintainer": "someone",
     }
-    image = source.ImageFacts("envbuild/cpu-torch2:a0d76dd47f23", labels, CPU_LOCK, image_id="sha256:" + "1" * 64)
+    image = source.ImageFacts("envbuild/cpu-torch2:a0d76dd47f23", labels, typed(CPU_LOCK), image_id="sha256:" + "1" * 64)
     return certificate.build_certificate(
         image=image, settings=s, launch=res, verdict=v,
         run_id="0123456789ab", host={"hostname": "h", "docker_server_version": "20.10.24"},
@@ -392,7 +406,7 @@ def _cert(results=None, s=None, **launch_kw):
 
 def test_certificate_shape():
     cert = _cert()
-    assert cert["schema"] == "envbuild.certificate/1"
+    assert cert["schema"] == "envbuild.certificate/2"
     assert cert["recipe"] == "cpu-torch2"
     assert cert["lock_hash"].startswith("sha256:a0d76dd47f23")
     assert cert["lock"] == CPU_LOCK
@@ -402,17 +416,18 @@ def test_certificate_shape():
     assert set(cert["image"]["labels"]) == {"envbuild.recipe", "envbuild.lock-hash", "envbuild.backend",
                                             "envbuild.base.used", "org.opencontainers.image.title"}
     assert cert["image"]["id"].startswith("sha256:")
-    assert [r["size_bytes"] for r in cert["allreduce"]] == [8, 1024, 65536]
-    row = cert["allreduce"][0]
-    assert set(row) >= {"size_bytes", "count", "type", "time_us", "algbw_gbps", "busbw_gbps",
-                        "wrong", "wrong_by_rank"}
-    assert row["wrong"] == 0 and row["wrong_by_rank"] == [0, 0]
-    assert cert["ddp"]["params_identical"] is True
-    assert cert["ddp"]["ranks"]["1"]["images_per_s"] == 13.0
+    assert "allreduce" not in cert and "ddp" not in cert and "thresholds" not in cert
+    assert [r["size_bytes"] for r in cert["collectives"]["all_reduce"]] == [8, 1024, 65536]
+    row = cert["collectives"]["all_reduce"][0]
+    assert row["wrong"] == 0 and row["wrong_ranks"] == [] and row["wrong_rank_count"] == 0
+    assert (row["min_time_us"], row["median_time_us"], row["time_us"], row["slowest_rank"]) == (100.0, 100.5, 101.0, 1)
+    assert row["own_time_us"] is None and row["rank_time_us"] is None  # a certificate holds no rank's own
+    assert cert["training"]["ddp"]["reference_match"] is True
+    assert cert["settings"]["ddp_batch"] == 8 and cert["settings"]["iters"] == 10
     assert cert["probe"]["0"]["schema"] == "envbuild.probe/1" and set(cert["probe"]) == {"0", "1"}
     assert cert["transports"] is None and cert["nccl"] is None
     assert cert["verdict"]["passed"] is True
-    assert cert["thresholds"]["min_busbw_gbps"] is None
+    assert cert["settings"]["min_busbw_gbps"] is None
     assert cert["host"]["docker_server_version"] == "20.10.24"
     assert cert["started_at"] == "2026-05-12T10:00:00Z"
     json.dumps(cert)  # plain JSON
@@ -420,10 +435,27 @@ def test_certificate_shape():
 
 def test_certificate_per_rank_wrong_from_each_rank():
     cert = _cert(results=[rank_doc(0), rank_doc(1, wrong=3)])
-    assert cert["allreduce"][0]["wrong_by_rank"] == [0, 3]
-    assert cert["allreduce"][0]["wrong"] == 3
+    row = cert["collectives"]["all_reduce"][0]
+    assert (row["wrong_ranks"], row["wrong_rank_count"], row["wrong"]) == ([1], 1, 3)
+    assert "collective all_reduce wrong at 8 B float32 (3 wrong elements on rank 1)" in cert["verdict"]["failures"][0]
     assert not cert["verdict"]["passed"]
     assert "log_tail" in cert["node_status"]["0"]
+
+
+def test_a_certificate_names_at_most_64_wrong_ranks_and_counts_the_rest():
+    """Each rank reports its own wrong count; the host names the first 64 ranks and the count."""
+    world = 100
+    s = settings(nodes=world)
+    docs = [rank_doc(r, world, wrong=1 if r % 2 else 0, times=[100.0] * world) for r in range(world)]
+    cert = _cert(results=docs, s=s, world=world)
+    row = cert["collectives"]["all_reduce"][0]
+    assert (row["wrong_ranks"], row["wrong_rank_count"], row["wrong"]) == (list(range(1, 100, 2)), 50, 50)
+    docs = [rank_doc(r, world, wrong=2, times=[100.0] * world) for r in range(world)]
+    cert = _cert(results=docs, s=s, world=world)
+    row = cert["collectives"]["all_reduce"][0]
+    assert (row["wrong_ranks"], row["wrong_rank_count"], row["wrong"]) == (list(range(64)), 100, 200)
+    assert ("collective all_reduce wrong at 8 B float32 (200 wrong elements on ranks "
+            + ",".join(map(str, range(64))) + " and 36 more)") in cert["verdict"]["failures"][0]
 
 
 def test_certificate_with_nccl_transports():
@@ -505,9 +537,33 @@ def test_print_table():
     cert = _cert_model(results=[rank_doc(0), rank_doc(1, wrong=1)])
     table.print_table(cert, con)
     text = buf.getvalue()
-    for col in ("size (B)", "count", "type", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong",
-                "images/s", "verdict: FAILED (exit 2)", "rank 1: all-reduce sum wrong"):
+    for col in ("size (B)", "count", "type", "min (us)", "median (us)", "time (us)", "slowest", "rank 1",
+                "algbw (GB/s)", "busbw (GB/s)", "#wrong",
+                "verdict: FAILED (exit 2)", "collective all_reduce wrong at 8 B float32"):
         assert col in text, col
+    # the header names the sizes the checks use (the lock's: 8 images of 64 px)
+    assert "collectives 10 iters (+2 warmup) per size; DDP check and scaling 8 images of 64 px per rank, 3 steps" \
+        in " ".join(text.split())
+
+
+def test_the_table_head_escapes_a_hostile_certificate():
+    """A certificate read from a file (report, gate) or a registry (pull) is input: its strings
+    reach the terminal escaped, one line."""
+    buf = io.StringIO()
+    cert = msgspec.structs.replace(_cert_model(results=[rank_doc(0), rank_doc(1)]),
+                                   recipe="cpu-torch2\nverdict: PASSED\x1b[2J", lock_hash="sha256:\x1b]0;t\x07")
+    table.print_table(cert, Console(file=buf, width=400, color_system=None))
+    head = buf.getvalue().splitlines()[0]
+    text = buf.getvalue()
+    assert "\x1b" not in text
+    assert [line for line in text.splitlines() if line.startswith("verdict:")] == ["verdict: PASSED"]  # the real one
+    assert r"recipe cpu-torch2\x0averdict: PASSED\x1b[2J, lock \x1b]0;t\x07, backend gloo" in head, head
+
+
+def test_the_table_head_of_a_plain_certificate_twin():
+    buf = io.StringIO()
+    table.print_table(_cert_model(results=[rank_doc(0), rank_doc(1)]), Console(file=buf, width=400, color_system=None))
+    assert ": recipe cpu-torch2, lock " in buf.getvalue().splitlines()[0]
 
 
 NODE0_LOG = """\
@@ -558,8 +614,8 @@ def test_failing_verdict_without_failing_nodes_shows_no_log():
     cert = _cert_model(results=[rank_doc(0), rank_doc(1, wrong=1)], node_logs={0: NODE0_LOG, 1: NODE1_LOG})
     assert _verdict_lines(cert) == [
         "verdict: FAILED (exit 2)",
-        "  fail: rank 1: all-reduce sum wrong at 8 B (1 wrong element), 1024 B (1 wrong element), 65536 B (1 "
-        "wrong element)",
+        "  fail: collective all_reduce wrong at 8 B float32 (1 wrong element on rank 1), 1024 B float32 (1 "
+        "wrong element on rank 1), 65536 B float32 (1 wrong element on rank 1)",
     ]
 
 
@@ -567,7 +623,7 @@ def test_failing_verdict_without_failing_nodes_shows_no_log():
 
 
 def test_lock_label_matching_its_hash_is_read():
-    assert source.lock_from_labels(_labels(CPU_LOCK), "img:1") == CPU_LOCK
+    assert source.lock_from_labels(_labels(CPU_LOCK), "img:1").to_dict() == CPU_LOCK
 
 
 def test_edited_lock_label_is_refused():
@@ -596,26 +652,18 @@ def test_lock_label_that_is_not_json_is_one_line():
 # --------------------------------------------------------------------------- certify() with fakes
 
 
-class _Img:
-    def __init__(self, labels, env):
-        self.labels = labels
-        self.id = "sha256:" + "2" * 64
-        self.attrs = {"RepoDigests": [], "Config": {"Env": env}}
+class FakeClient(engine.Engine):
+    """An engine that answers image inspects only (the launcher is FakeLauncher)."""
 
-
-class _Images:
-    def __init__(self, labels, env):
-        self._labels, self._env = labels, env
-
-    def get(self, ref):
-        if self._labels is None:
-            raise docker.errors.ImageNotFound("nope")
-        return _Img(self._labels, self._env)
-
-
-class FakeClient:
     def __init__(self, labels, env=("PATH=/usr/bin",)):
-        self.images = _Images(labels, list(env))
+        super().__init__(env={"DOCKER_HOST": "tcp://127.0.0.1:9"})
+        self._labels, self._env = labels, list(env)
+
+    def inspect_image(self, ref):
+        if self._labels is None:
+            return None
+        return engine.Image.of({"Id": "sha256:" + "2" * 64, "RepoDigests": [],
+                                "Config": {"Env": self._env, "Labels": self._labels}})
 
     def info(self):
         return {"Runtimes": {"runc": {}}}
@@ -646,7 +694,6 @@ def test_certify_with_fake_launcher(tmp_path):
     cert, path = certify_image(
         FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, launcher=fl, run_id="r1",
         console=Console(file=buf), extra_env={"ENVBUILD_BENCH_FAULT": "exit@1"}, labels={"a": "b"},
-        ddp_steps=3, profiles=[],
     )
     assert cert["verdict"]["passed"] and path.exists()
     (spec,) = fl.specs
@@ -664,7 +711,7 @@ def test_certify_refuses_a_result_of_another_run(tmp_path):
     read it; the twin (this run's) passed above."""
     fl = FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="0ld0ld0ld0ld")])
     cert, _ = certify_image(FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, launcher=fl,
-                              run_id="r1", ddp_steps=3, profiles=[])
+                              run_id="r1")
     assert cert["verdict"]["failures"] == [
         "rank 1: result of rank 1 is from run '0ld0ld0ld0ld', not this run r1: refused (stale or planted)"]
     assert cert["verdict"]["exit_code"] == 3 and cert["ranks"]["1"]["reported"] is False
@@ -674,10 +721,10 @@ def test_certify_records_the_image_socket_setting_and_the_override(tmp_path):
     env = ("PATH=/usr/bin", "GLOO_SOCKET_IFNAME=lo")
     fl = FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="r1")])
     cert, _ = certify_image(FakeClient(_labels(CPU_LOCK), env), "img:1", images_dir=tmp_path, launcher=fl,
-                              run_id="r1", ddp_steps=3, profiles=[])
+                              run_id="r1")
     assert cert["socket"]["source"] == "image" and cert["socket"]["GLOO_SOCKET_IFNAME"] == "lo"
     cert, _ = certify_image(FakeClient(_labels(CPU_LOCK), env), "img:1", images_dir=tmp_path, launcher=fl,
-                              run_id="r1", ddp_steps=3, socket_ifname="eth0", profiles=[])
+                              run_id="r1", socket_ifname="eth0")
     assert fl.specs[-1].socket_ifname == "eth0"
     assert {k: cert["socket"][k] for k in ("source", "override", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")} == {
         "source": "--socket-ifname", "override": "eth0", "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"}
@@ -728,6 +775,15 @@ def _spec(**kw):
     return LaunchSpec(**base)
 
 
+@pytest.mark.parametrize("argv", [["../etc", "5"], ["abc123def456", "nan"], ["abc123def456", "-1"],
+                                  ["abc123def456", "1e9"], ["abc123def456"], ["abc123def456\n", "5"]])
+def test_reaper_refuses_bad_arguments_before_waiting(argv, capsys):
+    from builder.launchers import reaper
+
+    assert reaper.main(argv) == 64
+    assert capsys.readouterr().err == "usage: python -m builder.launchers.reaper RUN_ID SECONDS\n"
+
+
 def test_container_kwargs_cpu(tmp_path):
     spec = _spec()
     kw = local.container_kwargs(spec, 1, network="net", labels=base.labels_for(spec, {}), code_dir=tmp_path / "agent")
@@ -743,7 +799,7 @@ def test_container_kwargs_cpu(tmp_path):
     assert env["HOME"] == "/tmp/home" and env["PYTHONPATH"] == "/opt/envbuild" and env["X"] == "1"
     # the image's own socket settings are certified: nothing forces an interface
     assert "GLOO_SOCKET_IFNAME" not in env and "NCCL_SOCKET_IFNAME" not in env
-    assert "NCCL_DEBUG" not in env and "device_requests" not in kw
+    assert "NCCL_DEBUG" not in env and kw["gpus"] == [] and kw["aliases"] == ["node-1"]
     assert kw["labels"]["envbuild"] == "1" and kw["labels"]["envbuild.run"] == "abc123def456"
     assert kw["labels"]["envbuild.test-session"] == "s"
     # nothing on the host is writable by the nodes: the code only (the one payload), read-only
@@ -762,8 +818,7 @@ def test_socket_ifname_override_sets_both(tmp_path, ifname, gloo, nccl):
 def test_container_kwargs_gpus(tmp_path):
     spec = _spec(gpus_per_node=2, backend="nccl")
     kw = local.container_kwargs(spec, 1, network="net", labels={}, code_dir=tmp_path)
-    (req,) = kw["device_requests"]
-    assert req["DeviceIDs"] == ["2", "3"] and req["Capabilities"] == [["gpu"]]
+    assert kw["gpus"] == ["2", "3"]
     assert kw["environment"]["NCCL_DEBUG"] == "INFO"
     assert "--nproc-per-node" in kw["command"] and kw["command"][kw["command"].index("--nproc-per-node") + 1] == "2"
     assert spec.world_size == 4 and spec.ranks_of_node(1) == [2, 3]
@@ -966,7 +1021,7 @@ def test_socket_settings_sources():
     assert certify_settings.socket_settings({"PATH": "/bin"}, None) == _sock("default")
     assert certify_settings.socket_settings({"NCCL_SOCKET_IFNAME": "ib"}, None) == _sock("image", None, "ib")
     assert certify_settings.socket_settings({"NCCL_SOCKET_IFNAME": "ib"}, "^lo").to_dict() == {
-        "source": "--socket-ifname", "override": "^lo", "GLOO_SOCKET_IFNAME": "", "NCCL_SOCKET_IFNAME": "^lo"}
+        "source": "--socket-ifname", "override": "^lo", "GLOO_SOCKET_IFNAME": "", "NCCL_SOCKET_IFNAME": "^lo", "seen_by_ranks": {}}
 
 
 # --------------------------------------------------------------------------- progress tracking
@@ -1100,10 +1155,113 @@ def test_certificate_validates_against_its_schema_and_reads_back(tmp_path):
 def test_rank_result_schema_and_model_agree():
     good = rank_doc(0)
     assert list(_validator("rank-result").iter_errors(good)) == [] and convert(good, RankResult).rank == 0
-    bad = {**good, "allreduce": [{**good["allreduce"][0], "wrong": -1}]}
+    rows = good["profiles"]["collectives"]["all_reduce"]
+    bad = {**good, "profiles": {**good["profiles"], "collectives": {"all_reduce": [{**rows[0], "wrong": -1}]}}}
     assert list(_validator("rank-result").iter_errors(bad)) != []
     result, why = output.check_result(bad, 0, "result", run_id=RUN_ID, world_size=2)
-    assert result is None and why == ("result of rank 0 is not a valid envbuild.rank-result/1: allreduce[0].wrong: "
-                                      "-1 Expected `int` >= 0")
+    assert result is None and why.startswith("result of rank 0 is not a valid envbuild.rank-result/3: "
+                                             "profiles.collectives.all_reduce: ")
+    assert why.endswith("Expected `int` >= 0")
     assert output.check_result(good, 0, "result", run_id=RUN_ID, world_size=2)[1] is None
 
+
+
+# --------------------------------------------------------------------------- image labels, local capacity
+_GOOD_LABELS = {"envbuild.recipe": "cpu-torch2", "envbuild.lock-hash": "sha256:" + "a" * 64,
+                "org.opencontainers.image.title": "envbuild/cpu-torch2", "com.example.other": "x\ny"}
+
+
+@pytest.mark.parametrize("change, lock, expected", [
+    ({"envbuild.recipe": "cpu-torch2\nverdict: PASSED\x1b[2J"}, "cpu-torch2",
+     r"label envbuild.recipe='cpu-torch2\nverdict: PASSED\x1b[2J' is not one line of at most 4096 printable characters"),
+    ({"envbuild.recipe": "cuda12-torch2"}, "cpu-torch2",
+     "label envbuild.recipe='cuda12-torch2' is not its lock's recipe 'cpu-torch2'; rebuild the image with "
+     "`envbuild build RECIPE`"),
+    ({}, None, "label envbuild.recipe='cpu-torch2' names a recipe without a lock label; rebuild the image with "
+             "`envbuild build RECIPE`"),
+    ({"envbuild.x\x1b[2J": "1"}, "cpu-torch2",
+     r"label envbuild.x\x1b[2J='1' is not one line of at most 4096 printable characters"),
+    ({"org.opencontainers.image.title": "\u202ex"}, "cpu-torch2",
+     r"label org.opencontainers.image.title='\u202ex' is not one line of at most 4096 printable characters"),
+    ({"envbuild.base.used": "x" * 4097}, "cpu-torch2",
+     "label envbuild.base.used='" + "x" * 96 + "... is not one line of at most 4096 printable characters"),
+])
+def test_a_hostile_image_label_is_refused(change, lock, expected):
+    with pytest.raises(EnvbuildError) as e:
+        source.check_labels({**_GOOD_LABELS, **change}, lock and lock_of(recipe=lock), "img:1")
+    assert (str(e.value), e.value.exit_code) == (f"image: 'img:1' {expected}", 2)
+
+
+def test_the_images_own_labels_are_accepted_twin():
+    source.check_labels(_GOOD_LABELS, lock_of(), "img:1")  # other prefixes are not recorded
+    source.check_labels({"org.opencontainers.image.title": "torch"}, None, "foreign:1")
+    source.check_labels({**_GOOD_LABELS, "envbuild.base.used": "x" * 4096}, lock_of(), "img:1")
+
+
+@pytest.mark.parametrize("nodes, nproc, info, expected", [
+    (1024, 1, {"NCPU": 2, "MemTotal": 24 << 30}, "1024 local node(s) of 1 rank(s) are more than this Docker engine "
+     "runs: at most 8 (4 ranks per CPU of its 2, 1024 MiB of its 24576 MiB memory per rank); give --nodes 8 or "
+     "fewer, or run on a cluster (--launcher slurm or k8s)"),
+    (3, 1, {"NCPU": 16, "MemTotal": 2 << 30}, "3 local node(s) of 1 rank(s) are more than this Docker engine runs: "
+     "at most 2 (4 ranks per CPU of its 16, 1024 MiB of its 2048 MiB memory per rank); give --nodes 2 or fewer, "
+     "or run on a cluster (--launcher slurm or k8s)"),
+    (3, 4, {"NCPU": 2, "MemTotal": 24 << 30}, "3 local node(s) of 4 rank(s) are more than this Docker engine runs: "
+     "at most 2 (4 ranks per CPU of its 2, 1024 MiB of its 24576 MiB memory per rank); give --nodes 2 or fewer, "
+     "or run on a cluster (--launcher slurm or k8s)"),
+])
+def test_more_local_nodes_than_the_engine_runs_are_refused(nodes, nproc, info, expected):
+    with pytest.raises(EnvbuildError) as e:
+        local.check_capacity(nodes, nproc, info)
+    assert (str(e.value), e.value.exit_code) == (expected, 3)
+
+
+def test_local_nodes_within_the_engine_twin():
+    for nodes, nproc, info in [(8, 1, {"NCPU": 2, "MemTotal": 24 << 30}), (2, 1, {"NCPU": 16, "MemTotal": 2 << 30}),
+                               (1, 64, {"NCPU": 1, "MemTotal": 1 << 30}), (4, 1, {})]:
+        local.check_capacity(nodes, nproc, info)
+
+
+def test_a_run_without_results_prints_and_reports_no_placeholder():
+    """No rank reported: one line says what is missing and why; no None, no '-', no empty
+    table, in the terminal and in the report (the twin: test_print_table)."""
+    from builder.certify import report
+
+    cert = _cert_model(results=[], rank_exit_codes={0: 1}, node_exit_codes={0: 1, 1: None}, killed_after_s=20.0,
+                       node_logs={0: NODE0_LOG, 1: ""})
+    cert = msgspec.structs.replace(cert, profiles=["ddp"])
+    con = Console(record=True, width=300, file=io.StringIO())
+    table.print_table(cert, con)
+    text = con.export_text()
+    assert "None" not in text and "┏" not in text, text
+    assert ("collectives and training checks of ddp: no results, 0 of 2 rank(s) reported a result "
+            "(see the failures)") in text.splitlines()
+    page = report.render_html(cert.to_dict())
+    assert "None" not in page and not re.search(r"<td[^>]*>\s*-\s*</td>", page)
+    assert "no rank&#39;s probe reported: 0 of 2 rank(s) reported a result" in page
+    assert '<p class="note" id="stack-reference">reference: the image&#39;s recipe lock</p>' in page
+    assert "<th>size (B)</th>" not in page  # the legacy all-reduce table had no row
+
+
+def test_a_probe_that_breaks_the_node_report_refuses_its_rank_result():
+    bad = rank_doc(0)
+    bad["probe"]["hostname"] = "node-0\n"
+    result, why = output.check_result(bad, 0, "result", run_id=RUN_ID, world_size=2)
+    assert result is None and why == ("result of rank 0 is not a valid envbuild.rank-result/3: "
+                                      "probe.hostname: 'node-0\\n' is not a host name (letters, digits, _ . -)")
+    result, why = output.check_result(rank_doc(0), 0, "result", run_id=RUN_ID, world_size=2)
+    assert why is None and (result.probe.hostname, result.probe.python.version) == ("node-0", "3.11.2")
+
+
+def test_the_probe_is_compared_with_the_lock_once_per_rank(monkeypatch):
+    calls = []
+    compare = probecheck.compare_probe_to_lock
+    monkeypatch.setattr(probecheck, "compare_probe_to_lock",
+                        lambda p, lock: calls.append(p.hostname) or compare(p, lock))
+    other = copy.deepcopy(PROBE)
+    other["torch"]["version"] = "2.99.0+cpu"
+    cert = _cert_model([rank_doc(0), rank_doc(1, probe=other)])
+    assert sorted(calls) == ["node-0", "node-1"]
+    assert (cert.ranks["0"].lock_mismatches, cert.ranks["1"].lock_mismatches) == (
+        [], ["torch.version: lock '2.13.0+cpu', image '2.99.0+cpu'"])
+    assert cert.verdict.failures == ["rank 1: image differs from the lock: torch.version: lock '2.13.0+cpu', "
+                                     "image '2.99.0+cpu'", "ranks differ in torch: rank 0 2.13.0+cpu, rank 1 2.99.0+cpu"]

@@ -88,6 +88,6 @@ def _command_keys(parser: argparse.ArgumentParser, prefix: str = "") -> set[str]
 def test_every_command_of_the_parser_runs_a_command_function():
     keys = _command_keys(build_parser())
     assert keys == set(app.COMMANDS)
-    assert len(keys) == 17  # gate and k8s gate (issue 11) among them
+    assert len(keys) == 18  # gate, k8s gate and config among them
     for key, (module, function) in app.COMMANDS.items():
         assert callable(getattr(importlib.import_module(f"builder.cli.commands.{module}"), function)), key

@@ -1,7 +1,6 @@
 """Issue 13 items 3 and 5 on real parts: the check path leaves packaging's requirement parser
 alone (fresh interpreters; tests/unit/test_cli_imports.py covers docker, jinja2, rich...), the
-pip requirement fast path against packaging's parser, the facts read from compat.json, the
-certification's phase times, the rank's fast exit (a real subprocess). Timing targets are in
+pip requirement fast path against packaging's parser, the certification's phase times, the rank's fast exit (a real subprocess). Timing targets are in
 benchmarks/bench.py, not here."""
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.launchers.phases import PhaseClock, phase_times
+from builder.launchers.phases import PhaseClock, phase_times, stalled_phase
 from builder.launchers.progress import ProgressTracker
 from builder.recipe import fields
 
@@ -117,18 +116,44 @@ def test_phase_times_of_a_full_run():
         clock.mark(mark)
     clock.mark("ended")  # the first record counts
     got = phase_times(clock.marks, _tracker({0: t0, 1: t1}).phase_starts(), 2)
-    assert got == [("containers up", 1.25), ("ranks up", 2.25), ("init", 1.0), ("all-reduce", 1.0), ("ddp", 3.0),
-                   ("probe", 0.5), ("write", 0.1), ("exit", 0.9), ("teardown", 0.5)]
+    assert got == [("containers up", 1.25), ("ranks up", 2.25), ("import torch", 2.0), ("init", 1.0),
+                   ("all-reduce", 1.0), ("ddp", 3.0), ("probe", 0.5), ("write", 0.1), ("exit", 0.9),
+                   ("teardown", 0.5)]
+    assert sum(s for _, s in got) == 12.5  # no gap: the spans cover launch -> removed
 
 
-def test_phase_times_leave_out_what_a_rank_never_reached():
+MARKS = {"launch": 0.0, "started": 1.0, "ended": 12.0, "removed": 12.5}
+
+
+def test_phase_times_end_with_the_phase_a_run_was_cut_short_in():
     t0 = [("start", 3.0), ("init", 5.0), ("all-reduce", 6.0), ("ddp", 7.0), ("probe", 10.0), ("write", 10.5),
           ("done", 10.6)]
     t1 = [("start", 3.5), ("init", 5.5)]  # rank 1 ended after init (the exit fault)
-    marks = {"launch": 0.0, "started": 1.0, "ended": 12.0, "removed": 12.5}
-    assert phase_times(marks, _tracker({0: t0, 1: t1}).phase_starts(), 2) == [
-        ("containers up", 1.0), ("ranks up", 2.5), ("teardown", 0.5)]
-    assert phase_times(marks, _tracker({0: t0}).phase_starts(), 2) == [("containers up", 1.0), ("teardown", 0.5)]
+    assert phase_times(MARKS, _tracker({0: t0, 1: t1}).phase_starts(), 2) == [
+        ("containers up", 1.0), ("ranks up", 2.5), ("import torch", 2.0), ("init (cut short)", 6.5),
+        ("teardown", 0.5)]
+    assert phase_times(MARKS, _tracker({0: t0}).phase_starts(), 2) == [
+        ("containers up", 1.0), ("ranks up (cut short)", 11.0), ("teardown", 0.5)]
+    assert phase_times({"launch": 0.0}, {}, 2) == []
+
+
+def test_phase_times_name_the_phase_that_hung():
+    """A timed-out run: rank 1 sleeps outside any collective while rank 0 waits in one."""
+    starts = _tracker({0: [("start", 3.0), ("init", 5.0), ("all-reduce", 6.0)],
+                       1: [("start", 3.5), ("init", 5.5), ("test fault", 6.1)]}).phase_starts()
+    progress = {0: {"phase": "all-reduce", "collective": True, "seq": 2, "state": "S", "silent_s": 1.0},
+                1: {"phase": "test fault", "collective": False, "seq": 2, "state": "S", "silent_s": 1.0}}
+    stalled = stalled_phase(progress, starts, 2)
+    assert stalled == ("test fault", 6.1)
+    got = phase_times(MARKS, starts, 2, stalled, timed_out=True)
+    assert got == [("containers up", 1.0), ("ranks up", 2.5), ("import torch", 2.0), ("init", 0.6),
+                   ("test fault (hung)", 5.9), ("teardown", 0.5)]
+    assert round(sum(s for _, s in got), 2) == 12.5
+    # every rank waiting in the same collective: none singled out, the common phase hung
+    same = {r: {"phase": "init", "collective": True, "seq": 1, "state": "S", "silent_s": 1.0} for r in (0, 1)}
+    starts = _tracker({0: [("start", 3.0), ("init", 5.0)], 1: [("start", 3.5), ("init", 5.5)]}).phase_starts()
+    assert phase_times(MARKS, starts, 2, stalled_phase(same, starts, 2), timed_out=True)[-2:] == [
+        ("init (hung)", 6.5), ("teardown", 0.5)]
 
 
 # --------------------------------------------------------------------------- item 3: the rank's fast exit
@@ -153,66 +178,3 @@ def test_rank_fast_exit_skips_finalization_and_keeps_its_output():
 def test_rank_normal_exit_runs_finalization():
     out = subprocess.run([sys.executable, "-c", EXIT, "normal"], capture_output=True, text=True, timeout=60)
     assert (out.returncode, out.stdout) == (3, "result line\nfinalized\n")
-
-
-# --------------------------------------------------------------------------- item 5: the facts as JSON
-
-
-def test_compat_json_is_current_and_reads_the_same():
-    from builder.recipe import facts
-
-    raw = facts.FILE.read_bytes()
-    assert facts.JSON_FILE.read_bytes() == facts.json_bytes(raw), "stale: python tests/unit/test_fast_paths.py --regen"
-    facts.facts.cache_clear()
-    assert facts.facts() == facts.from_yaml(raw)
-
-
-def _altered_json(digest: str) -> bytes:
-    import msgspec
-
-    from builder.recipe import facts
-
-    doc = msgspec.json.decode(facts.JSON_FILE.read_bytes())
-    doc["source_sha256"] = digest
-    doc["facts"]["cuda_image_nccl"] = {"99.9": "9.9.9"}
-    return msgspec.json.encode(doc)
-
-
-def test_facts_come_from_the_json_made_of_this_yaml(tmp_path, monkeypatch):
-    import hashlib
-
-    from builder.recipe import facts
-
-    path = tmp_path / "compat.json"
-    path.write_bytes(_altered_json(hashlib.sha256(facts.FILE.read_bytes()).hexdigest()))
-    monkeypatch.setattr(facts, "JSON_FILE", path)
-    facts.facts.cache_clear()
-    try:
-        assert facts.facts().cuda_image_nccl == {"99.9": "9.9.9"}
-    finally:
-        facts.facts.cache_clear()
-
-
-def test_a_json_of_another_yaml_is_not_used(tmp_path, monkeypatch):
-    from builder.recipe import facts
-
-    path = tmp_path / "compat.json"
-    path.write_bytes(_altered_json("0" * 64))
-    monkeypatch.setattr(facts, "JSON_FILE", path)
-    facts.facts.cache_clear()
-    try:
-        assert facts.facts() == facts.from_yaml(facts.FILE.read_bytes())
-        assert facts.facts().cuda_image_nccl != {"99.9": "9.9.9"}
-        path.write_bytes(b"{not json")
-        facts.facts.cache_clear()
-        assert facts.facts() == facts.from_yaml(facts.FILE.read_bytes())
-    finally:
-        facts.facts.cache_clear()
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--regen"]:
-        sys.exit("usage: python tests/unit/test_fast_paths.py --regen")
-    from builder.recipe import facts as _facts
-
-    print(f"wrote {_facts.write_json().relative_to(REPO)}")

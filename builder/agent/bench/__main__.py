@@ -1,9 +1,6 @@
-"""Entry point: ``python3 -m bench --out DIR [options]`` under torchrun (see ``bench``).
+"""Entry point: ``python3 -m bench --out DIR [options]`` under torchrun.
 
-Per rank: init the process group, all-reduce sweep, DDP steps, the profiles
-(``--profiles``: :func:`bench.profiles.run_profiles`), probe, write
-``DIR/rank-<RANK>.json`` atomically, destroy the process group. The option list,
-exit statuses and the result schema are in the package docstring.
+Per rank: init the process group, the profiles, the probe, ``DIR/rank-<RANK>.json``.
 """
 
 from __future__ import annotations
@@ -12,20 +9,19 @@ import argparse
 import datetime
 import importlib.util
 import json
-import math
 import os
 import socket
 import sys
 import tempfile
 import time
 
-from . import DEFAULT_SIZES, RESULT_SCHEMA, allreduce, faults, progress
+from . import DEFAULT_SIZES, RESULT_SCHEMA, faults, progress
 
 EXIT_USAGE = 64
 
 
 class UsageError(Exception):
-    """A bad option or environment; ``main`` prints it and exits 64."""
+    """A bad option or environment; exit 64."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,11 +31,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_sizes(text: str) -> list[int]:
-    """``"8,1024,65536"`` -> ``[8, 1024, 65536]`` (bytes; order kept, blanks ignored).
-
-    Raises:
-        ValueError: an item is not a positive decimal integer, or the list is empty.
-    """
+    """``"8,1024"`` -> ``[8, 1024]`` (bytes); ValueError on a bad item or an empty list."""
     sizes = []
     for item in text.split(","):
         item = item.strip()
@@ -61,26 +53,24 @@ def _sizes_arg(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The bench's argument parser (usage errors exit 64)."""
     p = _Parser(prog="python3 -m bench",
                 description="envbuild in-image benchmark; run under torchrun.")
     p.add_argument("--out", required=True, help="directory for rank-<RANK>.json")
     p.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                    help="default: nccl if CUDA is available, else gloo")
     p.add_argument("--sizes", type=_sizes_arg, default=list(DEFAULT_SIZES),
-                   help="all-reduce sizes in bytes, comma-separated (default {})".format(
+                   help="collective sizes in bytes, comma-separated (default {})".format(
                        ",".join(str(s) for s in DEFAULT_SIZES)))
-    p.add_argument("--iters", type=int, default=20, help="timed iterations per size")
-    p.add_argument("--warmup", type=int, default=5, help="untimed iterations per size")
-    p.add_argument("--dtype", choices=tuple(allreduce.DTYPE_SIZES), default="float32")
-    p.add_argument("--ddp-steps", type=int, default=3, help="DDP steps; 0 skips DDP")
-    p.add_argument("--ddp-batch", type=int, default=8, help="images per step per rank")
-    p.add_argument("--ddp-image-size", type=int, default=64, help="image side S (3xSxS)")
+    p.add_argument("--iters", type=int, default=10, help="timed iterations per size")
+    p.add_argument("--warmup", type=int, default=2, help="untimed iterations per size")
+    p.add_argument("--ddp-steps", type=int, default=3, help="steps of the DDP check")
+    p.add_argument("--ddp-batch", type=int, default=4, help="images per step per rank (DDP check, scaling)")
+    p.add_argument("--ddp-image-size", type=int, default=32, help="image side S (3xSxS)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--profiles", default="",
+    p.add_argument("--profiles", default="ddp",
                    help="comma list of ddp, fsdp, tp, pipeline, moe or all: their collectives "
                         "(over --sizes, --iters, --warmup) and training checks, scaling and the "
-                        "numpy features (default: none)")
+                        "numpy features (default: ddp)")
     p.add_argument("--dtypes", default="",
                    help="element types of the profile collectives, comma-separated (default: "
                         "float32, plus bfloat16 on nccl)")
@@ -94,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse and cross-check options; exits 64 (with usage) on any bad value."""
+    """Parse and cross-check options; exits 64 with usage on a bad value."""
     parser = build_parser()
     args = parser.parse_args(argv)
     problems = []
@@ -102,8 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         problems.append("--iters must be >= 1")
     if args.warmup < 0:
         problems.append("--warmup must be >= 0")
-    if args.ddp_steps < 0:
-        problems.append("--ddp-steps must be >= 0")
+    if args.ddp_steps < 1:
+        problems.append("--ddp-steps must be >= 1")
     if args.ddp_batch < 2:
         problems.append("--ddp-batch must be >= 2 (BatchNorm needs 2 values per channel)")
     if args.ddp_image_size < 32:
@@ -112,41 +102,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         problems.append("--pg-timeout-s must be > 0")
     if not 0 <= args.heartbeat_s <= 3600:
         problems.append("--heartbeat-s must be in 0..3600")
-    for s in args.sizes:
-        try:
-            allreduce.element_count(s, args.dtype)
-        except ValueError as e:
-            problems.append(f"--sizes: {e}")
-    if args.profiles:
-        from . import profiles
+    from . import profiles
 
-        try:
-            args.profiles = ",".join(profiles.parse_profiles(args.profiles))
-            dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-            profiles.check_options(args.profiles, args.sizes, args.iters, args.warmup,
-                                   dtypes or None, args.backend or "gloo")
-        except ValueError as e:
-            problems.append(f"--profiles/--dtypes: {e}")
+    try:
+        args.profiles = ",".join(profiles.parse_profiles(args.profiles))
+        dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+        profiles.check_options(args.profiles, args.sizes, args.iters, args.warmup,
+                               dtypes or None, args.backend or "gloo")
+    except ValueError as e:
+        problems.append(f"--profiles/--dtypes: {e}")
     if problems:
         parser.error("; ".join(problems))
     return args
 
 
 def utc_now_iso() -> str:
-    """Current UTC time as ISO 8601 with milliseconds and ``Z``, e.g. ``2026-05-12T10:00:00.123Z``."""
+    """UTC now, e.g. ``2026-05-12T10:00:00.123Z``."""
     now = datetime.datetime.now(datetime.timezone.utc)
     return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
 
 
 def write_json_atomic(path: str, doc: dict) -> None:
-    """Write ``doc`` as JSON to ``path`` via a temporary file in the same directory.
-
-    The file gets mode 0644 (the host may read it as another user), is fsynced, then
-    renamed over ``path`` with ``os.replace``, so readers never see a partial file.
-
-    Raises:
-        OSError: the directory is not writable; ValueError: non-finite float in doc.
-    """
+    """Write ``doc`` as JSON, mode 0644 (the host may be another user), fsynced, then renamed over ``path``."""
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
     try:
@@ -165,13 +142,8 @@ def write_json_atomic(path: str, doc: dict) -> None:
         raise
 
 
-def _finite_or_none(x):
-    return x if isinstance(x, float) and math.isfinite(x) else None
-
-
 def load_probe():
-    """The probe package: ``import probe`` (on PYTHONPATH in the image), else the
-    ``probe/`` package next to this one (the source tree). Raises ImportError if neither."""
+    """``import probe`` (on PYTHONPATH in the image), else the ``probe/`` package of the source tree."""
     try:
         import probe  # /opt/envbuild/probe/
 
@@ -200,7 +172,6 @@ def _env_int(name: str) -> int | None:
 
 
 def _fire_early_fault(fault, rank: int, prog=None) -> None:
-    """The TEST-ONLY faults that act before the sweep: sleep and exit."""
     if fault is None:
         return
     if fault.hits("sleep", rank):
@@ -209,6 +180,12 @@ def _fire_early_fault(fault, rank: int, prog=None) -> None:
         print(f"envbuild bench: TEST fault {fault}: rank {rank:d} sleeps {faults.SLEEP_S:d} s",
               file=sys.stderr, flush=True)
         time.sleep(faults.SLEEP_S)
+    if fault.hits("oom", rank):
+        print(f"envbuild bench: TEST fault {fault}: rank {rank:d} allocates up to {faults.OOM_MAX_BYTES:d} B",
+              file=sys.stderr, flush=True)
+        held = [b"\1" * (64 << 20) for _ in range(faults.OOM_MAX_BYTES >> 26)]
+        del held
+        os._exit(faults.EXIT_CODE)
     if fault.hits("exit", rank):
         print(f"envbuild bench: TEST fault {fault}: rank {rank:d} exits with {faults.EXIT_CODE:d}",
               file=sys.stderr, flush=True)
@@ -216,52 +193,23 @@ def _fire_early_fault(fault, rank: int, prog=None) -> None:
         os._exit(faults.EXIT_CODE)
 
 
-def _ddp_step(args, fault, rank, device, local_rank, lead, log, prog):
-    """The DDP section of the result (None when ``--ddp-steps 0``)."""
-    if args.ddp_steps <= 0:
-        return None
-    from . import ddp
-
-    result = ddp.run_ddp(
-        args.ddp_steps, args.ddp_batch, args.ddp_image_size, args.seed, device, local_rank,
-        perturb=fault is not None and fault.hits("ddp-perturb", rank),
-        progress=prog.phase,
-    )
-    result["final_loss"] = _finite_or_none(result["final_loss"])
-    if lead:
-        log("# ddp resnet18 ({}): {:d} steps x {:d} images {:d}x{:d}: {:.2f} images/s on rank 0; "
-            "params identical: {}{}".format(
-                result["source"], args.ddp_steps, args.ddp_batch, args.ddp_image_size,
-                args.ddp_image_size, result["images_per_s"],
-                "yes" if result["params_identical"] else "NO",
-                "" if result["params_identical"]
-                else " (mismatched ranks {})".format(result["mismatched_ranks"])))
-    return result
-
-
 def _profiles_step(args, rank, device, backend, lead, log, prog, errors):
-    """The profiles section of the result (None without ``--profiles``, or when its fault
-    spec is invalid: then ``errors`` says so, on every rank alike)."""
-    if not args.profiles:
-        return None
+    """The profiles section, or None when its fault spec is invalid (said in ``errors`` on every rank)."""
     from . import profiles
 
     prog.phase("profiles", args.profiles, collective=True)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] or None
     try:
         return profiles.run_profiles(args.profiles, list(args.sizes), args.iters, args.warmup, dtypes,
-                                     args.seed, device, backend, log=log if lead else None)
+                                     args.seed, device, backend, log=log if lead else None,
+                                     ddp=(args.ddp_steps, args.ddp_batch, args.ddp_image_size))
     except ValueError as e:
         errors.append(f"profiles not run: {e}")
         return None
 
 
 def _environment():
-    """``(fault, rank, world, local_rank, node_rank)`` from the environment torchrun sets.
-
-    Raises:
-        UsageError: a bad fault spec, or not under torchrun.
-    """
+    """``(fault, rank, world, local_rank, node_rank)`` from torchrun's environment; UsageError otherwise."""
     try:
         fault = faults.parse_fault(os.environ.get(faults.ENV_VAR))
     except ValueError as e:
@@ -272,9 +220,9 @@ def _environment():
     return fault, rank, world, local_rank, _env_int("GROUP_RANK")
 
 
-def _result_doc(args, run_id, rank, local_rank, world, node_rank, backend, device, sweep, ddp_result,
-                probe_doc, fault, errors, started_at, profiles_doc=None) -> dict:
-    """The ``envbuild.rank-result/1`` document (see the package doc); times set later."""
+def _result_doc(args, run_id, rank, local_rank, world, node_rank, backend, device, probe_doc, fault,
+                errors, started_at, profiles_doc) -> dict:
+    """The rank result document (:class:`builder.core.documents.RankResult`); times set later."""
     return {
         "schema": RESULT_SCHEMA,
         "run_id": run_id,
@@ -285,7 +233,6 @@ def _result_doc(args, run_id, rank, local_rank, world, node_rank, backend, devic
         "hostname": socket.gethostname(),
         "backend": backend,
         "device": device,
-        "dtype": args.dtype,
         "options": {
             "sizes": list(args.sizes), "iters": args.iters, "warmup": args.warmup,
             "ddp_steps": args.ddp_steps, "ddp_batch": args.ddp_batch,
@@ -293,8 +240,6 @@ def _result_doc(args, run_id, rank, local_rank, world, node_rank, backend, devic
             "pg_timeout_s": args.pg_timeout_s,
         },
         "socket": {k: os.environ.get(k) for k in progress.SOCKET_VARS},
-        "allreduce": sweep,
-        "ddp": ddp_result,
         "profiles": profiles_doc,
         "probe": probe_doc,
         "fault": None if fault is None else str(fault),
@@ -306,12 +251,7 @@ def _result_doc(args, run_id, rank, local_rank, world, node_rank, backend, devic
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run every step for this rank and write its result file; returns 0.
-
-    Progress lines (:mod:`bench.progress`) go to stdout: ``start``, ``init`` (the
-    process group's rendezvous), one per all-reduce size, the DDP phases, ``profiles``, ``probe``,
-    ``write`` and ``done``.
-    """
+    """Run every step for this rank and write its result file; returns 0."""
     started_at, t_start = utc_now_iso(), time.perf_counter()
     fault, rank, world, local_rank, node_rank = _environment()
     run_id = os.environ.get("ENVBUILD_RUN_ID") or None
@@ -338,24 +278,14 @@ def run(args: argparse.Namespace) -> int:
         prog.writer.line(line)
 
     if lead:
-        log(f"# envbuild bench: world {world:d}, backend {backend}, device {device}, dtype {args.dtype}, "
-            f"iters {args.iters:d}, warmup {args.warmup:d}")
+        log(f"# envbuild bench: world {world:d}, backend {backend}, device {device}, "
+            f"iters {args.iters:d}, warmup {args.warmup:d}, DDP check {args.ddp_steps:d} steps x "
+            f"{args.ddp_batch:d} images of {args.ddp_image_size:d} px per rank")
         if fault is not None:
             log(f"# TEST-ONLY fault injected: {fault}")
 
     _fire_early_fault(fault, rank, prog)
 
-    sweep = allreduce.run_sweep(
-        args.sizes, args.dtype, args.iters, args.warmup, device,
-        corrupt=fault is not None and fault.hits("allreduce-corrupt", rank),
-        log=log if lead else None, progress=prog.phase,
-    )
-    if lead:
-        total_wrong = sum(sum(e["wrong_by_rank"]) for e in sweep)
-        log("# Out of bounds values : {:d} {}".format(total_wrong, "OK" if total_wrong == 0 else "FAILED"))
-        log("# Avg bus bandwidth    : {:.3f} GB/s".format(sum(e["busbw_gbps"] for e in sweep) / len(sweep)))
-
-    ddp_result = _ddp_step(args, fault, rank, device, local_rank, lead, log, prog)
     profiles_doc = _profiles_step(args, rank, device, backend, lead, log, prog, errors)
 
     prog.phase("probe")
@@ -365,8 +295,8 @@ def run(args: argparse.Namespace) -> int:
     except Exception as e:
         errors.append(f"probe failed: {type(e).__name__}: {e}")
 
-    result = _result_doc(args, run_id, rank, local_rank, world, node_rank, backend, device, sweep,
-                         ddp_result, probe_doc, fault, errors, started_at, profiles_doc)
+    result = _result_doc(args, run_id, rank, local_rank, world, node_rank, backend, device, probe_doc,
+                         fault, errors, started_at, profiles_doc)
     prog.phase("write")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"rank-{rank:d}.json")
@@ -384,7 +314,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse options (exit 64 on misuse) and :func:`run`; returns the exit status."""
     args = parse_args(argv)
     try:
         return run(args)
@@ -394,12 +323,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def fast_exit(code: int) -> None:
-    """End the rank process with ``code`` once its work is done: flush stdout and stderr,
-    then ``os._exit``, skipping the interpreter's finalization (tearing down torch and, once
-    DDP or an optimizer imported it, torch's compiler stack: 1-3 s per rank on 2 cores, that
-    every node's exit waits for; issue 13 item 3). The result file and the result line are
-    written and flushed before (:func:`run`); an exception still ends the normal way (its
-    traceback, exit 1)."""
+    """Flush and ``os._exit``: skipping finalization (torch's teardown) saves 1-3 s per rank.
+
+    Called after the result is written; an exception still ends the normal way (exit 1).
+    """
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

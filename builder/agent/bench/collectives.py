@@ -1,47 +1,14 @@
-"""Sweeps of the six collectives of the parallelism strategies, in nccl-tests' terms.
+"""Sweeps of the six collectives, timed and checked element by element, in nccl-tests' terms.
 
-Collectives (names as in the certificate): ``all_reduce``, ``all_gather``,
-``reduce_scatter``, ``broadcast``, ``all_to_all``, ``send_recv`` (a ring of point-to-point
-transfers: rank r sends to r+1 and receives from r-1 in one ``batch_isend_irecv``, as
-nccl-tests' ``sendrecv_perf`` does). Each is timed over sizes and checked element by
-element on predictable inputs (``wrong``: elements that differ from the exact result).
+Source: nccl-tests ``src/common.cu`` (size = max(send, recv) bytes of one rank; count =
+``paramcount``; the time reduced over ranks by ``Allreduce``), ``GetBw`` in
+``src/<collective>.cu`` and ``doc/PERFORMANCE.md``: GB/s = 1e9 B/s, t = the slowest rank's
+mean time, algbw = S / t, busbw = algbw x ``bus_factor``.
+``send_recv`` is a ring (r sends to r+1), as ``sendrecv_perf``.
 
-The pure functions (sizes, bandwidth formulas, input pattern and expected values) use no
-torch; :func:`run_collective` imports torch lazily.
-
-Columns, as nccl-tests prints them (``src/common.cu``: the size column is
-``max(sendBytes, recvBytes)`` of one rank, the count column is ``paramcount``, the count
-handed to ``GetBw``):
-
-==================  ===============================  =================================
-collective          size_bytes S of one rank         count (elements)
-==================  ===============================  =================================
-all_reduce          count x typesize                 buffer elements
-broadcast           count x typesize                 buffer elements (root 0)
-send_recv           count x typesize                 elements sent to the next rank
-all_gather          count x typesize x nranks        elements each rank contributes
-reduce_scatter      count x typesize x nranks        elements each rank receives
-all_to_all          count x typesize x nranks        elements sent to each peer
-==================  ===============================  =================================
-
-Bandwidths (``GetBw`` in nccl-tests ``src/all_reduce.cu``, ``all_gather.cu``,
-``reduce_scatter.cu``, ``broadcast.cu``, ``alltoall.cu``, ``sendrecv.cu``;
-``doc/PERFORMANCE.md``), GB/s = 1e9 B/s, t = the slowest rank's mean time:
-``algbw = S / t``; ``busbw = algbw x factor`` with factor ``2(n-1)/n`` for all_reduce,
-``(n-1)/n`` for all_gather, reduce_scatter and all_to_all, ``1`` for broadcast and
-send_recv (so on one rank busbw is 0 except for broadcast and send_recv, as in
-nccl-tests' code).
-
-A requested size is rounded down to a whole count as nccl-tests does (for the collectives
-whose S has the factor nranks, to a multiple of ``typesize x nranks``); a size too small
-for one element per rank gives no row.
-
-Correctness pattern: element k of rank r's send buffer holds ``(k + r) % m``, with the
-modulus ``m`` of :func:`modulus` chosen so that every partial sum of a reduction is an
-integer the element type holds exactly (float32: m = 251 up to 67,108 ranks; bfloat16:
-m = 129 for 2 ranks, 2 for 256 ranks; beyond 256 ranks a bfloat16 reduction cannot be
-checked exactly and is reported unsupported). Receive buffers start at -1, a value no
-result has. Comparisons are exact (0 ulp), like nccl-tests for sum.
+Inputs ``(k + r) % m`` use a modulus (:func:`modulus`) small enough that every partial sum
+is exact in the element type, so comparisons are exact (0 ulp). The pure functions use no
+torch.
 """
 
 from __future__ import annotations
@@ -55,7 +22,7 @@ from .support import Unsupported, unsupported_reason
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
                "send_recv")
 
-# Element size in bytes, and the largest integer L such that every integer 0..L is exact.
+# Element size in bytes, and the largest L such that every integer 0..L is exact.
 DTYPES = {"float32": (4, 2 ** 24), "float64": (8, 2 ** 53), "bfloat16": (2, 2 ** 8),
           "float16": (2, 2 ** 11)}
 
@@ -69,7 +36,7 @@ CORRUPT_VALUE = -2  # TEST-ONLY fault: what the corrupted element is set to
 
 
 def typesize(dtype: str) -> int:
-    """Bytes per element of ``dtype`` (a key of ``DTYPES``). Raises ValueError otherwise."""
+    """Bytes per element of ``dtype``; ValueError if unknown."""
     if dtype not in DTYPES:
         raise ValueError("unsupported dtype {!r} (one of {})".format(dtype, ", ".join(DTYPES)))
     return DTYPES[dtype][0]
@@ -81,14 +48,9 @@ def _check_name(name: str) -> None:
 
 
 def count_and_size(name: str, size_bytes: int, dtype: str, nranks: int) -> tuple[int, int]:
-    """(count, size_bytes) of a row for a requested size, in nccl-tests' columns.
+    """(count, size_bytes) for a requested size, rounded down as nccl-tests does; count 0 means no row.
 
-    E.g. ``("all_gather", 1000, "float32", 2)`` -> ``(125, 1000)``;
-    ``("all_gather", 1001, "float32", 4)`` -> ``(62, 992)`` (rounded down);
-    ``("all_reduce", 10, "float32", 2)`` -> ``(2, 8)``. count 0 means no row.
-
-    Raises:
-        ValueError: unknown collective or dtype, size_bytes < 1 or nranks < 1.
+    E.g. ``("all_gather", 1001, "float32", 4)`` -> ``(62, 992)``. ValueError on bad arguments.
     """
     _check_name(name)
     ts = typesize(dtype)
@@ -100,11 +62,7 @@ def count_and_size(name: str, size_bytes: int, dtype: str, nranks: int) -> tuple
 
 
 def bus_factor(name: str, nranks: int) -> float:
-    """busbw / algbw of ``name`` over ``nranks`` ranks (nccl-tests ``GetBw``).
-
-    E.g. all_reduce: n=2 -> 1.0, n=8 -> 1.75; all_gather n=8 -> 0.875; broadcast -> 1.0.
-    Raises ValueError on an unknown name or nranks < 1.
-    """
+    """busbw / algbw of ``name`` over ``nranks`` ranks (nccl-tests ``GetBw``); ValueError on bad arguments."""
     _check_name(name)
     if nranks < 1:
         raise ValueError(f"nranks must be >= 1, got {nranks!r}")
@@ -116,24 +74,16 @@ def bus_factor(name: str, nranks: int) -> float:
 
 
 def algbw_gbps(size_bytes: int, time_us: float) -> float:
-    """``size_bytes / time`` in GB/s (1e9 B/s); 0.0 when time_us <= 0 (no measurement)."""
+    """``size_bytes / time`` in GB/s (1e9 B/s); 0.0 when there is no time."""
     if time_us <= 0:
         return 0.0
     return size_bytes / (time_us * 1e-6) / 1e9
 
 
 def modulus(dtype: str, nranks: int, reducing: bool) -> int:
-    """The pattern modulus m for ``dtype`` on ``nranks`` ranks.
+    """The pattern modulus: for a reduction ``nranks x (m - 1)`` must be exact in ``dtype``.
 
-    For a reduction, ``nranks x (m - 1)`` (the largest sum) must be exact in ``dtype``:
-    m = min(251, L // nranks + 1) with L from ``DTYPES``. E.g. float32, 2 ranks -> 251;
-    bfloat16, 2 ranks -> 129; bfloat16, 256 ranks -> 2. Without reduction: 251 (bfloat16
-    holds 0..250 exactly).
-
-    Raises:
-        Unsupported: a reduction over more ranks than ``dtype`` can sum exactly
-            (bfloat16: more than 256).
-        ValueError: unknown dtype, nranks < 1.
+    E.g. bfloat16: 129 on 2 ranks, 2 on 256. Unsupported beyond that; ValueError on bad arguments.
     """
     typesize(dtype)
     if nranks < 1:
@@ -147,18 +97,11 @@ def modulus(dtype: str, nranks: int, reducing: bool) -> int:
 
 
 def pattern_value(index: int, rank: int, m: int) -> int:
-    """Element ``index`` of rank ``rank``'s send buffer: ``(index + rank) % m``."""
     return (index + rank) % m
 
 
 def sum_over_ranks(s, nranks: int, m: int):
-    """``sum(((s + q) % m) for q in range(nranks))`` for 0 <= s < m, in closed form.
-
-    Works on ints and on torch integer tensors (element-wise). With nranks = a*m + b:
-    a full cycles give ``a * m(m-1)/2``; the remaining b terms are s, s+1, ... wrapping
-    at m: ``b*s + b(b-1)/2 - m * max(0, s + b - m)``. E.g. (3, 2, 5) -> 3 + 4 = 7;
-    (4, 2, 5) -> 4 + 0 = 4.
-    """
+    """``sum((s + q) % m for q in range(nranks))`` in closed form, on ints or integer tensors."""
     a, b = divmod(nranks, m)
     excess = s + b - m
     excess = excess.clamp(min=0) if hasattr(excess, "clamp") else max(excess, 0)
@@ -166,25 +109,17 @@ def sum_over_ranks(s, nranks: int, m: int):
 
 
 def send_length(name: str, count: int, nranks: int) -> int:
-    """Elements in one rank's send buffer (all_reduce: the in-place buffer)."""
     _check_name(name)
     return count * nranks if name in ("reduce_scatter", "all_to_all") else count
 
 
 def recv_length(name: str, count: int, nranks: int) -> int:
-    """Elements in one rank's receive buffer (all_reduce, broadcast: in place)."""
     _check_name(name)
     return count * nranks if name in ("all_gather", "all_to_all") else count
 
 
 def expected_value(name: str, index: int, rank: int, nranks: int, count: int, m: int) -> int:
-    """Exact element ``index`` of rank ``rank``'s receive buffer after ``name``.
-
-    all_reduce: sum over q of (i + q) % m. all_gather: block q (i // count) is rank q's
-    buffer. reduce_scatter: rank r gets the sum of elements r*count + i. broadcast (root
-    0): rank 0's buffer. all_to_all: block q is what rank q sent to r (its block r).
-    send_recv: rank r - 1's buffer. E.g. ``("all_gather", 5, 0, 2, 4, 251)`` -> 2.
-    """
+    """Exact element ``index`` of rank ``rank``'s receive buffer after ``name`` (broadcast root 0)."""
     q, i = divmod(index, count)
     if name == "all_reduce":
         return sum_over_ranks(index % m, nranks, m)
@@ -202,24 +137,32 @@ def expected_value(name: str, index: int, rank: int, nranks: int, count: int, m:
     raise AssertionError(name)
 
 
-def summarize(name: str, count: int, size_bytes: int, dtype: str, api: str,
-              rank_time_us: list[float], wrong_by_rank: list[int]) -> dict[str, Any]:
-    """One row from gathered per-rank figures (index = rank).
+def rank_stats(times: list[float], wrongs: list[int]) -> list[float]:
+    """``[min, median, max us, slowest rank, total wrong]`` of one row over the ranks (index =
+    rank), what rank 0 reduces. nccl-tests reduces the time the same way (``-a``: min, mean or
+    max over ranks) and sums the wrong elements; the median of an even count is the mean of the
+    middle two; the slowest rank is the lowest of equals."""
+    order = sorted(times)
+    n = len(order)
+    median = order[n // 2] if n % 2 else (order[n // 2 - 1] + order[n // 2]) / 2
+    slowest = max(range(n), key=lambda r: (times[r], -r))
+    return [order[0], median, order[-1], float(slowest), float(sum(wrongs))]
 
-    Returns ``{"size_bytes", "count", "type", "redop": "sum"|"none", "root": 0|-1,
-    "api", "time_us" (max over ranks), "rank_time_us", "algbw_gbps", "busbw_gbps",
-    "wrong" (sum over ranks), "wrong_by_rank"}``.
-    """
-    n = len(rank_time_us)
-    t = max(rank_time_us)
+
+def summarize(name: str, count: int, size_bytes: int, dtype: str, api: str, stats: list[float],
+              own_time_us: float, own_wrong: int, nranks: int) -> dict[str, Any]:
+    """One row: the run's figures (``stats`` of :func:`rank_stats`; ``time_us`` the slowest
+    rank's, as nccl-tests' bandwidth) and this rank's own mean time and wrong count."""
+    lo, median, t, slowest, wrong = stats
     alg = algbw_gbps(size_bytes, t)
     return {
         "size_bytes": size_bytes, "count": count, "type": dtype,
         "redop": "sum" if name in REDUCING else "none",
         "root": 0 if name == "broadcast" else -1,
-        "api": api, "time_us": t, "rank_time_us": list(rank_time_us),
-        "algbw_gbps": alg, "busbw_gbps": alg * bus_factor(name, n),
-        "wrong": int(sum(wrong_by_rank)), "wrong_by_rank": [int(w) for w in wrong_by_rank],
+        "api": api, "time_us": t, "min_time_us": lo, "median_time_us": median,
+        "slowest_rank": int(slowest),
+        "algbw_gbps": alg, "busbw_gbps": alg * bus_factor(name, nranks), "wrong": int(wrong),
+        "own_time_us": own_time_us, "own_wrong": int(own_wrong),
     }
 
 
@@ -229,7 +172,7 @@ HEADER = "# {!s:<14} {!s:>12} {!s:>12} {!s:>8} {!s:>11} {!s:>12} {!s:>12} {!s:>8
 
 
 def format_row(name: str, row: dict[str, Any]) -> str:
-    """nccl-tests-like table line for one row (``#wrong`` is the sum over ranks)."""
+    """nccl-tests-like line for one row."""
     return "  {!s:<14} {:12d} {:12d} {!s:>8} {:11.2f} {:12.3f} {:12.3f} {:8d}".format(
         name, row["size_bytes"], row["count"], row["type"], row["time_us"],
         row["algbw_gbps"], row["busbw_gbps"], row["wrong"])
@@ -239,9 +182,7 @@ def format_row(name: str, row: dict[str, Any]) -> str:
 
 
 def _periodic(torch, length: int, start: int, m: int, dtype, device, summed_over: int = 0):
-    """Tensor of ``length`` values ``(start + j) % m`` (or, with ``summed_over`` = n, the
-    sum of them over n ranks), built from one period of m values (no index tensor of
-    the buffer's length)."""
+    """``length`` values ``(start + j) % m`` (or their sum over ``summed_over`` ranks) from one period."""
     row = (torch.arange(m, dtype=torch.int64, device=device) + start) % m
     if summed_over:
         row = sum_over_ranks(row, summed_over, m)
@@ -251,7 +192,6 @@ def _periodic(torch, length: int, start: int, m: int, dtype, device, summed_over
 
 
 def _fill_inputs(torch, name, send, recv, rank, n, count, m):
-    """Pattern into ``send``, SENTINEL into a separate ``recv``."""
     send.copy_(_periodic(torch, send.numel(), rank, m, send.dtype, send.device))
     if name == "broadcast" and rank != 0:
         send.fill_(SENTINEL)
@@ -260,7 +200,6 @@ def _fill_inputs(torch, name, send, recv, rank, n, count, m):
 
 
 def _count_wrong(torch, name, recv, rank, n, count, m) -> int:
-    """Elements of ``recv`` that differ from :func:`expected_value` (exact compare)."""
     dt, dev = recv.dtype, recv.device
     if name == "all_reduce":
         blocks = [(recv, _periodic(torch, count, 0, m, dt, dev, summed_over=n))]
@@ -280,11 +219,7 @@ def _count_wrong(torch, name, recv, rank, n, count, m) -> int:
 
 
 def _candidates(dist, name: str, send, recv, rank: int, n: int):
-    """[(api name, zero-argument callable running one ``name``)], preferred first.
-
-    The tensor forms FSDP2 and MoE layers use come first; list forms are fallbacks for
-    a torch or backend without them. Functions absent from this torch are left out.
-    """
+    """[(api name, callable)], the tensor forms FSDP2 and MoE use first; list forms are fallbacks."""
     def has(attr):
         return getattr(dist, attr, None) is not None
 
@@ -294,6 +229,9 @@ def _candidates(dist, name: str, send, recv, rank: int, n: int):
     elif name == "broadcast":
         out.append(("broadcast", lambda: dist.broadcast(recv, src=0)))
     elif name == "all_gather":
+        # FSDP2's own order: torch 2.13 calls all_gather_single and reduce_scatter_single
+        # (fsdp/_fully_shard/_fsdp_collectives.py) and deprecates *_into_tensor/_tensor, which
+        # torch <= 2.12's FSDP2 calls
         for attr in ("all_gather_single", "all_gather_into_tensor", "_all_gather_base"):
             if has(attr):
                 out.append((attr, functools.partial(getattr(dist, attr), recv, send)))
@@ -331,7 +269,7 @@ def _buffers(torch, name, count, n, tdtype, device):
 
 
 def _check_once(torch, dist, name, sizes_counts, dtype, device, chosen):
-    """Choose the API on the first size (falling back past unsupported ones)."""
+    """Choose the API on the first size, falling back past unsupported ones."""
     rank, n = dist.get_rank(), dist.get_world_size()
     m = modulus(dtype, n, name in REDUCING)
     count = sizes_counts[0][0]
@@ -354,26 +292,11 @@ def _check_once(torch, dist, name, sizes_counts, dtype, device, chosen):
 
 def run_collective(name: str, sizes: list[int], dtype: str, iters: int, warmup: int,
                    device: str, corrupt: bool = False, log: Callable | None = None):
-    """Sweep ``name`` over ``sizes`` on the initialized default process group.
+    """Sweep ``name`` over ``sizes`` (bytes): rows (the run's figures, this rank's own), or ``{"unsupported": reason}``.
 
-    Args:
-        name: one of ``COLLECTIVES``; sizes: requested sizes in bytes (see
-            :func:`count_and_size`); dtype: a key of ``DTYPES``; iters >= 1 timed
-            iterations per size, warmup >= 0 untimed ones before them; device ``"cpu"``
-            or ``"cuda:<i>"`` (synchronized around the timed loop).
-        corrupt: TEST-ONLY fault: this rank sets the last element of its result to
-            ``CORRUPT_VALUE`` after each correctness run, so its ``wrong`` is >= 1.
-        log: callable taking one line (rank 0 passes ``print``), or None.
-
-    Returns:
-        A list of rows (:func:`summarize`), one per size with count >= 1, the same on
-        every rank; or ``{"unsupported": reason}`` when the backend lacks the
-        collective or dtype (every rank must agree; they run the same torch).
-
-    Per size: pattern inputs, one run, exact compare; then zeroed buffers, ``warmup``
-    runs, a barrier, and ``iters`` back-to-back runs timed with ``perf_counter`` (this
-    rank's mean). Times and wrong counts of all sizes are gathered at the end in one
-    ``all_gather`` of float64 values, outside any timed loop.
+    Per size: ``warmup`` runs, a barrier, ``iters`` timed runs, then one exact-compared run on
+    pattern inputs; the figures are reduced once at the end, outside any timed loop.
+    ``corrupt`` is the TEST-ONLY fault that spoils this rank's last element.
     """
     import torch
     import torch.distributed as dist
@@ -398,34 +321,47 @@ def run_collective(name: str, sizes: list[int], dtype: str, iters: int, warmup: 
     for count, _ in sizes_counts:
         mine.append(_time_and_check(torch, dist, name, api, count, dtype, iters, warmup,
                                     device, cuda, corrupt))
-    flat = torch.tensor([t for t, _ in mine] + [float(w) for _, w in mine],
-                        dtype=torch.float64, device=device)
-    gathered = [torch.zeros_like(flat) for _ in range(n)]
-    dist.all_gather(gathered, flat)
-    table = [g.cpu().tolist() for g in gathered]
-    k = len(mine)
+    stats = _reduce_stats(torch, dist, mine, device)
     rows = []
     for j, (count, size) in enumerate(sizes_counts):
-        row = summarize(name, count, size, dtype, api, [table[r][j] for r in range(n)],
-                        [int(table[r][k + j]) for r in range(n)])
+        row = summarize(name, count, size, dtype, api, stats[j], mine[j][0], mine[j][1], n)
         rows.append(row)
         if log:
             log(format_row(name, row))
     return rows
 
 
+def _reduce_stats(torch, dist, mine: list[tuple[float, int]], device: str) -> list[list[float]]:
+    """Per row :func:`rank_stats` over every rank: rank 0 gathers each rank's (time, wrong)
+    pairs (O(N) on rank 0 alone), reduces them and broadcasts the summary (O(rows))."""
+    n, k = dist.get_world_size(), len(mine)
+    flat = torch.tensor([t for t, _ in mine] + [float(w) for _, w in mine], dtype=torch.float64,
+                        device=device)
+    gathered = [torch.zeros_like(flat) for _ in range(n)] if dist.get_rank() == 0 else None
+    dist.gather(flat, gathered, dst=0)
+    out = torch.zeros(k * 5, dtype=torch.float64, device=device)
+    if gathered is not None:
+        table = torch.stack(gathered).cpu().tolist()
+        out = torch.tensor([x for j in range(k) for x in rank_stats(
+            [table[r][j] for r in range(n)], [int(table[r][k + j]) for r in range(n)])],
+            dtype=torch.float64, device=device)
+    dist.broadcast(out, src=0)
+    values = out.cpu().tolist()
+    return [values[5 * j:5 * j + 5] for j in range(k)]
+
+
 def _time_and_check(torch, dist, name, api, count, dtype, iters, warmup, device, cuda,
                     corrupt) -> tuple[float, int]:
-    """(this rank's mean microseconds per run, this rank's wrong elements) at one count."""
+    """(this rank's mean microseconds per run, its wrong elements) at one count.
+
+    Timed first, as a plain loop is (zeroed buffers, warmup, barrier, ``iters`` runs); the
+    exact-compared run comes after: its pattern fill and compare allocate and touch several
+    buffers of the size, which before the timed loop cost up to a quarter of the bandwidth.
+    """
     rank, n = dist.get_rank(), dist.get_world_size()
     m = modulus(dtype, n, name in REDUCING)
     send, recv = _buffers(torch, name, count, n, getattr(torch, dtype), device)
     op = dict(_candidates(dist, name, send, recv, rank, n))[api]
-    _fill_inputs(torch, name, send, recv, rank, n, count, m)
-    op()
-    if corrupt:
-        recv.view(-1)[-1] = CORRUPT_VALUE
-    wrong = _count_wrong(torch, name, recv, rank, n, count, m)
     send.zero_()
     recv.zero_()
     for _ in range(warmup):
@@ -441,4 +377,8 @@ def _time_and_check(torch, dist, name, api, count, dtype, iters, warmup, device,
     if cuda:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
-    return elapsed / iters * 1e6, wrong
+    _fill_inputs(torch, name, send, recv, rank, n, count, m)
+    op()
+    if corrupt:
+        recv.view(-1)[-1] = CORRUPT_VALUE
+    return elapsed / iters * 1e6, _count_wrong(torch, name, recv, rank, n, count, m)

@@ -1,22 +1,6 @@
-"""Test-only fault injection for the bench: ``ENVBUILD_BENCH_FAULT=KIND@RANK``.
-
-TEST-ONLY. Used by envbuild's own tests to prove that the host side notices a broken
-rank; never set it when certifying an image. ``RANK`` is the global rank (torchrun's
-``RANK``) that misbehaves; the other ranks run normally. Kinds:
-
-``allreduce-corrupt``
-    after the correctness all-reduce at each size, that rank changes one element of its
-    result (+1 on the last element), so its ``wrong`` is 1 at every size.
-``ddp-perturb``
-    after the DDP steps, that rank adds 1e-3 to the first element of the first
-    parameter before the checksum, so ``params_identical`` is false.
-``sleep``
-    that rank sleeps 3600 s before the all-reduce sweep; the others block in the first
-    collective. The host's timeout must catch it.
-``exit``
-    that rank exits with status 3 before the all-reduce sweep (no result file).
-
-Stdlib only (the host imports this in its unit tests).
+"""TEST-ONLY fault injection: ``ENVBUILD_BENCH_FAULT=KIND@RANK`` (global rank), to prove the host
+notices a broken rank: ``sleep`` ``SLEEP_S``, ``exit`` 3, or ``oom`` (writes memory 64 MiB at a
+time up to ``OOM_MAX_BYTES``, exit 3 if not killed). Stdlib only.
 """
 
 from __future__ import annotations
@@ -24,14 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ENV_VAR = "ENVBUILD_BENCH_FAULT"
-KINDS = ("allreduce-corrupt", "ddp-perturb", "sleep", "exit")
+KINDS = ("sleep", "exit", "oom")
 SLEEP_S = 3600
 EXIT_CODE = 3
+OOM_MAX_BYTES = 2 << 30
 
 
 @dataclass(frozen=True)
 class Fault:
-    """A parsed fault: ``kind`` (one of ``KINDS``) on global rank ``rank``."""
 
     kind: str
     rank: int
@@ -40,16 +24,11 @@ class Fault:
         return f"{self.kind}@{self.rank:d}"
 
     def hits(self, kind: str, rank: int) -> bool:
-        """True when this fault is ``kind`` and targets global rank ``rank``."""
         return self.kind == kind and self.rank == rank
 
 
 def parse_fault(spec: str | None) -> Fault | None:
-    """Parse ``"KIND@RANK"`` (e.g. ``"exit@1"``); None or "" (unset) gives None.
-
-    Raises:
-        ValueError: unknown kind, missing ``@``, or RANK not a non-negative integer.
-    """
+    """Parse ``"KIND@RANK"``; unset gives None; ValueError on a bad spec."""
     if spec is None or not spec.strip():
         return None
     kind, sep, rank = spec.strip().partition("@")

@@ -1,24 +1,9 @@
-"""torch.distributed features that need numpy: object collectives, pipeline shape
-inference, distributed checkpoint save.
+"""torch.distributed features that need numpy (object collectives, pipeline shape inference,
+``dcp.save``): torch wheels do not depend on numpy, and without it these fail.
 
-torch wheels are built with numpy support but do not depend on numpy; without it,
-``all_gather_object`` (and the other ``*_object*`` collectives), ``PipelineStage`` shape
-inference (stage metadata travels as pickled objects) and
-``torch.distributed.checkpoint.save`` fail with ``RuntimeError: Numpy is not available``.
-A training image without numpy breaks jobs that use them, so certification reports it.
-
-First every rank checks numpy locally (``support.numpy_problem``) and the ranks agree on
-the result with one all-reduce. Then:
-
-- every rank has numpy: each feature really runs, ``"ok"`` or its error;
-- no rank has numpy: ``all_gather_object`` still really runs (it pickles before any
-  communication, so it fails on every rank alike and records torch's own message);
-  shape inference and ``dcp.save`` are reported ``{"unsupported": "needs numpy ..."}``
-  without running: their failure is one-sided (on torch 2.13 ``dcp.save`` fails on
-  rank 0, the coordinator, while rank 1 waits in a collective until the
-  process-group timeout; shape inference fails on the sending stage while the next one
-  waits for the metadata);
-- some ranks lack numpy: nothing runs, each feature names those ranks.
+The ranks first agree on who lacks numpy. Only ``all_gather_object`` runs when every rank
+lacks it (it fails before communicating); the others would fail on one side only and hang
+the peers until the process-group timeout, so they are reported without running.
 """
 
 from __future__ import annotations
@@ -44,8 +29,7 @@ def _all_gather_object(torch, dist, device):
 
 
 def _shape_inference(torch, dist, device):
-    """A 1-microbatch forward through a ``world``-stage chain whose stages infer their
-    input/output shapes (no example shapes given)."""
+    """A 1-microbatch forward through a chain of stages given no example shapes."""
     if dist.get_world_size() < 2:
         raise Unsupported("shape inference between stages needs >= 2 ranks")
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
@@ -65,7 +49,6 @@ def _shape_inference(torch, dist, device):
 
 
 def _dcp_save(torch, dist, device):
-    """``dcp.save`` of a one-tensor state dict to a fresh folder under /tmp (removed)."""
     import torch.distributed.checkpoint as dcp
 
     token = torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).to(device)
@@ -79,7 +62,6 @@ def _dcp_save(torch, dist, device):
 
 
 def _agree(torch, dist, device, problem):
-    """Ranks whose numpy check failed (every rank gets the same list)."""
     world = dist.get_world_size()
     flags = torch.zeros(world, dtype=torch.float64, device=device)
     flags[dist.get_rank()] = 1.0 if problem else 0.0
@@ -88,13 +70,9 @@ def _agree(torch, dist, device, problem):
 
 
 def run_features(device: str) -> dict[str, Any]:
-    """Check numpy on every rank, then each feature of ``FEATURES`` (module docstring).
+    """Check numpy on every rank, then each of ``FEATURES``: ``"ok"`` or ``{"unsupported": ...}``.
 
-    Returns ``{"numpy": {"available": bool, "problem": str|None (this rank's),
-    "ranks_without": [int]}, "<feature>": "ok" | {"unsupported": reason,
-    "needs_numpy": true (when numpy is the reason), "ran": bool}}``, the same on every
-    rank except ``numpy.problem``. A feature error that does not say "not supported" /
-    "Numpy is not available" propagates.
+    The same on every rank except ``numpy.problem``; an error that is no "not supported" propagates.
     """
     import torch
     import torch.distributed as dist

@@ -1,19 +1,9 @@
 """The watchdog of one node: ``python3 -m bench.node --deadline-s S -- COMMAND...``.
 
-Runs INSIDE the image as the container's command (stdlib only, Python >= 3.8). It starts
-``COMMAND`` (torchrun running the bench) as a child and waits for it; when ``S`` seconds
-have passed since the watchdog started, it kills the child and every process descended
-from it (torchrun starts its workers in sessions of their own, so a process-group kill
-would miss them: descendants are found by walking ``/proc/*/stat`` parent ids), prints
-one line on stderr and exits with :data:`EXIT_DEADLINE` (124). SIGTERM and SIGINT do the
-same with 143 and 130. Otherwise it exits with the child's status (128 + N when the
-child was killed by signal N).
-
-Why: the local launcher runs each node with Docker's ``--rm`` (``AutoRemove``), so a
-container removes itself once its command ends. This watchdog makes sure it ends by the
-deadline even when nobody is left to stop it (``envbuild`` killed with SIGKILL, the host's
-engine client gone): the container then ends ``S`` seconds after it started and the engine
-removes it. As the container's PID 1 it also reaps orphaned processes.
+The container runs with ``--rm``; this makes it end by the deadline even when nobody is
+left to stop it (envbuild killed): it kills the child and every descendant (torchrun's
+workers have their own sessions, so they are found via ``/proc/*/stat``) and exits 124;
+SIGTERM/SIGINT give 143/130; else the child's status. As PID 1 it also reaps orphans.
 """
 
 from __future__ import annotations
@@ -30,7 +20,6 @@ POLL_S = 0.2
 
 
 def descendants(pid, proc="/proc"):
-    """PIDs descended from ``pid`` (children, their children, ...), from ``/proc/*/stat``."""
     parent_of = {}
     try:
         names = os.listdir(proc)
@@ -58,7 +47,7 @@ def descendants(pid, proc="/proc"):
 
 
 def kill_tree(pid):
-    """SIGKILL ``pid`` and its descendants (those found before the kill)."""
+    """SIGKILL ``pid`` and its descendants found before the kill."""
     for p in [pid] + descendants(pid):
         try:
             os.kill(p, signal.SIGKILL)
@@ -80,11 +69,7 @@ def _reap_others(child_pid):
 
 
 def parse_args(argv):
-    """``(deadline seconds, command)`` from ``--deadline-s S -- COMMAND...``.
-
-    Raises:
-        ValueError: a missing or non-positive deadline, or no command.
-    """
+    """``(deadline seconds, command)``; ValueError on a bad deadline or no command."""
     if len(argv) < 4 or argv[0] != "--deadline-s" or argv[2] != "--":
         raise ValueError("usage: python3 -m bench.node --deadline-s SECONDS -- COMMAND...")
     try:
@@ -97,7 +82,6 @@ def parse_args(argv):
 
 
 def run(deadline_s, command, clock=time.monotonic):
-    """Run ``command`` under the deadline; returns the exit status (see the module doc)."""
     t0 = clock()
     child = subprocess.Popen(command)
     stop = []

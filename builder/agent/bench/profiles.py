@@ -1,23 +1,8 @@
-"""Profiles: the collectives and the training check of each parallelism strategy, and
-:func:`run_profiles`, the one entry point that runs them on the initialized process group.
+"""Profiles: the collectives and the training check of each parallelism strategy
+(``PROFILES``; ``all`` covers the six collectives), and :func:`run_profiles`.
 
-==========  ================================  ==========================================
-profile     collectives                       training check
-==========  ================================  ==========================================
-ddp         all_reduce, broadcast             DDP ResNet-18 (``train_ddp``); DDP
-                                              broadcasts the model state from rank 0 at
-                                              construction and its buffers each step
-fsdp        all_gather, reduce_scatter        FSDP2 ``fully_shard`` (``train_fsdp``)
-tp          all_reduce, all_gather            DTensor ``parallelize_module`` (``train_tp``)
-pipeline    send_recv                         ``torch.distributed.pipelining``
-                                              (``train_pipeline``)
-moe         all_to_all                        experts on ranks (``train_moe``)
-==========  ================================  ==========================================
-
-``all`` is every profile; together they cover the six collectives.
-
-The pure parts (the table, :func:`parse_profiles`, :func:`collectives_for`,
-:func:`default_dtypes`) use no torch.
+The pure parts (:func:`parse_profiles`, :func:`collectives_for`, :func:`default_dtypes`)
+use no torch.
 """
 
 from __future__ import annotations
@@ -30,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from . import collectives as coll
 from .profile_faults import ENV_VAR as FAULT_ENV_VAR
-from .profile_faults import parse_faults
+from .profile_faults import _show, parse_faults
 
 PROFILES = {
     "ddp": ("all_reduce", "broadcast"),
@@ -46,19 +31,8 @@ MAX_SIZE_BYTES = 1 << 40  # 1 TiB per buffer
 _NAME = re.compile(r"[a-z]{1,16}")
 
 
-def _show(text: str) -> str:
-    r = repr(text)
-    return r if len(r) <= 80 else r[:77] + "..."
-
-
 def parse_profiles(text: str) -> list[str]:
-    """``"fsdp, ddp,fsdp"`` -> ``["ddp", "fsdp"]``: a comma list of profile names or
-    ``all``, validated whole, deduplicated, in the order of ``PROFILES``.
-
-    Raises:
-        ValueError: (naming the bad item, escaped, and the allowed names) text longer
-            than ``MAX_TEXT``, an empty list or item, or an unknown name.
-    """
+    """``"fsdp, ddp,fsdp"`` -> ``["ddp", "fsdp"]``, validated whole; ValueError names the bad item."""
     allowed = ", ".join(list(PROFILES) + [ALL])
     if not isinstance(text, str):
         raise ValueError(f"profiles must be text, got {type(text).__name__}")
@@ -76,11 +50,7 @@ def parse_profiles(text: str) -> list[str]:
 
 
 def collectives_for(profiles: Sequence[str]) -> list[str]:
-    """The collectives the profiles use, each once, in the order of ``COLLECTIVES``.
-
-    E.g. ``["tp", "ddp"]`` -> ``["all_reduce", "all_gather", "broadcast"]``.
-    Raises ValueError on an unknown profile.
-    """
+    """The collectives the profiles use, each once, in ``COLLECTIVES`` order; ValueError on an unknown profile."""
     needed: set[str] = set()
     for p in profiles:
         if p not in PROFILES:
@@ -90,23 +60,12 @@ def collectives_for(profiles: Sequence[str]) -> list[str]:
 
 
 def default_dtypes(backend: str) -> list[str]:
-    """float32 always; bfloat16 too on nccl (the GPU training type). gloo also handles
-    bfloat16 in torch >= 2.x, so it can be asked for explicitly, but CPU training is
-    float32 and the default keeps the CPU run short."""
+    """float32, and bfloat16 on nccl (the GPU training type); CPU training is float32."""
     return ["float32", "bfloat16"] if backend == "nccl" else ["float32"]
 
 
 def check_options(profiles, sizes, iters, warmup, dtypes, backend):
-    """(profile names, dtypes) after checking :func:`run_profiles`' options whole.
-
-    E.g. ``("tp,ddp", [8], 5, 1, None, "nccl")`` -> ``(["ddp", "tp"], ["float32",
-    "bfloat16"])``.
-
-    Raises:
-        ValueError: bad profiles (:func:`parse_profiles`), a dtype unknown or repeated,
-            sizes not 1 to ``MAX_SIZES`` integers in 1..``MAX_SIZE_BYTES``, iters < 1
-            or warmup < 0 (or not integers).
-    """
+    """(profile names, dtypes) after checking :func:`run_profiles`' options whole; ValueError otherwise."""
     names = parse_profiles(profiles if isinstance(profiles, str) else ",".join(profiles))
     dtypes = list(dtypes) if dtypes else default_dtypes(backend)
     for d in dtypes:
@@ -153,39 +112,14 @@ def _training_runner(profile: str) -> Callable[..., dict[str, Any]]:
 
 def run_profiles(profiles, sizes: list[int], iters: int, warmup: int,
                  dtypes: list[str] | None, seed: int, device: str, backend: str, *,
-                 faults=None, scaling: bool = True, features: bool = True,
-                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the collectives (each once) and training checks of ``profiles``, the scaling
-    measurement and the numpy feature checks, on the initialized default process group.
+                 ddp: tuple[int, int, int] = (3, 4, 32), faults=None, scaling: bool = True,
+                 features: bool = True, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the collectives (each once), training checks, scaling and feature checks of
+    ``profiles`` on the initialized default process group.
 
-    Args:
-        profiles: names of ``PROFILES`` (a list) or a comma text (:func:`parse_profiles`).
-        sizes: requested sizes in bytes (``collectives.count_and_size``); iters >= 1,
-            warmup >= 0 per size. dtypes: names of ``collectives.DTYPES``, or None for
-            :func:`default_dtypes`. seed: init/data seed of the training checks.
-        device: ``"cpu"`` or ``"cuda:<i>"``; backend: ``"gloo"`` or ``"nccl"``.
-        faults: parsed ``profile_faults`` faults; None reads ``ENVBUILD_BENCH_PROFILE_FAULT``.
-        scaling, features: run ``scaling.run_scaling`` / ``features.run_features``.
-        log: callable taking one line (rank 0 passes ``print``), or None.
-
-    Returns (the same on every rank, except this rank's ``wall_s``,
-    ``training.<profile>.check_wall_s`` and ``features.numpy.problem``)::
-
-        {"profiles": [str], "world_size": int, "backend": str, "device": str,
-         "dtypes": [str], "sizes": [int], "iters": int, "warmup": int, "seed": int,
-         "faults": [str], "fault_notes": [str],
-         "collectives": {name: [row, ...] | {"unsupported": str}},
-         "unsupported_types": {name: {dtype: reason}},   # a dtype that failed where
-                                                         # another dtype ran
-         "training": {profile: training.result(...) | {"unsupported": str, ...}},
-         "scaling": scaling.run_scaling(...) | None,
-         "features": features.run_features(...) | None,
-         "wall_s": {"collectives": {name: s}, "training": {profile: s},
-                    "scaling": s, "features": s, "total": s}}
-
-    Raises:
-        ValueError: bad options (:func:`check_options`) or fault spec, before any
-            collective, on every rank alike.
+    Sizes are bytes; ``ddp`` is (steps, images per rank, image side). The result is the same on
+    every rank except this rank's wall times (s) and numpy problem. ValueError on bad options
+    or fault spec, before any collective, on every rank alike.
     """
     import torch.distributed as dist
 
@@ -211,19 +145,20 @@ def run_profiles(profiles, sizes: list[int], iters: int, warmup: int,
         if skipped and isinstance(result, list):
             out["unsupported_types"][name] = skipped
         out["wall_s"]["collectives"][name] = time.perf_counter() - t0
-    _run_rest(out, names, seed, device, faults, scaling, features, log)
+    _run_rest(out, names, seed, device, faults, scaling, features, log, ddp)
     out["wall_s"]["total"] = time.perf_counter() - t_start
     return out
 
 
-def _run_rest(out, names, seed, device, faults, scaling, features, log) -> None:
-    """The training checks, scaling and features, into ``out`` (see run_profiles)."""
+def _run_rest(out, names, seed, device, faults, scaling, features, log, ddp) -> None:
     from . import training
 
     for profile in names:
         t0 = time.perf_counter()
-        runner = _training_runner(profile)
-        res = training.guarded(functools.partial(runner, seed, device, faults=faults))
+        runner = functools.partial(_training_runner(profile), seed, device, faults=faults)
+        if profile == "ddp":
+            runner = functools.partial(runner, steps=ddp[0], batch=ddp[1], image_size=ddp[2])
+        res = training.guarded(runner)
         out["training"][profile] = res
         out["wall_s"]["training"][profile] = time.perf_counter() - t0
         if log:
@@ -232,7 +167,7 @@ def _run_rest(out, names, seed, device, faults, scaling, features, log) -> None:
         from .scaling import run_scaling
 
         t0 = time.perf_counter()
-        out["scaling"] = run_scaling(seed, device)
+        out["scaling"] = run_scaling(seed, device, batch=ddp[1], image_size=ddp[2])
         out["wall_s"]["scaling"] = time.perf_counter() - t0
         if log:
             log("# scaling: {:.2f} images/s at 1 rank, {:.2f} at {:d}, efficiency {:.3f}".format(
@@ -247,8 +182,7 @@ def _run_rest(out, names, seed, device, faults, scaling, features, log) -> None:
 
 
 def training_line(profile: str, res: dict[str, Any]) -> str:
-    """One summary line of a training result, e.g.
-    ``# training fsdp: reference match yes, max param diff 5.96e-08, 812.3 samples/s``."""
+    """One summary line of a training result."""
     if "unsupported" in res:
         return "# training {}: unsupported: {}".format(profile, res["unsupported"])
     return "# training {}: reference match {}, max param diff {:.3g}, {:.1f} samples/s".format(

@@ -1,35 +1,9 @@
-"""Progress lines of a rank: which phase it is in, and a heartbeat while it is alive.
+"""A rank's progress lines on stdout: one per phase entered, and a heartbeat while alive.
 
-Runs INSIDE the image (stdlib only, Python >= 3.8). Each rank prints, on its stdout (the
-node's output, which the launcher reads), one line per phase it enters::
-
-    @@envbuild-progress {"rank": 1, "run": "0123456789ab", "seq": 4, "phase": "all-reduce",
-                         "detail": "1024 B", "collective": true, "t": 1715500000.123}
-
-``seq`` counts the phases entered (0 = ``start``); ``collective`` says whether the phase
-waits for the other ranks (init, all-reduce, DDP steps, gathers); ``t`` is the rank's wall
-clock (seconds since the epoch). The first line (``start``) also carries what this rank
-sees of the socket settings (``socket``: ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``,
-null when unset) and its interfaces (``interfaces``: ``{name: is loopback}``, from
-``/sys/class/net/NAME/flags``).
-
-Every ``heartbeat_s`` seconds a **heartbeat process** (forked by :meth:`Progress.start`
-before torch is imported) prints a beat for the rank::
-
-    @@envbuild-progress {"rank": 1, "run": "0123456789ab", "beat": 17, "state": "S", "t": ...}
-
-``state`` is the rank process's state in ``/proc/PID/stat`` (``R`` running, ``S``/``D``
-waiting, ``T``/``t`` stopped by a signal such as SIGSTOP). A separate process, not a
-thread: a rank blocked in a call that holds the GIL (gloo's rendezvous does) still beats,
-while a frozen container (``docker pause``) beats no more. The heartbeat process ends as
-soon as the rank is gone. The host tells a rank that stopped making progress from the
-ranks that wait for it (:class:`builder.launchers.progress.ProgressTracker`).
-
-A rank's result document may be printed the same way (``@@envbuild-result <JSON>``, one
-line; see :func:`Progress.result`). Every line of this module is written under a lock
-(a thread lock and ``flock`` on a file in ``/tmp``, shared by the ranks of one node), so
-lines of several ranks on one node never interleave even when longer than a pipe's
-atomic write size.
+The heartbeat is a forked process, not a thread: a rank blocked in a call holding the GIL
+(gloo's rendezvous) still beats, a frozen container does not. Lines are written under a
+thread lock and an ``flock`` shared by the node's ranks, so they never interleave. The host
+reads them in :class:`builder.launchers.progress.ProgressTracker`. Stdlib only.
 """
 
 from __future__ import annotations
@@ -47,7 +21,7 @@ except ImportError:  # pragma: no cover
 
 PROGRESS_PREFIX = "@@envbuild-progress "
 RESULT_PREFIX = "@@envbuild-result "
-#: Seconds between two heartbeats (default of ``--heartbeat-s``).
+#: Seconds between two heartbeats.
 DEFAULT_HEARTBEAT_S = 2.0
 #: The socket variables recorded in the ``start`` line.
 SOCKET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -71,8 +45,7 @@ def interfaces():
 
 
 class Writer:
-    """Writes whole lines to ``stream`` under a thread lock and an ``flock`` on
-    ``lock_path`` (created if possible; without it, the thread lock only)."""
+    """Whole lines to ``stream`` under a thread lock and, when it can be opened, an ``flock``."""
 
     def __init__(self, stream=None, lock_path=None):
         self.stream = stream if stream is not None else sys.stdout
@@ -85,7 +58,6 @@ class Writer:
                 self._fd = None
 
     def line(self, text):
-        """Write ``text`` plus a newline and flush, as one unit."""
         with self._lock:
             if self._fd is not None:
                 try:
@@ -104,8 +76,7 @@ class Writer:
 
 
 def proc_state(pid):
-    """The state letter of process ``pid`` in ``/proc/PID/stat`` (``R``, ``S``, ``D``,
-    ``T``, ``t``, ``Z``...), None when unreadable."""
+    """The state letter of ``pid`` in ``/proc/PID/stat``, None when unreadable."""
     try:
         with open(f"/proc/{pid:d}/stat", "rb") as f:
             text = f.read(4096).decode("ascii", "replace")
@@ -117,8 +88,7 @@ def proc_state(pid):
 
 def heartbeat_loop(parent, rank, run_id, interval, writer, clock=time.time, sleep=time.sleep,
                    getppid=os.getppid, state_of=proc_state, max_beats=None):
-    """The heartbeat process's loop: every ``interval`` s, a beat line with the state of
-    ``parent``; returns when ``parent`` is gone (or after ``max_beats``, for tests)."""
+    """Every ``interval`` s a beat with ``parent``'s state; returns when ``parent`` is gone."""
     beat = 0
     while max_beats is None or beat < max_beats:
         sleep(interval)
@@ -131,15 +101,7 @@ def heartbeat_loop(parent, rank, run_id, interval, writer, clock=time.time, slee
 
 
 class Progress:
-    """The progress lines of one rank (see the module doc).
-
-    Args:
-        rank: this rank (global).
-        run_id: ``$ENVBUILD_RUN_ID`` (None: not sent).
-        heartbeat_s: seconds between heartbeats; 0 or less: phase lines only.
-        writer: a :class:`Writer` (default: stdout, lock file in ``/tmp``).
-        clock: wall clock, seconds (tests pass a fake).
-    """
+    """The progress lines of one rank; ``heartbeat_s`` <= 0 prints phase lines only."""
 
     def __init__(self, rank, run_id=None, heartbeat_s=DEFAULT_HEARTBEAT_S, writer=None, clock=time.time):
         self.rank = rank
@@ -153,7 +115,6 @@ class Progress:
         self._mu = threading.Lock()
 
     def phase(self, name, detail=None, collective=False, extra=None):
-        """Enter phase ``name`` (``detail``: e.g. ``"1024 B"``) and print its line."""
         with self._mu:
             self.seq += 1
             doc = {"rank": self.rank, "run": self.run_id, "seq": self.seq, "phase": name,
@@ -163,9 +124,7 @@ class Progress:
         self.writer.line(PROGRESS_PREFIX + json.dumps(doc, sort_keys=True, allow_nan=False))
 
     def start(self):
-        """Print the ``start`` line (socket settings, interfaces) and fork the heartbeat
-        process (call before importing torch: forking a process with torch's threads is
-        not safe)."""
+        """Print the ``start`` line and fork the heartbeat (before importing torch: forking its threads is unsafe)."""
         seen = {k: os.environ.get(k) for k in SOCKET_VARS}
         self.phase("start", extra={"socket": seen, "interfaces": interfaces()})
         if self.heartbeat_s and self.heartbeat_s > 0 and hasattr(os, "fork"):
@@ -189,7 +148,6 @@ class Progress:
             os._exit(code)
 
     def stop(self):
-        """End the heartbeat process (the last phase line stays the rank's last word)."""
         pid, self.heartbeat_pid = self.heartbeat_pid, None
         if pid:
             try:
@@ -199,5 +157,4 @@ class Progress:
                 pass
 
     def result(self, doc):
-        """Print the result document ``doc`` as one ``@@envbuild-result`` line."""
         self.writer.line(RESULT_PREFIX + json.dumps(doc, sort_keys=True, allow_nan=False))

@@ -1,12 +1,7 @@
-"""A built-in ResNet-18, used when torchvision is not installed in the image.
+"""A built-in ResNet-18 for images without torchvision.
 
-Same architecture, parameter names and initialization scheme as
-``torchvision.models.resnet18(weights=None)`` (He et al. 2015, "Deep Residual Learning
-for Image Recognition"; torchvision ``models/resnet.py``): BasicBlock, layers [2, 2, 2, 2],
-1000 classes, 11,689,512 parameters. Input: float tensor ``(batch, 3, H, W)``, H and W
->= 32; output: logits ``(batch, num_classes)``.
-
-Imports torch at module level: import this module only inside the image.
+Same architecture, parameter names and init as ``torchvision.models.resnet18(weights=None)``
+(He et al. 2015; torchvision ``models/resnet.py``). Imports torch: only inside the image.
 """
 
 from __future__ import annotations
@@ -16,7 +11,6 @@ from torch import nn
 
 
 class BasicBlock(nn.Module):
-    """Two 3x3 conv-BN layers with a residual connection (expansion 1)."""
 
     expansion = 1
 
@@ -40,7 +34,6 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-    """ResNet with BasicBlocks; ``layers`` blocks per stage, e.g. [2, 2, 2, 2] for ResNet-18."""
 
     def __init__(self, layers=(2, 2, 2, 2), num_classes: int = 1000) -> None:
         super().__init__()
@@ -84,5 +77,4 @@ class ResNet(nn.Module):
 
 
 def resnet18(num_classes: int = 1000) -> ResNet:
-    """A freshly initialized ResNet-18 (uses torch's global RNG for the weights)."""
     return ResNet((2, 2, 2, 2), num_classes=num_classes)

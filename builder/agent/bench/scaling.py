@@ -1,18 +1,8 @@
-"""Scaling: the same DDP step timed at world size 1 and at world size N.
+"""Scaling: the DDP check's step timed at world size 1 (rank 0 alone, in ``new_group([0])``
+so DDP's hooks stay in the step) and at N; efficiency = t1 / tN.
 
-The step is the DDP check's (``train_ddp``: ResNet-18 of ``bench.ddp``, ``batch``
-images of 3 x S x S per rank, SGD with momentum). World size 1: rank 0 alone runs it
-under DDP in a process group of its own (``new_group([0])``, so DDP's hooks and the
-all-reduce of a one-rank group are in the step), while the other ranks wait at a
-barrier. World size N: every rank runs it in the default group. Each: ``warmup`` untimed
-steps, then ``steps`` timed steps; the time at world size N is the slowest rank's.
-
-    throughput(1) = steps x batch / t1               (images/s)
-    throughput(N) = steps x batch x N / tN
-    efficiency    = throughput(N) / (N x throughput(1))   = t1 / tN
-
-1.0 is perfect weak scaling; on CPU ranks sharing a machine's cores and memory
-bandwidth it is below that by construction (that is what it measures).
+1.0 is perfect weak scaling; CPU ranks sharing cores and memory bandwidth score below that
+by construction (that is what it measures).
 """
 
 from __future__ import annotations
@@ -26,10 +16,7 @@ DEFAULT_WARMUP = 1
 
 
 def efficiency(throughput_1: float, throughput_n: float, world: int) -> float | None:
-    """``throughput_n / (world * throughput_1)``; None when throughput_1 <= 0 or world < 1.
-
-    E.g. (10.0, 18.0, 2) -> 0.9; (10.0, 40.0, 4) -> 1.0.
-    """
+    """``throughput_n / (world * throughput_1)``; None when undefined."""
     if throughput_1 <= 0 or world < 1:
         return None
     return throughput_n / (world * throughput_1)
@@ -52,23 +39,12 @@ def _timed_steps(torch, ddp, opt, x, y, device: str, warmup: int, steps: int) ->
 
 def run_scaling(seed: int, device: str, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
                 batch: int = 4, image_size: int = 32) -> dict[str, Any]:
-    """Time the DDP step at world size 1 and N; see the module docstring.
-
-    Args:
-        seed: model-init and data seed; device: ``"cpu"`` or ``"cuda:<i>"``;
-        steps >= 1 timed steps, warmup >= 0 untimed ones; batch >= 2 images per rank;
-        image_size >= 32.
-
-    Returns ``{"model", "batch_per_rank", "image_size", "steps", "world_size",
-    "throughput_1", "throughput_n" (images/s), "time_1_s", "time_n_s",
-    "efficiency"}`` (the same on every rank).
-    """
+    """Time the DDP step at world size 1 and N; throughputs in images/s, times in s, the same on every rank."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from .ddp import LR, MOMENTUM, NUM_CLASSES, build_resnet18
-    from .train_ddp import make_data
+    from .train_ddp import LR, MOMENTUM, NUM_CLASSES, build_resnet18, make_data
 
     rank, world = dist.get_rank(), dist.get_world_size()
     cuda = device.startswith("cuda")

@@ -1,12 +1,5 @@
-"""What the torch in the image supports: the ``Unsupported`` outcome and how it is told
-apart from a failure.
-
-A collective, dtype or training API the image's torch (or its backend) lacks is not a
-failure of the cluster: it is reported as ``{"unsupported": "<reason>"}`` and never
-counted as passed. Only errors that say so are taken as "unsupported"; any other error
-(a dead peer, a timeout, a bug) propagates and fails the rank.
-
-Stdlib only; the torch-side helpers import torch lazily.
+"""What the image's torch lacks: ``{"unsupported": reason}``, never passed; only errors that
+say so count, any other fails the rank.
 """
 
 from __future__ import annotations
@@ -31,7 +24,6 @@ class Unsupported(Exception):
 
 
 def first_line(text: str, limit: int = REASON_MAX) -> str:
-    """First non-empty line of ``text``, stripped and cut to ``limit`` characters."""
     for line in str(text).splitlines():
         if line.strip():
             return line.strip()[:limit]
@@ -39,13 +31,7 @@ def first_line(text: str, limit: int = REASON_MAX) -> str:
 
 
 def unsupported_reason(exc: BaseException) -> str | None:
-    """``"<Type>: <first line>"`` when ``exc`` says something is not supported, else None.
-
-    True for NotImplementedError and for a RuntimeError (c10d's DistBackendError is one)
-    whose message matches ``UNSUPPORTED_RE``. E.g.
-    ``RuntimeError("Numpy is not available")`` -> ``"RuntimeError: Numpy is not available"``;
-    ``RuntimeError("Connection closed by peer")`` -> None.
-    """
+    """``"<Type>: <first line>"`` for NotImplementedError or a RuntimeError matching ``UNSUPPORTED_RE``, else None."""
     text = first_line(str(exc))
     if isinstance(exc, NotImplementedError) or (
             isinstance(exc, RuntimeError) and UNSUPPORTED_RE.search(text)):
@@ -54,19 +40,11 @@ def unsupported_reason(exc: BaseException) -> str | None:
 
 
 def needs_numpy(reason: str | None) -> bool:
-    """True when an unsupported reason is the missing numpy."""
     return bool(reason and NUMPY_RE.search(reason))
 
 
 def numpy_problem() -> str | None:
-    """None when torch can use numpy in this process, else the reason (one line).
-
-    Tries torch's own conversion first, ``torch.zeros(1).numpy()`` (what object
-    collectives and shape inference rely on; without numpy torch says ``"RuntimeError:
-    Numpy is not available"``), then ``import numpy``. Communication-free, so ranks can
-    agree on it before any collective that would fail on one side only (a one-sided
-    failure would leave the peers waiting until the process-group timeout).
-    """
+    """None when torch can use numpy here, else why; local, so ranks agree before a one-sided failure."""
     try:
         import torch
 

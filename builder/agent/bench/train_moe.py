@@ -1,22 +1,8 @@
-"""Mixture-of-experts training check: tokens routed with all-to-all to experts on other
-ranks, against the single-process computation of the same experts.
+"""Mixture-of-experts check: expert e on rank e, tokens routed top-1 with
+``all_to_all_single`` (autograd through the exchanges), the gate replicated.
 
-Expert parallel: ``world`` experts (each an MLP 8-16-8), expert e on rank e, and a gate
-Linear(8, world) replicated on every rank. Rank r takes slice r of the global tokens,
-routes each token to its top-1 expert (argmax of the softmax of the gate), sends the
-tokens to the experts' ranks with ``all_to_all_single`` (per-expert counts exchanged
-first with another ``all_to_all_single``), each expert runs on what it received, the
-outputs come back by the reverse all-to-all and are weighted by the gate probability.
-The backward runs the same exchanges in reverse (an autograd function around
-``all_to_all_single``); the gate's gradients are summed over ranks with an all-reduce.
-Loss: mean-squared error; each rank back-propagates its slice's loss / world, so the
-gradients are those of the global mean. SGD lr ``training.LR``.
-
-The reference, on every rank with no process group, holds the gate and ALL experts
-(same seed, same initial values) and computes each slice with the same routing, then the
-loss over the global batch. The gate runs on the same slice shapes as on the ranks, so
-both see the same gate outputs and route every token alike. Compared: every step's loss,
-the gate, and this rank's expert against the reference's (tolerance: ``training``).
+The reference holds the gate and all experts in one process and runs the gate on the same
+slice shapes, so both route every token alike.
 """
 
 from __future__ import annotations
@@ -33,9 +19,7 @@ DIM, HIDDEN = 8, 16
 
 
 def _all_to_all_fn(torch, dist):
-    """An autograd function: ``apply(x, out_splits, in_splits)`` sends ``in_splits[j]``
-    rows of ``x`` to rank j and returns the ``sum(out_splits)`` rows received; its
-    backward sends the gradients back the same way."""
+    """An autograd function around ``all_to_all_single``: the backward sends gradients back."""
     function: Any = torch.autograd.Function  # torch is a parameter here: a base class mypy can name
 
     class AllToAll(function):
@@ -57,13 +41,11 @@ def _all_to_all_fn(torch, dist):
 
 
 def route(torch, gate, x):
-    """(probability, expert index) of each token: top-1 of ``softmax(gate(x))``."""
     return torch.softmax(gate(x), dim=-1).max(dim=-1)
 
 
 def moe_distributed(torch, dist, a2a, gate, expert, x, world: int, delta: float):
-    """(this rank's MoE output for its tokens ``x``, tokens it sent to each expert);
-    autograd runs through the exchanges."""
+    """(this rank's MoE output for ``x``, tokens sent to each expert)."""
     prob, idx = route(torch, gate, x)
     order = torch.argsort(idx, stable=True)
     send = torch.bincount(idx, minlength=world)
@@ -81,7 +63,6 @@ def moe_distributed(torch, dist, a2a, gate, expert, x, world: int, delta: float)
 
 
 def moe_reference(torch, gate, experts, x):
-    """The same MoE layer in one process: every expert local."""
     prob, idx = route(torch, gate, x)
     y = torch.zeros_like(x)
     for e, expert in enumerate(experts):
@@ -110,16 +91,7 @@ def _reference_losses(torch, gate, experts, data, world: int, tokens: int) -> li
 
 def run_moe_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
                   tokens: int = DEFAULT_TOKENS, faults=()) -> dict[str, Any]:
-    """Train the expert-parallel MoE layer for ``steps`` steps of ``tokens`` per rank.
-
-    Args:
-        seed: init seed on every rank; data seed ``seed + 1``.
-        device: ``"cpu"`` or ``"cuda:<i>"``; faults: parsed ``profile_faults``
-            (``moe-expert-perturb`` is used).
-
-    Returns ``training.result`` plus ``experts``, ``tokens_per_rank`` and
-    ``routed`` (tokens each expert received over the steps, index = expert/rank).
-    """
+    """Train the expert-parallel MoE layer; ``routed`` counts the tokens each expert received."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F

@@ -1,18 +1,7 @@
-"""Pipeline-parallel training check (``torch.distributed.pipelining``) against a reference.
+"""Pipeline-parallel check (``torch.distributed.pipelining``): a chain of ``world`` blocks,
+block r the stage on rank r, against the whole chain in one process.
 
-The model is a chain of ``world`` blocks, each Linear(16, 16) - Tanh; block r is the
-stage on rank r (``PipelineStage`` built by hand with static example shapes, so no
-shape inference and no numpy is needed; the example input of a stage after the first
-has ``requires_grad=True``, as its activations do). Each step feeds the global batch as
-``MICROBATCHES`` microbatches through a ``ScheduleGPipe`` or ``Schedule1F1B``: rank 0
-sends activations forward, each stage sends input gradients back (point-to-point
-send/recv), the last stage computes the mean-squared error of each microbatch; the
-schedule scales the accumulated gradients by 1/microbatches, so each stage's gradient
-is that of the global-batch mean. The reference, on every rank with no process group,
-trains the whole chain (same initial blocks, same seed) on the same global batches;
-each stage's final parameters are compared with its block in the reference, and the
-step loss (mean of the microbatch losses, on the last stage) with the reference's
-(tolerance: ``training``).
+Stages get static example shapes, so neither shape inference nor numpy is needed.
 """
 
 from __future__ import annotations
@@ -37,9 +26,7 @@ def _pipelining_api():
 
 
 def _message_fault_hook(torch, drop: bool):
-    """TEST-ONLY forward pre-hook on a stage: alter one element of its input (the
-    activation received from the previous stage) by +MESSAGE_DELTA, or lose it (zeros;
-    multiplied, so the backward still sends a gradient)."""
+    """TEST-ONLY forward pre-hook: alter one element of the received activation, or zero it."""
     def hook(module, args):
         x = args[0]
         if drop:
@@ -65,19 +52,8 @@ def _step(sched, rank: int, world: int, x, y) -> list[float]:
 
 def run_pipeline_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
                        schedule: str = "gpipe", faults=()) -> dict[str, Any]:
-    """Train the ``world``-stage chain for ``steps`` steps of MICROBATCHES x
-    MICROBATCH_SIZE samples with ``schedule`` (``"gpipe"`` or ``"1f1b"``).
-
-    Args:
-        seed: init seed on every rank; data seed ``seed + 1``.
-        device: ``"cpu"`` or ``"cuda:<i>"``; faults: parsed ``profile_faults``
-            (``pipeline-message-alter`` / ``pipeline-message-drop`` are used).
-
-    Returns ``training.result`` plus ``schedule``, ``stages``, ``microbatches`` and
-    ``microbatch_size``.
-
-    Raises:
-        ValueError: unknown schedule. support.Unsupported: no ``torch.distributed.pipelining``.
+    """Train the chain with ``schedule`` (``"gpipe"`` or ``"1f1b"``); ValueError on another,
+    Unsupported without ``torch.distributed.pipelining``.
     """
     import torch
     import torch.distributed as dist

@@ -1,14 +1,6 @@
-"""Tensor-parallel training check (DTensor ``parallelize_module``) against a reference.
-
-A two-layer MLP, Linear(16, H) - Tanh - Linear(H, 8) with H = 32 rounded up to a
-multiple of the world size, is split Megatron-style over a 1-D device mesh of all ranks:
-the first Linear with ``ColwiseParallel`` (each rank holds H/world output rows), the
-second with ``RowwiseParallel`` (the matching input columns; its partial outputs are
-summed by an all-reduce). Every rank gets the same whole batch (tensor parallelism
-splits the layer, not the data). The reference, on every rank with no process group,
-trains a copy of the same initial model on the same batches (mean-squared error, SGD lr
-``training.LR``); the final parameters are gathered with ``full_tensor()`` and compared
-(tolerance: ``training``).
+"""Tensor-parallel check: a two-layer MLP split Megatron-style (``ColwiseParallel`` then
+``RowwiseParallel``) over a 1-D mesh of all ranks, every rank on the whole batch, against
+a single-process reference.
 """
 
 from __future__ import annotations
@@ -25,7 +17,7 @@ IN_DIM, HIDDEN_MIN, OUT_DIM = 16, 32, 8
 
 
 def hidden_size(world: int) -> int:
-    """32 rounded up to a multiple of ``world``: 2 -> 32, 3 -> 33, 64 -> 64."""
+    """32 rounded up to a multiple of ``world``."""
     return world * -(-HIDDEN_MIN // world)
 
 
@@ -38,21 +30,9 @@ def _tp_api():
 
 def run_tp_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
                  batch: int = DEFAULT_BATCH, faults=()) -> dict[str, Any]:
-    """Train the MLP tensor-parallel over all ranks for ``steps`` steps.
-
-    Args:
-        seed: init seed on every rank; data seed ``seed + 1``.
-        device: ``"cpu"`` or ``"cuda:<i>"``; faults: parsed ``profile_faults``
-            (``tp-shard-perturb`` is used: this rank's shard of the first weight).
-
-    Returns ``training.result`` plus ``batch`` and ``hidden``.
-
-    Raises:
-        support.Unsupported: this torch has no DeviceMesh or tensor-parallel API.
-    """
+    """Train the MLP tensor-parallel; Unsupported when this torch has no DeviceMesh or TP API."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
     from .train_fsdp import perturb_first_shard
 
@@ -70,25 +50,7 @@ def run_tp_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
         perturb_first_shard(torch, model, SHARD_DELTA)
     data = [(x.to(device), y.to(device))
             for x, y in training.batches(torch, seed, steps, batch, IN_DIM, OUT_DIM)]
-    opt = torch.optim.SGD(model.parameters(), lr=training.LR)
-
-    def train():
-        losses = []
-        for x, y in data:
-            opt.zero_grad(set_to_none=True)
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        return losses
-
-    local_losses, wall = training.timed(torch, device, train)
-    ref_losses = training.train_reference(torch, reference, data, F.mse_loss)
-    got = [training.local_tensor(p) for p in model.parameters()]
-    want = [p.detach().cpu() for p in reference.parameters()]
-    ok, diff = training.compare_params(torch, got, want)
-    ok, diff, wall = training.agree(torch, dist, device, ok, diff, wall)
-    losses = training.mean_over_ranks(torch, dist, device, local_losses)
+    losses, ref_losses, ok, diff, wall = training.run_mse(torch, dist, device, model, reference, data)
     return training.result(
         training.describe("mlp", sizes, training.n_params(reference)), losses, ref_losses, ok,
         diff, steps * batch, wall, batch=batch, hidden=sizes[1])

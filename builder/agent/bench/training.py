@@ -1,30 +1,11 @@
-"""Shared parts of the training checks: tolerance, comparison with the single-process
-reference, the result shape, and the torch helpers the checks use.
+"""Shared parts of the training checks: tolerance, result shape, torch helpers.
 
-Every training check (``train_ddp``, ``train_fsdp``, ``train_tp``, ``train_pipeline``,
-``train_moe``) trains a model for a few steps with one parallelism strategy and, on every
-rank, the same model (same seed, same initial parameters) in ONE process with no process
-group on the same global batch: the single-process reference. The check passes
-(``reference_match``) when every step's loss and every final parameter agree within the
-tolerance.
-
-Tolerance: ``|a - b| <= ATOL + RTOL * |b|`` element-wise (``torch.allclose``'s rule) with
-RTOL = 1e-5, ATOL = 1e-6, for the losses (distributed vs reference, per step) and for
-every parameter element after the last step. Why: the distributed step computes the same
-float32 sums as the reference but in another order (gradients summed over ranks by the
-all-reduce/reduce-scatter ring, partial products of a sharded matmul summed across
-ranks, microbatch gradients accumulated), so results differ by a few float32 rounding
-errors (eps = 1.19e-7). Measured on torch 2.13/gloo, 2 and 3 CPU ranks, 3 steps: the
-largest parameter difference is 1.5e-8 (FSDP, TP, pipeline, MoE in float32) and 3e-13
-(DDP, which runs in float64: see ``train_ddp`` for why); ``max_param_diff`` is reported
-so the margin can be read. RTOL = 1e-5 leaves 100x and more for other BLAS libraries
-and reduction orders (e.g. NCCL's tree all-reduce), while every injected fault moves
-some parameter by more than 1e-4 (an altered pipeline message: 5e-4; a perturbed shard:
-1e-2) and a real bug (a gradient not averaged, a shard misplaced, a microbatch dropped)
-by far more.
-
-Pure functions here use no torch; the torch helpers take it as an argument or import it
-lazily.
+Each check trains with one strategy and, on every rank, the same model in one process on
+the same global batch; it passes when every step's loss and every final parameter agree
+within ``|a - b| <= ATOL + RTOL * |b|`` (``torch.allclose``'s rule). The distributed sums
+run in another order, a few float32 roundings (eps 1.19e-7) apart: measured up to 1.5e-8
+(torch 2.13/gloo, 2-3 CPU ranks), so RTOL 1e-5 leaves 100x for other BLAS and reduction
+orders, while every injected fault moves some parameter by more than 1e-4.
 """
 
 from __future__ import annotations
@@ -41,20 +22,32 @@ TOLERANCE = {"rtol": RTOL, "atol": ATOL,
              "rule": "|distributed - reference| <= atol + rtol * |reference|, element-wise, "
                      "for every step's loss and every final parameter"}
 LR = 0.05  # SGD learning rate of the small models
+#: Distinct data slices of the data-parallel checks (DDP, FSDP): rank r trains on slice
+#: r % K, K = min(N, SHARDS), so the reference costs K slices whatever N (docs/scale.md).
+SHARDS = 4
+
+
+def shard_weights(world: int, shards: int = SHARDS) -> list[float]:
+    """The weight of each distinct slice in the mean over ``world`` ranks (its ranks / world):
+    ``shard_weights(6)`` -> ``[2/6, 2/6, 1/6, 1/6]``."""
+    k = min(world, shards)
+    return [len(range(q, world, k)) / world for q in range(k)]
+
+
+def shard_of(rank: int, world: int, batch: int) -> slice:
+    """The rows of the global batch (``batch`` x K rows) ``rank`` trains on."""
+    q = rank % min(world, SHARDS)
+    return slice(q * batch, (q + 1) * batch)
 
 
 def close(a: float, b: float, rtol: float = RTOL, atol: float = ATOL) -> bool:
-    """``|a - b| <= atol + rtol * |b|``; False when either is not finite.
-
-    E.g. ``close(1.0, 1.0 + 5e-6)`` -> True; ``close(1.0, 1.001)`` -> False.
-    """
+    """``|a - b| <= atol + rtol * |b|``; False when either is not finite."""
     if not (math.isfinite(a) and math.isfinite(b)):
         return False
     return abs(a - b) <= atol + rtol * abs(b)
 
 
 def losses_match(distributed: list[float], reference: list[float]) -> bool:
-    """Same number of steps and every step :func:`close`."""
     return len(distributed) == len(reference) and all(
         close(d, r) for d, r in zip(distributed, reference))
 
@@ -62,22 +55,7 @@ def losses_match(distributed: list[float], reference: list[float]) -> bool:
 def result(model: str, distributed: list[float], reference: list[float],
            params_close: bool, max_param_diff: float, samples: int, wall_s: float,
            **extra) -> dict[str, Any]:
-    """The JSON-able result of a training check (the same dict on every rank).
-
-    Args:
-        model: what was trained, e.g. ``"mlp 16-32-32-8 (1,832 parameters)"``.
-        distributed: the loss of each step over the global batch (distributed run).
-        reference: the single-process reference's loss of each step.
-        params_close: every final parameter within tolerance, on every rank.
-        max_param_diff: max |distributed - reference| over all parameter elements, ranks.
-        samples: samples processed in the timed steps (global batch x steps).
-        wall_s: wall time of the distributed steps (slowest rank), seconds.
-        extra: further keys (e.g. ``schedule``), added as given.
-
-    Returns ``{"reference_match", "tolerance", "losses", "reference_losses",
-    "max_param_diff", "params_match", "losses_match", "samples_per_s", "wall_s",
-    "steps", "model", ...extra}``; non-finite floats become None (JSON-safe).
-    """
+    """The JSON-able result of a check, the same on every rank; ``wall_s``: the slowest rank's seconds."""
     lm = losses_match(distributed, reference)
     out = {
         "reference_match": bool(lm and params_close),
@@ -102,10 +80,9 @@ def _finite(x):
 
 
 def guarded(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run a check; ``{"unsupported": reason}`` when it raises :class:`Unsupported` or an
-    error that says something is not supported (see ``support.unsupported_reason``),
-    with ``"needs_numpy": True`` when the reason is the missing numpy. Any other error
-    propagates (it is a failure, not a missing feature). Adds ``check_wall_s``."""
+    """Run a check; ``{"unsupported": reason}`` when it says something is not supported, any
+    other error propagates. Adds ``check_wall_s``.
+    """
     t0 = time.perf_counter()
     try:
         out = check()
@@ -123,8 +100,7 @@ def guarded(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 def resolve(what: str, getter: Callable[[], object]):
-    """``getter()`` (an import or attribute lookup of a torch API); ImportError or
-    AttributeError become :class:`Unsupported` naming ``what`` and torch's version."""
+    """``getter()`` (a torch API lookup); ImportError or AttributeError become :class:`Unsupported`."""
     try:
         return getter()
     except (ImportError, AttributeError) as e:
@@ -141,8 +117,7 @@ def resolve(what: str, getter: Callable[[], object]):
 
 
 def mlp(torch, sizes: list[int]):
-    """``nn.Sequential`` of Linear layers with Tanh between them: sizes [16, 32, 8] ->
-    Linear(16, 32), Tanh, Linear(32, 8). Uses torch's global RNG for the init."""
+    """Linear layers with Tanh between them, initialized from torch's global RNG."""
     layers = []
     for i in range(len(sizes) - 1):
         layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
@@ -152,20 +127,18 @@ def mlp(torch, sizes: list[int]):
 
 
 def n_params(module) -> int:
-    """Number of parameter elements of ``module`` (full, unsharded sizes)."""
     return sum(p.numel() for p in module.parameters())
 
 
 def batches(torch, seed: int, steps: int, batch: int, in_dim: int, out_dim: int):
-    """``steps`` (x, y) pairs of float32 N(0, 1) of shapes (batch, in_dim), (batch,
-    out_dim) from a CPU generator seeded ``seed + 1`` (the same on every rank)."""
+    """``steps`` (x, y) N(0, 1) float32 pairs from a CPU generator seeded ``seed + 1`` (same on every rank)."""
     gen = torch.Generator().manual_seed(seed + 1)
     return [(torch.randn(batch, in_dim, generator=gen), torch.randn(batch, out_dim, generator=gen))
             for _ in range(steps)]
 
 
 def train_reference(torch, model, data, loss_fn, lr: float = LR) -> list[float]:
-    """Plain single-process SGD (no momentum) over ``data``; the loss of each step."""
+    """Plain single-process SGD over ``data``; the loss of each step."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
     for x, y in data:
@@ -178,9 +151,7 @@ def train_reference(torch, model, data, loss_fn, lr: float = LR) -> list[float]:
 
 
 def local_tensor(p):
-    """The full value of a parameter: a DTensor is gathered (``full_tensor()``, a
-    collective: every rank calls it in the same order), a plain tensor is returned as
-    is; detached, on CPU, in its dtype."""
+    """The full value of a parameter on CPU; a DTensor is gathered (a collective: same order on every rank)."""
     t = p.detach()
     if hasattr(t, "full_tensor"):
         t = t.full_tensor()
@@ -188,7 +159,7 @@ def local_tensor(p):
 
 
 def compare_params(torch, got: list, want: list):
-    """(all within tolerance, max abs difference) of two equal-length tensor lists."""
+    """(all within tolerance, max abs difference) of two tensor lists."""
     ok, worst = len(got) == len(want), 0.0
     for g, w in zip(got, want):
         if g.shape != w.shape:
@@ -200,8 +171,41 @@ def compare_params(torch, got: list, want: list):
     return ok, worst
 
 
+def run_mse(torch, dist, device: str, model, reference, data, sl=slice(None), weights=None):
+    """SGD on ``model`` over the ``sl`` rows of ``data`` and on ``reference`` over all of it (MSE;
+    ``weights``: the loss is the weighted sum of the equal slices' losses, :func:`shard_weights`):
+    (mean losses over ranks, reference losses, all close, max diff, slowest wall s)."""
+    import torch.nn.functional as F
+
+    def ref_loss(out, y):
+        if weights is None:
+            return F.mse_loss(out, y)
+        b = out.shape[0] // len(weights)
+        return sum(w * F.mse_loss(out[q * b:(q + 1) * b], y[q * b:(q + 1) * b]) for q, w in enumerate(weights))
+
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+
+    def train():
+        losses = []
+        for x, y in data:
+            opt.zero_grad(set_to_none=True)
+            loss = F.mse_loss(model(x[sl]), y[sl])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    local_losses, wall = timed(torch, device, train)
+    ref_losses = train_reference(torch, reference, data, ref_loss)
+    got = [local_tensor(p) for p in model.parameters()]
+    want = [p.detach().cpu() for p in reference.parameters()]
+    ok, diff = compare_params(torch, got, want)
+    ok, diff, wall = agree(torch, dist, device, ok, diff, wall)
+    return mean_over_ranks(torch, dist, device, local_losses), ref_losses, ok, diff, wall
+
+
 def agree(torch, dist, device: str, params_close: bool, max_diff: float, wall_s: float):
-    """Over all ranks: (all close, max of max_diff, max of wall_s) by one MAX all-reduce."""
+    """Over all ranks: (all close, max diff, max wall_s) by one MAX all-reduce."""
     t = torch.tensor([0.0 if params_close else 1.0, max_diff, wall_s], dtype=torch.float64,
                      device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -210,21 +214,18 @@ def agree(torch, dist, device: str, params_close: bool, max_diff: float, wall_s:
 
 
 def max_over_ranks(torch, dist, device: str, values: list[float]) -> list[float]:
-    """Element-wise max over ranks of a float list (one MAX all-reduce, float64)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.cpu().tolist()
 
 
 def sum_over_ranks(torch, dist, device: str, values: list[float]) -> list[float]:
-    """Element-wise sum over ranks of a float list (one SUM all-reduce, float64)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.cpu().tolist()
 
 
 def mean_over_ranks(torch, dist, device: str, values: list[float]) -> list[float]:
-    """Element-wise mean over ranks of a float list."""
     return [v / dist.get_world_size() for v in sum_over_ranks(torch, dist, device, values)]
 
 
@@ -241,10 +242,9 @@ def timed(torch, device: str, fn: Callable[[], object]):
 
 
 def describe(name: str, sizes: list[int], count: int) -> str:
-    """e.g. ``describe("mlp", [16, 32, 8], 808)`` -> ``"mlp 16-32-8 (808 parameters)"``."""
+    """e.g. ``"mlp 16-32-8 (808 parameters)"``."""
     return "{} {} ({} parameters)".format(name, "-".join(str(s) for s in sizes), format(count, ","))
 
 
 def fault_hits(faults, kind: str, rank: int, target: str | None = None) -> bool:
-    """True when a fault of ``kind`` (and ``target``) targets ``rank`` (see profile_faults)."""
     return any(f.hits(kind, rank, target) for f in (faults or ()))

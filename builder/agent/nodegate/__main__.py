@@ -33,9 +33,9 @@ def run_once(spec: dict[str, Any], node: str | None) -> int:
     if node:
         try:
             if failures:
-                kube.mark_node(node, None, check.label_value(failures[0][0]))
+                kube.mark_node(node, None, check.label_value(failures[0][0]), failures[0][1])
             else:
-                kube.mark_node(node, check.label_value(label), None)
+                kube.mark_node(node, check.label_value(label), None, f"matches the certificate of lock {label}")
         except (kube.KubeError, OSError) as e:
             print(f"error: cannot mark node {node}: {e}", flush=True)
             return 3

@@ -1,8 +1,8 @@
-"""The comparison of one probe document with a gate spec (see :mod:`nodegate`): pure
-functions, standard library only, Python >= 3.8."""
+"""The comparison of one probe document with a gate spec: pure, stdlib only."""
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -12,8 +12,7 @@ _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?
 
 
 def label_value(text: str) -> str:
-    """``text`` as a Kubernetes label (or taint) value: other characters become ``_``, cut to
-    63, trimmed to alphanumerics at both ends; ``"failed"`` when nothing is left."""
+    """``text`` as a Kubernetes label (or taint) value; ``"failed"`` when nothing is left."""
     value = re.sub(r"[^A-Za-z0-9._-]", "_", text)[:63].strip("._-")
     return value if value and _LABEL_VALUE.fullmatch(value) else "failed"
 
@@ -32,7 +31,6 @@ def _cmp(have: tuple[int, ...], op: str, want: tuple[int, ...]) -> bool:
 
 
 def value_at(doc: Any, path: Sequence[str]) -> Any:
-    """``doc[path[0]][path[1]]...``; None where the path ends early."""
     for key in path:
         doc = doc.get(key) if isinstance(doc, dict) else None
     return doc
@@ -78,9 +76,23 @@ def _local(spec: dict[str, Any], doc: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def evaluate(spec: dict[str, Any], doc: dict[str, Any]) -> tuple[list[tuple[str, str]], list[str]]:
-    """``(failures, warnings)`` of probe ``doc`` under ``spec``: failures as ``(reason, line)``
-    (reason: the field or check, for the taint), warnings as lines."""
+def age_warnings(spec: dict[str, Any], now: datetime.datetime | None = None) -> list[str]:
+    """A warning when the certificate is older than ``max_age_s`` or of unknown age (the host gate's rule)."""
+    made, limit = spec.get("made_at"), spec.get("max_age_s")
+    try:
+        t = datetime.datetime.fromisoformat(str(made).replace("Z", "+00:00"))
+        age = ((now or datetime.datetime.now(datetime.timezone.utc)) - t).total_seconds()
+    except (ValueError, TypeError):
+        return [f"certificate: no valid made_at ({_shown(made)}): its age is unknown"]
+    if isinstance(limit, (int, float)) and age > limit:
+        return [f"certificate: made {_shown(made)}, {int(age)} s ago: older than max_age_s {limit:.0f} s; "
+                "certify the image again"]
+    return []
+
+
+def evaluate(spec: dict[str, Any], doc: dict[str, Any],
+             now: datetime.datetime | None = None) -> tuple[list[tuple[str, str]], list[str]]:
+    """``(failures as (reason for the taint, line), warnings)`` of probe ``doc`` under ``spec``."""
     failures: list[tuple[str, str]] = []
     for f in spec.get("fields") or []:
         have = value_at(doc, f.get("path") or [])
@@ -89,6 +101,7 @@ def evaluate(spec: dict[str, Any], doc: dict[str, Any]) -> tuple[list[tuple[str,
                 f.get("field"), _shown(f.get("want")), _shown(have))))
     fails, warnings = _driver(spec, doc.get("driver"))
     failures += fails + _local(spec, doc)
+    warnings += age_warnings(spec, now)
     for err in (doc.get("errors") or [])[:3]:
         warnings.append(f"probe: {str(err)[:300]}")
     return failures, warnings

@@ -1,14 +1,6 @@
-"""Label or taint this pod's node through the Kubernetes API, from inside the cluster, with
-the standard library only (Python >= 3.8).
-
-In-cluster access as client libraries do it (Kubernetes "Accessing the API from a Pod"): the
-API server at ``https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT``, the service
-account's token and CA under :data:`SA_DIR`. The node is read (``GET /api/v1/nodes/NAME``)
-and patched with a JSON merge patch (RFC 7386) that carries its ``resourceVersion``, so a
-concurrent change makes the API answer 409 Conflict and the patch is made again on the
-fresh node (at most :data:`ATTEMPTS` times); other taints are kept. The ServiceAccount needs
-``get`` and ``patch`` on ``nodes`` (the ClusterRole ``envbuild k8s gate`` renders).
-"""
+"""Label or taint this pod's node, and set its condition, from inside the cluster (stdlib only).
+The merge patch (RFC 7386) carries the node's ``resourceVersion``: a concurrent change answers
+409 and the patch is retried on the fresh node."""
 
 from __future__ import annotations
 
@@ -23,6 +15,7 @@ from typing import Any
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 LABEL = "envbuild.dev/certified"
 TAINT = "envbuild.dev/uncertified"
+CONDITION = "EnvbuildUncertified"
 ATTEMPTS = 5
 TIMEOUT_S = 30
 #: Largest API answer read, in bytes.
@@ -57,9 +50,7 @@ def _request(method: str, path: str, body: dict[str, Any] | None = None,
 
 
 def node_patch(node: dict[str, Any], label_value: str | None, taint_value: str | None) -> dict[str, Any]:
-    """The merge patch that labels (``label_value``) or taints (``taint_value``) ``node``:
-    the label set or removed (null), the node's taints without ours plus ours when tainting,
-    and the node's ``resourceVersion``."""
+    """The merge patch that labels or taints ``node`` (the label null when tainting)."""
     meta = node.get("metadata") or {}
     taints: list[dict[str, Any]] = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") != TAINT]
     if taint_value is not None:
@@ -68,15 +59,31 @@ def node_patch(node: dict[str, Any], label_value: str | None, taint_value: str |
             "spec": {"taints": taints}}
 
 
-def mark_node(name: str, label_value: str | None, taint_value: str | None) -> None:
-    """Label (pass) or taint (fail) node ``name``. Raises KubeError."""
+def condition_patch(node: dict[str, Any], reason: str, message: str, failed: bool, now: str) -> dict[str, Any]:
+    """The strategic merge patch of :data:`CONDITION`; ``lastTransitionTime`` moves only when the
+    status changes."""
+    status = "True" if failed else "False"
+    old = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == CONDITION]
+    since = old[0].get("lastTransitionTime") if old and old[0].get("status") == status else now
+    return {"status": {"conditions": [{"type": CONDITION, "status": status, "reason": reason, "message": message,
+                                       "lastHeartbeatTime": now, "lastTransitionTime": since or now}]}}
+
+
+def mark_node(name: str, label_value: str | None, taint_value: str | None, message: str = "") -> None:
+    """Label (pass) or taint (fail) node ``name``, then set its condition; KubeError otherwise."""
+    import datetime
+
     path = "/api/v1/nodes/" + urllib.parse.quote(name, safe="")
     for _ in range(ATTEMPTS):
         node = _request("GET", path)
         try:
             _request("PATCH", path, node_patch(node, label_value, taint_value), "application/merge-patch+json")
-            return
         except KubeError as e:
             if "HTTP 409" not in str(e):
                 raise
+            continue
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        patch = condition_patch(node, taint_value or "Certified", message[:1024], taint_value is not None, now)
+        _request("PATCH", path + "/status", patch, "application/strategic-merge-patch+json")
+        return
     raise KubeError(f"PATCH {path}: still in conflict after {ATTEMPTS} attempts")

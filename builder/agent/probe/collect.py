@@ -1,8 +1,4 @@
-"""The whole ``envbuild.probe/1`` document (:func:`collect`) and the command (:func:`main`).
-
-Standard library only, Python >= 3.8; the field list with its sources is in the package
-docstring (:mod:`builder.agent.probe`).
-"""
+"""The whole ``envbuild.probe/1`` document (:func:`collect`) and the command (:func:`main`)."""
 
 from __future__ import annotations
 
@@ -27,7 +23,6 @@ SCOPES = ("host", "image")
 
 
 def shm_info() -> dict[str, Any]:
-    """``{"path": "/dev/shm", "size_bytes", "free_bytes"}`` (``os.statvfs``; None when absent)."""
     path = "/dev/shm"
     try:
         st = os.statvfs(path)
@@ -38,9 +33,7 @@ def shm_info() -> dict[str, Any]:
 
 
 def env_vars() -> dict[str, str]:
-    """``NCCL_*``, ``GLOO_*``, ``TORCH_*``, ``CUDA_VISIBLE_DEVICES``,
-    ``NVIDIA_VISIBLE_DEVICES``, ``LD_LIBRARY_PATH``, ``NVIDIA_REQUIRE_CUDA`` and
-    ``NVIDIA_DISABLE_REQUIRE`` (the image's CUDA requirement) of this process, by name."""
+    """The variables that steer NCCL, gloo, torch and the image's CUDA requirement, by name."""
     return {
         k: v
         for k, v in sorted(os.environ.items())
@@ -61,22 +54,12 @@ def _nccl(errors: list[str]) -> dict[str, Any]:
     return out
 
 
-def utc_now() -> str:
-    """This moment in UTC, ``2025-06-01T12:00:00Z``."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
 def collect(scope: str | None = None) -> dict[str, Any]:
-    """Probe this process's environment; returns the ``envbuild.probe/1`` dict, with
-    ``scope`` (``"host"``, ``"image"`` or None: not said) and ``probed_at`` (UTC).
-
-    Imports torch if it is installed (so that torch's own NCCL gets mapped) before
-    reading ``/proc/self/maps``. Never raises for missing components; problems are
-    listed under ``errors``. Loading each libnccl found on disk happens in a
-    subprocess (at most ``nccl.NCCL_SUBPROCESS_TIMEOUT_S`` s each).
-    """
+    """The ``envbuild.probe/1`` dict; never raises. torch is imported first so that its own NCCL is
+    mapped before ``/proc/self/maps`` is read."""
     errors: list[str] = []
-    out: dict[str, Any] = {"schema": SCHEMA, "scope": scope if scope in SCOPES else None, "probed_at": utc_now()}
+    out: dict[str, Any] = {"schema": SCHEMA, "scope": scope if scope in SCOPES else None,
+                           "probed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
         out["hostname"] = socket.gethostname()
     except Exception as e:
@@ -85,7 +68,7 @@ def collect(scope: str | None = None) -> dict[str, Any]:
     out["kernel"] = platform.release()
     out["os"] = osinfo.os_release(errors)
     out["glibc"] = osinfo.glibc(errors)
-    out["python"] = torchinfo.python_info()
+    out["python"] = {"version": platform.python_version(), "executable": sys.executable}
     out["torch"] = torchinfo.torch_info(errors)
     out["nccl"] = _nccl(errors)
     try:
@@ -110,8 +93,7 @@ def collect(scope: str | None = None) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print :func:`collect` as indented JSON on stdout; exit status 0. ``--host`` or
-    ``--image`` (the first argument) sets ``scope``; anything else is ignored."""
+    """Print :func:`collect` as JSON; ``--host`` or ``--image`` (the first argument) sets ``scope``."""
     args = list(sys.argv[1:] if argv is None else argv)
     scope = args[0][2:] if args and args[0] in ("--host", "--image") else None
     json.dump(collect(scope), sys.stdout, indent=2)

@@ -1,7 +1,4 @@
-"""Small helpers shared by the probe's modules: text decoding, ``which``, bounded commands.
-
-Standard library only, Python >= 3.8.
-"""
+"""Small helpers shared by the probe's modules (standard library only, Python >= 3.8)."""
 
 from __future__ import annotations
 
@@ -14,7 +11,6 @@ COMMAND_TIMEOUT_S = 10
 
 
 def text(value: Any) -> str:
-    """``value`` as ``str``: bytes decoded as UTF-8 (invalid bytes replaced)."""
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return str(value)
@@ -30,8 +26,7 @@ def which(name: str) -> str | None:
 
 
 def run_text(argv: list[str]) -> str | None:
-    """stdout of argv, or None when it cannot run, fails or runs past
-    :data:`COMMAND_TIMEOUT_S` seconds."""
+    """stdout of argv, or None when it cannot run, fails or runs past :data:`COMMAND_TIMEOUT_S` seconds."""
     try:
         proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                               stdin=subprocess.DEVNULL, timeout=COMMAND_TIMEOUT_S,
@@ -42,6 +37,5 @@ def run_text(argv: list[str]) -> str | None:
 
 
 def read_text(path: str) -> str:
-    """The text of ``path`` (UTF-8, invalid bytes replaced). Raises OSError."""
     with open(path, encoding="utf-8", errors="replace") as f:
         return f.read()

@@ -1,11 +1,5 @@
-"""The container this probe runs in (if any), the runtimes installed here, and the image.
-
-Standard library only, Python >= 3.8. The runtime is recognised by its marks
-(``/.dockerenv``, ``/run/.containerenv``, ``$container``, ``$APPTAINER_CONTAINER`` /
-``$SINGULARITY_CONTAINER``, ``$KUBERNETES_SERVICE_HOST``); whoever starts the probe in a
-container names the image and engine through ``ENVBUILD_IMAGE``, ``ENVBUILD_IMAGE_DIGEST``,
-``ENVBUILD_IMAGE_ID`` and ``ENVBUILD_RUNTIME_VERSION``.
-"""
+"""The container this probe runs in (if any), the runtimes installed here, and the image (named by
+whoever starts the probe, through the ``ENVBUILD_IMAGE*`` variables)."""
 
 from __future__ import annotations
 
@@ -25,11 +19,7 @@ RUNTIME_COMMANDS = (
 
 
 def parse_version_output(text: str | None) -> str | None:
-    """The first dotted version token in ``NAME --version`` output, or None.
-
-    ``"Docker version 20.10.24+dfsg1, build 297e128"`` gives ``"20.10.24+dfsg1"``;
-    ``"apptainer version 1.3.4"`` gives ``"1.3.4"``.
-    """
+    """The first dotted version token in ``NAME --version`` output (``20.10.24+dfsg1``), or None."""
     for tok in (text or "").replace(",", " ").split():
         tok = tok[1:] if tok[:1] in "vV" and tok[1:2].isdigit() else tok
         if tok[:1].isdigit() and "." in tok:
@@ -55,7 +45,6 @@ def _runtime() -> str | None:
 
 
 def container_info(errors: list[str]) -> dict[str, Any]:
-    """``{"runtime", "version", "installed"}`` (see the package docstring)."""
     installed = {}
     for name, argv in RUNTIME_COMMANDS:
         if which(argv[0]) is None:
@@ -70,8 +59,7 @@ def container_info(errors: list[str]) -> dict[str, Any]:
 
 
 def image_info() -> dict[str, str | None]:
-    """``{"ref", "digest", "id"}`` from the ``ENVBUILD_IMAGE*`` variables (``ref`` falls
-    back to ``$APPTAINER_CONTAINER`` / ``$SINGULARITY_CONTAINER``)."""
+    """From the ``ENVBUILD_IMAGE*`` variables; ``ref`` falls back to ``$APPTAINER_CONTAINER``."""
     env = os.environ
     ref = (env.get("ENVBUILD_IMAGE") or env.get("APPTAINER_CONTAINER")
            or env.get("SINGULARITY_CONTAINER") or None)

@@ -1,23 +1,6 @@
-"""Libraries that decide how NCCL talks and which CUDA runtime runs: the NCCL network
-plugin NCCL would load, and the CUDA runtime libraries (``libcudart``) this process maps.
-
-Standard library only (``ctypes``), Python >= 3.8.
-
-The network plugin, as NCCL looks for it (NVIDIA/nccl ``src/net.cc`` up to 2.22,
-``src/plugin/plugin_open.cc`` from 2.23): with ``NCCL_NET_PLUGIN=NAME`` NCCL dlopens
-``NAME`` as given (2.19 and later; a path works) and then ``libnccl-net-NAME.so``; without
-it, ``libnccl-net.so``; nothing found means NCCL's own IB and socket transports. dlopen
-searches ``LD_LIBRARY_PATH``, the caller's ``RUNPATH`` (libnccl's folder: searched here too)
-and the ld.so cache. The plugin exports a struct ``ncclNetPlugin_vN`` (N, the plugin API
-version, 2..11) whose first member is the plugin's name (``const char *name``). The library
-is loaded in a subprocess, as the NCCL versions on disk are (:mod:`.nccl`), so the probing
-process maps nothing new; its file is named by ``dladdr`` on that symbol (or, for a library
-without one, the first file mapped by loading it), hashed with SHA-256.
-
-``cuda_runtime.loaded``: every ``libcudart.so*`` in ``/proc/self/maps`` after torch was
-imported, with ``cudaRuntimeGetVersion`` (no GPU needed). Two of them in one process is the
-mixed-runtime trap of a wheel's bundled runtime next to a system one.
-"""
+"""The NCCL network plugin NCCL would load, and the CUDA runtimes (``libcudart``) this process maps.
+Plugin lookup as NVIDIA/nccl ``src/plugin/plugin_open.cc``, loaded in a subprocess so this process
+maps nothing new. Two CUDA runtimes: a wheel's bundled one next to a system one."""
 
 from __future__ import annotations
 
@@ -79,23 +62,19 @@ print(json.dumps({"errors": errors}))
 
 
 def plugin_names(env: dict[str, str]) -> list[str]:
-    """The library names NCCL tries for its network plugin, in order:
-    ``[NAME, "libnccl-net-NAME.so"]`` with ``NCCL_NET_PLUGIN=NAME``, else
-    ``["libnccl-net.so"]``."""
+    """Names NCCL tries: ``[NAME, "libnccl-net-NAME.so"]`` with ``NCCL_NET_PLUGIN=NAME``, else ``libnccl-net.so``."""
     name = env.get("NCCL_NET_PLUGIN") or ""
     return [name, f"libnccl-net-{name}.so"] if name else ["libnccl-net.so"]
 
 
 def so_version(path: str | None) -> str | None:
-    """The dotted version after ``.so.`` in a library's file name (``libnccl-net.so.1.14.0``
-    gives ``"1.14.0"``), or None."""
+    """The dotted version after ``.so.`` (``libnccl-net.so.1.14.0`` gives ``"1.14.0"``), or None."""
     m = re.search(r"\.so\.([0-9]+(?:\.[0-9]+){0,3})$", path or "")
     return m.group(1) if m else None
 
 
 def file_sha256(path: str, limit: int = MAX_PLUGIN_BYTES) -> str | None:
-    """``sha256:<hex>`` of a regular file of at most ``limit`` bytes; None for anything
-    else (never opened: a FIFO would block). Raises OSError when it cannot be read."""
+    """``sha256:<hex>`` of a regular file of at most ``limit`` bytes, else None (a FIFO is never opened)."""
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
         return None
@@ -107,8 +86,7 @@ def file_sha256(path: str, limit: int = MAX_PLUGIN_BYTES) -> str | None:
 
 
 def _load_plugin(names: list[str], extra_dirs: list[str]) -> tuple[dict[str, Any] | None, str | None]:
-    """(what the snippet found, error): the names dlopen'ed in a subprocess, then the same
-    names in ``extra_dirs`` (libnccl's folder: its RUNPATH)."""
+    """(what the snippet found, error): the names dlopen'ed in a subprocess, then in ``extra_dirs``."""
     tries = names + [os.path.join(d, n) for d in extra_dirs for n in names if "/" not in n]
     exe = sys.executable
     if not exe:
@@ -130,9 +108,7 @@ def _load_plugin(names: list[str], extra_dirs: list[str]) -> tuple[dict[str, Any
 
 
 def net_plugin(errors: list[str], nccl_path: str | None = None) -> dict[str, Any]:
-    """The NCCL network plugin NCCL would load here: ``{"requested", "path", "realpath",
-    "sha256", "name", "api", "version"}``; ``path`` None when there is none (NCCL then uses
-    its own transports). ``nccl_path``: the loaded libnccl, whose folder is searched too."""
+    """The network plugin NCCL would load here (``path`` None: its own transports); libnccl's folder searched too."""
     requested = os.environ.get("NCCL_NET_PLUGIN") or None
     out: dict[str, Any] = {"requested": requested, "path": None, "realpath": None, "sha256": None,
                            "name": None, "api": None, "version": None}
@@ -154,7 +130,6 @@ def net_plugin(errors: list[str], nccl_path: str | None = None) -> dict[str, Any
 
 
 def _runtime_version(path: str) -> str | None:
-    """``cudaRuntimeGetVersion`` of the mapped ``path`` (12080 gives ``"12.8"``), or None."""
     lib = ctypes.CDLL(path)
     fn = lib.cudaRuntimeGetVersion
     fn.argtypes = [ctypes.POINTER(ctypes.c_int)]
@@ -166,14 +141,12 @@ def _runtime_version(path: str) -> str | None:
 
 
 def is_cudart_name(basename: str) -> bool:
-    """True for CUDA runtime library file names: ``libcudart.so``, ``libcudart.so.12``,
-    ``libcudart-<hash>.so.12`` (torch's bundled copy); not the static archive."""
+    """``libcudart.so``, ``libcudart.so.12``, ``libcudart-<hash>.so.12`` (torch's bundled copy); not the archive."""
     return re.match(r"libcudart(-[0-9a-f]{8})?\.so(\.|$)", basename) is not None
 
 
 def cuda_runtime(errors: list[str], maps_text: str | None = None) -> dict[str, Any]:
-    """``{"loaded": [{"path", "version"}]}``: every CUDA runtime library mapped into this
-    process (``/proc/self/maps``, or ``maps_text``), in address order."""
+    """Every CUDA runtime library mapped into this process, in address order."""
     if maps_text is None:
         try:
             with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:

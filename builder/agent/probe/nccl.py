@@ -1,12 +1,5 @@
-"""NCCL: the library mapped into this process, every libnccl on disk, pip's NCCL wheels.
-
-Standard library only (``ctypes`` for ``ncclGetVersion``), Python >= 3.8. Versions of the
-libraries on disk are asked in a subprocess each, so that ``loaded`` names only what torch
-itself mapped.
-
-NCCL version codes follow ``NCCL_VERSION(X,Y,Z)`` in ``nccl.h``: ``X*1000 + Y*100 + Z``
-up to 2.8, ``X*10000 + Y*100 + Z`` from 2.9 (see :func:`nccl_version_from_code`).
-"""
+"""NCCL: the library mapped into this process, every libnccl on disk, pip's NCCL wheels. Versions on
+disk are asked in a subprocess each, so that ``loaded`` names only what torch itself mapped."""
 
 from __future__ import annotations
 
@@ -41,19 +34,8 @@ _NCCL_VERSION_SNIPPET = (
 
 
 def nccl_version_from_code(code: int) -> str:
-    """Turn an NCCL version code into ``"X.Y.Z"``.
-
-    Args:
-        code: int from ``ncclGetVersion`` / ``NCCL_VERSION_CODE``, e.g. 22703 or 2804.
-
-    Returns:
-        ``"2.27.3"`` for 22703, ``"2.8.4"`` for 2804. Inverse of ``NCCL_VERSION(X,Y,Z)``
-        in NCCL's ``nccl.h``: codes >= 10000 are ``X*10000 + Y*100 + Z`` (2.9 and later),
-        smaller ones ``X*1000 + Y*100 + Z``.
-
-    Raises:
-        ValueError: code is not a positive int.
-    """
+    """``"X.Y.Z"`` of an NCCL version code (``nccl.h`` ``NCCL_VERSION``: 22703 is 2.27.3, 2804 is
+    2.8.4); ValueError unless a positive int."""
     if isinstance(code, bool) or not isinstance(code, int) or code <= 0:
         raise ValueError(f"not an NCCL version code: {code!r}")
     if code >= 10000:
@@ -64,20 +46,12 @@ def nccl_version_from_code(code: int) -> str:
 
 
 def is_nccl_library_name(basename: str) -> bool:
-    """True for the NCCL core library file names ``libnccl.so``, ``libnccl.so.2[.x.y]``.
-
-    Plugins (``libnccl-net.so``, ``libnccl-tuner.so``, ...) and the static archive are
-    excluded: they do not export ``ncclGetVersion``.
-    """
+    """``libnccl.so``, ``libnccl.so.2[.x.y]``: not plugins nor the archive (no ``ncclGetVersion``)."""
     return basename == "libnccl.so" or basename.startswith("libnccl.so.")
 
 
 def mapped_libraries(maps_text: str) -> list[str]:
-    """File paths mapped into a process, from ``/proc/<pid>/maps`` text, in first-seen order.
-
-    Each maps line is ``address perms offset dev inode [path]``; the path is the 6th field
-    and may contain spaces (proc(5)). Pseudo entries such as ``[heap]`` are skipped.
-    """
+    """File paths in ``/proc/<pid>/maps`` text, first seen first; a path may hold spaces (proc(5))."""
     seen: list[str] = []
     for line in maps_text.splitlines():
         parts = line.split(None, 5)
@@ -105,8 +79,7 @@ def _call_nccl_get_version(lib: Any) -> int:
 
 
 def loaded_nccl(errors: list[str]) -> dict[str, Any] | None:
-    """The libnccl mapped into this process (``/proc/self/maps``) asked for its version:
-    ``{"version", "code", "path"}``, or None when none is mapped."""
+    """The libnccl mapped into this process with its version, or None."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
             maps = f.read()
@@ -142,13 +115,7 @@ def _site_dirs() -> list[str]:
 
 
 def nccl_search_dirs() -> list[str]:
-    """Directories searched for libnccl.so*, in order, without duplicates.
-
-    ``<site dir>/nvidia/nccl/lib`` for every ``sys.path`` entry and site-packages dir
-    (pip's ``nvidia-nccl-cu*`` wheels), the system dirs in ``SYSTEM_NCCL_DIRS``,
-    ``/usr/local/cuda*/lib64`` and ``/usr/local/cuda*/targets/*/lib``, and every
-    ``LD_LIBRARY_PATH`` entry.
-    """
+    """Directories searched for libnccl.so*: pip's ``nvidia/nccl/lib``, system and CUDA dirs, ``LD_LIBRARY_PATH``."""
     candidates = [os.path.join(d, "nvidia", "nccl", "lib") for d in _site_dirs()]
     candidates.extend(SYSTEM_NCCL_DIRS)
     for pattern in CUDA_NCCL_GLOBS:
@@ -165,11 +132,7 @@ def nccl_search_dirs() -> list[str]:
 
 
 def _nccl_version_in_subprocess(path: str) -> tuple[int | None, str | None]:
-    """(code, error) for the libnccl at path, loaded in a fresh interpreter.
-
-    A subprocess keeps the probing process free of extra NCCL copies, so ``loaded``
-    still names only what torch itself mapped.
-    """
+    """(code, error) for the libnccl at path, loaded in a fresh interpreter."""
     exe = sys.executable
     if not exe:
         return None, "no sys.executable to start a subprocess"
@@ -195,9 +158,7 @@ def _nccl_version_in_subprocess(path: str) -> tuple[int | None, str | None]:
 
 
 def found_nccl(errors: list[str]) -> list[dict[str, Any]]:
-    """Every libnccl.so* in :func:`nccl_search_dirs`, one entry per real file (named by the
-    file itself when met by name, else by its first symlink), sorted by path; each
-    version asked in a subprocess."""
+    """Every libnccl.so* in :func:`nccl_search_dirs`, one per real file, sorted by path."""
     by_real: dict[str, list[str]] = {}
     for d in nccl_search_dirs():
         try:

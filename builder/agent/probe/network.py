@@ -1,10 +1,4 @@
-"""The network as NCCL and gloo see it: interfaces and addresses, the default route, what
-the hostname resolves to, and the ephemeral port range.
-
-Standard library only, Python >= 3.8. Interfaces come from ``ip -j addr`` when present,
-else from ``socket.if_nameindex()`` (or ``/proc/net/dev``), ``/sys/class/net/NAME`` and the
-``SIOCGIFADDR``/``SIOCGIFNETMASK`` ioctls, with IPv6 from ``/proc/net/if_inet6``.
-"""
+"""The network as NCCL and gloo see it: interfaces, default route, hostname addresses, ephemeral ports."""
 
 from __future__ import annotations
 
@@ -36,11 +30,7 @@ def prefixlen_from_netmask(mask: str) -> int | None:
 
 
 def parse_if_inet6(text: str) -> dict[str, list[tuple[str, int]]]:
-    """``/proc/net/if_inet6`` text as ``{ifname: [(address, prefixlen), ...]}``.
-
-    Each line: 32 hex digits of address, ifindex, prefix length, scope, flags (hex), name
-    (proc(5), ``net/ipv6/addrconf.c``). The address is returned in compressed form.
-    """
+    """``/proc/net/if_inet6`` text as ``{ifname: [(compressed address, prefixlen), ...]}`` (proc(5))."""
     out: dict[str, list[tuple[str, int]]] = {}
     for line in text.splitlines():
         parts = line.split()
@@ -57,7 +47,6 @@ def parse_if_inet6(text: str) -> dict[str, list[tuple[str, int]]]:
 
 
 def parse_proc_net_dev(text: str) -> list[str]:
-    """Interface names from ``/proc/net/dev`` text (lines ``  eth0: 123 ...``), in order."""
     names: list[str] = []
     for line in text.splitlines()[2:]:
         name, sep, _ = line.partition(":")
@@ -67,8 +56,7 @@ def parse_proc_net_dev(text: str) -> list[str]:
 
 
 def parse_proc_net_route(text: str) -> str | None:
-    """The interface of the IPv4 default route (destination ``00000000``) in
-    ``/proc/net/route`` text, or None. With several, the lowest metric wins."""
+    """The interface of the IPv4 default route in ``/proc/net/route`` text (lowest metric), or None."""
     best: tuple[int, str] | None = None
     for line in text.splitlines()[1:]:
         parts = line.split()
@@ -84,7 +72,7 @@ def parse_proc_net_route(text: str) -> str | None:
 
 
 def parse_ip_json(text: str) -> list[dict[str, Any]]:
-    """``ip -j addr`` output as a list of interfaces in the probe's shape (unsorted)."""
+    """``ip -j addr`` output as interfaces in the probe's shape (unsorted)."""
     out: list[dict[str, Any]] = []
     for item in json.loads(text):
         flags = item.get("flags") or []
@@ -161,8 +149,6 @@ USE_IP_COMMAND = True
 
 
 def network_info(errors: list[str]) -> dict[str, Any]:
-    """``{"interfaces", "default_route_interface", "hostname_addresses",
-    "ip_local_port_range"}`` (see the package docstring)."""
     interfaces: list[dict[str, Any]] | None = None
     if USE_IP_COMMAND and which("ip"):
         text = run_text(["ip", "-j", "addr"])

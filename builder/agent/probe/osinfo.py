@@ -1,7 +1,4 @@
-"""The operating system: os-release fields and the glibc version.
-
-Standard library only, Python >= 3.8.
-"""
+"""The operating system: os-release fields (freedesktop os-release(5)) and the glibc version."""
 
 from __future__ import annotations
 
@@ -10,11 +7,7 @@ import platform
 
 
 def parse_os_release(text: str) -> dict[str, str | None]:
-    """Parse os-release text (``KEY=value`` lines, optional quotes) into a dict.
-
-    Returns ``{"id", "version_id", "pretty_name"}``, each a str or None when absent.
-    Format: freedesktop os-release(5).
-    """
+    """``{"id", "version_id", "pretty_name"}`` of os-release text, None when absent."""
     values = {}
     for line in text.splitlines():
         line = line.strip()
@@ -33,8 +26,7 @@ def parse_os_release(text: str) -> dict[str, str | None]:
 
 
 def os_release(errors: list[str]) -> dict[str, str | None]:
-    """:func:`parse_os_release` of ``/etc/os-release`` (else ``/usr/lib/os-release``);
-    all None when neither is readable (a read error is appended to ``errors``)."""
+    """Of ``/etc/os-release`` (else ``/usr/lib/os-release``); a read error goes to ``errors``."""
     for path in ("/etc/os-release", "/usr/lib/os-release"):
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
@@ -47,8 +39,7 @@ def os_release(errors: list[str]) -> dict[str, str | None]:
 
 
 def glibc(errors: list[str]) -> str | None:
-    """The glibc version (``"2.36"``): ``platform.libc_ver()``, else
-    ``os.confstr("CS_GNU_LIBC_VERSION")``; None on other C libraries."""
+    """The glibc version (``"2.36"``), None on other C libraries."""
     try:
         lib, ver = platform.libc_ver()
         if lib == "glibc" and ver:

@@ -1,27 +1,15 @@
-"""Python and PyTorch: the interpreter, torch's version, its CUDA, cuDNN and compiled NCCL.
-
-Standard library only; ``torch`` is imported lazily and only if present. Python >= 3.8.
-"""
+"""Python and PyTorch: the interpreter, torch's version, its CUDA, cuDNN and compiled NCCL."""
 
 from __future__ import annotations
 
-import platform
-import sys
 from typing import Any
 
 from .nccl import nccl_version_from_code
 
 
-def python_info() -> dict[str, str]:
-    """``{"version": "3.11.2", "executable": sys.executable}``."""
-    return {"version": platform.python_version(), "executable": sys.executable}
-
-
 def torch_info(errors: list[str]) -> dict[str, Any] | None:
-    """torch's ``version``, ``cuda`` (``torch.version.cuda``), ``cuda_available``,
-    ``cudnn`` (``torch.backends.cudnn.version()`` as a string) and ``nccl_compiled`` (the
-    NCCL header torch was built against, CUDA builds only: pytorch#116977); None when
-    torch is not importable. Problems go to ``errors``; never raises."""
+    """torch's facts, None when it is not importable; never raises. ``nccl_compiled`` is the header
+    torch was built against, not the NCCL loaded (pytorch#116977)."""
     try:
         import torch  # noqa: F401  (lazy: probe runs without torch too)
     except ImportError:

@@ -10,6 +10,7 @@ from typing import Any
 from builder.cli import output
 from builder.cli.output import out
 from builder.core.errors import ExitCode
+from builder.core.inputs import escape
 
 
 def registry_opts(args: argparse.Namespace) -> dict[str, Any]:
@@ -39,7 +40,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     if result.filesystem:
         out().print(f"  filesystem content {result.filesystem['method']} sha256:{result.filesystem['sha256']}",
                     markup=False, soft_wrap=True)
-    return ExitCode.WARNINGS if result.warnings else ExitCode.OK
+    return ExitCode.OK
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -62,8 +63,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
         output.warn(f"uncertified hardware: {w}")
     sig = (f"signature verified ({att.signer})" if att.signer else
            "signed, signature not checked (no public key configured)" if att.signed else "unsigned")
-    out().print(f"certified {result.reference}: recipe {cert.get('recipe')}, lock {cert.get('lock_hash')}, "
-                f"verdict passed at {cert.get('finished_at')}; {sig}; certificate {att.manifest} ({att.found_by})",
+    out().print(f"certified {escape(result.reference)}: recipe {escape(cert.get('recipe'), 80)}, lock "
+                f"{escape(cert.get('lock_hash'), 80)}, verdict passed at {escape(cert.get('finished_at'), 40)}; "
+                f"{escape(sig)}; certificate {escape(att.manifest)} ({escape(att.found_by)})",
                 markup=False, soft_wrap=True)
     if result.sif_command is not None:
         command = " ".join(result.sif_command)
@@ -71,4 +73,15 @@ def cmd_pull(args: argparse.Namespace) -> int:
     else:
         out().print(f"pulled {result.reference} as {', '.join(result.local_tags)} (image {result.image_id})",
                     markup=False, soft_wrap=True)
-    return ExitCode.WARNINGS if result.warnings else ExitCode.OK
+    return ExitCode.OK
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """``envbuild config``: each site setting, its value and where it came from (flags win over all)."""
+    from builder.cli import config
+
+    found = config.settings()
+    for key, (flag, _) in config.SITE.items():
+        value, where = found.get(key, ("", "default"))
+        output.put(escape(f"{key} = {value!r}  ({where}; flag {flag})" if value else f"{key}: unset ({flag})", None))
+    return ExitCode.OK

@@ -9,19 +9,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder.cli import output
-from builder.cli.checks import UsageError
 from builder.cli.output import console, out
-from builder.core.errors import EnvbuildError, ExitCode
+from builder.core.errors import EnvbuildError, ExitCode, UsageError
 
 if TYPE_CHECKING:
     from builder.recipe.spec import Spec
 
 
 def load_spec(name: str, recipes_dir: str) -> Spec:
-    """The recipe ``name`` (or path) checked: schema errors and rule findings together in
-    one :class:`~builder.recipe.spec.Spec` (the rules run on the fields that validated).
-    Raises what :func:`builder.recipe.load.find` and :func:`builder.recipe.load.parse` raise
-    (unreadable file: 3; malformed YAML: 2)."""
+    """Schema errors and rule findings of recipe ``name`` in one Spec. Raises Unreachable (exit 3):
+    unreadable; EnvbuildError (exit 2): malformed YAML."""
     from builder.recipe import load, rules
 
     return rules.check(load.parse(load.find(name, recipes_dir)))
@@ -40,7 +37,7 @@ def print_findings(spec: Spec) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """``envbuild check RECIPE``: 0 compatible, 1 warnings only, 2 errors (schema or rules)."""
+    """``envbuild check RECIPE``: 0 compatible, 1 warnings only (printed), 2 errors (schema or rules)."""
     from builder.core.inputs import escape
 
     spec = load_spec(args.recipe, args.recipes_dir)
@@ -49,7 +46,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         return ExitCode.CHECK_FAILED
     output.put(f"{escape(spec.path)}: ok: torch {spec.torch_local}, python {spec.recipe.python}, "
                f"cuda {spec.cuda or 'none'}, nccl {spec.nccl or 'none'}")
-    return ExitCode.WARNINGS if spec.warnings else ExitCode.OK
+    return ExitCode.OK
 
 
 def _check_to_recipe(args: argparse.Namespace) -> None:
@@ -67,10 +64,7 @@ def _check_to_recipe(args: argparse.Namespace) -> None:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    """``envbuild audit FILE... [--json] [--to-recipe OUT.yaml] [--driver V] [--build-arg N=V]``:
-    audit Dockerfiles and Apptainer/Singularity definitions with the recipe rules
-    (:mod:`builder.audit`). 0 clean, 1 warnings, 2 errors, 3 malformed or unreadable (the
-    worst file); ``--to-recipe`` refused: 2."""
+    """``envbuild audit``: the worst file's code (3: malformed or unreadable); ``--to-recipe`` refused: 2."""
     from builder.audit import run, torecipe
     from builder.core.inputs import escape
 
@@ -100,8 +94,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def render_spec(args: argparse.Namespace, spec: Spec) -> int:
-    """Write the rendered files of ``spec`` under ``--images-dir`` (``check_only``: only say
-    which are stale, exit 2)."""
+    """Write the rendered files of ``spec`` under ``--images-dir`` (``check_only``: print the
+    unified diff of the stale ones on stdout, exit 2)."""
+    import difflib
+
+    from builder.core.inputs import escape
     from builder.core.paths import image_dir
     from builder.recipe import rules
     from builder.render import rendered as render
@@ -114,6 +111,11 @@ def render_spec(args: argparse.Namespace, spec: Spec) -> int:
             for name in stale:
                 path = image_dir(args.images_dir, spec.name).file(name)
                 console().print(f"{path}: stale; run `envbuild render {spec.name}`", soft_wrap=True, markup=False)
+                old = path.read_bytes().decode("utf-8", "replace") if path.is_file() else ""
+                new = rendered.files[name].decode("utf-8", "replace")
+                for line in difflib.unified_diff(old.splitlines(), new.splitlines(), f"{path}",
+                                                 f"{path} (rendered)", lineterm=""):
+                    output.put(escape(line, None))
             return ExitCode.CHECK_FAILED
         out().print(f"{image_dir(args.images_dir, spec.name).folder}: up to date", markup=False)
         return ExitCode.OK
@@ -140,7 +142,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         if spec.failed:
             rules.require_ok(spec)  # raises every schema and rule error, one line each
         print_findings(spec)
-        worst = max(worst, render_spec(args, spec), ExitCode.WARNINGS if spec.warnings else ExitCode.OK)
+        worst = max(worst, render_spec(args, spec))
     return worst
 
 
@@ -171,4 +173,4 @@ def cmd_lock(args: argparse.Namespace) -> int:
                 f"pip {len(doc.pip)} package(s) with hashes; apt {len(doc.apt)} pin(s)", markup=False, soft_wrap=True)
     for note in result.unresolved:
         output.warn(note)
-    return ExitCode.WARNINGS if result.unresolved else ExitCode.OK
+    return ExitCode.OK

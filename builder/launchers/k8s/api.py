@@ -1,30 +1,174 @@
-"""The Kubernetes API as :class:`~.launcher.K8sLauncher` uses it, over the ``kubernetes``
-client: its ``DynamicClient`` creates, reads and deletes objects of any kind the cluster
-serves (found by API discovery), and ``kubernetes.watch.Watch`` streams the changes of a
-Job and its pods (:meth:`KubeApi.watch`) instead of polling them.
-
-The ``kubernetes`` package is imported when a :class:`KubeApi` is made, so the other
-commands do not pay for it. Errors become one line: the API refused (400, 403, 409, 422:
-exit 2), anything else, the cluster unreachable included (exit 3).
-"""
+"""The Kubernetes API as the launcher uses it, over the ``kubernetes`` client (imported lazily).
+Errors are one line: the API refused (400, 403, 409, 422: exit 2), else exit 3."""
 
 from __future__ import annotations
 
 import functools
 import os
 import queue
+import re
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Generator, Mapping
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
 from builder.core.inputs import load_json, one_line
 
-from .cluster import JobState, PodState, Update, job_state, pod_state
-from .kubeconfig import api_client
-from .pod import CONTAINER_NAME, JOB_NAME_LABEL
+from .objects import CONTAINER_NAME, INDEX_ANNOTATION, JOB_NAME_LABEL
+
+#: ``kubeconfig`` value meaning "use the pod's service account" (running inside a cluster).
+IN_CLUSTER = "in-cluster"
+#: Where a pod's service account token is mounted (in-cluster configuration).
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def find_kubeconfig(environ: Mapping[str, str] | None = None, home: str | None = None,
+                    manifests: str | None = None) -> str:
+    """The cluster's credentials, found as kubectl does: ``$KUBECONFIG``, else ``~/.kube/config``,
+    else :data:`IN_CLUSTER` in a pod. Raises Unreachable (exit 3) when none."""
+    environ = os.environ if environ is None else environ
+    listed = [p for p in (environ.get("KUBECONFIG") or "").split(os.pathsep) if p]
+    for p in listed:
+        if os.path.isfile(p):
+            return p
+    default = os.path.join(home or environ.get("HOME") or os.path.expanduser("~"), ".kube", "config")
+    if not listed and os.path.isfile(default):
+        return default
+    if environ.get("KUBERNETES_SERVICE_HOST") and os.path.isfile(os.path.join(SA_DIR, "token")):
+        return IN_CLUSTER
+    where = f"KUBECONFIG={environ.get('KUBECONFIG')!r} names no file" if listed else f"no {default}"
+    if manifests is None:
+        raise Unreachable(f"no kubeconfig ({where}, not in a pod): cannot apply; render the manifests with "
+                          "`envbuild k8s render` and `kubectl apply -f DIR` where a cluster answers")
+    raise Unreachable(f"the manifests are in this folder; no kubeconfig ({where}, not in a pod) to apply them: "
+                      "`kubectl apply -f` the folder where a cluster answers", file=manifests)
+
+
+def api_client(kubeconfig: str, context: str | None = None) -> tuple[Any, str | None]:
+    """``(ApiClient, the context's namespace or None)`` of a kubeconfig or :data:`IN_CLUSTER`.
+    Raises Unreachable: (exit 3) the ``kubernetes`` package is missing or the configuration cannot be loaded."""
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise Unreachable("--apply needs the kubernetes package (a dependency of envbuild): "
+                          "pip install kubernetes") from None
+    try:
+        configuration = client.Configuration()
+        if kubeconfig == IN_CLUSTER:
+            config.load_incluster_config(client_configuration=configuration)
+            ns_file = os.path.join(SA_DIR, "namespace")
+            namespace = Path(ns_file).read_text().strip() if os.path.isfile(ns_file) else None
+        else:
+            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration,
+                                    persist_config=False)
+            contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
+            if context:
+                active = next((c for c in contexts if c.get("name") == context), active)
+            namespace = ((active or {}).get("context") or {}).get("namespace")
+    except Exception as e:  # noqa: BLE001 - config errors of many kinds
+        raise Unreachable(f"kubeconfig {kubeconfig}: {one_line(e, 200)}") from None
+    return client.ApiClient(configuration=configuration), namespace
+
+
+_INDEX_RE = re.compile(r"[0-9]{1,9}")
+
+
+@dataclass
+class PodState:
+    """What the launcher needs to know about one pod (plain data)."""
+
+    name: str
+    node: int | None
+    phase: str
+    exit_code: int | None = None
+    waiting_reason: str | None = None
+    message: str | None = None
+    host: str | None = None
+    deleted: bool = False
+
+
+@dataclass
+class JobState:
+    """The Job's conditions whose status is ``True``: ``{type: reason}`` (e.g.
+    ``{"Failed": "DeadlineExceeded"}``); ``deleted``: the Job is gone."""
+
+    name: str
+    conditions: dict[str, str] = field(default_factory=dict)
+    deleted: bool = False
+
+    @property
+    def done(self) -> bool:
+        """Whether the Job is ``Complete`` or ``Failed``."""
+        return "Complete" in self.conditions or "Failed" in self.conditions
+
+
+#: What a watch reports: the new state of the Job or of one of its pods.
+Update = JobState | PodState
+
+
+class ClusterApi(Protocol):
+    """The calls :class:`~.launcher.K8sLauncher` makes."""
+
+    namespace: str
+
+    def create(self, obj: Mapping[str, Any]) -> None: ...
+
+    def delete(self, obj: Mapping[str, Any]) -> None: ...
+
+    def delete_pods(self, selector: str) -> None: ...
+
+    def watch(self, job: str, tick_s: float) -> Generator[list[Update], None, None]: ...
+
+    def pods(self, job: str) -> list[PodState]: ...
+
+    def log(self, pod: str) -> str: ...
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def pod_state(obj: Mapping[str, Any], deleted: bool = False) -> PodState:
+    """A :class:`PodState` from a Pod object of the API (a dict); malformed fields read as
+    absent."""
+    meta, spec, status = _dict(obj.get("metadata")), _dict(obj.get("spec")), _dict(obj.get("status"))
+    idx = _dict(meta.get("annotations")).get(INDEX_ANNOTATION)
+    state = PodState(name=str(meta.get("name") or ""),
+                     node=int(idx) if isinstance(idx, str) and _INDEX_RE.fullmatch(idx) else None,
+                     phase=_text(status.get("phase")) or "Unknown", host=_text(spec.get("nodeName")), deleted=deleted)
+    for cs in _list(status.get("containerStatuses")):
+        if not isinstance(cs, dict) or cs.get("name") != CONTAINER_NAME:
+            continue
+        terminated, waiting = _dict(cs.get("state")).get("terminated"), _dict(cs.get("state")).get("waiting")
+        if isinstance(terminated, dict):
+            code = terminated.get("exitCode")
+            state.exit_code = code if isinstance(code, int) and not isinstance(code, bool) else None
+            state.message = _text(terminated.get("reason"))
+        elif isinstance(waiting, dict):
+            state.waiting_reason = _text(waiting.get("reason"))
+            state.message = _text(waiting.get("message"))
+    return state
+
+
+def job_state(obj: Mapping[str, Any], deleted: bool = False) -> JobState:
+    """A :class:`JobState` from a Job object of the API (a dict)."""
+    meta, status = _dict(obj.get("metadata")), _dict(obj.get("status"))
+    return JobState(name=str(meta.get("name") or ""), deleted=deleted, conditions={
+        c["type"]: _text(c.get("reason")) or "" for c in _list(status.get("conditions"))
+        if isinstance(c, dict) and isinstance(c.get("type"), str) and c.get("status") == "True"})
+
 
 #: Most bytes of a pod's log read (``limitBytes``, and no more of the answer); a run's log
 #: holds the results and the progress lines (about 100 bytes per rank every 2 s).
@@ -96,18 +240,8 @@ def _discoverer() -> type:
 
 
 class KubeApi:
-    """The Kubernetes API calls of :class:`~.launcher.K8sLauncher` (a
-    :class:`~.cluster.ClusterApi`).
-
-    Args:
-        kubeconfig: a file, or :data:`~.kubeconfig.IN_CLUSTER`.
-        context: the kubeconfig context (None: the current one).
-        namespace: None: the context's namespace, else ``default``.
-
-    Raises:
-        Unreachable: (exit 3) the ``kubernetes`` package is missing or the configuration
-            cannot be loaded. Nothing is contacted before the first call.
-    """
+    """Nothing is contacted before the first call.
+    Raises Unreachable (exit 3): no ``kubernetes`` package, or the configuration cannot be loaded."""
 
     def __init__(self, kubeconfig: str, context: str | None = None, namespace: str | None = None) -> None:
         self._client, context_namespace = api_client(kubeconfig, context)
@@ -155,13 +289,8 @@ class KubeApi:
                       key=lambda p: p.name)
 
     def log(self, pod: str) -> str:
-        """The log (stdout and stderr) of the pod's container, at most
-        :data:`LOG_MAX_BYTES`; ``""`` when there is none (pod gone, container never
-        started: the API answers 404 or 400).
-
-        Raises:
-            EnvbuildError: (exit 3) the API cannot be reached.
-        """
+        """The pod's log, at most :data:`LOG_MAX_BYTES`; ``""`` when there is none (API 404 or 400).
+        Raises EnvbuildError (exit 3): the API cannot be reached."""
         what = f"read log of pod {pod}"
         try:
             data = _call(what, lambda: _read(self._resource("v1", "Pod").log.get(
@@ -175,13 +304,8 @@ class KubeApi:
         return (data or b"").decode("utf-8", "replace")
 
     def watch(self, job: str, tick_s: float) -> Generator[list[Update], None, None]:
-        """Watch the Job ``job`` and its pods (one ``Watch`` each, in a thread): yields the
-        updates that arrived, at least every ``tick_s`` seconds (an empty list when none
-        did), starting with the current states. Closing the generator stops the watches.
-
-        Raises:
-            EnvbuildError: a watch failed (:func:`api_error`).
-        """
+        """Watch the Job and its pods: yields the updates, at least every ``tick_s`` seconds (maybe
+        empty). Closing the generator stops the watches. Raises EnvbuildError: a watch failed."""
         events: queue.Queue[Update | EnvbuildError] = queue.Queue()
         watchers = [
             _Watcher(f"watch Job {job}", _call(f"watch Job {job}", lambda: self._resource("batch/v1", "Job")),
@@ -216,12 +340,9 @@ def _drain(events: queue.Queue[T], wait_s: float, limit: int = 1000) -> list[T]:
 
 
 class _Watcher(threading.Thread):
-    """Streams the events of one resource (``kubernetes.watch.Watch``) into ``events`` as
-    :class:`~.cluster.JobState`/:class:`~.cluster.PodState` (``convert``), resuming each
-    ended watch from the last resource version seen (from scratch after 410 Gone); a
-    failure is put as an :class:`EnvbuildError` and ends it. A daemon thread: a watch
-    still connecting when stopped ends with its request, at the latest after
-    :data:`WATCH_TIMEOUT_S`."""
+    """Streams one resource's events into ``events``, resuming each ended watch (from scratch after
+    410 Gone); a failure is put as an :class:`EnvbuildError`. A daemon thread: a watch still
+    connecting when stopped ends by :data:`WATCH_TIMEOUT_S` seconds."""
 
     def __init__(self, what: str, resource: Any, namespace: str, events: queue.Queue[Any],
                  convert: Callable[..., JobState | PodState], **selectors: str) -> None:

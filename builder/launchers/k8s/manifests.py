@@ -1,25 +1,12 @@
-"""The manifest files of a run: each object of :mod:`.objects` written with
-``yaml.safe_dump`` under a comment header, one object per file.
-
-Files (:data:`MODES`): ``configmap.yaml``, ``service.yaml``, ``job.yaml`` for the Indexed
-Job, or ``configmap.yaml``, ``trainjob.yaml`` with ``kubeflow``; the node gate
-(``envbuild k8s gate``, :mod:`.gate`): ``gate-serviceaccount.yaml``, ``gate-clusterrole.yaml``,
-``gate-clusterrolebinding.yaml``, ``gate-configmap.yaml``, ``gate-daemonset.yaml``. A kind is
-added with its builder in :mod:`.objects` (or :mod:`.gate`), one :class:`Manifest` in
-:data:`MANIFESTS` and its file in a mode.
-
-Strings are written plain only when every YAML 1.1 reader (Kubernetes' included, which
-reads ``on``, ``y`` or ``1e3`` as other types) reads them back as the same string, else
-double-quoted; multi-line strings (the in-image code) as literal blocks where YAML can
-carry them exactly. Rendering is deterministic: the same spec, options and code give the
-same bytes (the run id is part of the spec); every file is read back and must give the
-object it was written from.
-"""
+"""The manifest files of a run, each read back and compared with its object. Strings are plain
+only where every YAML 1.1 reader reads back the same string (Kubernetes reads ``on``, ``y``,
+``1e3`` as other types), else double-quoted."""
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +14,11 @@ from typing import Any
 
 import yaml
 
-from builder.core.errors import EnvbuildError, ExitCode
-from builder.core.files import write_atomic
+from builder.core.errors import EnvbuildError, Unreachable
+from builder.core.files import make_folder, write_atomic
 
 from ..base import LaunchSpec
-from . import gate, objects, pod
+from . import gate, objects
 from .options import DEFAULT_OPTIONS, TRAINJOB_API, K8sOptions
 
 #: The first lines of every file.
@@ -53,7 +40,7 @@ class Manifest:
 MANIFESTS: dict[str, Manifest] = {m.file: m for m in (
     Manifest("configmap.yaml", lambda ctx: [
         "envbuild's in-image code (every file of builder/agent/, as builder/agent/payload.py ships it),",
-        f"mounted read-only at {pod.CODE_MOUNT} in every node; keys cannot contain '/', the volume's items",
+        f"mounted read-only at {objects.CODE_MOUNT} in every node; keys cannot contain '/', the volume's items",
         "give the paths.",
     ], objects.configmap),
     Manifest("service.yaml", lambda ctx: [
@@ -67,36 +54,42 @@ MANIFESTS: dict[str, Manifest] = {m.file: m for m in (
         f"{ctx.options.runtime} sets PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and",
         "PET_MASTER_PORT (29400), which torchrun reads; the security context comes from the runtime.",
     ], objects.trainjob),
+    Manifest("gate-namespace.yaml", lambda ctx: [
+        f"envbuild's own namespace (rendered only for {gate.NAMESPACE}): Pod Security admission enforces the",
+        "level the DaemonSet needs (its annotation envbuild.dev/pod-security says which, and why).",
+    ], gate.namespace),
     Manifest("gate-serviceaccount.yaml", lambda ctx: [
         "The identity of the gate pods.",
     ], gate.service_account),
     Manifest("gate-clusterrole.yaml", lambda ctx: [
-        "May read and patch nodes (the gate's label and taint), nothing else.",
+        "May read and patch nodes (the gate's label and taint) and patch their status (its condition), nothing",
+        "else; a ClusterRole, since Nodes are cluster-scoped (a namespaced Role cannot name them).",
     ], gate.cluster_role),
     Manifest("gate-clusterrolebinding.yaml", lambda ctx: [
         f"Binds the ClusterRole to the ServiceAccount {gate.NAME} in namespace {ctx.gate.namespace}.",
     ], gate.cluster_role_binding),
     Manifest("gate-configmap.yaml", lambda ctx: [
         f"envbuild's in-image code and {gate.SPEC_KEY} (what each node must match, from the certificate),",
-        f"mounted read-only at {pod.CODE_MOUNT}; named by their hash, so a new certificate rolls the pods.",
+        f"mounted read-only at {objects.CODE_MOUNT}; named by their hash, so a new certificate rolls the pods.",
     ], gate.configmap),
     Manifest("gate-daemonset.yaml", lambda ctx: [
         f"One gate pod per node: a passing node is labelled {gate.LABEL}={ctx.gate.label_value}, a failing",
-        f"one tainted {gate.TAINT}=<reason>:NoSchedule; checked again every {ctx.gate.interval_s} s.",
+        f"one tainted {gate.TAINT}=<reason>:NoSchedule and given the condition {gate.CONDITION}=True;",
+        f"checked again every {ctx.gate.interval_s} s.",
     ], gate.daemonset),
 )}
 #: The files of each mode, in the order they are applied.
 MODES = {"job": ("configmap.yaml", "service.yaml", "job.yaml"), "kubeflow": ("configmap.yaml", "trainjob.yaml"),
-         "gate": ("gate-serviceaccount.yaml", "gate-clusterrole.yaml", "gate-clusterrolebinding.yaml",
-                  "gate-configmap.yaml", "gate-daemonset.yaml")}
+         "gate": ("gate-namespace.yaml", "gate-serviceaccount.yaml", "gate-clusterrole.yaml",
+                  "gate-clusterrolebinding.yaml", "gate-configmap.yaml", "gate-daemonset.yaml")}
 
 _PLAIN_SAFE = re.compile(r"(?:[A-Za-z_/]|-+[A-Za-z])[A-Za-z0-9_./-]*")
 _YAML11_SPECIAL = re.compile(r"y|n|yes|no|on|off|true|false|null|nan|inf", re.I)
 
 
 class _Dumper(yaml.SafeDumper):
-    """``yaml.SafeDumper`` with envbuild's string styles (see the module doc) and
-    :class:`~.pod.FileMode` in octal."""
+    """``yaml.SafeDumper`` with envbuild's string styles and
+    :class:`~.objects.FileMode` in octal."""
 
 
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
@@ -109,22 +102,17 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
-def _represent_mode(dumper: yaml.SafeDumper, value: pod.FileMode) -> yaml.ScalarNode:
+def _represent_mode(dumper: yaml.SafeDumper, value: objects.FileMode) -> yaml.ScalarNode:
     return dumper.represent_scalar("tag:yaml.org,2002:int", f"0{int(value):o}")
 
 
 _Dumper.add_representer(str, _represent_str)
-_Dumper.add_representer(pod.FileMode, _represent_mode)
+_Dumper.add_representer(objects.FileMode, _represent_mode)
 
 
 def dump(obj: Mapping[str, Any], comments: Sequence[str] = ()) -> str:
-    """``obj`` as YAML (``yaml.dump`` with :class:`_Dumper`: block style, keys in the dict's
-    order, no line folding, UTF-8 text as is) after ``# `` comment lines.
-
-    Raises:
-        EnvbuildError: (exit 2) a comment line holds a line break, or the text does not
-            read back (``yaml.safe_load``) as ``obj``.
-    """
+    """``obj`` as YAML after ``# `` comment lines.
+    Raises EnvbuildError (exit 2): a comment holds a line break, or the text does not read back as ``obj``."""
     if any("\n" in c or "\r" in c for c in comments):
         raise EnvbuildError("a manifest comment holds a line break", field="comment", value=list(comments))
     body = yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True,
@@ -138,22 +126,8 @@ def dump(obj: Mapping[str, Any], comments: Sequence[str] = ()) -> str:
 def render_manifests(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, code: Mapping[str, str] | None = None,
                      environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Render the manifests of ``spec``.
-
-    Args:
-        spec: what to launch; ``spec.image`` must be ``repo@sha256:...`` unless
-            ``options.allow_tag``; ``spec.run_id`` names the objects.
-        options: how (:class:`~.options.K8sOptions`).
-        code: ``{path: text}`` of the in-image code (default
-            :func:`~.code.in_image_code`).
-        environ: where ``ENVBUILD_EXTRA_LABELS`` is read (default ``os.environ``).
-
-    Returns:
-        ``{file name: YAML text}`` in apply order (:data:`MODES`); one object each.
-
-    Raises:
-        EnvbuildError: (exit 2) a tag-only image, code that does not fit a ConfigMap;
-            (exit 64) values out of range, invalid labels, run id or env names.
-    """
+    Raises EnvbuildError: (exit 2) a tag-only image, code that does not fit a ConfigMap; (exit 64) values out of
+    range, invalid labels, run id or env names."""
     ctx = objects.render_context(spec, options, code, environ)
     out = {}
     for name in MODES["kubeflow" if options.kubeflow else "job"]:
@@ -169,6 +143,8 @@ def render_gate_manifests(spec: gate.GateSpec) -> dict[str, str]:
     ctx = gate.gate_context(spec)
     out = {}
     for name in MODES["gate"]:
+        if name == "gate-namespace.yaml" and spec.namespace != gate.NAMESPACE:
+            continue
         m = MANIFESTS[name]
         header = [line.format(label=spec.label_value) for line in GATE_HEADER]
         out[name] = dump(m.build(ctx), header + m.comment(ctx))
@@ -176,26 +152,19 @@ def render_gate_manifests(spec: gate.GateSpec) -> dict[str, str]:
 
 
 def write_manifests(files: Mapping[str, str], out_dir: str | os.PathLike[str]) -> list[Path]:
-    """Write ``files`` into ``out_dir`` (created), each atomically; returns the paths.
-
-    Manifests of an earlier render in that folder that are not part of this one
-    (``job.yaml`` after ``--kubeflow``...: any file of :data:`MANIFESTS`) are removed, so
-    ``kubectl apply -f DIR`` applies exactly this render.
-
-    Raises:
-        EnvbuildError: (exit 3) the folder cannot be written.
-    """
-    out = Path(out_dir)
-    paths = []
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        for stale in sorted(set(MANIFESTS) - set(files)):
+    """Write ``files`` into ``out_dir`` (``-``: stdout), removing earlier manifests not in this set,
+    so that ``kubectl apply -f DIR`` applies exactly this. Raises EnvbuildError (exit 3)."""
+    if str(out_dir) == "-":
+        sys.stdout.write("".join(f"---\n{text}" for text in files.values()))
+        sys.stdout.flush()
+        return []
+    out = make_folder(out_dir)
+    for stale in sorted(set(MANIFESTS) - set(files)):
+        try:
             (out / stale).unlink(missing_ok=True)
-        for name, text in files.items():
-            paths.append(write_atomic(out / name, text.encode("utf-8")))
-    except OSError as e:
-        raise EnvbuildError(f"cannot write manifests: {e}", file=str(out), exit_code=ExitCode.UNREACHABLE) from None
-    return paths
+        except OSError as e:
+            raise Unreachable(f"cannot remove: {e.strerror or e}", file=str(out / stale)) from None
+    return [write_atomic(out / name, text.encode("utf-8")) for name, text in files.items()]
 
 
 def load_objects(files: Mapping[str, str]) -> list[dict[str, Any]]:

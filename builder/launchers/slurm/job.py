@@ -1,15 +1,6 @@
-"""Slurm's commands and their answers: submit, the job's state, cancel.
-
-The job's state comes from the controller, as JSON where the installed Slurm gives it:
-``squeue --json`` (Slurm >= 21.08; checked on this project's Slurm 22.05.8, OpenAPI plugin
-v0.0.38, where ``squeue --json`` ignores ``-j`` and lists every job in the controller's
-memory, so the job is picked by its ``job_id``; the shapes of later plugins, where numbers
-are ``{"set", "infinite", "number"}`` objects, ``job_state`` a list and ``exit_code`` an
-object, are read too: https://slurm.schedmd.com/rest_api.html). Where ``--json`` is not
-there (an older Slurm) or its answer cannot be read, ``scontrol show job -o`` (its
-``Key=Value`` text). A job the controller forgot (``MinJobAge``, 300 s by default) is looked
-up with ``sacct -P`` (parsable text: accounting storage is disabled on the test cluster, so
-``sacct --json`` could not be checked here), else its state is ``UNKNOWN``.
+"""Slurm's commands and their answers: submit, the job's state, cancel. The state is
+``squeue --json`` where it exists (checked on Slurm 22.05.8), else ``scontrol show job -o``,
+else ``sacct -P`` for a job the controller forgot (``MinJobAge``).
 """
 
 from __future__ import annotations
@@ -23,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.core import process
+from builder.core.errors import EnvbuildError, Unreachable
 from builder.core.inputs import load_json, one_line, read_text
 
 #: Seconds for one Slurm command.
@@ -33,12 +25,9 @@ LOG_TAIL_LINES = 6
 #: Largest ``squeue --json`` answer read, in bytes (larger: ``scontrol`` is asked instead).
 MAX_JSON_BYTES = 64 << 20
 
-#: Reasons of a pending job that waiting cannot resolve: the job as submitted breaks a limit
-#: or asks for what is not there (``squeue`` man page, "JOB REASON CODES";
-#: https://slurm.schedmd.com/job_reason_codes.html), with a hint. Left out on purpose:
-#: aggregate limits (``QOSGrp*``, ``AssocGrp*``, ``*PerUser*``: other jobs end),
-#: ``ReqNodeNotAvail``, ``NodeDown``, ``PartitionDown`` (nodes come back), holds.
-#: ``PartitionNodeLimit`` also shows when the partition's nodes are down or drained.
+#: Reasons of a pending job that waiting cannot resolve, with a hint
+#: (https://slurm.schedmd.com/job_reason_codes.html). Left out: aggregate limits (other jobs
+#: end), down nodes and partitions (they come back), holds.
 NEVER_STARTS = {
     "PartitionNodeLimit": "the job asks for {nodes}; the partition allows fewer (or has fewer up): pass "
                           "--slurm-nodes with fewer (the envbuild nodes then share machines) or --partition",
@@ -73,26 +62,17 @@ _JOBID_RE = re.compile(r"(\d+)(?:;\S+)?")
 def run_command(argv: Sequence[str], timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
     """Run a Slurm command; text output.
 
-    Raises:
-        Unreachable: (exit 3) not on PATH, or no answer within ``timeout_s``.
-    """
+    Raises Unreachable: (exit 3) not on PATH, or no answer within ``timeout_s``."""
     try:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise Unreachable(f"Slurm: {argv[0]} not found on PATH (run envbuild on a Slurm submit host)") from None
-    except subprocess.TimeoutExpired:
-        raise Unreachable(f"Slurm: {argv[0]} gave no answer within {timeout_s:g} s") from None
+        return process.run(argv, timeout_s)
+    except Unreachable as e:
+        raise Unreachable(f"Slurm: {e.message} (envbuild runs Slurm commands on a submit host)") from None
 
 
 def submit(script: str | os.PathLike) -> str:
     """Submit ``script`` with ``sbatch --parsable``; returns the job id (``"42"``).
-
-    Raises:
-        Unreachable: (exit 3) no sbatch, the controller does not answer.
-        EnvbuildError: (exit 3) sbatch refused the job (its message: an unknown partition,
-            a time limit above the partition's...).
-    """
+    Raises Unreachable: (exit 3) no sbatch, the controller does not answer. EnvbuildError: (exit 3) sbatch refused
+    the job (its message: an unknown partition, a time limit above the partition's...)."""
     proc = run_command(["sbatch", "--parsable", str(script)])
     out = proc.stdout.strip().splitlines()
     m = _JOBID_RE.fullmatch(out[-1].strip()) if proc.returncode == 0 and out else None
@@ -100,23 +80,13 @@ def submit(script: str | os.PathLike) -> str:
         msg = one_line(proc.stderr or proc.stdout or f"exit status {proc.returncode}")
         if re.search(r"Unable to contact|Socket timed out|Connection refused|Zero Bytes", msg, re.I):
             raise Unreachable(f"Slurm: sbatch: {msg}")
-        raise EnvbuildError(f"sbatch refused the job: {msg}", file=str(script), exit_code=ExitCode.UNREACHABLE)
+        raise Unreachable(f"sbatch refused the job: {msg}", file=str(script))
     return m.group(1)
 
 
 @dataclass
 class JobInfo:
     """A job as Slurm reports it.
-
-    Attributes:
-        state: ``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``, ``CANCELLED``,
-            ``TIMEOUT``... (``squeue`` "JOB STATE CODES"); ``UNKNOWN`` when Slurm forgot it.
-        reason: why it waits or ended (``Resources``, ``NonZeroExitCode``, ``TimeLimit``);
-            None for ``None``.
-        exit_code: ``"<status>:<signal>"`` of the batch script (``"1:0"``), or None.
-        nodes: the node list (``"vm"``, ``"gpu[01-04]"``), or None.
-        time_limit: the limit as Slurm shows it (``"00:01:00"``), or None.
-        source: ``"squeue --json"``, ``"scontrol"``, ``"sacct"`` or None (unknown).
     """
 
     state: str
@@ -189,12 +159,7 @@ def _text_or_none(value: Any) -> str | None:
 def parse_squeue_json(text: str, job_id: str) -> JobInfo | None:
     """The :class:`JobInfo` of job ``job_id`` in ``squeue --json`` output (``{"jobs": [...]}``;
     the job picked by ``job_id``: Slurm 22.05 lists every job whatever ``-j`` says); None
-    when the job is not listed.
-
-    Raises:
-        ValueError: not an answer of ``squeue --json`` (not JSON within the bounds, no
-            ``jobs`` list, the job without a state): the caller asks ``scontrol`` instead.
-    """
+    when the job is not listed."""
     if len(text) > MAX_JSON_BYTES:
         raise ValueError(f"squeue --json: an answer over {MAX_JSON_BYTES} bytes")
     try:
@@ -230,13 +195,7 @@ def parse_sacct(text: str, job_id: str) -> JobInfo | None:
 
 
 def never_starts(info: JobInfo, slurm_nodes: int) -> str | None:
-    """Why the pending job ``info`` can never start as submitted, with a hint (``"cannot
-    start (pending, reason PartitionNodeLimit): the job asks for 2 node(s); ..."``), or None
-    when it is not pending or waiting may help (:data:`NEVER_STARTS`).
-
-    Args:
-        slurm_nodes: the Slurm nodes the job asks for (``#SBATCH --nodes``).
-    """
+    """Why the pending job can never start as submitted, with a hint, or None when waiting may help."""
     reason = info.reason or ""
     if info.state != "PENDING":
         return None
@@ -260,13 +219,8 @@ _json_works = True
 
 
 def _from_squeue_json(job_id: str) -> tuple[bool, JobInfo | None]:
-    """``(answered, info)`` of ``squeue --json -j ID``: answered False when the answer
-    cannot be used (no ``--json``, not readable; ask ``scontrol``), info None when the
-    controller no longer knows the job.
-
-    Raises:
-        ControllerError: squeue did not reach the controller.
-    """
+    """``(answered, info)`` of ``squeue --json``: answered False when unusable (ask ``scontrol``),
+    info None when the controller forgot the job. Raises ControllerError: unreachable controller."""
     global _json_works
     proc = run_command(["squeue", "--json", "-j", str(job_id)])
     if proc.returncode != 0:
@@ -295,15 +249,10 @@ def _from_sacct(job_id: str) -> JobInfo | None:
 
 
 def job_info(job_id: str) -> JobInfo:
-    """The job's state: ``squeue --json`` (else ``scontrol show job -o``; the controller
-    keeps finished jobs for ``MinJobAge``, 300 s by default), then ``sacct`` (needs
-    accounting storage: "Slurm accounting storage is disabled" otherwise), else
-    ``UNKNOWN`` (module doc).
-
-    Raises:
-        ControllerError: squeue or scontrol did not reach the controller.
-        Unreachable: (exit 3) the command is missing or hangs.
-    """
+    """The job's state: ``squeue --json``, else ``scontrol`` (the controller keeps finished jobs for
+    ``MinJobAge``, 300 s by default), then ``sacct`` (needs accounting storage), else ``UNKNOWN``.
+    Raises ControllerError: squeue or scontrol did not reach the controller. Unreachable: (exit 3) the command is
+    missing or hangs."""
     if _json_works:
         answered, info = _from_squeue_json(job_id)
         if answered:
@@ -351,6 +300,20 @@ def hostnames(nodelist: str | None) -> list[str]:
         proc = run_command(["scontrol", "show", "hostnames", nodelist])
         if proc.returncode == 0:
             return [h.strip() for h in proc.stdout.splitlines() if h.strip()]
+    return []
+
+
+def down_nodes(nodelist: str | None) -> list[str]:
+    """The nodes of ``nodelist`` that Slurm has down, failing or drained (``sinfo -N``), as
+    ``name (state)``; [] when none or sinfo does not answer."""
+    if not nodelist:
+        return []
+    with contextlib.suppress(Unreachable):
+        proc = run_command(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N %t"])
+        if proc.returncode == 0:
+            rows = sorted({(w[0], w[1]) for w in (line.split() for line in proc.stdout.splitlines()[:65536])
+                           if len(w) >= 2})
+            return [one_line(f"{n} ({s})", 300) for n, s in rows if s.startswith(("down", "fail", "drain", "drng"))]
     return []
 
 

@@ -10,20 +10,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder.core.clock import utc_stamp
+from builder.core.documents import RankResult
 from builder.core.errors import EnvbuildError, Unreachable
 from builder.core.files import write_atomic
 from builder.core.inputs import one_line
 from builder.image import engine
 
-from ..base import LaunchResult, LaunchSpec, OnProgress, deferred_signals, utc_now_iso
-from ..model import RankResult
+from ..base import LaunchResult, LaunchSpec, OnProgress, deferred_signals
 from ..output import parse_torchrun_failures
+from ..phases import PhaseClock, job_phases
 from .job import (
     INTERRUPTED_STATES,
     PENDING_STATES,
     STOP_STATUSES,
     ControllerError,
     JobInfo,
+    down_nodes,
     hostnames,
     job_info,
     log_tail,
@@ -82,16 +85,6 @@ class _Watch:
 
 class SlurmLauncher:
     """Runs the ranks of a :class:`LaunchSpec` as one Slurm batch job (see the package doc).
-
-    Args:
-        slurm_dir: the folder run folders go into (``slurm-<run>/`` each); it must be on a
-            filesystem every node sees.
-        options: :class:`~.options.SlurmOptions` (None: the defaults).
-        client: a docker client for the final cleanup by label (docker runtime); None:
-            connect when needed (an unreachable engine is a cleanup warning).
-        poll_s: seconds between two looks at the job (and at the node logs).
-
-    After :meth:`run`, ``job_id`` and ``folder`` name the last job and its run folder.
     """
 
     def __init__(self, slurm_dir: str | os.PathLike[str], options: SlurmOptions | None = None, *,
@@ -103,16 +96,11 @@ class SlurmLauncher:
         self.job_id: str | None = None
         self.folder: Path | None = None
         self._submitting = False
+        self._clock = PhaseClock(time.time)
 
     def run(self, spec: LaunchSpec, on_progress: OnProgress | None = None) -> LaunchResult:
         """Write the run folder, submit the job, wait for it, collect the results.
-
-        Raises:
-            EnvbuildError: (exit 64) a value the script cannot carry; (exit 3) sbatch
-                missing or refusing, the controller unreachable, the folder not writable.
-            KeyboardInterrupt: passed on, after the job was cancelled and its containers
-                removed.
-        """
+        Raises EnvbuildError: (exit 64) a value the script cannot carry; also exit 3."""
         say = on_progress or (lambda msg: None)
         folder = run_dir(self.slurm_dir, spec.run_id)
         script = render_script(spec, self.options, folder)
@@ -122,11 +110,14 @@ class SlurmLauncher:
             raise Unreachable("Slurm: sbatch not found on PATH (run envbuild on a Slurm submit host)")
         cleanup_errors: list[str] = []
         outcome: Outcome | None = None
+        result: LaunchResult | None = None
         self._submitting = False
+        self._clock = PhaseClock(time.time)  # epoch s, as the ranks stamp their phases
         try:
             path = write_run_dir(folder, script)
             logs = NodeLogs(folder / LOGS_DIR, spec)
-            submitted_at = utc_now_iso()
+            submitted_at = utc_stamp()
+            self._clock.mark("launch")
             self._submitting = True
             try:
                 self.job_id = submit(path)
@@ -137,7 +128,9 @@ class SlurmLauncher:
             say(f"run {spec.run_id}: Slurm job {self.job_id} submitted ({path}), "
                 f"{spec.nodes} node(s) x {spec.nproc_per_node} rank(s) through {self.options.runtime}")
             outcome = self._wait(spec, self.job_id, limit_s, submitted_at, logs, say)
-            return self.collect(spec, folder, outcome, limit_s, cleanup_errors, logs)
+            self._clock.mark("ended")
+            result = self.collect(spec, folder, outcome, limit_s, cleanup_errors, logs)
+            return result
         finally:
             try:
                 with deferred_signals():
@@ -146,6 +139,10 @@ class SlurmLauncher:
                 with deferred_signals():
                     self._cleanup(spec, outcome, cleanup_errors, say)
                 raise
+            self._clock.mark("removed")
+            if result is not None and outcome is not None:
+                result.phases = job_phases(self._clock.marks, logs.tracker, outcome.progress, spec.world_size,
+                                           result.timed_out, "queued")
 
     # -- waiting
 
@@ -202,7 +199,8 @@ class SlurmLauncher:
                 return out
             return None
         if w.started is None:
-            w.started, w.started_at = now, utc_now_iso()
+            w.started, w.started_at = now, utc_stamp()
+            self._clock.mark("started")
         if now - w.started > limit_s + END_MARGIN_S:
             return self._give_up(job_id, info, w.started_at, "running", w.t0, logs)
         return None
@@ -248,6 +246,9 @@ class SlurmLauncher:
             return (f"was still running {END_MARGIN_S:g} s after its time limit of {limit_s:g} s; "
                     "envbuild cancelled it"), True, float(limit_s + END_MARGIN_S)
         what = f"ended {info.state}" + (f" ({info.reason})" if info.reason else "")
+        if info.state == "NODE_FAIL":
+            lost = down_nodes(info.nodes)
+            what += f", node(s) lost: {', '.join(lost)}" if lost else ""
         if info.state in ("TIMEOUT", "DEADLINE"):
             what += f": cancelled by Slurm at its time limit (--time={time_limit_for(spec, self.options)})"
             return what, True, float(limit_s)
@@ -255,11 +256,8 @@ class SlurmLauncher:
 
     def collect(self, spec: LaunchSpec, folder: Path, outcome: Outcome, limit_s: int, cleanup_errors: list[str],
                 logs: NodeLogs | None = None) -> LaunchResult:
-        """The :class:`LaunchResult` of a job that ended (or was given up): the results the
-        ranks printed in their node logs (checked against the run), the nodes' exit
-        statuses, and the job's state as the first note; ranks stopped by the signal that
-        ended the job are not blamed for it. The accepted results are kept in the run folder
-        (``results/rank-<r>.json``, mode 0600)."""
+        """The :class:`LaunchResult` of a job that ended or was given up; ranks stopped by the signal
+        that ended the job are not blamed for it. Accepted results are kept in ``results/`` (0600)."""
         if logs is None:
             logs = NodeLogs(folder / LOGS_DIR, spec)
         logs.finish()
@@ -288,7 +286,7 @@ class SlurmLauncher:
         keep_results(folder / RESULTS_DIR, results, cleanup_errors)
         return LaunchResult(
             rank_results=results, node_logs=node_logs, node_exit_codes=node_exit, timed_out=timed_out,
-            missing_ranks=missing, started_at=outcome.started_at, finished_at=utc_now_iso(),
+            missing_ranks=missing, started_at=outcome.started_at, finished_at=utc_stamp(),
             rank_exit_codes=rank_exit, rank_problems=problems,
             killed_after_s=0.0 if (failed_nodes and killed and not timed_out) else None,
             cleanup_errors=cleanup_errors, notes=self._notes(folder, outcome, what), deadline_s=deadline_s,
@@ -333,7 +331,7 @@ class SlurmLauncher:
         label = f"{engine.RUN_LABEL}={spec.run_id}"
         try:
             client = self.client or engine.connect(timeout_s=30)
-            engine.remove_by_label(client, label)
+            client.remove_by_label(label)
         except Exception as e:  # noqa: BLE001 - cleanup goes on
             errors.append(f"remove containers labelled {label}: {one_line(e, 200)}")
         me = {socket.gethostname(), socket.gethostname().split(".")[0], socket.getfqdn()}
@@ -367,6 +365,6 @@ def keep_results(results_dir: Path, results: dict[int, RankResult], errors: list
         try:
             write_atomic(results_dir / f"rank-{rank}.json",
                          (json.dumps(result.to_dict(), indent=2) + "\n").encode(), mode=0o600)
-        except OSError as e:
-            errors.append(f"keep the result of rank {rank} in {results_dir}: {e.strerror or e}")
+        except EnvbuildError as e:
+            errors.append(f"keep the result of rank {rank} in {results_dir}: {e.message}")
             return

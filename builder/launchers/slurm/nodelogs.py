@@ -1,13 +1,5 @@
-"""The node logs of a Slurm run folder, read as they grow: what the ranks print.
-
-``srun --output=logs/node-%t.log`` gives each task (one envbuild node) its log file; the
-ranks of the node print their progress lines and, at their end, their result documents
-there (``--result-to-stdout``). :class:`NodeLogs` reads each file from where it stopped
-the last time (every poll of the job), at most :data:`READ_CHUNK` bytes a file and poll,
-through :class:`~builder.launchers.output.NodeOutput`: progress with its arrival time (the
-hang naming of :mod:`builder.launchers.progress`), results checked against the run, the
-rest kept as the node's log. A log that is not a regular file (a FIFO, a link) is not
-read: the ranks of that node could not be checked.
+"""The node logs of a Slurm run folder, read as they grow, at most :data:`READ_CHUNK` bytes a
+file and poll: the ranks' progress (with arrival time, to name a hang) and results.
 """
 
 from __future__ import annotations
@@ -16,10 +8,10 @@ import os
 import stat
 from pathlib import Path
 
+from builder.core.documents import RankResult
 from builder.core.inputs import one_line
 
 from ..base import LaunchSpec
-from ..model import RankResult
 from ..output import LineBuffer, NodeOutput, problems_by_rank
 from ..progress import ProgressTracker
 
@@ -28,12 +20,7 @@ READ_CHUNK = 8 << 20
 
 
 class NodeLogs:
-    """The logs ``<folder>/node-<i>.log`` of the ``spec.nodes`` nodes, followed.
-
-    ``outputs[i]`` is node i's :class:`~builder.launchers.output.NodeOutput`, ``tracker``
-    the run's progress. :meth:`poll` reads what was added; :meth:`finish` reads the rest
-    and the unterminated last lines.
-    """
+    """The logs ``<folder>/node-<i>.log`` of the ``spec.nodes`` nodes, followed."""
 
     def __init__(self, folder: Path, spec: LaunchSpec) -> None:
         self.folder = folder

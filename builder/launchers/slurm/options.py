@@ -1,9 +1,4 @@
-"""Slurm options: every value a batch script carries, checked whole before it is written.
-
-Each pattern is applied with ``fullmatch`` (``$`` of ``re.match`` also matches before a final
-newline, and a newline in an ``#SBATCH`` line starts a new line of the script); a bad value
-is a usage error (exit 64) naming the command-line option.
-"""
+"""Slurm options: every value a batch script carries, checked whole before it is written."""
 
 from __future__ import annotations
 
@@ -12,12 +7,13 @@ import re
 from dataclasses import dataclass
 from typing import TypeGuard
 
-from builder.core.errors import EnvbuildError, ExitCode
+from builder.core.errors import UsageError
 
 from ..base import RUN_USER, LaunchSpec, check_socket_ifname
 
-#: Container runtimes of the batch script; the first is the default.
-RUNTIMES = ("docker", "pyxis", "apptainer")
+#: Container runtimes of the batch script; the first is the default. ``none``: the node's own
+#: Python and libraries (``python3`` on the job's PATH) run the bench, no container.
+RUNTIMES = ("docker", "pyxis", "apptainer", "none")
 DEFAULT_RUNTIME = "docker"
 #: Seconds a job may stay pending before envbuild cancels it.
 DEFAULT_PENDING_TIMEOUT_S = 600.0
@@ -50,13 +46,10 @@ _SHM_RE = re.compile(r"[0-9]{1,15}[bkmgBKMG]?")
 #: (``registry#repo:tag``) or an absolute ``.sqsh``/``.sif`` path.
 _CONTAINER_IMAGE_RE = re.compile(rf"[A-Za-z0-9/][A-Za-z0-9._:/@#+=-]{{0,{MAX_PATH_CHARS - 1}}}")
 
-#: ``--sbatch-arg`` options passed on, by full name -> whether they take a value (True),
-#: take none (False) or may take one (None). sbatch man page, https://slurm.schedmd.com/sbatch.html.
-#: A closed list: sbatch (getopt_long) takes any unambiguous prefix of an option name
-#: (``--out`` is ``--output``), so a list of refused names could be bypassed. Left out: the
-#: options envbuild writes itself (:data:`SBATCH_SET_BY_ENVBUILD`) and those that detach the
-#: job from the run (``--array``, ``--wrap``, ``--hold``, ``--wait``, ``--clusters``,
-#: ``--export``, ``--error``, ``--requeue``, ``--uid``...).
+#: ``--sbatch-arg`` options passed on -> takes a value (True), none (False), maybe (None); from
+#: https://slurm.schedmd.com/sbatch.html. A closed list, as getopt_long takes any unambiguous
+#: prefix (``--out`` is ``--output``). Left out: options envbuild writes itself and those that
+#: detach the job from the run (``--array``, ``--wrap``, ``--export``...).
 SBATCH_OPTIONS: dict[str, bool | None] = {
     **dict.fromkeys((
         "account", "acctg-freq", "begin", "comment", "constraint", "core-spec", "cores-per-socket",
@@ -79,109 +72,79 @@ SBATCH_SET_BY_ENVBUILD = {
 }
 
 
-
-def _usage(message: str, field_: str, value: object) -> EnvbuildError:
-    return EnvbuildError(message, field=field_, value=value, exit_code=ExitCode.USAGE)
-
-
 def _is_text(value: object, limit: int) -> TypeGuard[str]:
     return isinstance(value, str) and 0 < len(value) <= limit
 
 
 def check_partition(text: object) -> str:
-    """``text`` when it is a partition name or a comma list of them (``gpu``,
-    ``gpu,debug``; at most 16 names of 64 letters, digits and ``_.-``).
-
-    Raises:
-        EnvbuildError: (exit 64, field ``--partition``) anything else.
-    """
+    """``text`` when it is a partition name or a comma list of at most 16.
+    Raises UsageError (exit 64, ``--partition``)."""
     if not (_is_text(text, 2000) and _PARTITION_RE.fullmatch(text)):
-        raise _usage("is not a partition name (letters, digits, _.-; a comma list of at most 16)",
-                     "--partition", text)
+        raise UsageError("is not a partition name (letters, digits, _.-; a comma list of at most 16)",
+                         field="--partition", value=text)
     return text
 
 
 def check_sbatch_arg(text: object) -> str:
-    """``text`` when it is one ``#SBATCH`` option envbuild passes on: ``--NAME`` or
-    ``--NAME=VALUE`` with NAME in :data:`SBATCH_OPTIONS` (full names, long form) and VALUE of
-    at most :data:`MAX_VALUE_CHARS` letters, digits and ``_.,:/@%+=[]-`` (no blanks, quotes,
-    shell metacharacters or control characters).
-
-    Raises:
-        EnvbuildError: (exit 64, field ``--sbatch-arg``) anything else, naming why.
-    """
+    """``text`` when it is one ``#SBATCH`` option of :data:`SBATCH_OPTIONS` with a value free of
+    blanks, quotes and shell metacharacters. Raises UsageError (exit 64, ``--sbatch-arg``)."""
     m = _SBATCH_ARG_RE.fullmatch(text) if _is_text(text, MAX_VALUE_CHARS + 50) else None
     if not m:
-        raise _usage("is not one sbatch option: --name or --name=value (letters, digits and _.,:/@%+=[]-; "
-                     "no blanks, quotes or shell characters)", "--sbatch-arg", text)
+        raise UsageError("is not one sbatch option: --name or --name=value (letters, digits and _.,:/@%+=[]-; "
+                         "no blanks, quotes or shell characters)", field="--sbatch-arg", value=text)
     name, value = m.group(1), m.group(2)
     if name in SBATCH_SET_BY_ENVBUILD:
-        raise _usage(f"is set by envbuild itself ({SBATCH_SET_BY_ENVBUILD[name]})",
-                     "--sbatch-arg", text)
+        raise UsageError(f"is set by envbuild itself ({SBATCH_SET_BY_ENVBUILD[name]})",
+                         field="--sbatch-arg", value=text)
     if name not in SBATCH_OPTIONS:
-        raise _usage("is not an sbatch option envbuild passes on (--account, --qos, --constraint, --reservation, "
-                     "--exclusive, --mem, --nodelist, --exclude...: README, Running on a cluster)",
-                     "--sbatch-arg", text)
+        raise UsageError("is not an sbatch option envbuild passes on (--account, --qos, --constraint, --reservation, "
+                         "--exclusive, --mem, --nodelist, --exclude...: docs/slurm.md)",
+                         field="--sbatch-arg", value=text)
     takes = SBATCH_OPTIONS[name]
     if takes is True and value is None:
-        raise _usage(f"needs a value: --{name}=VALUE", "--sbatch-arg", text)
+        raise UsageError(f"needs a value: --{name}=VALUE", field="--sbatch-arg", value=text)
     if takes is False and value is not None:
-        raise _usage(f"takes no value: --{name}", "--sbatch-arg", text)
+        raise UsageError(f"takes no value: --{name}", field="--sbatch-arg", value=text)
     return m.group(0)
 
 
 def check_container_image(text: object, runtime: str | None = None) -> str:
-    """``text`` when a node can run it: an image reference, ``docker-daemon:REF``, an enroot
-    URI (``registry#repo:tag``) or an absolute path, of letters, digits and ``._:/@#+=-``;
-    for pyxis no ``,`` either (it separates srun's container options).
-
-    Raises:
-        EnvbuildError: (exit 64, field ``--container-image``) anything else.
-    """
+    """``text`` when a node can run it (a reference, ``docker-daemon:REF``, an enroot URI or a path;
+    no ``,`` for pyxis). Raises UsageError (exit 64, ``--container-image``)."""
     if not (_is_text(text, MAX_PATH_CHARS) and _CONTAINER_IMAGE_RE.fullmatch(text)) \
             or (runtime == "pyxis" and "," in text):
-        raise _usage("is not an image reference, enroot URI or absolute path (letters, digits, ._:/@#+=-)",
-                     "--container-image", text)
+        raise UsageError("is not an image reference, enroot URI or absolute path (letters, digits, ._:/@#+=-)",
+                         field="--container-image", value=text)
     return text
 
 
 def check_slurm_dir(path: object) -> str:
-    """``path`` when it is an absolute path the script can carry unquoted: letters, digits
-    and ``._/+@-``, at most :data:`MAX_PATH_CHARS` characters (Slurm reads ``#SBATCH
-    --output``/``--chdir`` unquoted; pyxis splits mounts at ``,`` and ``:``).
-
-    Raises:
-        EnvbuildError: (exit 64, field ``--slurm-dir``) anything else.
-    """
+    """``path`` when the script can carry it unquoted (Slurm reads ``#SBATCH`` paths unquoted; pyxis
+    splits mounts at ``,`` and ``:``). Raises UsageError (exit 64, ``--slurm-dir``)."""
     if not (_is_text(path, MAX_PATH_CHARS) and _PATH_RE.fullmatch(path)):
-        raise _usage("must be an absolute path of letters, digits and ._/+@- (Slurm reads it unquoted in "
-                     "#SBATCH lines; pyxis splits mounts at , and :)", "--slurm-dir", path)
+        raise UsageError("must be an absolute path of letters, digits and ._/+@- (Slurm reads it unquoted in "
+                         "#SBATCH lines; pyxis splits mounts at , and :)", field="--slurm-dir", value=path)
     return path
 
 
 def check_pending_timeout(seconds: object) -> float:
     """``seconds`` as a float when it is a finite number in ``(0, MAX_PENDING_TIMEOUT_S]``.
 
-    Raises:
-        EnvbuildError: (exit 64, field ``--pending-timeout``) anything else.
-    """
+    Raises EnvbuildError: (exit 64, field ``--pending-timeout``) anything else."""
     if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds) \
             and 0 < seconds <= MAX_PENDING_TIMEOUT_S:
         return float(seconds)
-    raise _usage(f"must be a number of seconds in (0, {MAX_PENDING_TIMEOUT_S}]", "--pending-timeout", seconds)
+    raise UsageError(f"must be a number of seconds in (0, {MAX_PENDING_TIMEOUT_S}]",
+                     field="--pending-timeout", value=seconds)
 
 
 def check_slurm_nodes(slurm_nodes: object, nodes: int) -> int:
-    """``slurm_nodes`` when the ``nodes`` envbuild nodes can share that many Slurm nodes
-    evenly (an integer in ``1..nodes`` dividing ``nodes``).
-
-    Raises:
-        EnvbuildError: (exit 64, field ``--slurm-nodes``) anything else.
-    """
+    """``slurm_nodes`` when it divides ``nodes`` evenly. Raises UsageError (exit 64, ``--slurm-nodes``)."""
     if not isinstance(slurm_nodes, int) or isinstance(slurm_nodes, bool) or not 1 <= slurm_nodes <= nodes:
-        raise _usage(f"must be between 1 and the number of nodes ({nodes})", "--slurm-nodes", slurm_nodes)
+        raise UsageError(f"must be between 1 and the number of nodes ({nodes})",
+                         field="--slurm-nodes", value=slurm_nodes)
     if nodes % slurm_nodes:
-        raise _usage(f"must divide the number of nodes ({nodes}) evenly", "--slurm-nodes", slurm_nodes)
+        raise UsageError(f"must divide the number of nodes ({nodes}) evenly", field="--slurm-nodes", value=slurm_nodes)
     return slurm_nodes
 
 
@@ -191,22 +154,6 @@ def check_slurm_nodes(slurm_nodes: object, nodes: int) -> int:
 @dataclass(frozen=True)
 class SlurmOptions:
     """How to run the job.
-
-    Attributes:
-        runtime: ``"docker"`` (default), ``"pyxis"`` or ``"apptainer"`` (module doc).
-        partition: ``#SBATCH --partition`` (None: the cluster's default partition).
-        time_limit: ``#SBATCH --time`` in a Slurm time format (``"10"`` minutes,
-            ``"1:30:00"``, ``"1-00"``...); None: the timeout rounded up to whole minutes.
-        slurm_nodes: Slurm nodes M the N envbuild nodes run on (None: N, one each).
-        container_image: what the nodes run (None: the spec's image for docker and pyxis,
-            ``docker-daemon:<image>`` for apptainer).
-        sbatch_args: extra ``#SBATCH`` lines (``--account=x``, ``--qos=y``, ``--exclusive``).
-        socket_ifname: ``--socket-ifname`` in NCCL's syntax (``eth0``, ``^lo,docker``, ``=ib0``;
-            :data:`~builder.launchers.base.SOCKET_IFNAME_RE`): sets ``NCCL_SOCKET_IFNAME`` and
-            ``GLOO_SOCKET_IFNAME`` as each library reads them (:func:`~builder.launchers.base.socket_env`);
-            None: the spec's ``socket_ifname``, else unset (the libraries choose); ``spec.env`` wins.
-        pending_timeout_s: seconds the job may stay pending before it is cancelled.
-        user: ``uid:gid`` of the docker containers.
     """
 
     runtime: str = DEFAULT_RUNTIME
@@ -222,45 +169,41 @@ class SlurmOptions:
     def __post_init__(self) -> None:
         """Check the values that need no spec (the rest: :func:`render_context`), each
         whole (``fullmatch``): nothing with a newline or control character reaches the script.
-
-        Raises:
-            EnvbuildError: (exit 64) a bad runtime, partition, time limit, sbatch option
-                (:func:`check_sbatch_arg`), interface name, container image, user,
-                ``slurm_nodes`` not an integer >= 1, or a pending timeout not in
-                ``(0, MAX_PENDING_TIMEOUT_S]``.
-        """
+        Raises EnvbuildError (exit 64)."""
         if self.runtime not in RUNTIMES:
-            raise _usage(f"is not a container runtime ({', '.join(RUNTIMES)})", "--container-runtime", self.runtime)
+            raise UsageError(f"is not a container runtime ({', '.join(RUNTIMES)})",
+                             field="--container-runtime", value=self.runtime)
         if self.partition is not None:
             check_partition(self.partition)
         if self.time_limit is not None:
             parse_time_limit(self.time_limit)
         if self.slurm_nodes is not None and (not isinstance(self.slurm_nodes, int) or isinstance(self.slurm_nodes, bool)
                                              or self.slurm_nodes < 1):
-            raise _usage("must be an integer >= 1", "--slurm-nodes", self.slurm_nodes)
+            raise UsageError("must be an integer >= 1", field="--slurm-nodes", value=self.slurm_nodes)
         if len(self.sbatch_args) > MAX_SBATCH_ARGS:
-            raise _usage(f"at most {MAX_SBATCH_ARGS} options", "--sbatch-arg", len(self.sbatch_args))
+            raise UsageError(f"at most {MAX_SBATCH_ARGS} options", field="--sbatch-arg", value=len(self.sbatch_args))
         for a in self.sbatch_args:
             check_sbatch_arg(a)
         check_socket_ifname(self.socket_ifname, "--socket-ifname")
+        if self.container_image is not None and self.runtime == "none":
+            raise UsageError("goes with a container runtime; --container-runtime none runs no image",
+                             field="--container-image", value=self.container_image)
         if self.container_image is not None:
             check_container_image(self.container_image, self.runtime)
         if not (isinstance(self.user, str) and _USER_RE.fullmatch(self.user)):
-            raise _usage("is not uid:gid", "user", self.user)
+            raise UsageError("is not uid:gid", field="user", value=self.user)
         check_pending_timeout(self.pending_timeout_s)
 
 
 def parse_time_limit(text: object) -> int:
     """Seconds of a Slurm time limit: ``"M"``, ``"M:S"``, ``"H:M:S"``, ``"D-H"``,
     ``"D-H:M"``, ``"D-H:M:S"`` (``sbatch --time``), matched whole (no blanks, no newline).
-
-    Raises:
-        EnvbuildError: (exit 64, field ``--time-limit``) another format, zero (``0`` would
-            mean no limit) or more than :data:`MAX_TIME_LIMIT_S` (365 days).
-    """
+    Raises EnvbuildError: (exit 64, field ``--time-limit``) another format, zero (``0`` would mean no limit) or more
+    than :data:`MAX_TIME_LIMIT_S` (365 days)."""
     m = _TIME_RE.fullmatch(text) if _is_text(text, 40) else None
     if not m:
-        raise _usage("is not a Slurm time limit (M, M:S, H:M:S, D-H, D-H:M or D-H:M:S)", "--time-limit", text)
+        raise UsageError("is not a Slurm time limit (M, M:S, H:M:S, D-H, D-H:M or D-H:M:S)",
+                         field="--time-limit", value=text)
     if m.group(1) is not None:
         d, h, mi, s = (int(g or 0) for g in m.group(1, 2, 3, 4))
         seconds = ((d * 24 + h) * 60 + mi) * 60 + s
@@ -273,9 +216,9 @@ def parse_time_limit(text: object) -> int:
         else:
             seconds = (parts[0] * 60 + parts[1]) * 60 + parts[2]
     if seconds <= 0:
-        raise _usage("must be more than 0 (0 means no limit)", "--time-limit", text)
+        raise UsageError("must be more than 0 (0 means no limit)", field="--time-limit", value=text)
     if seconds > MAX_TIME_LIMIT_S:
-        raise _usage(f"is more than {MAX_TIME_LIMIT_S // 86400} days", "--time-limit", text)
+        raise UsageError(f"is more than {MAX_TIME_LIMIT_S // 86400} days", field="--time-limit", value=text)
     return seconds
 
 

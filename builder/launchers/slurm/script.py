@@ -1,9 +1,6 @@
-"""The batch script of a certification run and its run folder (see the package doc).
-
-:func:`render_script` renders ``builder/launchers/templates/slurm/certify.sbatch.j2`` from a
-plain-data context (:func:`render_context`), every value checked whole first and refused
-again in the template if it holds a newline or control character; :func:`write_run_dir`
-creates the run folder around it.
+"""The batch script of a certification run (``templates/slurm/certify.sbatch.j2``) and its run
+folder; every value is checked whole first and refused again in the template if it holds a
+control character.
 """
 
 from __future__ import annotations
@@ -17,8 +14,8 @@ from typing import Any
 import jinja2
 
 from builder.agent import payload
-from builder.core.errors import EnvbuildError, ExitCode
-from builder.core.files import template_environment
+from builder.core.errors import EnvbuildError, Unreachable, UsageError
+from builder.core.files import make_folder, template_environment, write_atomic
 from builder.core.inputs import control_char_paths, has_control
 from builder.core.paths import image_dir
 from builder.image import engine
@@ -41,7 +38,6 @@ from .options import (
     _SHM_RE,
     SlurmOptions,
     _is_text,
-    _usage,
     check_container_image,
     check_slurm_dir,
     check_slurm_nodes,
@@ -88,15 +84,14 @@ class _Checked(str):
 
 
 def _refuse_control(value: object, where: str) -> EnvbuildError:
-    return _usage("would put a newline or control character into the batch script; refused", where, value)
+    return UsageError("would put a newline or control character into the batch script; refused",
+                      field=where, value=value)
 
 
 def sh(value: Any) -> str:
     """One shell word: :class:`Raw` as is, anything else ``shlex.quote``-d.
 
-    Raises:
-        EnvbuildError: (exit 64) the value holds a newline or another control character.
-    """
+    Raises EnvbuildError: (exit 64) the value holds a newline or another control character."""
     text = str(value)
     if has_control(text):
         raise _refuse_control(text, "script")
@@ -138,30 +133,18 @@ def _environment() -> jinja2.Environment:
 
 
 def render_template(ctx: Mapping[str, Any]) -> str:
-    """``builder/launchers/templates/slurm/certify.sbatch.j2`` rendered with ``ctx`` (from
-    :func:`render_context`), refusing any value with a newline or control character: first
-    by walking ``ctx`` (the error names the field, e.g. ``sbatch[7]``), then in the template
-    itself (:func:`_finalize`, :func:`sh`).
-
-    Raises:
-        EnvbuildError: (exit 64) such a value, shown escaped.
-    """
+    """The sbatch template rendered with ``ctx``, refusing any value with a newline or control
+    character (in ``ctx``, then in the template). Raises UsageError (exit 64)."""
     for path, value in control_char_paths(dict(ctx)):
         raise _refuse_control(value, path)
     return _environment().get_template("slurm/certify.sbatch.j2").render(dict(ctx))
 
 
 def task_env(spec: LaunchSpec, options: SlurmOptions) -> dict[str, str]:
-    """Environment of every node: :func:`~builder.launchers.base.node_env` without the
-    per-node ``ENVBUILD_NODE`` (set from ``SLURM_PROCID``), with the socket variables of
-    ``options.socket_ifname`` (else ``spec.socket_ifname``;
-    :func:`~builder.launchers.base.socket_env`, unset when neither: host networking, the
-    libraries choose), then ``spec.env`` again (which wins).
-
-    Raises:
-        EnvbuildError: (exit 64) a name that is not an environment variable name, a value
-            with a control character (a newline) or over 4096 characters.
-    """
+    """Environment of every node: the launch env without ``ENVBUILD_NODE`` (set from
+    ``SLURM_PROCID``), the socket variables, then ``spec.env`` again (which wins).
+    Raises EnvbuildError: (exit 64) a name that is not an environment variable name, a value with a control character
+    (a newline) or over 4096 characters."""
     env = node_env(spec, 0)
     env.pop("ENVBUILD_NODE", None)
     sock = socket_env(options.socket_ifname or spec.socket_ifname)
@@ -172,17 +155,18 @@ def task_env(spec: LaunchSpec, options: SlurmOptions) -> dict[str, str]:
     env.update(spec.env)
     for name, value in env.items():
         if not (isinstance(name, str) and _ENV_NAME_RE.fullmatch(name)):
-            raise _usage("is not an environment variable name", "env", name)
+            raise UsageError("is not an environment variable name", field="env", value=name)
         if not isinstance(value, str) or has_control(value) or len(value) > 4096:
-            raise _usage("is not a one-line value of at most 4096 characters", f"env.{name}", value)
+            raise UsageError("is not a one-line value of at most 4096 characters", field=f"env.{name}", value=value)
     return env
 
 
-def torchrun_words(spec: LaunchSpec) -> list[Any]:
+def torchrun_words(spec: LaunchSpec, out: Any = RESULTS_MOUNT) -> list[Any]:
     """The node command, in groups of words (see :func:`_words`): torchrun (node rank
     ``$node``, master ``$MASTER_ADDR:$MASTER_PORT``) running the bench;
     :func:`~builder.launchers.base.torchrun_argv` with the Slurm values."""
-    argv = torchrun_argv(spec, Raw('"$node"'), master_addr=Raw('"$MASTER_ADDR"'), master_port=Raw('"$MASTER_PORT"'))
+    argv = torchrun_argv(spec, Raw('"$node"'), master_addr=Raw('"$MASTER_ADDR"'), master_port=Raw('"$MASTER_PORT"'),
+                         out=out)
     groups: list[Any] = []
     i = 0
     while i < len(argv):
@@ -201,41 +185,39 @@ def _check_spec(spec: LaunchSpec, options: SlurmOptions, folder: str,
                 environ: Mapping[str, str] | None) -> tuple[int, str, dict[str, str]]:
     """``(Slurm nodes, the image the nodes run, docker labels)`` of ``spec``, each value
     checked whole.
-
-    Raises:
-        EnvbuildError: (exit 64) a run id, folder, node count, port, timeout, Slurm node
-            count, image, shm size or label the script cannot carry.
-    """
+    Raises EnvbuildError: (exit 64) a run id, folder, node count, port, timeout, Slurm node count, image, shm size or
+    label the script cannot carry."""
     if not (_is_text(spec.run_id, 64) and _RUN_ID_RE.fullmatch(spec.run_id)):
-        raise _usage("is not a run id (1-64 letters, digits, ._-)", "run_id", spec.run_id)
+        raise UsageError("is not a run id (1-64 letters, digits, ._-)", field="run_id", value=spec.run_id)
     check_slurm_dir(folder)
     if spec.nodes < 1:
-        raise _usage("must be >= 1", "nodes", spec.nodes)
+        raise UsageError("must be >= 1", field="nodes", value=spec.nodes)
     if spec.gpus_per_node < 0:
-        raise _usage("must be >= 0", "gpus_per_node", spec.gpus_per_node)
+        raise UsageError("must be >= 0", field="gpus_per_node", value=spec.gpus_per_node)
     if not 1 <= spec.port <= 65535:
-        raise _usage("is not a TCP port", "port", spec.port)
+        raise UsageError("is not a TCP port", field="port", value=spec.port)
     if not spec.timeout_s > 0:
-        raise _usage("must be > 0", "timeout_s", spec.timeout_s)
+        raise UsageError("must be > 0", field="timeout_s", value=spec.timeout_s)
     slurm_nodes = spec.nodes if options.slurm_nodes is None else int(options.slurm_nodes)
     check_slurm_nodes(slurm_nodes, spec.nodes)
     image = options.container_image or (f"docker-daemon:{spec.image}" if options.runtime == "apptainer"
                                         else spec.image)
     check_container_image(image, options.runtime)
     if spec.shm_size is not None and not _SHM_RE.fullmatch(str(spec.shm_size)):
-        raise _usage("is not a size (256m, 8g)", "shm_size", spec.shm_size)
+        raise UsageError("is not a size (256m, 8g)", field="shm_size", value=spec.shm_size)
     labels = labels_for(spec, environ)
     for k, v in labels.items():
         if not (isinstance(k, str) and _LABEL_KEY_RE.fullmatch(k)) or not isinstance(v, str) \
                 or has_control(v) or len(v) > 1000:
-            raise _usage("is not a label (KEY=VALUE, one line)", "label", f"{k}={v}")
+            raise UsageError("is not a label (KEY=VALUE, one line)", field="label", value=f"{k}={v}")
     return slurm_nodes, image, labels
 
 
 def _node_command(spec: LaunchSpec, options: SlurmOptions, image: str, labels: Mapping[str, str],
                   env: Mapping[str, str], code_dir: str, results_dir: str) -> list[Any]:
     """What each task runs, in groups of words (:func:`_words`): ``docker run ...``,
-    ``apptainer exec ...`` or (pyxis: srun runs it in the container) torchrun itself."""
+    ``apptainer exec ...`` or torchrun itself (pyxis: srun runs it in the container; none: on
+    the node, results straight into the run folder)."""
     if options.runtime == "docker":
         run: list[Any] = [("docker", "run", "--rm"), ("--name", Raw('"$name"'))]
         run += [("--label", f"{k}={v}") for k, v in labels.items()]
@@ -258,17 +240,13 @@ def _node_command(spec: LaunchSpec, options: SlurmOptions, image: str, labels: M
         run += ["--contain", "--cleanenv", ("--bind", f"{code_dir}:{CODE_MOUNT}:ro"),
                 ("--bind", f"{results_dir}:{RESULTS_MOUNT}"), image, *torchrun_words(spec)]
         return run
-    return torchrun_words(spec)
+    return torchrun_words(spec, Raw('"$ENVBUILD_RESULTS"') if options.runtime == "none" else RESULTS_MOUNT)
 
 
 def render_context(spec: LaunchSpec, options: SlurmOptions, folder: str | os.PathLike,
                    environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The plain-data context of the template (see :func:`render_script`).
-
-    Raises:
-        EnvbuildError: (exit 64) a value the script cannot carry (module doc of
-            :func:`render_script`).
-    """
+    Raises EnvbuildError: (exit 64) a value the script cannot carry."""
     folder = str(folder)
     slurm_nodes, image, labels = _check_spec(spec, options, folder, environ)
     per_node = spec.nodes // slurm_nodes
@@ -295,9 +273,13 @@ def render_context(spec: LaunchSpec, options: SlurmOptions, folder: str | os.Pat
                  "--no-container-mount-home", "--container-workdir=/tmp"]
 
     env = task_env(spec, options)
-    if options.runtime == "apptainer":
-        # apptainer gives each container a private, writable HOME (--contain) and sets USER
+    if options.runtime in ("apptainer", "none"):
+        # apptainer gives each container a private, writable HOME (--contain) and sets USER; on
+        # the node itself the job's user has both; no image is in use there (the probe says so)
         env = {k: v for k, v in env.items() if k not in ("HOME", "USER")}
+    if options.runtime == "none":
+        env = {k: v for k, v in env.items() if k != "ENVBUILD_IMAGE"}
+        env["PYTHONPATH"] = code_dir
     run = _node_command(spec, options, image, labels, env, code_dir, results_dir)
 
     return {
@@ -326,41 +308,24 @@ def render_context(spec: LaunchSpec, options: SlurmOptions, folder: str | os.Pat
 
 def render_script(spec: LaunchSpec, options: SlurmOptions, folder: str | os.PathLike,
                   environ: Mapping[str, str] | None = None) -> str:
-    """The batch script of ``spec`` for the run folder ``folder`` (see the module doc).
-
-    The same spec, options, folder and labels give the same bytes (the run id is part of
-    the spec). ``environ`` is where ``ENVBUILD_EXTRA_LABELS`` is read (default
-    ``os.environ``; docker labels).
-
-    Raises:
-        EnvbuildError: (exit 64) ``folder`` not absolute or with characters an ``#SBATCH``
-            line or a pyxis mount list cannot carry (blanks, ``%``, ``,``, ``:``, quotes); a
-            bad runtime, partition, time limit, sbatch option, ``slurm_nodes`` (must be 1..N
-            and divide N), interface name, image reference, environment name, or any value
-            with a newline or control character (:func:`render_template`).
-    """
+    """The batch script of ``spec`` for the run folder ``folder``; deterministic.
+    Raises EnvbuildError: (exit 64) ``folder`` not absolute or with characters an ``#SBATCH`` line or a pyxis mount
+    list cannot carry; a bad option, or any value with a control character (:func:`render_template`)."""
     return render_template(render_context(spec, options, folder, environ))
 
 
 def write_run_dir(folder: str | os.PathLike[str], script: str) -> Path:
-    """Create the run folder: ``certify.sbatch`` (mode 0755); ``code/``, a read-only copy of
-    the in-image code (:func:`builder.agent.payload.files`, the one payload: the run folder
-    is on a filesystem every node sees, envbuild's own installation may not be); ``results/``
-    (mode 0700: only the job's user writes there, the nodes' exit statuses; the ranks print
-    their results on stdout) and ``logs/``. Returns the script's path.
-
-    Raises:
-        EnvbuildError: (exit 3) the folder exists already or cannot be written.
-    """
+    """Create the run folder: ``certify.sbatch``, ``code/`` (a read-only payload copy, as every node
+    sees the folder but maybe not envbuild's installation), ``results/`` (0700) and ``logs/``.
+    Returns the script's path. Raises EnvbuildError (exit 3): the folder exists or is unwritable."""
     folder = Path(folder)
     agent_dir()  # the bench and the probe are there
     try:
-        folder.mkdir(parents=True, exist_ok=False)
+        make_folder(folder.parent)
+        folder.mkdir(exist_ok=False)
         code = folder / CODE_DIR
         for rel, data in payload.files().items():
-            target = code / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
+            write_atomic(code / rel, data)
         for p in sorted(code.rglob("*"), reverse=True):
             os.chmod(p, 0o555 if p.is_dir() else 0o444)
         os.chmod(code, 0o555)
@@ -368,13 +333,10 @@ def write_run_dir(folder: str | os.PathLike[str], script: str) -> Path:
         results.mkdir(mode=0o700)
         os.chmod(results, 0o700)  # whatever the umask
         (folder / LOGS_DIR).mkdir()
-        path = folder / SCRIPT_NAME
-        path.write_text(script)
-        os.chmod(path, 0o755)
+        path = write_atomic(folder / SCRIPT_NAME, script.encode("utf-8"), 0o755)
     except FileExistsError:
-        raise EnvbuildError("exists already; every run needs its own folder", field="slurm_dir",
-                            value=str(folder), exit_code=ExitCode.UNREACHABLE) from None
+        raise Unreachable("exists already; every run needs its own folder", field="slurm_dir",
+                          value=str(folder)) from None
     except OSError as e:
-        raise EnvbuildError(f"cannot write: {e.strerror or e}", field="slurm_dir", value=str(folder),
-                            exit_code=ExitCode.UNREACHABLE) from None
+        raise Unreachable(f"cannot write: {e.strerror or e}", field="slurm_dir", value=str(folder)) from None
     return path

@@ -1,20 +1,16 @@
-"""What the in-node agent prints (:mod:`builder.agent.doctor_agent`), as models checked
-before use: the agent runs on the node, so its output is as untrusted as a node report.
-A JSON line that breaks its model is refused (:class:`~builder.nodes.report.InvalidReport`,
-exit 3) with one line naming the field and the value."""
+"""What the in-node agent prints, as models: as untrusted as a node report (InvalidReport, exit 3)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal, TypeVar
 
-import msgspec
 from msgspec import Meta
 
 from builder.core import inputs
-from builder.core.errors import EnvbuildError, ExitCode
-from builder.core.model import Model
+from builder.core.errors import EnvbuildError, ExitCode, ManyErrors
+from builder.core.model import Model, convert
 
-from ..reporterrors import first_problem
+from ..report import InvalidReport
 
 T = TypeVar("T", bound=Model)
 
@@ -28,15 +24,11 @@ ProbeId = Annotated[str, Meta(pattern=r"\A(?:[^\x00-\x1f\x7f]{1,2048})\Z", max_l
 
 
 class Listen(Model, frozen=True):
-    """``listen``'s first line: each asked port's state and the sampled ephemeral ports."""
-
     ports: Annotated[dict[PortKey, Annotated[str, Meta(max_length=512)]], Meta(max_length=1024)]
     sample: Annotated[list[Port], Meta(max_length=1024)]
 
 
 class Probe(Model, frozen=True):
-    """One TCP probe of ``connect``."""
-
     status: Annotated[Literal["ok", "open", "refused", "timeout", "unreachable", "error"],
                       Meta(description="'ok' or 'open' or 'refused' or 'timeout' or 'unreachable' or 'error'")]
     detail: Annotated[str, Meta(max_length=4096)]
@@ -44,14 +36,10 @@ class Probe(Model, frozen=True):
 
 
 class Connect(Model, frozen=True):
-    """``connect``'s result: every probe by its id."""
-
     results: Annotated[dict[ProbeId, Probe], Meta(max_length=1 << 20)]
 
 
 class ComputeTiming(Model, frozen=True):
-    """This node's compute timed alone."""
-
     backend: Annotated[str, Meta(max_length=64)]
     iters: Annotated[int, Meta(ge=0, le=2**31 - 1, description="an integer in 0..2147483647")]
     seconds: Annotated[list[Seconds], Meta(max_length=10000)]
@@ -59,14 +47,10 @@ class ComputeTiming(Model, frozen=True):
 
 
 class Compute(Model, frozen=True):
-    """``compute``'s result."""
-
     compute: ComputeTiming
 
 
 class Pair(Model, frozen=True):
-    """One pairwise all-reduce with ``peer`` in ``round``."""
-
     peer: Small
     round: Small
     seconds: Timing | None
@@ -74,19 +58,12 @@ class Pair(Model, frozen=True):
 
 
 class Pairs(Model, frozen=True, omit_defaults=True):
-    """``pairs``' result (``error`` without torch)."""
-
     pairs: Annotated[list[Pair], Meta(max_length=65536)]
     error: Annotated[str, Meta(max_length=4096)] | None = None
 
 
 def json_line(line: str | None, model: type[T], where: str = "agent") -> T | None:
-    """``line`` as a ``model`` when it is a JSON object (bounded:
-    :func:`builder.core.inputs.load_json`), else None.
-
-    Raises:
-        InvalidReport: (exit 3) a JSON object that does not follow ``model``.
-    """
+    """``line`` as a ``model`` when it is a JSON object, else None; InvalidReport (exit 3)."""
     if not line or not line.lstrip().startswith("{"):
         return None
     try:
@@ -96,16 +73,94 @@ def json_line(line: str | None, model: type[T], where: str = "agent") -> T | Non
     if not isinstance(doc, dict):
         return None
     try:
-        return msgspec.convert(doc, model, strict=True)
-    except msgspec.ValidationError as e:
-        raise first_problem(e, doc, model, f"{where}: agent output", "the agent's output") from None
+        return convert(doc, model, file=f"{where}: agent output", exit_code=ExitCode.UNREACHABLE)
+    except ManyErrors as e:
+        raise InvalidReport.first(e) from None
 
 
 def last_json(text: str, model: type[T], where: str = "agent") -> T | None:
-    """The last line of ``text`` that is a JSON object, as a ``model`` (see
-    :func:`json_line`); None when there is none."""
+    """The last line of ``text`` that is a JSON object, as a ``model``, or None."""
     for line in reversed(text.strip().splitlines()):
         doc = json_line(line, model, where)
         if doc is not None:
             return doc
     return None
+
+
+Count = Annotated[int, Meta(ge=0, le=2**63 - 1, description="an integer in 0..2**63-1")]
+Text = Annotated[str, Meta(max_length=512)]
+
+
+class NvLinkReading(Model, frozen=True):
+    link: Small
+    up: bool
+    crc_errors: Count | None
+    replay_errors: Count | None
+
+
+class PidReading(Model, frozen=True):
+    pid: Count
+    exists: bool | None
+
+
+class GpuReading(Model, frozen=True):
+    """One GPU's NVML health readings (``probe.health``); None: not offered by this GPU or driver."""
+
+    index: Small
+    name: Text
+    uuid: Text
+    pci_bus_id: Text
+    pci_id: Text | None = None
+    memory_total_bytes: Count | None = None
+    ecc_dbe_volatile: Count | None = None
+    ecc_dbe_aggregate: Count | None = None
+    ecc_sbe_volatile: Count | None = None
+    ecc_sbe_aggregate: Count | None = None
+    retired_sbe: Count | None = None
+    retired_dbe: Count | None = None
+    retired_pending: Count | None = None
+    remap_correctable: Count | None = None
+    remap_uncorrectable: Count | None = None
+    remap_pending: Count | None = None
+    remap_failed: Count | None = None
+    throttle_reasons: Count | None = None
+    temperature_c: Count | None = None
+    slowdown_c: Count | None = None
+    power_mw: Count | None = None
+    power_limit_mw: Count | None = None
+    pcie_gen: Count | None = None
+    pcie_gen_max: Count | None = None
+    pcie_width: Count | None = None
+    pcie_width_max: Count | None = None
+    persistence: Count | None = None
+    nvlinks: Annotated[list[NvLinkReading], Meta(max_length=64)] | None = None
+    fabric_state: Count | None = None
+    fabric_status: Count | None = None
+    pids: Annotated[list[PidReading], Meta(max_length=4096)] = []
+
+
+class XidEvent(Model, frozen=True):
+    gpu_index: Small | None
+    xid: Small
+    source: Literal["nvml", "kernel log"]
+    line: Annotated[str, Meta(max_length=4096)] | None = None
+
+
+class IbPort(Model, frozen=True):
+    device: Text
+    port: Text
+    state: Text
+    rate_gbps: Annotated[float, Meta(ge=0, le=1e9)] | None
+    link_layer: Text
+
+
+class GpuHealth(Model, frozen=True):
+    """What ``probe.health`` prints: the readings, judged on the host (:mod:`.gpu_health`)."""
+
+    nvml: Literal["ok", "timeout", "error"]
+    gpus: Annotated[list[GpuReading], Meta(max_length=1024)]
+    xids: Annotated[list[XidEvent], Meta(max_length=4096)]
+    kernel_log: Annotated[str, Meta(max_length=4096)]
+    kernel_log_error: Annotated[str, Meta(max_length=4096)] | None
+    ib_ports: Annotated[list[IbPort], Meta(max_length=1024)]
+    errors: Annotated[list[Annotated[str, Meta(max_length=4096)]], Meta(max_length=1024)]

@@ -1,9 +1,7 @@
-"""What every doctor check shares: statuses, :class:`Check`, :class:`Options`, sizes, and
-starting the in-node agent (:mod:`builder.agent.doctor_agent`) on live nodes."""
+"""What every doctor check shares: statuses, :class:`Check`, :class:`Options`, sizes, the in-node agent."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,7 +16,7 @@ PASS, WARN, FAIL, SKIP, UNKNOWN = "pass", "warn", "fail", "skip", "unknown"
 STATUS_CODE = {PASS: ExitCode.OK, SKIP: ExitCode.OK, WARN: ExitCode.WARNINGS,
                FAIL: ExitCode.CHECK_FAILED, UNKNOWN: ExitCode.UNREACHABLE}
 
-ALL_CHECKS = ("nodes", "port", "interface", "shm", "gpu-uuid", "gpu-processes",
+ALL_CHECKS = ("nodes", "port", "interface", "shm", "gpu-uuid", "gpu-processes", "gpu-health",
               "stale-containers", "straggler")
 
 #: torchrun's static rendezvous port (``--master-port`` default).
@@ -34,7 +32,6 @@ AGENT_START_S = 60.0
 
 
 def human_bytes(n: int | None) -> str:
-    """``1048576`` -> ``"1.0 MiB"``; None -> ``"unknown"``."""
     if n is None:
         return "unknown"
     value = float(n)
@@ -45,39 +42,9 @@ def human_bytes(n: int | None) -> str:
     return f"{n} B"  # pragma: no cover
 
 
-_SIZE = re.compile(r"([0-9]{1,15})(\.[0-9]{1,6})?([kmgt]?)(i?b)?", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """Docker-style sizes: ``"256m"`` -> 268435456, ``"1g"``, ``"512k"``, ``"1048576"``,
-    ``"1.5GiB"``; the whole value must match (no blank, sign or trailing newline).
-
-    Raises:
-        EnvbuildError: (exit 2) not a size.
-    """
-    m = _SIZE.fullmatch(text) if isinstance(text, str) else None
-    if m is None:
-        raise EnvbuildError("is not a size like 256m or 1g", field="--min-shm", value=text)
-    mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(3).lower()]
-    whole, frac = int(m.group(1)), m.group(2)
-    return whole * mult + (int(float(frac) * mult) if frac else 0)
-
-
 @dataclass
 class Check:
-    """One check's outcome.
-
-    Attributes:
-        name: one of :data:`ALL_CHECKS`.
-        status: ``pass``, ``warn``, ``fail``, ``skip`` or ``unknown``.
-        message: one line, e.g. ``"node-1 -> node-0 port 29500/tcp: timeout"``.
-        fix: a one-line hint, or None.
-        details: further lines (one per node, pair or container).
-        data: machine-readable specifics (timings, ports, removed containers).
-        checked: False when the check could not look at anything: no node (or no live
-            node) answered, or no report carried its data. A run in which no check
-            checked anything exits 3 (:func:`builder.nodes.doctor.doctor`).
-    """
+    """One check's outcome; ``checked`` is False when it could look at nothing (all unchecked: exit 3)."""
 
     name: str
     status: str
@@ -88,35 +55,24 @@ class Check:
     checked: bool = True
 
     def to_json(self) -> dict:
-        """JSON-ready form."""
         return {"name": self.name, "status": self.status, "message": self.message,
                 "fix": self.fix, "details": list(self.details), "data": self.data}
 
 
+@dataclass(frozen=True)
+class HealthOptions:
+    """The ``gpu-health`` check's options (None: not checked, or the agent's default path)."""
+
+    expected_gpus: int | None = None
+    thresholds_file: str | None = None
+    kernel_log: str | None = None
+    ib_root: str | None = None
+    nvml_timeout_s: float = 30.0
+
+
 @dataclass
 class Options:
-    """Settings of one doctor run (the CLI flags of the same names).
-
-    Attributes:
-        checks: which checks to run (default all).
-        port: the rendezvous port checked on the master.
-        master: the master node's name (default: the first node).
-        connect_timeout_s: limit of each TCP connect in the port and interface checks.
-        ephemeral_samples: ports sampled from each node's ephemeral range.
-        min_shm_bytes: smallest acceptable /dev/shm.
-        straggler_ratio: a node slower than ratio x the median is a straggler.
-        straggler_iters, straggler_repeats: forward/backward steps per timing (enough
-            work to span several 100 ms CFS periods of a CPU-limited container), timings.
-        allreduce_bytes, allreduce_iters: bytes per all-reduce and timed all-reduces in
-            the pairwise test.
-        pair_port_base: first port of the pairwise rendezvous (default ``port + 100``).
-        backend: ``gloo`` or ``nccl`` (default: nccl when every node has GPUs).
-        agent_timeout_s: limit for the straggler run on each node.
-        fix: remove stale envbuild containers.
-        stale_after_s: age after which a running envbuild container is stale.
-        labels: ``key=value`` filters that limit which containers the stale check sees.
-        client: a docker client (default: connect when the stale check runs).
-    """
+    """Seconds, bytes. ``straggler_iters``: work spanning several 100 ms CFS periods of a CPU-limited container."""
 
     checks: tuple[str, ...] = ALL_CHECKS
     port: int = DEFAULT_PORT
@@ -135,6 +91,7 @@ class Options:
     fix: bool = False
     stale_after_s: float = DEFAULT_STALE_AFTER_S
     labels: tuple[str, ...] = ()
+    health: HealthOptions = field(default_factory=HealthOptions)
     client: Any = None
 
 
@@ -151,15 +108,13 @@ def port_range(n: Node) -> tuple[int, int]:
 
 
 def no_answer(name: str, nodes: list[Node]) -> Check | None:
-    """``unknown`` (nothing checked) when no node has a valid report, else None."""
     if any(n.ok for n in nodes):
         return None
     return Check(name, UNKNOWN, f"no node answered ({len(nodes)} given): nothing checked", checked=False)
 
 
 def start_all(nodes: list[Node], args_for: Callable[[Node], list[str]]) -> dict[str, Running | EnvbuildError]:
-    """Start the agent on every node at once with ``args_for(node)``: ``{node name:
-    Running, or the error that kept it from starting}``."""
+    """Start the agent on every node at once: ``{node name: Running or the error}``."""
     def start(n: Node) -> Running | EnvbuildError:
         assert n.target is not None
         try:

@@ -1,5 +1,4 @@
-"""The ``gpu-processes`` check: no NVML compute process holding GPU memory (pytorch#5736,
-#12166)."""
+"""The ``gpu-processes`` check: no NVML compute process holding GPU memory (pytorch#5736, #12166)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ from .base import FAIL, PASS, SKIP, Check, human_bytes, no_answer
 
 
 def check_gpu_processes(nodes: list[Node]) -> Check:
-    """``fail`` naming every NVML compute process (node, GPU, PID, memory)."""
     none = no_answer("gpu-processes", nodes)
     if none:
         return none

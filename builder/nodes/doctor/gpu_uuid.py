@@ -1,5 +1,4 @@
-"""The ``gpu-uuid`` check: no GPU UUID on two ranks (NVIDIA/nccl#1241 "Duplicate GPU
-detected")."""
+"""The ``gpu-uuid`` check: no GPU UUID on two ranks (NVIDIA/nccl#1241 "Duplicate GPU detected")."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ from .base import FAIL, PASS, SKIP, Check, no_answer
 
 
 def check_gpu_uuid(nodes: list[Node]) -> Check:
-    """``fail`` when one GPU UUID is seen by two ranks (two nodes, or twice on one node)."""
     none = no_answer("gpu-uuid", nodes)
     if none:
         return none

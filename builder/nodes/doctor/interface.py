@@ -1,9 +1,5 @@
-"""The ``interface`` check: the interface NCCL (and gloo, with the gloo backend or
-``GLOO_SOCKET_IFNAME``) would pick exists, has an address, is not loopback, and that
-address is reachable from the peers (NVIDIA/nccl#286, #1581, #1105; pytorch#64926).
-
-The first part reads the reports alone (:func:`report_interface_problems`); the
-reachability part is probed in the round of :mod:`.network`."""
+"""The ``interface`` check: the interface NCCL (and gloo) would pick exists, has an address, is
+not loopback and is reachable from the peers (NVIDIA/nccl#286, #1581, #1105; pytorch#64926)."""
 
 from __future__ import annotations
 
@@ -13,8 +9,7 @@ from .base import FAIL, PASS, Check
 
 
 def interface_picks(n: Node, backend: str) -> list[tuple[str, InterfacePick]]:
-    """``[("NCCL", pick), ("gloo", pick)]``: gloo's only with the gloo backend or
-    ``GLOO_SOCKET_IFNAME`` set."""
+    """``[("NCCL", pick), ("gloo", pick)]``: gloo's only with the gloo backend or ``GLOO_SOCKET_IFNAME``."""
     assert n.report is not None
     picks = [("NCCL", nccl_interface(n.report))]
     if backend == "gloo" or n.report.env.get("GLOO_SOCKET_IFNAME"):
@@ -23,9 +18,7 @@ def interface_picks(n: Node, backend: str) -> list[tuple[str, InterfacePick]]:
 
 
 def other_addresses(n: Node, backend: str, skip_primary: bool) -> list[InterfacePick]:
-    """The picks (see :func:`interface_picks`) with an address that is not loopback,
-    one per address; without the one the node is reached at when ``skip_primary`` (the
-    ephemeral-port probes reach that one anyway)."""
+    """The non-loopback pick addresses; without the node's own when ``skip_primary`` (probed anyway)."""
     out: dict[str, InterfacePick] = {}
     for _, p in interface_picks(n, backend):
         if p.address and not p.loopback and not (skip_primary and p.address == n.address):
@@ -34,8 +27,7 @@ def other_addresses(n: Node, backend: str, skip_primary: bool) -> list[Interface
 
 
 def report_interface_problems(ok_nodes: list[Node], backend: str) -> tuple[list[str], int]:
-    """From the reports alone: the interface NCCL (and gloo) would pick is missing or
-    loopback. Returns (problems, number of reports with a ``network`` section)."""
+    """``(problems, reports with a network section)`` from the reports alone."""
     problems: list[str] = []
     seen = 0
     for n in ok_nodes:
@@ -53,8 +45,6 @@ def report_interface_problems(ok_nodes: list[Node], backend: str) -> tuple[list[
 
 
 def interface_check(if_fail: list[str], reach_fail: list[str], reach_checked: bool) -> Check:
-    """``fail`` listing the report problems and the unreachable addresses, else ``pass``
-    (saying when reachability could not be checked)."""
     problems = if_fail + reach_fail
     if problems:
         return Check("interface", FAIL, "; ".join(problems),

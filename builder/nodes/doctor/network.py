@@ -1,12 +1,5 @@
-"""One round of real TCP listeners (agent ``listen``) and connects (agent ``connect``) on
-the live nodes, shared by the ``port`` and ``interface`` checks (:func:`network_checks`).
-
-The plan: every peer connects to the master's rendezvous port (``port`` check), to a
-sample of each other node's ephemeral range (``ip_local_port_range``: NCCL and gloo
-connect ranks on random ports), and to every other address NCCL/gloo would use on that
-node (``interface`` check). Each listener ends once every expected connection arrived or
-its deadline passed; each connect is bounded by ``--connect-timeout``.
-"""
+"""One round of real TCP listens and connects on the live nodes, shared by ``port`` and ``interface``:
+the master's rendezvous port, a sample of each node's ephemeral range, every address NCCL/gloo would use."""
 
 from __future__ import annotations
 
@@ -26,9 +19,7 @@ from .port import port_check
 
 @dataclass
 class Round:
-    """One round on the ``live`` nodes: who listened (``bound``), the probes planned
-    (``meta``: id -> ``{"kind", "from", "to", "port", "host"[, "iface"]}``), their
-    ``results``, and why nodes could not take part (``unknown``)."""
+    """One round on the ``live`` nodes: listeners (``bound``), planned probes (``meta``), ``results``, ``unknown``."""
 
     live: list[Node]
     opts: Options
@@ -44,7 +35,6 @@ class Round:
     unknown: list[str] = field(default_factory=list)
 
     def expected(self, n: Node) -> int:
-        """Connections ``n`` will accept if every peer gets through (see :meth:`make_plan`)."""
         per_peer = self.samples if self.want_port else 0
         if self.want_if:
             per_peer += len(other_addresses(n, self.backend, self.want_port))
@@ -139,11 +129,7 @@ class Round:
 
 
 def run_round(live_nodes: list[Node], opts: Options, backend: str, want_port: bool, want_if: bool) -> Round:
-    """Listen, plan, connect (see the module docstring); the listeners are stopped after.
-
-    Raises:
-        EnvbuildError: (exit 2) ``--master`` is not a live node.
-    """
+    """Listen, plan, connect; the listeners are stopped after. EnvbuildError (exit 2): ``--master`` not live."""
     master = next((n for n in live_nodes if n.name == opts.master), live_nodes[0])
     if opts.master and master.name != opts.master:
         raise EnvbuildError("is not a live node here", field="--master", value=opts.master)
@@ -158,8 +144,7 @@ def run_round(live_nodes: list[Node], opts: Options, backend: str, want_port: bo
 
 
 def network_checks(nodes: list[Node], opts: Options, backend: str) -> list[Check]:
-    """The ``port`` and ``interface`` checks (see :mod:`.port`, :mod:`.interface`); one
-    round of real listeners and connects on the live nodes."""
+    """The ``port`` and ``interface`` checks from one round on the live nodes."""
     want_port, want_if = "port" in opts.checks, "interface" in opts.checks
     out: list[Check] = []
     live_nodes = live(nodes)

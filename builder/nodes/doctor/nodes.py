@@ -7,8 +7,6 @@ from .base import PASS, UNKNOWN, Check
 
 
 def check_nodes(nodes: list[Node]) -> Check:
-    """``unknown`` naming every node that could not be checked (the first in the
-    message), else ``pass``. ``checked`` is False when no node answered."""
     bad = [n for n in nodes if not n.ok]
     if bad:
         return Check("nodes", UNKNOWN, f"{len(bad)} of {len(nodes)} nodes could not be checked: {bad[0].error}",

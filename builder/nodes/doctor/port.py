@@ -1,8 +1,5 @@
-"""The ``port`` check: the rendezvous port (29500) on the master is reachable from every
-node, and a sample of each node's ephemeral range (``ip_local_port_range``: NCCL and gloo
-connect ranks on random ports) from every other node; a blocked port is named with the
-host pair (pytorch#79388, #52848, NVIDIA/nccl#388). The probes run in the round of
-:mod:`.network`."""
+"""The ``port`` check: the master's rendezvous port and a sample of every node's ephemeral range are
+reachable from the peers (pytorch#79388, #52848, NVIDIA/nccl#388)."""
 
 from __future__ import annotations
 
@@ -15,9 +12,6 @@ if TYPE_CHECKING:
 
 
 def port_check(rnd: Round) -> Check:
-    """``fail`` naming the rendezvous port held by another program and every blocked
-    connection (host pair and port); ``unknown`` when a node could not take part; else
-    ``pass`` with the number of connections made."""
     opts, master = rnd.opts, rnd.master
     data = {"results": {k: v.to_dict() for k, v in rnd.results.items()}, "plan": rnd.meta}
     blocked, short, in_use = [], [], []

@@ -1,5 +1,4 @@
-"""doctor's human output (rich): one row per check, the details and fix of every check that
-did not pass, a summary line; every message escaped."""
+"""doctor's human output (rich)."""
 
 from __future__ import annotations
 
@@ -16,10 +15,7 @@ LINE_LIMIT = 900
 
 
 def render(result: DoctorResult, console: Any) -> None:
-    """Print ``result`` with rich: one row per check (status, finding), then for every
-    check that did not pass its details and fix, and a summary line. Every message is
-    shown escaped (:func:`builder.nodes.verify.render.cell`: never rich markup, no raw
-    control character), cut to :data:`LINE_LIMIT` characters."""
+    """Print ``result``: a row per check, details and fix of those that did not pass, every message escaped."""
     from rich.table import Table
     from rich.text import Text
 

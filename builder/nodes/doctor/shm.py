@@ -8,7 +8,6 @@ from .base import FAIL, PASS, SKIP, Check, human_bytes, no_answer
 
 
 def check_shm(nodes: list[Node], min_bytes: int) -> Check:
-    """``fail`` for every node whose /dev/shm is smaller than ``min_bytes``."""
     none = no_answer("shm", nodes)
     if none:
         return none

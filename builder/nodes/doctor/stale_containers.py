@@ -1,4 +1,4 @@
-"""The ``stale-containers`` check: no leftover containers labelled ``envbuild`` on this
+"""The ``stale-containers`` check: no leftover envbuild containers or expired run networks on this
 engine; ``--fix`` removes them (and only them)."""
 
 from __future__ import annotations
@@ -32,21 +32,12 @@ def _parse_time(text: str | None) -> datetime.datetime | None:
 
 def stale_containers(client: Any, labels: tuple[str, ...] = (), stale_after_s: float = DEFAULT_STALE_AFTER_S,
                      exclude: tuple[str, ...] = (), now: datetime.datetime | None = None) -> list[Any]:
-    """Containers labelled ``envbuild`` (plus ``labels``) left over from earlier runs.
-
-    Containers are grouped by their ``envbuild.run`` label (one group per container
-    without it). A group is stale when its newest container started more than
-    ``stale_after_s`` seconds ago, or when none of its containers runs and the last one
-    stopped more than ``min(stale_after_s, STOPPED_GRACE_S)`` seconds ago. Containers
-    whose ID is in ``exclude`` (the nodes being checked) are never stale.
-
-    Returns:
-        docker ``Container`` objects, sorted by name.
-    """
+    """Containers left over from earlier runs, by name: a run is stale when its newest container
+    started over ``stale_after_s`` (seconds) ago, or all stopped over ``STOPPED_GRACE_S`` ago."""
     from builder.image.engine import LABEL, RUN_LABEL
 
     now = now or datetime.datetime.now(datetime.UTC)
-    found = client.containers.list(all=True, filters={"label": [LABEL, *labels]})
+    found = client.containers([LABEL, *labels])
     groups: dict[str, list[Any]] = {}
     for c in found:
         if c.id in exclude:
@@ -55,10 +46,10 @@ def stale_containers(client: Any, labels: tuple[str, ...] = (), stale_after_s: f
     stale: list[Any] = []
     grace = min(stale_after_s, STOPPED_GRACE_S)
     for members in groups.values():
-        states = [c.attrs.get("State") or {} for c in members]
+        states = [c.doc.get("State") or {} for c in members]
         running = any(s.get("Running") for s in states)
         started = [t for t in (_parse_time(s.get("StartedAt")) for s in states) if t]
-        created = [t for t in (_parse_time(c.attrs.get("Created")) for c in members) if t]
+        created = [t for t in (_parse_time(c.doc.get("Created")) for c in members) if t]
         newest = max(started + created, default=None)
         finished = [t for t in (_parse_time(s.get("FinishedAt")) for s in states) if t]
         if newest is not None and (now - newest).total_seconds() > stale_after_s:
@@ -72,11 +63,8 @@ def stale_containers(client: Any, labels: tuple[str, ...] = (), stale_after_s: f
 
 
 
-def _remove(stale: list[Any], lines: list[str]) -> Check:
-    """Remove ``stale`` (forced): ``pass`` listing what was removed, ``fail`` naming what
-    could not be."""
-    import docker.errors
-
+def _remove(client: Any, stale: list[Any], labels: list[str], lines: list[str]) -> Check:
+    """Remove ``stale``, then the stale networks (only once their containers are gone)."""
     from builder.image.engine import LABEL
 
     removed, failed = [], []
@@ -84,22 +72,22 @@ def _remove(stale: list[Any], lines: list[str]) -> Check:
         if LABEL not in (c.labels or {}):  # belt and braces: never touch what envbuild did not start
             continue
         try:
-            c.remove(force=True)
+            client.remove_container(c.id)
             removed.append(c.name)
-        except docker.errors.NotFound:
-            removed.append(c.name)
-        except docker.errors.APIError as e:
-            failed.append(f"{c.name}: {e.explanation or e}")
+        except EnvbuildError as e:
+            failed.append(f"{c.name}: {e.message}")
+    nets = [n["name"] for n in client.remove_stale_networks(label_filter=labels)]
+    data = {"removed": removed, "removed_networks": nets}
     if failed:
         return Check("stale-containers", FAIL, "could not remove: " + "; ".join(failed),
-                     "remove them by hand: docker rm -f NAME", lines, {"removed": removed})
+                     "remove them by hand: docker rm -f NAME", lines, data)
     return Check("stale-containers", PASS, f"removed {len(removed)} stale envbuild containers: "
-                 + ", ".join(removed), None, lines, {"removed": removed})
+                 + ", ".join(removed) + (f"; {len(nets)} stale networks: " + ", ".join(nets) if nets else ""),
+                 None, lines, data)
 
 
 def check_stale_containers(nodes: list[Node], opts: Options) -> Check:
-    """``fail`` listing stale envbuild containers on this engine; with ``opts.fix``
-    remove them (forced) and ``pass`` listing what was removed. ``skip`` without an engine."""
+    """``fail`` listing stale containers and networks, or with ``opts.fix`` remove them; ``skip`` without an engine."""
     from builder.image.engine import LABEL, connect
 
     client = opts.client
@@ -111,13 +99,16 @@ def check_stale_containers(nodes: list[Node], opts: Options) -> Check:
                          checked=False)
     exclude = tuple(cid for n in nodes if (cid := getattr(n.target, "container_id", None)))
     stale = stale_containers(client, tuple(opts.labels), opts.stale_after_s, exclude)
+    nets = [n["name"] for n in client.stale_networks(label_filter=list(opts.labels))]
     scope = f"label {LABEL}" + "".join(f", {lab}" for lab in opts.labels)
-    lines = [f"{c.name} ({c.short_id}, {c.status}, run {(c.labels or {}).get('envbuild.run', '-')})" for c in stale]
-    if not stale:
-        return Check("stale-containers", PASS, f"no stale containers ({scope})")
-    if not opts.fix:
-        return Check("stale-containers", FAIL, f"{len(stale)} stale envbuild containers: "
-                     + ", ".join(c.name for c in stale),
-                     "`envbuild doctor --fix` removes them (only containers labelled envbuild)", lines,
-                     {"stale": [c.name for c in stale]})
-    return _remove(stale, lines)
+    lines = [f"{c.name} ({c.id[:12]}, {c.status}, run {(c.labels or {}).get('envbuild.run', '-')})" for c in stale]
+    lines += [f"network {n} (its deadline passed, no container)" for n in nets]
+    if not stale and not nets:
+        return Check("stale-containers", PASS, f"no stale containers or networks ({scope})")
+    if opts.fix:
+        return _remove(client, stale, list(opts.labels), lines)
+    found = [f"{len(stale)} stale envbuild containers: " + ", ".join(c.name for c in stale)] if stale else []
+    found += [f"{len(nets)} stale envbuild networks: " + ", ".join(nets)] if nets else []
+    return Check("stale-containers", FAIL, "; ".join(found),
+                 "`envbuild doctor --fix` removes them (only containers and networks labelled envbuild)", lines,
+                 {"stale": [c.name for c in stale], "stale_networks": nets})

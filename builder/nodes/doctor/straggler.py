@@ -1,14 +1,13 @@
-"""The ``straggler`` check: each node's compute alone (forward/backward, no communication)
-and an all-reduce between every node pair (Google cluster-health-scanner's pairwise test);
-a node slower than the median by more than ``--straggler-ratio`` is named
-(NVIDIA/nccl#349, nccl-tests#106)."""
+"""The ``straggler`` check: each node's compute alone and an all-reduce per node pair (Google
+cluster-health-scanner's pairwise test); a node slower than the median by ``--straggler-ratio``
+is named (NVIDIA/nccl#349, nccl-tests#106)."""
 
 from __future__ import annotations
 
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 
-from builder.core.errors import EnvbuildError, ExitCode
+from builder.core.errors import EnvbuildError, Unreachable
 
 from ..report import Node
 from ..sources.base import AGENT_MODULE
@@ -20,17 +19,12 @@ FIX = ("check the named nodes: CPU/GPU clocks and thermal throttling, cgroup CPU
 
 
 def _machine(n: Node) -> str:
-    """Nodes with the same key share a machine (containers on this engine): their compute
-    is timed one after the other so they do not slow each other down."""
+    """Nodes sharing a machine are timed one after the other so they do not slow each other down."""
     return getattr(n.target, "machine", None) or n.name
 
 
 def _compute_once(n: Node, opts: Options, backend: str) -> ComputeTiming:
-    """The agent's ``compute`` on ``n``.
-
-    Raises:
-        EnvbuildError: (exit 3) it could not start, timed out or printed no result.
-    """
+    """The agent's ``compute`` on ``n``; EnvbuildError (exit 3) when it gives no result."""
     assert n.target is not None
     args = ["compute", "--backend", backend, "--iters", str(opts.straggler_iters),
             "--repeats", str(opts.straggler_repeats)]
@@ -38,15 +32,14 @@ def _compute_once(n: Node, opts: Options, backend: str) -> ComputeTiming:
     doc = last_json(done.stdout, Compute, n.source)
     if doc is None:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        raise EnvbuildError(f"agent compute gave no result (exit status {done.rc}): "
-                            f"{lines[-1] if lines else 'no output'}", exit_code=ExitCode.UNREACHABLE)
+        raise Unreachable(f"agent compute gave no result (exit status {done.rc}): "
+                          f"{lines[-1] if lines else 'no output'}")
     return doc.compute
 
 
 def time_compute(nodes: list[Node], opts: Options, backend: str, timings: dict[str, ComputeTiming],
                  unknown: list[str]) -> None:
-    """Time every node's compute (machines in parallel, the nodes of one machine one after
-    the other) into ``timings``; a node timed again keeps its better timing."""
+    """Time every node's compute into ``timings``; a node timed again keeps its better timing."""
     def time_machine(group: list[Node]) -> None:
         for n in group:
             try:
@@ -67,7 +60,6 @@ def time_compute(nodes: list[Node], opts: Options, backend: str, timings: dict[s
 
 
 def run_pairs(nodes: list[Node], opts: Options, backend: str, unknown: list[str]) -> dict[str, Pairs]:
-    """The agent's ``pairs`` on every node at once: each node's pairwise all-reduces."""
     base = opts.pair_port_base or opts.port + 100
     addrs = ",".join(n.address or "" for n in nodes)
     index = {n.name: i for i, n in enumerate(nodes)}
@@ -93,7 +85,6 @@ def run_pairs(nodes: list[Node], opts: Options, backend: str, unknown: list[str]
 
 
 def _slow_compute(timings: dict[str, ComputeTiming], opts: Options, details: list[str]) -> list[str]:
-    """Nodes whose best compute timing is over ratio x the median (a detail line each)."""
     best = {name: t.best_s for name, t in timings.items() if t.best_s}
     slow: list[str] = []
     if len(best) < 2:
@@ -108,7 +99,7 @@ def _slow_compute(timings: dict[str, ComputeTiming], opts: Options, details: lis
 
 
 def _pair_times(nodes: list[Node], pairs: dict[str, Pairs]) -> tuple[dict, dict]:
-    """``({(a, b): the slower of the two ends' seconds}, {(a, b): first error})``."""
+    """``({(a, b): the slower end's seconds}, {(a, b): first error})``."""
     names = [n.name for n in nodes]
     position = {name: i for i, name in enumerate(names)}
     times: dict[tuple[str, ...], float] = {}
@@ -126,8 +117,7 @@ def _pair_times(nodes: list[Node], pairs: dict[str, Pairs]) -> tuple[dict, dict]
 
 
 def _slow_pairs(times: dict, opts: Options, backend: str, details: list[str]) -> list[str]:
-    """Nodes whose fastest pair is over ratio x the median node's (with 3 nodes or more:
-    with two, one pair cannot say which node is slow)."""
+    """Nodes whose fastest pair is over ratio x the median node's (3 nodes or more: two cannot tell)."""
     slow: list[str] = []
     if not times:
         return slow
@@ -149,10 +139,7 @@ def _slow_pairs(times: dict, opts: Options, backend: str, details: list[str]) ->
 
 
 def check_straggler(nodes: list[Node], opts: Options, backend: str) -> Check:
-    """Time every live node's compute alone (agent ``compute``; nodes found slow are timed
-    once more and keep their better timing), then every node pair's all-reduce (agent
-    ``pairs``, all nodes at once); ``fail`` naming nodes slower than the median by more
-    than ``opts.straggler_ratio``, and pairs that failed."""
+    """``fail`` naming nodes slower than the median by more than ``opts.straggler_ratio``, and failed pairs."""
     live_nodes = live(nodes)
     if len(live_nodes) < 2:
         why = "one live node: nothing to compare" if live_nodes else "needs live nodes (report files give reports only)"

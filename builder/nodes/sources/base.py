@@ -1,13 +1,4 @@
-"""What every node source shares: agent modules running on a node (:class:`Target`,
-:class:`Running`), the probe run on every node at once, and the checked values.
-
-A :class:`Target` runs a module of envbuild's agent payload (:mod:`builder.agent.payload`:
-``probe``, ``doctor_agent``) on its node: the payload archive goes on the process's stdin
-and :data:`builder.agent.payload.BOOTSTRAP` runs the module (``docker exec``, ssh, srun);
-nothing is copied onto the node. What a node prints is read in binary chunks, at most
-``max_stdout`` bytes of stdout (:data:`MAX_REPORT_BYTES` by default) and the last
-:data:`STDERR_TAIL_BYTES` of stderr; a node printing more is stopped.
-"""
+"""What every node source shares: agent modules running on a node, the probe, the checked values."""
 
 from __future__ import annotations
 
@@ -23,11 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from builder.agent import payload
-from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.core.documents import NodeReport
+from builder.core.errors import EnvbuildError, Unreachable, UsageError
 from builder.core.inputs import has_control, one_line
 
 from .. import report as nodereport
-from ..report import MAX_REPORT_BYTES, InvalidReport, Node, NodeReport
+from ..report import MAX_REPORT_BYTES, InvalidReport, Node
 
 #: Seconds one node may take to produce its report (the probe imports torch and loads
 #: every libnccl it finds in a subprocess).
@@ -50,15 +42,10 @@ def payload_archive() -> bytes:
     return payload.archive()
 
 
-def usage(message: str, field: str, value: str) -> EnvbuildError:
-    """A usage error (exit 64) naming the option ``field`` and its ``value``."""
-    return EnvbuildError(message, field=field, value=value, exit_code=ExitCode.USAGE)
-
-
 def check_path(text: str, field: str) -> str:
     """``text`` if it is a path of at most 4096 characters without control characters."""
     if not isinstance(text, str) or not text or len(text) > 4096 or has_control(text):
-        raise usage("is not a path (at most 4096 characters, no control characters)", field, text)
+        raise UsageError("is not a path (at most 4096 characters, no control characters)", field=field, value=text)
     return text
 
 
@@ -66,7 +53,8 @@ def check_python(text: str) -> str:
     """``text`` if it is an interpreter name or path (``python3``, ``/opt/venv/bin/python``:
     letters, digits, ``_ . + -``, not starting with ``-``); else exit 64."""
     if not isinstance(text, str) or _PYTHON_RE.fullmatch(text) is None:
-        raise usage("is not an interpreter name or path (letters, digits, _ . + - and /)", "--python", text)
+        raise UsageError("is not an interpreter name or path (letters, digits, _ . + - and /)",
+                         field="--python", value=text)
     return text
 
 
@@ -102,13 +90,7 @@ class Completed:
 
 
 class Running:
-    """An agent module running on a node; stdout arrives line by line.
-
-    What it prints is bounded: at most ``max_stdout`` bytes of stdout are kept (more and
-    it is stopped; :meth:`wait` then raises), and the last :data:`STDERR_TAIL_BYTES` of
-    stderr. Subclasses start the work and feed :meth:`_out_bytes` / :meth:`_err_bytes` /
-    :meth:`_finish` from threads.
-    """
+    """An agent module running on a node; stdout arrives line by line."""
 
     def __init__(self, where: str, max_stdout: int = MAX_REPORT_BYTES) -> None:
         self.where = where
@@ -174,11 +156,8 @@ class Running:
 
     def wait(self, timeout_s: float) -> Completed:
         """Wait for the end; returns what it printed.
-
-        Raises:
-            Unreachable: (exit 3) still running after ``timeout_s`` (it is killed first).
-            InvalidReport: (exit 3) it printed more than ``max_stdout`` bytes.
-        """
+        Raises Unreachable: (exit 3) still running after ``timeout_s`` (it is killed first). InvalidReport: (exit 3)
+        it printed more than ``max_stdout`` bytes."""
         if not self._done.wait(max(0.0, timeout_s)):
             self.kill()
             raise Unreachable(f"no answer within {timeout_s:g} s", field=self.where)
@@ -254,12 +233,7 @@ class ProcessRunning(Running):
 
 
 class Target:
-    """Where agent modules run on one node; :meth:`start` returns a :class:`Running`.
-
-    Attributes:
-        where: how errors name the node, e.g. ``"ssh node-a"``.
-        machine: nodes with the same value share one machine (and its CPUs).
-    """
+    """Where agent modules run on one node; :meth:`start` returns a :class:`Running`."""
 
     where = "node"
     machine = "node"
@@ -278,11 +252,8 @@ class Target:
 
 def report_from_output(out: Completed, source: str) -> NodeReport:
     """The node report a probe printed, validated.
-
-    Raises:
-        Unreachable: (exit 3) the probe exited non-zero (its last stderr line is named).
-        InvalidReport: (exit 3) it printed no valid report.
-    """
+    Raises Unreachable: (exit 3) the probe exited non-zero (its last stderr line is named). InvalidReport: (exit 3)
+    it printed no valid report."""
     if out.rc not in (0, None) or (out.rc is None and not out.stdout.strip()):
         raise Unreachable(f"probe {exit_status(out.rc)}: {last_line(out.stderr or out.stdout)}", file=source)
     return nodereport.parse(out.stdout, source)

@@ -1,11 +1,5 @@
-"""Slurm nodes: one ``srun --ntasks-per-node=1 --label --input=all`` job step runs the probe
-on every node (``python3 -c BOOTSTRAP probe``, the agent payload broadcast on stdin); the
-``N: `` prefixes of ``--label`` split the output per task. Later modules run as one-task
-steps pinned to a node (:class:`SlurmTarget`).
-
-Every value that reaches the srun command line is matched whole first
-(:func:`check_partition`, :func:`check_srun_arg`, :func:`~.base.check_python`; exit 64).
-"""
+"""Slurm nodes: one ``srun --ntasks-per-node=1 --label`` step probes every node (``N: `` prefixes split
+the output); later modules run as one-task steps. Every srun value is matched whole first (exit 64)."""
 
 from __future__ import annotations
 
@@ -13,7 +7,7 @@ import re
 from collections.abc import Sequence
 
 from builder.agent import payload
-from builder.core.errors import EnvbuildError, Unreachable
+from builder.core.errors import EnvbuildError, Unreachable, UsageError
 
 from .. import report as nodereport
 from ..report import MAX_REPORT_BYTES, Node
@@ -28,7 +22,6 @@ from .base import (
     exit_status,
     last_line,
     payload_archive,
-    usage,
 )
 
 #: Bytes of stdout read from the one ``srun`` step that probes every node: each task's
@@ -38,11 +31,9 @@ MAX_SRUN_OUTPUT_BYTES = 4 * MAX_REPORT_BYTES
 MAX_TASKS = 65536
 
 _PARTITION_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(,[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}){0,31}")
-#: ``--srun-arg`` options accepted (``srun(1)``): resources, placement and accounting.
-#: Refused are those that run programs (``--prolog``, ``--epilog``, ``--task-prolog``,
-#: ``--task-epilog``), write or redirect files (``--output``, ``--error``, ``--input``,
-#: ``--chdir``, ``--bcast``), change what runs or its environment (``--export``,
-#: ``--container``, ``--uid``...), and short options (give the long form).
+#: ``--srun-arg`` options accepted (``srun(1)``): resources, placement and accounting. Refused:
+#: those that run programs (``--prolog``...), redirect files (``--output``...), change what runs
+#: or its environment (``--export``, ``--uid``...), and short options.
 SRUN_OPTIONS = frozenset((
     "account", "qos", "reservation", "time", "constraint", "exclusive", "gres", "gpus", "gpus-per-node",
     "gpus-per-task", "gpu-bind", "mem", "mem-per-cpu", "mem-per-gpu", "cpus-per-task", "cpus-per-gpu",
@@ -57,7 +48,8 @@ _SRUN_ERR_RE = re.compile(r"srun: error: ([^:\s]{1,255}): tasks? ([0-9][0-9,\-]{
 def check_partition(text: str) -> str:
     """``text`` if it is a Slurm partition name or a comma list of them; else exit 64."""
     if not isinstance(text, str) or _PARTITION_RE.fullmatch(text) is None:
-        raise usage("is not a Slurm partition name (letters, digits, _ . -; a comma list)", "--partition", text)
+        raise UsageError("is not a Slurm partition name (letters, digits, _ . -; a comma list)",
+                         field="--partition", value=text)
     return text
 
 
@@ -66,11 +58,12 @@ def check_srun_arg(text: str) -> str:
     printable value without blanks; else exit 64."""
     m = _SRUN_ARG_RE.fullmatch(text) if isinstance(text, str) else None
     if m is None:
-        raise usage("is not an srun option --name[=value] (long form, printable, no blanks)", "--srun-arg", text)
+        raise UsageError("is not an srun option --name[=value] (long form, printable, no blanks)",
+                         field="--srun-arg", value=text)
     if m.group("name") not in SRUN_OPTIONS:
-        raise usage(f"is refused: --{m.group('name')} is not among the srun options envbuild passes on "
-                    "(resources, placement and accounting; no prologs, file redirections or --export)",
-                    "--srun-arg", text)
+        raise UsageError(f"is refused: --{m.group('name')} is not among the srun options envbuild passes on "
+                         "(resources, placement and accounting; no prologs, file redirections or --export)",
+                         field="--srun-arg", value=text)
     return text
 
 
@@ -103,13 +96,7 @@ def failed_tasks(stderr: str) -> dict[int, str]:
 
 def srun_argv(nodes: int | None = None, partition: str | None = None,
               extra: Sequence[str] = ()) -> list[str]:
-    """``srun`` arguments shared by every step envbuild starts: ``--job-name=envbuild``,
-    ``--partition`` (checked: :func:`check_partition`), ``--nodes``, then ``extra``
-    (each checked: :func:`check_srun_arg`).
-
-    Raises:
-        EnvbuildError: (exit 64) a bad partition or a refused srun argument.
-    """
+    """``srun`` arguments shared by every step envbuild starts. Raises UsageError (exit 64)."""
     argv = ["srun", "--job-name=envbuild"]
     if partition:
         argv.append(f"--partition={check_partition(partition)}")
@@ -167,17 +154,9 @@ def _task_node(task: int, tasks: dict[int, str], failed: dict[int, str], stderr:
 def from_slurm(nodes: int | None = None, partition: str | None = None,
                extra: Sequence[str] = (), timeout_s: float = DEFAULT_TIMEOUT_S,
                python: str = DEFAULT_PYTHON) -> list[Node]:
-    """Probe every node of one Slurm job step: ``srun [--nodes=N] --ntasks-per-node=1
-    --label --input=all python3 -c BOOTSTRAP probe`` with the payload on stdin; one node
-    per task, named by the node's hostname, each with a :class:`SlurmTarget` for later
-    modules. srun's output is read up to :data:`MAX_SRUN_OUTPUT_BYTES`; each task's report
-    up to ``MAX_REPORT_BYTES``.
-
-    Raises:
-        Unreachable: (exit 3) srun cannot run, does not end within ``timeout_s`` or
-            gives no task output at all (the message ends with srun's last stderr line).
-        InvalidReport: (exit 3) srun printed more than :data:`MAX_SRUN_OUTPUT_BYTES`.
-    """
+    """Probe every node in one Slurm job step, one task per node, named by its hostname; output
+    bounded by :data:`MAX_SRUN_OUTPUT_BYTES`.
+    Raises Unreachable, InvalidReport (exit 3)."""
     base = srun_argv(nodes, partition, extra)
     argv = [*base, "--ntasks-per-node=1", "--label", "--input=all",
             *payload.command(check_python(python), PROBE_MODULE, ["--host"])]

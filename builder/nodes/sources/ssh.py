@@ -1,21 +1,16 @@
-"""Hosts over ssh as nodes: the system ``ssh`` client in BatchMode (never a password
-prompt) with ``ConnectTimeout``, running ``python3 -c BOOTSTRAP MODULE`` with the agent
-payload on stdin, one thread per host and a deadline per host.
-
-Every value that reaches the ssh command line is matched whole first (:func:`check_host`,
-:func:`check_ssh_option`; usage error, exit 64), and ssh gets ``--`` before the host.
-"""
+"""Hosts over ssh in BatchMode (never a password prompt), the agent payload on stdin, one deadline
+per host. Every ssh value is matched whole first (exit 64); ssh gets ``--`` before the host."""
 
 from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from builder.agent import payload
-from builder.core.errors import EnvbuildError, Unreachable
+from builder.core import process
+from builder.core.errors import EnvbuildError, Unreachable, UsageError
 
 from ..report import InvalidReport, Node
 from .base import (
@@ -29,7 +24,6 @@ from .base import (
     last_line,
     payload_archive,
     report_from_output,
-    usage,
 )
 
 #: ``ssh -o ConnectTimeout`` in seconds.
@@ -40,13 +34,9 @@ _HOSTNAME = r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252}[A-Za-z0-9_])?"
 _IPV6 = r"\[[0-9A-Fa-f:.]{2,45}(%[A-Za-z0-9_.-]{1,15})?\]"
 _HOST_RE = re.compile(rf"(?:(?P<user>{_USER})@)?(?P<host>{_HOSTNAME}|{_IPV6})(?::(?P<port>[0-9]{{1,5}}))?")
 
-#: ``--ssh-option`` keys accepted (``ssh_config(5)``): connection, authentication and
-#: host-key settings. Refused are the keys that run a command or load code
-#: (``ProxyCommand``, ``LocalCommand``, ``PermitLocalCommand``, ``KnownHostsCommand``,
-#: ``RemoteCommand``, ``PKCS11Provider``, ``SecurityKeyProvider``, ``Include``...), open
-#: forwardings or tunnels (``LocalForward``, ``RemoteForward``, ``DynamicForward``,
-#: ``Tunnel``...), or undo what envbuild needs (``BatchMode``, ``RequestTTY``,
-#: ``SessionType``, ``StdinNull``...): put anything else in an ``--ssh-config`` file.
+#: ``--ssh-option`` keys accepted (``ssh_config(5)``): connection, authentication and host keys.
+#: Refused: keys that run commands or load code (``ProxyCommand``, ``Include``...), forward or
+#: tunnel, or undo what envbuild needs (``BatchMode``...); those go in an ``--ssh-config`` file.
 SSH_OPTION_KEYS = frozenset(k.lower() for k in (
     "AddressFamily", "BindAddress", "BindInterface", "CanonicalDomains", "CanonicalizeHostname",
     "CertificateFile", "CheckHostIP", "Ciphers", "Compression", "ConnectionAttempts", "ConnectTimeout",
@@ -64,10 +54,10 @@ def check_host(spec: str) -> str:
     1..65535), whole; else a usage error (exit 64) naming ``--hosts``."""
     m = _HOST_RE.fullmatch(spec) if isinstance(spec, str) else None
     if m is None:
-        raise usage("is not a host ([user@]host[:port]: letters, digits, _ . -, not starting with -)",
-                    "--hosts", spec)
+        raise UsageError("is not a host ([user@]host[:port]: letters, digits, _ . -, not starting with -)",
+                         field="--hosts", value=spec)
     if m.group("port") is not None and not 0 < int(m.group("port")) < 65536:
-        raise usage("has a bad port (1..65535)", "--hosts", spec)
+        raise UsageError("has a bad port (1..65535)", field="--hosts", value=spec)
     return spec
 
 
@@ -76,27 +66,22 @@ def check_ssh_option(opt: str) -> str:
     of printable ASCII without blanks (``ProxyJump`` values are hosts); else exit 64."""
     m = _SSH_OPTION_RE.fullmatch(opt) if isinstance(opt, str) else None
     if m is None:
-        raise usage("is not an ssh option Key=Value (printable, no blanks)", "--ssh-option", opt)
+        raise UsageError("is not an ssh option Key=Value (printable, no blanks)", field="--ssh-option", value=opt)
     key = m.group("key").lower()
     if key not in SSH_OPTION_KEYS:
-        raise usage(f"is refused: {m.group('key')} is not among the ssh options envbuild passes on (connection, "
-                    "authentication and host-key settings; no commands, forwardings or BatchMode); put it in an "
-                    "--ssh-config file", "--ssh-option", opt)
+        raise UsageError(f"is refused: {m.group('key')} is not among the ssh options envbuild passes on (connection, "
+                         "authentication and host-key settings; no commands, forwardings or BatchMode); put it in an "
+                         "--ssh-config file", field="--ssh-option", value=opt)
     if key == "proxyjump" and m.group("value") != "none":
         for hop in m.group("value").split(","):
             if _HOST_RE.fullmatch(hop) is None:
-                raise usage("has a ProxyJump hop that is not [user@]host[:port]", "--ssh-option", opt)
+                raise UsageError("has a ProxyJump hop that is not [user@]host[:port]", field="--ssh-option", value=opt)
     return opt
 
 
 def split_host(spec: str) -> tuple[str, int | None]:
-    """``"user@host:2222"`` gives ``("user@host", 2222)``; ``"host"`` gives ``("host", None)``;
-    ``"[fe80::1]:22"`` gives ``("fe80::1", 22)``. The whole value is checked
-    (:func:`check_host`).
-
-    Raises:
-        EnvbuildError: (exit 64) not ``[user@]host[:port]``, or a bad port.
-    """
+    """``"user@host:2222"`` -> ``("user@host", 2222)``; ``"[fe80::1]:22"`` -> ``("fe80::1", 22)``.
+    Raises UsageError (exit 64) for anything but ``[user@]host[:port]``."""
     m = _HOST_RE.fullmatch(check_host(spec))
     assert m is not None  # check_host matched it
     host = m.group("host")
@@ -109,16 +94,10 @@ def split_host(spec: str) -> tuple[str, int | None]:
 
 def ssh_argv(host: str, port: int | None = None, config: str | None = None,
              options: Sequence[str] = (), connect_timeout_s: int = DEFAULT_CONNECT_TIMEOUT_S) -> list[str]:
-    """``ssh`` arguments up to and including the host: BatchMode (no prompts), a connect
-    timeout, ``-T`` (no tty), then ``-F config``, each ``-o option`` (checked:
-    :func:`check_ssh_option`), ``-p port``, then ``--`` and the host, so that no host
-    can ever be read as an option (a second line of defence after :func:`check_host`).
-
-    Raises:
-        EnvbuildError: (exit 64) a refused option, a host starting with ``-``.
-    """
+    """``ssh`` arguments up to the host, with ``--`` before it so that no host is read as an
+    option (a second defence after :func:`check_host`). Raises UsageError (exit 64)."""
     if host.startswith("-"):
-        raise usage("is not a host (it starts with -)", "--hosts", host)
+        raise UsageError("is not a host (it starts with -)", field="--hosts", value=host)
     argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(connect_timeout_s)}"]
     if config:
         argv += ["-F", config]
@@ -133,8 +112,8 @@ def ssh_hostname(argv: Sequence[str]) -> str | None:
     """The address ssh would connect to for ``argv`` (from :func:`ssh_argv`), as
     ``ssh -G`` resolves it through the ssh configuration (``HostName``); None if unknown."""
     try:
-        proc = subprocess.run([argv[0], "-G", *argv[1:]], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
+        proc = process.run([argv[0], "-G", *argv[1:]], 10)
+    except Unreachable:
         return None
     for line in proc.stdout.splitlines():
         key, _, value = line.partition(" ")
@@ -198,11 +177,8 @@ def from_ssh(hosts: Sequence[str], config: str | None = None, options: Sequence[
              timeout_s: float = DEFAULT_TIMEOUT_S,
              connect_timeout_s: int = DEFAULT_CONNECT_TIMEOUT_S,
              python: str = DEFAULT_PYTHON) -> list[Node]:
-    """Probe hosts over ssh, all at once, each within ``timeout_s`` seconds.
-
-    A host ssh cannot reach (exit status 255: refused, no route, host key, auth) or that
-    does not answer in time gets ``error`` (exit 3) naming ssh's last stderr line.
-    """
+    """Probe hosts over ssh, all at once, each within ``timeout_s`` seconds; an unreachable or
+    silent host gets ``error`` (exit 3) with ssh's last stderr line."""
     nodes = ssh_nodes(hosts, config, options, connect_timeout_s, python)
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(nodes)))) as pool:
         list(pool.map(lambda n: _probe_one(n, timeout_s), nodes))

@@ -1,24 +1,17 @@
 """``verify --against REF``: every node compared with one reference (a certificate's rank
-probe, a node report, an image probed) under verify's rules, and the reference's validity.
-
-A field of scope ``image`` (:class:`~.rules.Rule`) is compared only when the node's report
-and the reference's are of the same scope: a host report (``envbuild probe --host``,
-``gate``) says nothing about the torch or NCCL inside the image, while its driver, kernel
-and GPUs are the node's. The driver floor then uses the reference's CUDA requirement
-(:mod:`.floor`). A field the reference does not have and that is skipped when absent
-(``image.digest``, ``image.id``, ``nccl.net_plugin``) is compared between the nodes instead;
-a node whose report lacks such a field (an in-image probe does not know its image's ID) is
-not compared in it.
-"""
+probe, a node report, an image probed) under verify's rules, and the reference's validity."""
 
 from __future__ import annotations
 
 import datetime
 from typing import TYPE_CHECKING
 
-from ..report import Node, NodeReport
+from builder.core.documents import NodeReport
+
+from ..report import Node
 from .result import FAIL, WARN, Finding
 from .rules import Rule, compare, group_values, show
+from .summary import names
 
 if TYPE_CHECKING:
     from ..reference import Reference
@@ -35,31 +28,32 @@ def applies(rule: Rule, ref: NodeReport, r: NodeReport) -> bool:
 
 
 def compare_to(nodes: list[Node], ref: Reference, rule: Rule, kind: str) -> list[Finding]:
-    """One :class:`~.rules.Rule` between every node and the reference: a finding naming the
-    reference's value (``reference``) and each other value with its nodes (``groups``: every
-    node by value, the reference's group included)."""
+    """One :class:`~.rules.Rule` between every node and the reference, as one finding."""
     want = rule.value(ref.report)
     if want is None and rule.skip_absent:
         return compare(nodes, rule, kind)  # the reference does not say: the nodes among themselves
     pairs = [(n.name, rule.value(r)) for n in nodes if (r := n.report) is not None and n.ok
              and applies(rule, ref.report, r)]
-    out: list[Finding] = []
     if rule.skip_absent:  # a report that does not know the field (an in-image probe, its image's ID)
         pairs = [(n, v) for n, v in pairs if v is not None]
     groups = group_values(pairs)
     off = [g for g in groups if g.value != want]
-    if off:
-        others = "; ".join(f"{show(g.value)} on {', '.join(g.nodes)}" for g in off)
-        out.insert(0, Finding(level=rule.level, rule=kind, field=rule.name,
-                              message=f"{rule.name}: {ref.label} {show(want)}; {others}",
-                              nodes=[n for g in off for n in g.nodes], source=rule.source, groups=groups,
-                              reference=show(want)))
-    return out
+    if not off:
+        return []
+    others = "; ".join(f"{show(g.value)} on {', '.join(g.nodes)}" for g in off)
+    level = rule.against_level or rule.level
+    return [Finding(level=level, rule="must-match" if level == FAIL else kind, field=rule.name,
+                    message=f"{rule.name}: {ref.label} {show(want)}; {others}", nodes=[n for g in off for n in g.nodes],
+                    source=rule.source, groups=groups, reference=show(want))]
 
 
-def _days(seconds: float) -> str:
-    days = seconds / 86400
-    return f"{days:.0f} days" if days >= 2 else f"{seconds / 3600:.0f} hours"
+def duration_text(seconds: float) -> str:
+    """``"60 s"``, ``"36 min"``, ``"5 hours"``, ``"30 days"``: the largest unit of which
+    there are at least two (seconds below 2 minutes), rounded down."""
+    for unit, size in (("days", 86400), ("hours", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{int(seconds // size)} {unit}"
+    return f"{int(seconds)} s"
 
 
 def validity_findings(ref: Reference, max_age_s: float, now: datetime.datetime | None = None) -> list[Finding]:
@@ -84,8 +78,9 @@ def validity_findings(ref: Reference, max_age_s: float, now: datetime.datetime |
                                    "age is unknown", source=SRC_VALIDITY))
     elif age > max_age_s:
         out.append(Finding(level=WARN, rule="validity", field="certificate",
-                           message=f"certificate {run.path}: {made}, {_days(age)} ago: older than --max-age "
-                                   f"{_days(max_age_s)}; certify the image again", source=SRC_VALIDITY))
+                           message=f"certificate {run.path}: {made}, {duration_text(age)} ago: older than "
+                                   f"--max-age {duration_text(max_age_s)}; certify the image again",
+                           source=SRC_VALIDITY))
     return out
 
 
@@ -95,7 +90,7 @@ def scope_notes(nodes: list[Node], ref: Reference) -> list[str]:
     other = [n.name for n in nodes if n.ok and n.report is not None and n.report.is_host != ref.report.is_host]
     if not other:
         return []
-    head = ", ".join(other[:5]) + (f" (+{len(other) - 5} more)" if len(other) > 5 else "")
+    head = names(other)
     what = "host reports" if not ref.report.is_host else "in-image reports"
     return [f"{len(other)} {what} ({head}) against the {ref.kind}'s "
             f"{'host' if ref.report.is_host else 'in-image'} report: only the driver, kernel, GPUs and the "

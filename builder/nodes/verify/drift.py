@@ -1,18 +1,13 @@
-"""Drift over time: a node's reports (the history files ``envbuild gate`` writes) read back as
-one node whose latest report is compared, with what changed since the reference and since
-the previous report (``verify --against CERT HISTORY_DIR/*/*.json``).
-
-Reports are one node's history when they come from files, carry ``probed_at`` and share
-``hostname`` and ``scope``; their order is ``probed_at``. Every field of verify's rules is
-compared (:mod:`.rules`; image fields only between reports of the reference's scope), the
-environment variables of every report of the node included.
-"""
+"""Drift over time: a node's gate history read back as one node (its latest report), with what
+changed since the reference and since the previous report."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..report import Node, NodeReport
+from builder.core.documents import NodeReport
+
+from ..report import Node
 from .against import applies
 from .result import Change, NodeDrift
 from .rules import MUST_MATCH, SHOULD_MATCH, TORCHRUN_ENV, Rule, env_names, env_rule
@@ -29,10 +24,8 @@ def _series_key(n: Node) -> tuple[str, str] | None:
 
 
 def split_history(nodes: list[Node]) -> tuple[list[Node], dict[str, list[Node]]]:
-    """``(nodes, histories)``: of every series of reports of one host (see the module doc)
-    only the latest stays a node, named by the host (``host (scope)`` when the host has
-    series of two scopes); ``histories`` maps that name to the series, oldest first. Other
-    nodes are kept as they are, in their order."""
+    """``(nodes, histories)``: each host's series becomes its latest report, named by the host (``host
+    (scope)`` when it has two scopes); ``histories``: each series, oldest first."""
     series: dict[tuple[str, str], list[Node]] = {}
     for n in nodes:
         key = _series_key(n)

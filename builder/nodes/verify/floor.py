@@ -1,21 +1,5 @@
 """verify's driver floor: a node's driver against the CUDA torch was built for, and against the
-image's own CUDA requirement (``NVIDIA_REQUIRE_CUDA``).
-
-Two floors (sources: NVIDIA CUDA release notes Table 3 and the minor-version compatibility
-guide, ``cuda_driver`` in ``builder/recipe/data/compat.yaml``; NVIDIA container toolkit,
-libnvidia-container ``NVIDIA_REQUIRE_*``):
-
-* the torch variant's CUDA (``torch.version.cuda``, or the reference's when comparing against
-  one): below its minor-version-compatibility floor fails, below its GA driver warns;
-* ``NVIDIA_REQUIRE_CUDA`` of the image (the nvidia/cuda bases set it, e.g. ``cuda>=12.8
-  brand=tesla,driver>=535,driver<536 ...``): the NVIDIA container runtime refuses to start a
-  container whose requirement the node's driver does not meet, so it is a hard floor.
-  Space-separated alternatives are ORed, comma-separated conditions ANDed; ``cuda>=X`` holds
-  when the driver runs CUDA X (its driver is at least X's GA driver); ``driver`` conditions
-  compare the driver version; ``brand`` and ``arch`` cannot be told from a report, so an
-  alternative that holds but for them is a warning. ``NVIDIA_DISABLE_REQUIRE=true`` turns the
-  requirement off, as it does for the runtime.
-"""
+image's own CUDA requirement (``NVIDIA_REQUIRE_CUDA``)."""
 
 from __future__ import annotations
 
@@ -25,7 +9,9 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion
 from packaging.version import Version as _Version
 
-from ..report import Node, NodeReport
+from builder.core.documents import NodeReport
+
+from ..report import Node
 from .result import FAIL, WARN, Finding
 
 SRC_DRIVER = "NVIDIA CUDA release notes Table 3; minor-version compatibility guide"
@@ -38,15 +24,7 @@ Condition = tuple[str, str, str]
 
 @dataclass(frozen=True)
 class CudaRequirement:
-    """What an image needs of a node's driver.
-
-    Attributes:
-        torch_cuda: the CUDA of the torch variant (``"12.8"``), or None (a CPU build).
-        torch: the torch release it belongs to, for messages.
-        require: the image's ``NVIDIA_REQUIRE_CUDA``, or None when it sets none.
-        source: where ``require`` was read, e.g. ``"image config Env of envbuild/x:tag"``.
-        disabled: ``NVIDIA_DISABLE_REQUIRE`` is true in the image.
-    """
+    """What an image needs of a node's driver."""
 
     torch_cuda: str | None
     torch: str | None = None
@@ -127,10 +105,8 @@ def _needed(alternatives: list[list[Condition]], floors: dict[str, dict]) -> str
 
 
 def hard_floor(req: CudaRequirement, floors: dict[str, dict]) -> tuple[str | None, list[list[Condition]]]:
-    """``(driver, unless)`` of ``req.require`` for a check without a report's nuance (the
-    in-pod gate): the GA driver of its ``cuda>=X`` condition (None: no such condition, or
-    disabled), and the alternatives that a report cannot decide (``brand``/``arch``),
-    as their driver conditions only."""
+    """``(driver, unless)`` for the in-pod gate, which lacks a report's nuance: the GA driver of
+    ``cuda>=X`` (None: none) and the ``brand``/``arch`` alternatives as driver conditions only."""
     if not req.require or req.disabled:
         return None, []
     alternatives, _ = parse_require(req.require)
@@ -201,16 +177,7 @@ def _node_findings(n: Node, r: NodeReport, floors: dict[str, dict], req: CudaReq
 
 def driver_floor_findings(nodes: list[Node], floors: dict[str, dict] | None = None,
                           requirement: CudaRequirement | None = None) -> list[Finding]:
-    """Floor findings for every node with a valid report and a driver.
-
-    Args:
-        floors: ``{"12.8": {"ga": "570.26", "minor_compat": "525.60.13"}}`` (default:
-            :func:`default_floors`).
-        requirement: the reference image's requirement (``verify --against``): its torch
-            CUDA applies to every node, host reports included, and its
-            ``NVIDIA_REQUIRE_CUDA`` is a hard floor. None: each node's own torch CUDA
-            (nodes without a CUDA torch are not checked).
-    """
+    """Floor findings for every node with a valid report and a driver."""
     floors = default_floors() if floors is None else floors
     out: list[Finding] = []
     for n in nodes:

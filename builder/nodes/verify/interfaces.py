@@ -1,19 +1,12 @@
-"""Which interface NCCL and gloo would pick on a node, from its report alone.
-
-Sources: NCCL ``src/misc/socket.cc`` (``ncclFindInterfaces``: ``NCCL_SOCKET_IFNAME`` syntax and
-the default order ``ib*``, then anything but ``docker*``/``lo``, then ``docker*``, then ``lo``;
-the matching rule is :func:`builder.core.netif.match_nccl_ifname`); PyTorch
-``ProcessGroupGloo`` (``GLOO_SOCKET_IFNAME``, else the address the hostname resolves to).
-"""
+"""Which interface NCCL and gloo would pick on a node, from its report alone."""
 
 from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
 
+from builder.core.documents import Interface, NodeReport
 from builder.core.netif import match_nccl_ifname
-
-from ..report import Interface, NodeReport
 
 
 @dataclass(frozen=True)
@@ -50,12 +43,7 @@ def ordered_interfaces(report: NodeReport) -> list[Interface]:
 
 
 def nccl_interface(report: NodeReport) -> InterfacePick:
-    """The interface NCCL would pick on this node (its bootstrap interface).
-
-    With ``NCCL_SOCKET_IFNAME`` set: the first interface (by index) it selects that has a
-    usable address, else name None. Unset: NCCL's own order (``ncclFindInterfaces``):
-    ``ib*``, then anything but ``docker*``/``lo``, then ``docker*``, then ``lo``.
-    """
+    """The interface NCCL would pick on this node (its bootstrap interface)."""
     ifs = [i for i in ordered_interfaces(report) if usable_addresses(i)]
     names = [i.name for i in ifs]
     by_name = {i.name: i for i in ifs}
@@ -74,12 +62,7 @@ def nccl_interface(report: NodeReport) -> InterfacePick:
 
 
 def gloo_interface(report: NodeReport) -> InterfacePick:
-    """The interface gloo would use, as :func:`nccl_interface` says it.
-
-    ``GLOO_SOCKET_IFNAME`` (a comma list of exact names; the first is taken here) or, when
-    unset, the address the hostname resolves to (``network.hostname_addresses``), which
-    is loopback on hosts whose ``/etc/hosts`` maps the hostname to 127.0.x.x.
-    """
+    """The interface gloo would use, as :func:`nccl_interface` says it."""
     ifs = ordered_interfaces(report)
     by_name = {i.name: i for i in ifs}
     spec = report.env.get("GLOO_SOCKET_IFNAME")

@@ -1,11 +1,4 @@
-"""verify's human output (rich): the reference, the nodes (by default one line per group of
-equal nodes and the full rows only of those that differ, :mod:`.summary`; every row with
-``--all``), the fields that differ, the other findings one per line, each node's drift, a
-summary line. Every value from a report is escaped (never rich markup).
-
-Linear in nodes and fields: a rich table row costs ~0.5 ms, so tables hold at most
-:data:`TABLE_ROWS` rows and the rest are printed as plain lines in one write.
-"""
+"""verify's human output (rich). Every value from a report is escaped (never rich markup)."""
 
 from __future__ import annotations
 
@@ -13,9 +6,10 @@ from typing import Any
 
 from builder.core.inputs import one_line
 
+from .against import duration_text
 from .result import FAIL, UNKNOWN, WARN, NodeDrift, NodeSummary, VerifyResult
 from .rules import show
-from .summary import describe_group, node_groups
+from .summary import describe_group, names, node_groups
 
 #: Characters of one value shown in a table cell (the JSON output has it whole).
 CELL_LIMIT = 200
@@ -29,14 +23,8 @@ TABLE_ROWS = 100
 _STYLE = {FAIL: "red", WARN: "yellow", UNKNOWN: "magenta"}
 #: How a reference's values are named, by its kind.
 REFERENCE_LABEL = {"certificate": "certified", "report": "reference", "image": "image"}
-#: Node names listed in one cell or line; the rest are counted.
+#: Node names listed in one cell; the rest are counted.
 NAMES_SHOWN = 50
-
-
-def names(nodes: list[str], limit: int = NAMES_SHOWN) -> str:
-    """``"a, b, c"``; over ``limit`` names the first ``limit`` and ``(+N more)``."""
-    head = ", ".join(nodes[:limit])
-    return head + (f" (+{len(nodes) - limit} more)" if len(nodes) > limit else "")
 
 
 def _short_image(value: str | None) -> str:
@@ -47,9 +35,7 @@ def _short_image(value: str | None) -> str:
 
 
 def cell(value: Any, limit: int | None = CELL_LIMIT, style: str = "") -> Any:
-    """``value`` as a rich ``Text`` safe for a terminal: one line, control characters and
-    bidi overrides escaped (:func:`builder.core.inputs.one_line`), never read as rich markup
-    (``"[/]"`` prints as it is), cut to ``limit`` characters."""
+    """``value`` as a rich ``Text`` safe for a terminal: one escaped line, never read as markup."""
     from rich.text import Text
 
     return Text(one_line("-" if value is None else value, limit), style=style)
@@ -120,7 +106,7 @@ def _print_differences(result: VerifyResult, console: Any) -> set[int]:
     label = f"({REFERENCE_LABEL[result.reference.kind]})" if result.reference else ""
     for f in diffs:
         rows = [(f.reference, label)] if f.reference is not None else []
-        rows += [(show(g.value), names(g.nodes)) for g in f.groups]
+        rows += [(show(g.value), names(g.nodes, NAMES_SHOWN)) for g in f.groups]
         for i, (value, who) in enumerate(rows):
             first = i == 0
             shown = _short_image(value) if f.field in ("image.id", "image.digest") and value != "(absent)" else value
@@ -137,7 +123,7 @@ def _print_reference(result: VerifyResult, console: Any) -> None:
     bits = [b for b in (ref.recipe, f"lock {ref.lock_hash.split(':')[-1][:12]}" if ref.lock_hash else None,
                         f"made {ref.made_at}" if ref.made_at else None,
                         f"envbuild {ref.envbuild_version}" if ref.envbuild_version else None,
-                        f"{ref.age_s / 86400:.1f} days ago" if ref.age_s is not None else None) if b]
+                        f"{duration_text(max(ref.age_s, 0))} ago" if ref.age_s is not None else None) if b]
     _plain(console, [f"against {ref.kind} {one_line(ref.name, 300)}" + (f" ({one_line(', '.join(bits))})"
                                                                          if bits else "")]
            + ([f"  CUDA requirement: {one_line(ref.cuda_requirement, 300)}"] if ref.cuda_requirement else []))
@@ -174,16 +160,8 @@ def _print_drift(result: VerifyResult, console: Any) -> None:
 
 
 def render(result: VerifyResult, console: Any, all_rows: bool = False) -> None:
-    """Print ``result`` with rich: the reference (``--against``), the nodes (a summary:
-    one line per group of equal nodes and the full rows of those that differ; every row
-    with ``all_rows``), a table of the first :data:`TABLE_FIELDS` differing fields (nodes
-    grouped by value, the reference's value first), the other findings one per line, the
-    drift of nodes with history, notes, and a summary line.
-
-    Every value from a report is shown through :func:`cell` (escaped, never markup), so
-    a report string such as ``"[/]"`` or ``"\\x1b[2J"`` prints literally. Linear in the
-    number of findings and nodes.
-    """
+    """Nodes as one line per group of equal nodes and full rows of those that differ (every row with
+    ``all_rows``); a table of the first :data:`TABLE_FIELDS` differing fields."""
     _print_reference(result, console)
     if all_rows:
         _print_nodes(result.nodes, console)

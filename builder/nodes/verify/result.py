@@ -1,26 +1,4 @@
-"""What ``verify`` found, as the ``envbuild.verify/1`` document (``envbuild verify --json``;
-JSON Schema: ``schemas/verify-result.schema.json``)::
-
-    {"schema": "envbuild.verify/1",
-     "exit_code": 0 | 1 | 2 | 3,
-     "nodes": [{"name", "source", "ok", "error", "hostname", "address", "nccl_interface",
-                "torch", "nccl", "driver", "gpus", "image", "image_ref", "runtime",
-                "shm_bytes", "scope", "probed_at"}, ...],
-     "findings": [{"level": "fail" | "warn" | "unknown", "rule", "field", "message",
-                   "nodes": [str], "source", "groups": [{"value", "nodes": [str]}],
-                   "reference": str | null}, ...],
-     "reference": null | {"kind": "certificate" | "report" | "image", "name", "made_at",
-                          "age_s", "envbuild_version", "recipe", "lock_hash", "image",
-                          "cuda_requirement", "passed"},
-     "drift": [{"node", "reports", "first_at", "previous_at", "latest_at",
-                "since_reference": [{"field", "before", "after", "since"}],
-                "since_previous": [...]}, ...],
-     "notes": [str]}
-
-``reference`` is set by ``verify --against``: a finding's ``reference`` is then the
-reference's value of its field (the certified value), its ``groups`` the nodes by value.
-``drift`` holds one entry per node with earlier reports (history files of ``envbuild gate``).
-"""
+"""What ``verify`` found, as the ``envbuild.verify/1`` document (``envbuild verify --json``)."""
 
 from __future__ import annotations
 
@@ -47,18 +25,7 @@ class Group(Model, frozen=True):
 
 
 class Finding(Model, frozen=True):
-    """One result line.
-
-    Attributes:
-        level: ``fail``, ``warn`` or ``unknown`` (exit 2, 1, 3).
-        rule: ``must-match``, ``should-match``, ``floor``, ``interface``, ``nccl-copies``,
-            ``probe-errors``, ``unreachable`` or ``invalid``.
-        field: the report field concerned, e.g. ``"nccl.loaded"`` or ``"env.NCCL_DEBUG"``.
-        message: one line, e.g. ``"nccl.loaded: 2.20.5 on node-1; 2.19.3 on node-2"``.
-        nodes: the nodes concerned.
-        source: the fact behind the rule.
-        groups: for differences: one :class:`Group` per value, smallest group first.
-    """
+    """One result line."""
 
     level: Level
     rule: str
@@ -93,16 +60,7 @@ class NodeSummary(Model, frozen=True):
 
 
 class ReferenceSummary(Model, frozen=True):
-    """What the nodes were compared against (``verify --against``).
-
-    Attributes:
-        kind: ``certificate``, ``report`` or ``image``. name: the file or image reference.
-        made_at: when the certificate was made (``finished_at``) or the report probed.
-        age_s: seconds since ``made_at``. envbuild_version: the envbuild that made it.
-        recipe, lock_hash, image: of the certified image. cuda_requirement: its
-        ``NVIDIA_REQUIRE_CUDA`` (and where it was read), or the torch CUDA. passed: the
-        certificate's verdict (None for other kinds).
-    """
+    """What the nodes were compared against (``verify --against``)."""
 
     kind: Literal["certificate", "report", "image"]
     name: str
@@ -117,9 +75,7 @@ class ReferenceSummary(Model, frozen=True):
 
 
 class Change(Model, frozen=True):
-    """One field of a node that changed: ``before`` (the reference's or the previous
-    report's value), ``after`` (the latest report's), ``since`` (when the latest value was
-    first seen in the node's history, UTC)."""
+    """One field of a node that changed; ``since``: when the latest value was first seen (UTC)."""
 
     field: str
     before: str | None
@@ -141,10 +97,7 @@ class NodeDrift(Model, frozen=True):
 
 
 class VerifyResult(Model, frozen=True):
-    """Everything ``verify`` found: the nodes compared (and those that could not be
-    checked), the findings (failures first, then warnings, then unknowns; within a level
-    the rules' order), the exit code (see :func:`exit_code`) and, with ``--against``, the
-    reference and each node's drift."""
+    """Findings: failures, then warnings, then unknowns; within a level the rules' order."""
 
     schema: Literal["envbuild.verify/1"]
     exit_code: int

@@ -1,13 +1,4 @@
-"""verify's rules: the fields compared between nodes (must-match, should-match), the driver
-floor, NCCL/gloo interfaces, NCCL and CUDA runtime copies, probe errors and nodes that
-could not be checked; each function gives :class:`~.result.Finding` values (the table and
-sources are in :mod:`builder.nodes.verify`).
-
-Each compared field is a :class:`Rule` with a ``scope``: ``host`` fields (driver branch,
-kernel, GPU models) are the same inside and outside a container; ``image`` fields (torch,
-Python, NCCL, the OS, the environment) are what an image brings, compared against a
-reference only between reports of the same scope (:mod:`.against`).
-"""
+"""verify's rules, each giving :class:`~.result.Finding` values with their sources (``SRC_*``)."""
 
 from __future__ import annotations
 
@@ -16,7 +7,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..report import Node, NodeReport
+from builder.core.documents import NodeReport
+
+from ..report import Node
 from .interfaces import gloo_interface, nccl_interface, ordered_interfaces
 from .result import FAIL, UNKNOWN, WARN, Finding, Group, Level
 
@@ -64,9 +57,8 @@ def _torch(field: str) -> Callable[[NodeReport], str | None]:
 
 
 def net_plugin_value(r: NodeReport) -> str | None:
-    """The NCCL network plugin as compared: ``"libnccl-net.so IBext v8 sha256:0123456789ab"``
-    (file, the name it gives, API, content hash), ``"(none)"`` when the probe found none,
-    None when the report does not say (a probe from before issue 11)."""
+    """The NCCL network plugin as compared: ``"libnccl-net.so IBext v8 sha256:0123456789ab"``; None
+    when the report does not say (an older probe)."""
     p = r.nccl.net_plugin
     if p is None:
         return None
@@ -78,12 +70,8 @@ def net_plugin_value(r: NodeReport) -> str | None:
 
 @dataclass(frozen=True)
 class Rule:
-    """One compared field: ``name`` shown in output, ``level`` when values differ
-    (``fail``/``warn``), ``value`` extracts it from a report (None: absent), ``source``
-    says why it matters, ``skip_absent``: nodes without a value are left out of the
-    comparison (a warning names them) instead of counting as a different value; ``scope``
-    ``host`` or ``image`` (see the module doc); ``path``: where the in-pod gate
-    (:mod:`builder.agent.nodegate`) reads the value in a probe document (None: not there)."""
+    """One compared field. ``skip_absent``: nodes without a value are named in a warning instead of
+    counting as a different value; ``path``: where the in-pod gate reads it in a probe (None: not there)."""
 
     name: str
     level: Level
@@ -92,6 +80,7 @@ class Rule:
     skip_absent: bool = False
     scope: Scope = "image"
     path: tuple[str, ...] | None = None
+    against_level: Level | None = None
 
 
 MUST_MATCH = (
@@ -119,7 +108,8 @@ SHOULD_MATCH = (
     Rule("torch.nccl_compiled", WARN, _torch("nccl_compiled"), "pytorch#116977"),
     Rule("gpu.models", WARN, _gpu_models, SRC_CONFIGCHECK, scope="host"),
     Rule("image.id", WARN, lambda r: r.image.id if r.image else None,
-         "the engine's image ID (the digest is unknown for local images)", skip_absent=True),
+         "the engine's image ID (the digest is unknown for local images); against a reference another "
+         "image is one that was never certified", skip_absent=True, against_level=FAIL),
 )
 
 
@@ -141,11 +131,6 @@ def group_values(pairs: list[tuple[str, str | None]]) -> list[Group]:
     return [Group(value=v, nodes=nodes) for v, nodes, _ in ordered]
 
 
-def describe_groups(name: str, groups: list[Group]) -> str:
-    """``"nccl.loaded: 2.20.5 on node-1; 2.19.3 on node-2, node-3"``."""
-    return f"{name}: " + "; ".join(f"{show(g.value)} on {', '.join(g.nodes)}" for g in groups)
-
-
 def _checked(nodes: list[Node]) -> list[tuple[Node, NodeReport]]:
     """The nodes with a valid report, with it."""
     return [(n, n.report) for n in nodes if n.ok and n.report is not None]
@@ -164,9 +149,9 @@ def compare(nodes: list[Node], rule: Rule, kind: str) -> list[Finding]:
                                nodes=absent, source=rule.source))
     groups = group_values(pairs)
     if len(groups) > 1:
-        out.insert(0, Finding(level=rule.level, rule=kind, field=rule.name,
-                              message=describe_groups(rule.name, groups), nodes=[n for n, _ in pairs],
-                              source=rule.source, groups=groups))
+        message = f"{rule.name}: " + "; ".join(f"{show(g.value)} on {', '.join(g.nodes)}" for g in groups)
+        out.insert(0, Finding(level=rule.level, rule=kind, field=rule.name, message=message,
+                              nodes=[n for n, _ in pairs], source=rule.source, groups=groups))
     return out
 
 
@@ -187,21 +172,9 @@ def env_names(reports: Iterable[NodeReport], exclude: Iterable[str] = ()) -> lis
                    if (k.startswith(ENV_PREFIXES) or k in ENV_OTHER) and k not in skip})
 
 
-def env_findings(nodes: list[Node]) -> list[Finding]:
-    """Findings for every ``NCCL_*``, ``GLOO_*``, ``TORCH_*`` variable and
-    ``LD_LIBRARY_PATH`` set on some node and not the same (or unset) on another:
-    must-match for :data:`ENV_MUST_MATCH`, else should-match."""
-    out = []
-    for var in env_names(r for _, r in _checked(nodes)):
-        rule = env_rule(var)
-        out.extend(compare(nodes, rule, "must-match" if rule.level == FAIL else "should-match"))
-    return out
-
-
-def missing_interface_findings(nodes: list[Node]) -> list[Finding]:
-    """Fail for every node whose ``NCCL_SOCKET_IFNAME`` selects no interface with an
-    address, or whose ``GLOO_SOCKET_IFNAME`` names one it does not have. Nodes whose
-    report has no ``network`` section are not checked."""
+def interface_findings(nodes: list[Node], several: bool) -> list[Finding]:
+    """Fail for a socket setting that selects no interface the node has; with ``several`` (the nodes
+    of a job) also for a loopback one: the ranks cannot reach each other over it."""
     out = []
     for n, r in _checked(nodes):
         if r.network is None:
@@ -209,10 +182,14 @@ def missing_interface_findings(nodes: list[Node]) -> list[Finding]:
         have = ", ".join(i.name for i in ordered_interfaces(r)) or "none"
         for var, pick in (("NCCL_SOCKET_IFNAME", nccl_interface), ("GLOO_SOCKET_IFNAME", gloo_interface)):
             value = r.env.get(var)
-            if value and pick(r).name is None:
-                out.append(Finding(level=FAIL, rule="interface", field=f"env.{var}",
-                                   message=f"{var}={value} on {n.name} matches no interface with an address "
-                                           f"(it has: {have})", nodes=[n.name], source=SRC_IFNAME))
+            chosen = pick(r) if value else None
+            if chosen is None or (chosen.name is not None and not (several and chosen.loopback)):
+                continue
+            what = (f"matches no interface with an address (it has: {have})" if chosen.name is None else
+                    f"selects the loopback interface {chosen.name} ({chosen.address}): other nodes cannot reach "
+                    "it; name the interface the nodes share, or leave it unset")
+            out.append(Finding(level=FAIL, rule="interface", field=f"env.{var}",
+                               message=f"{var}={value} on {n.name} {what}", nodes=[n.name], source=SRC_IFNAME))
     return out
 
 

@@ -1,13 +1,4 @@
-"""verify's default view of the nodes: one line per group of equal nodes (issue 13: 10,000
-nodes are a few lines, not 10,000 rows).
-
-A node's *deviations* are what sets it apart: for each differing field, its value when that
-is not the reference's (``--against``) or, between nodes, not the most common one; for each
-finding about single nodes (floor, interface, copies, probe errors, could not check), that
-finding's rule and field. Nodes with the same deviations form one group; the group without
-any comes first, then the others by size (largest first), ties in the order of first node.
-One pass over the findings and one over the nodes: linear in nodes and fields.
-"""
+"""verify's default view: one line per group of equal nodes (10,000 nodes are a few lines)."""
 
 from __future__ import annotations
 
@@ -55,7 +46,7 @@ def _deviations(result: VerifyResult) -> dict[str, list[tuple[str, str]]]:
 
 
 def node_groups(result: VerifyResult) -> list[NodeGroup]:
-    """The nodes of ``result`` in groups of equal deviations (see the module doc)."""
+    """The nodes of ``result`` in groups of equal deviations."""
     groups: dict[tuple[tuple[str, str], ...], NodeGroup] = {}
     for name, devs in _deviations(result).items():
         key = tuple(devs)
@@ -65,12 +56,16 @@ def node_groups(result: VerifyResult) -> list[NodeGroup]:
     return ordered
 
 
+def names(nodes: list[str], limit: int = GROUP_NAMES) -> str:
+    """``"a, b, c"``; over ``limit`` names the first ``limit`` and ``(+N more)``."""
+    return ", ".join(nodes[:limit]) + (f" (+{len(nodes) - limit} more)" if len(nodes) > limit else "")
+
+
 def describe_group(g: NodeGroup, against: bool) -> str:
     """One line: ``"9998 nodes agree in every compared field: node-1, ... (+9993 more)"`` or
     ``"2 nodes: torch.version 2.13.1+cpu: node-7, node-9"``; escaped."""
     count = f"{len(g.nodes)} node{'s' if len(g.nodes) != 1 else ''}"
-    who = ", ".join(g.nodes[:GROUP_NAMES]) + (f" (+{len(g.nodes) - GROUP_NAMES} more)"
-                                              if len(g.nodes) > GROUP_NAMES else "")
+    who = names(g.nodes)
     if not g.deviations:
         one = len(g.nodes) == 1
         what = ("matches" if one else "match") + " the reference" if against else ("agrees" if one else "agree")

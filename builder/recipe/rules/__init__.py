@@ -1,22 +1,5 @@
-"""Stage 2: the compatibility rules over a loaded recipe, giving a resolved
-:class:`~builder.recipe.spec.Spec` (its pins and every finding).
-
-May import: builder.core, the rest of builder.recipe; packaging.
-
-The facts live in ``builder/recipe/data/compat.yaml`` (:mod:`builder.recipe.facts`). Each rule
-names its fact source. Facts tagged V (verified from the artifact) or M (maintainer's
-statement) give **errors**; facts tagged S (secondary copy) or U (unverified) give
-**warnings** naming their source. One module per topic: :mod:`.release` (torch release,
-variant, CUDA, wheel index, backend), :mod:`.platform` (Python, OS, glibc), :mod:`.libraries`
-(NCCL, cuDNN), :mod:`.driver` (driver floors), :mod:`.base_image`, :mod:`.stacks` (second
-stacks, companion packages), :mod:`.network` (socket interfaces).
-
-``check`` is offline and deterministic: it reads only the bundled facts. Every violation
-is listed, each naming the recipe fields, the values and what would be valid; the rules
-also run on a partial recipe (:func:`builder.recipe.load.parse`), skipping only what
-concerns a field that failed the schema, so that one run lists schema errors and rule
-violations.
-"""
+"""The compatibility rules over a loaded recipe, offline (the bundled facts only): facts tagged V
+or M give errors, S or U warnings. Rules skip only fields that failed the schema."""
 
 from __future__ import annotations
 
@@ -39,13 +22,7 @@ RULES: tuple[Callable[[Ctx], None], ...] = (
 
 
 def check(loaded: Loaded) -> Spec:
-    """Apply every rule to the recipe of ``loaded`` and resolve its pins.
-
-    ``loaded`` may be partial (:func:`builder.recipe.load.parse`; its schema errors ride
-    along): rules run on the fields that validated and skip what concerns the others.
-    Returns a :class:`Spec` whose ``findings`` hold all errors, warnings and notes (the
-    caller decides: :func:`require_ok` raises on errors). Never raises.
-    """
+    """Apply every rule to ``loaded`` (maybe partial) and resolve its pins; never raises."""
     r = loaded.recipe
     data = facts()
     variant = derive_variant(loaded)
@@ -73,8 +50,7 @@ def check(loaded: Loaded) -> Spec:
 
 
 def require_ok(spec: Spec) -> Spec:
-    """Raise :class:`ManyErrors` (exit 2) listing every schema error and every error finding
-    of ``spec``; else return it."""
+    """Raise ManyErrors (exit 2) listing every schema error and error finding; else return ``spec``."""
     if spec.failed:
         raise ManyErrors([*spec.schema_errors,
                           *(EnvbuildError(f"{e.message} [{e.source}]", file=spec.path, field=", ".join(e.fields))

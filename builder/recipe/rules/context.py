@@ -62,9 +62,9 @@ def base_tag(image: str) -> tuple[str, str | None]:
 
 @dataclass
 class Ctx:
-    """What every rule reads: the loaded recipe, the facts, the derived variant and its
-    release row; what the rules resolve (NCCL, cuDNN, glibc, driver floors, torch index)
-    and their findings."""
+    """What every rule reads (recipe, facts, derived variant and its release row) and what the rules
+    resolve, with their findings.
+    """
 
     loaded: Loaded
     data: Facts
@@ -85,12 +85,10 @@ class Ctx:
         return self.loaded.recipe
 
     def valid(self, *fields: str) -> bool:
-        """True when none of ``fields`` failed the schema (:meth:`builder.recipe.load.Loaded.valid`)."""
         return self.loaded.valid(*fields)
 
     @property
     def cuda(self) -> str | None:
-        """The recipe's ``cuda.version`` (None for a CPU recipe or an invalid one)."""
         return self.r.cuda.version if self.r.cuda else None
 
     @property
@@ -106,7 +104,6 @@ class Ctx:
         return f"{self.r.torch.version or '?'}+{self.variant or '?'}"
 
     def variant_list(self) -> list[str]:
-        """The variants of this torch release ([] for a release without facts)."""
         return list(self.rel.variants.list) if self.rel else []
 
     def variants_for_major(self, major: str) -> list[str]:

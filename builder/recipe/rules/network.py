@@ -12,7 +12,6 @@ SOCKET_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 
 def socket_ifname(c: Ctx) -> None:
-    """A socket interface setting that selects only loopback cannot reach another node [NCCL-ENV]."""
     nodes = c.r.certify.nodes
     if nodes <= 1 or not c.valid("certify.nodes"):
         return
@@ -25,14 +24,8 @@ def socket_ifname(c: Ctx) -> None:
 
 
 def loopback_only(variable: str, value: str) -> bool:
-    """True when ``variable`` (``NCCL_SOCKET_IFNAME`` or ``GLOO_SOCKET_IFNAME``) set to
-    ``value`` can select nothing but loopback interfaces.
-
-    NCCL reads a comma-separated list of interface-name *prefixes*; a leading ``^`` makes it
-    a list to exclude (never loopback-only), a leading ``=`` makes the names exact. Gloo
-    reads comma-separated exact names. Loopback names are ``lo``, ``lo0``, ``lo:1``; a prefix
-    selects only those when it is one of them (``lo``, ``lo0``). Empty entries are ignored;
-    an empty list (the library's default choice) is not loopback-only. Source: NCCL-ENV.
+    """True when ``variable`` set to ``value`` selects only loopback (NCCL-ENV): NCCL reads name
+    prefixes (``^`` excludes, ``=`` exact), gloo exact names; an empty list is not loopback-only.
     """
     text = value.strip()
     if variable == "NCCL_SOCKET_IFNAME":

@@ -3,10 +3,9 @@ wheel index serves them, and the backend fits them [S2, compat.md §5.5, PT-IDX,
 
 from __future__ import annotations
 
-import re
-
 from packaging.version import Version
 
+from ..fields import VARIANT
 from ..spec import ERROR, NOTE, WARNING
 from .context import Ctx, major_minor, severity, torch_index_for
 
@@ -65,7 +64,7 @@ def backend(c: Ctx) -> None:
               "backend nccl needs a CUDA build of torch; use gloo for a CPU image", "multinode.md (V)")
 
 
-_PYPI_HOSTS = ("pypi.org", "pypi.python.org", "files.pythonhosted.org")
+PYPI_HOSTS = ("pypi.org", "pypi.python.org", "files.pythonhosted.org")
 
 
 def torch_index(c: Ctx) -> None:
@@ -86,11 +85,11 @@ def torch_index(c: Ctx) -> None:
     url = given.rstrip("/")
     last = url.rsplit("/", 1)[-1]
     host = url.split("/")[2].lower() if url.count("/") >= 2 else ""
-    if re.fullmatch(r"cpu|cu[0-9]{2,3}", last) and last != c.variant:
+    if VARIANT.fullmatch(last) and last != c.variant:
         c.add(ERROR, "torch-index-variant", ["index.torch_url", "torch.variant"],
               f"index.torch_url {given} is the {last} index but the variant is {c.variant}: pip finds no "
               f"torch=={c.local} there; use {derived} or leave index.torch_url out", src)
-    elif host in _PYPI_HOSTS:
+    elif host in PYPI_HOSTS:
         c.add(ERROR, "torch-index-pypi", ["index.torch_url"],
               f"index.torch_url {given} is PyPI, which has no torch=={c.local} (local +{c.variant} builds live on "
               f"the PyTorch index); use {derived} or leave index.torch_url out", src)

@@ -46,6 +46,7 @@ OPTIONS: list[tuple[list[str], str | None, str, str, list[str]]] = [
     (["certify", IMAGE], "--port", "int", "29500", []),
     (["certify", IMAGE], "--timeout", "int", "60", []),
     (["certify", IMAGE], "--min-busbw", "float", "1.5", []),
+    (["certify", IMAGE], "--sizes", "int", "8", []),
     (["certify", IMAGE, "--launcher", "slurm"], "--partition", "pattern", "debug", []),
     (["certify", IMAGE, "--launcher", "slurm"], "--time-limit", "pattern", "10", []),
     (["certify", IMAGE, "--launcher", "slurm"], "--container-image", "pattern", "/shared/x.sqsh", []),
@@ -239,7 +240,7 @@ def test_malformed_values_are_shown_escaped(outcomes):
         "certify--nodes:nan": "envbuild certify: argument --nodes: 'nan' is not an integer in 1..1024",
         "usage:1": r"envbuild: argument command: invalid choice: 'frob\x1b[31mnicate' (choose from 'check', "
                    "'audit', 'render', 'build', 'certify', 'make', 'report', 'probe', 'verify', 'doctor', 'gate', "
-                   "'push', 'pull', 'lock', 'k8s', 'base')",
+                   "'push', 'pull', 'lock', 'k8s', 'base', 'config')",
         "usage:8": r"envbuild: unrecognized arguments: --no-such=\x1b]0;t\x07",
     }
     assert {k: outcomes[k].stderr.strip() for k in expect} == expect

@@ -25,7 +25,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from builder.core import inputs
+from builder.core import documents, inputs
 from builder.nodes import report as nodereport
 
 from fixtures_nodes import gpu_report, set_path
@@ -234,10 +234,12 @@ def _argument_cases(g: _Gen) -> None:
                               ["doctor", "--checks", "shm"]]):
         g.cases.append(Case(f"doctor-nothing-{i}", argv, (3,) if i < 2 else (64,),
                             files={"good.json": GOOD, "b.json": json.dumps(gpu_report(2))}))
-    for argv in (["doctor"], ["doctor", "--fix"], ["doctor", "--json", "--checks", "stale-containers"]):
+    for argv in (["doctor", "--checks", "stale-containers"], ["doctor", "--checks", "stale-containers", "--fix"],
+                 ["doctor", "--json", "--checks", "stale-containers"]):
         case_id = "doctor-no-engine-" + "-".join(a.strip("-") for a in argv[1:])  # the worker's engine is away
         g.cases.append(Case(case_id, argv, (3,)))
         g.fault[case_id] = "error: doctor checked nothing: no nodes given; stale-containers: no Docker engine here"
+    g.cases.append(Case("doctor-no-source", ["doctor"], (64,)))  # nothing to check: a usage error
 
 
 def generate(big_file: Path) -> tuple[list[Case], dict[str, str]]:
@@ -352,11 +354,11 @@ NEWLINE_FIELDS = [
     ("image.id", "image.id: 'sha256:" + "cd" * 32 + "\\n' is not a digest like sha256:<64 hex>"),
     ("gpu_processes.0.gpu_uuid",
      "gpu_processes[0].gpu_uuid: 'GPU-8f6a1c52-0d1e-4a7b-9c3e-1f2a3b4c5d02\\n' is not a GPU UUID like GPU-8f6a1c52-..."),
-    ("env key", "env: 'NCCL_SOCKET_IFNAME\\n' has a key that is not an environment variable name (printable, "
-                "no = or blank)"),
-    ("nccl.pip_packages key", "nccl.pip_packages: 'nvidia-nccl-cu12\\n' has a key that is not a package name"),
+    ("env key", "env.NCCL_SOCKET_IFNAME\\x0a: 'NCCL_SOCKET_IFNAME\\n' is not an environment variable name "
+                "(printable, no = or blank)"),
+    ("nccl.pip_packages key", "nccl.pip_packages.nvidia-nccl-cu12\\x0a: 'nvidia-nccl-cu12\\n' is not a package name"),
     ("schema", "schema: 'envbuild.probe/1\\n' is not a node-report schema this envbuild reads (envbuild.probe/1)"),
-    ("scope", "scope: 'image\\n' is not a valid value"),
+    ("scope", "scope: 'image\\n' is not 'host' or 'image'"),
     ("probed_at", "probed_at: '2026-12-01T12:00:00Z\\n' is not a UTC time like 2025-06-01T12:00:00Z"),
     ("nccl.net_plugin.api", "nccl.net_plugin.api: 'v8\\n' is not a plugin API version like v8"),
     ("nccl.net_plugin.sha256",
@@ -434,7 +436,7 @@ def _pattern_fields(ann, path: str = "") -> set[str]:
     if typing.get_origin(ann) is dict:
         key, value = typing.get_args(ann)
         out = _pattern_fields(value, f"{path}.*")
-        return out | ({f"{path} key"} if key is not nodereport.Key and _pattern_fields(key) else set())
+        return out | ({f"{path} key"} if key is not documents.Key and _pattern_fields(key) else set())
     return set()
 
 

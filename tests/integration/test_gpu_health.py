@@ -1,0 +1,50 @@
+"""``envbuild doctor --checks gpu-health`` on container "nodes" of the torch image: the stand-in
+``libnvidia-ml.so.1`` (tests/fixtures/nvml/fake_nvml.c, built here) mounted in each, its answers set by
+the container's environment; the agent runs there through the payload, the host judges."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fixtures_nodes import check, run_json
+
+pytest_plugins = ["fixtures_nodes"]  # nodes_factory
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU1 = "GPU 1 (GPU-00000000-0000-0000-0000-000000000001, 00000000:19:00.0)"
+
+
+@pytest.fixture(scope="module")
+def fake_lib(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("nvml")
+    out.chmod(0o755)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out / "libnvidia-ml.so.1"),
+                    str(ROOT / "tests" / "fixtures" / "nvml" / "fake_nvml.c")], check=True)
+    return out
+
+
+def gpu_node(factory, image: str, suffix: str, lib: Path, **answers: str):
+    return factory.start(image, suffix, volumes={str(lib): {"bind": "/opt/fake-nvml", "mode": "ro"}},
+                         environment={"LD_LIBRARY_PATH": "/opt/fake-nvml", **answers})
+
+
+def test_doctor_names_the_sick_gpu_of_the_sick_node(torch_image, nodes_factory, fake_lib):
+    healthy = gpu_node(nodes_factory, torch_image, "node-0", fake_lib)
+    sick = gpu_node(nodes_factory, torch_image, "node-1", fake_lib, FAKE_NVML_ECC_DBE_VOL_1="3")
+    code, doc = run_json("doctor", "--container", healthy.name, "--container", sick.name, "--checks", "gpu-health",
+                         "--gpus", "2")
+    health = check(doc, "gpu-health")
+    assert (code, health["status"]) == (2, "fail")
+    assert health["data"]["findings"] == [{
+        "node": sick.name, "status": "fail", "where": GPU1, "what": "volatile double-bit ECC errors", "value": "3",
+        "threshold": "<= 0", "cls": "hardware",
+        "next_step": "drain the node and reset the GPU (nvidia-smi -r -i INDEX with no process on it)"}]
+    assert health["fix"] == "drain the node and reset the GPU (nvidia-smi -r -i INDEX with no process on it)"
+
+    # the passing twin: the healthy node alone
+    code, doc = run_json("doctor", "--container", healthy.name, "--checks", "gpu-health", "--gpus", "2")
+    assert (code, check(doc, "gpu-health")["status"], check(doc, "gpu-health")["message"]) == (
+        0, "pass", "2 GPUs healthy on 1 node(s)")
