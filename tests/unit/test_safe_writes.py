@@ -21,11 +21,15 @@ from builder.core.certificate import load_certificate
 from builder.core.errors import EnvbuildError
 from builder.launchers.slurm.script import write_run_dir
 
+from factories import gpu_report
+
 ROOT = Path(__file__).resolve().parents[2]
 CERT = ROOT / "tests" / "fixtures" / "certificate-profiles.json"
 IMAGE = "reg.example/x@sha256:" + "a" * 64
 TAIL = "envbuild writes only regular files, never through a symlink (remove it or give another path)"
 PRECIOUS = b"precious\n"
+#: doctor on two node report files (no engine), which then writes its metrics or events.
+DOCTOR = ("n1.json", "n2.json", "--checks", "interface,shm")
 
 
 def _cli(tmp_path: Path, *args: str) -> tuple[int, str, str]:
@@ -95,15 +99,27 @@ WRITERS = {
     "k8s-render": ("k8s/job.yaml", ("--images-dir", "images", "k8s", "render", "cpu-torch2", "--image", IMAGE,
                                     "--out", "k8s")),
     "k8s-gate": ("k8s/gate-daemonset.yaml", ("k8s", "gate", str(CERT), "--image", IMAGE, "--out", "k8s")),
+    "lock": ("images/cpu-torch2/envbuild.resolved.json",
+             ("--recipes-dir", str(ROOT / "recipes"), "--images-dir", "images", "lock", "cpu-torch2", "--no-base",
+              "--no-pip", "--no-apt")),
+    "metrics": ("out/m.prom", ("doctor", *DOCTOR, "--metrics-file", "out/m.prom")),
+    "log-json": ("out/l.jsonl", ("doctor", *DOCTOR, "--log-json", "out/l.jsonl")),
 }
+
+
+def _setup(tmp_path: Path, writer: str) -> None:
+    """What a writer reads first: the rendered files (k8s render), two node reports (doctor)."""
+    if writer == "k8s-render":
+        _render(tmp_path)
+    for n in (1, 2):
+        (tmp_path / f"n{n}.json").write_text(json.dumps(gpu_report(n)))
 
 
 @pytest.mark.parametrize("kind", ["device", "fifo", "symlink", "parent"])
 @pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_a_writer_refuses_a_target_that_is_not_a_regular_file(tmp_path, writer, kind):
     rel, args = WRITERS[writer]
-    if writer == "k8s-render":
-        _render(tmp_path)
+    _setup(tmp_path, writer)
     named = _plant(kind, tmp_path / rel)
     code, out, err = _cli(tmp_path, *args)
     assert (code, err.splitlines()[-1]) == (3, "error: " + _refusal(kind, named.relative_to(tmp_path))), (out, err)
@@ -114,8 +130,7 @@ def test_a_writer_refuses_a_target_that_is_not_a_regular_file(tmp_path, writer, 
 @pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_a_writer_replaces_a_regular_file_or_creates_a_new_one_twin(tmp_path, writer, exists):
     rel, args = WRITERS[writer]
-    if writer == "k8s-render":
-        _render(tmp_path)
+    _setup(tmp_path, writer)
     target = tmp_path / rel
     target.parent.mkdir(parents=True, exist_ok=True)  # report and --to-recipe make no folder
     if exists:
