@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import msgspec
+import pytest
+import yaml
 
 from builder.certify import report
 from builder.certify.settings import Overrides, resolve
@@ -15,7 +17,7 @@ from builder.nodes.reference import read_certificate
 from builder.publish import store
 from builder.recipe.load import parse
 from builder.recipe.lock import validate_lock
-from builder.recipe.model import lock_certify
+from builder.recipe.model import DEFAULT_CERTIFY, lock_certify
 
 from factories import lock_of
 
@@ -83,3 +85,32 @@ def test_report_gate_and_push_read_a_v1_certificate(tmp_path):
     (folder / "old.json").write_text(json.dumps(doc))
     (folder / "other.json").write_text(json.dumps({**doc, "schema": "envbuild.certificate/9"}))
     assert [p.name for p, _ in store.certificates(tmp_path, "cpu-torch2")] == ["old.json"]
+
+
+def _spelled_defaults(certify: dict, cuda: bool) -> list[str]:
+    """The ``certify`` keys (dotted) a recipe gives the value the default table would give it
+    anyway (a CUDA recipe's derived nccl and 1 GPU count as defaults too)."""
+    table = msgspec.to_builtins(DEFAULT_CERTIFY)
+    table.update({"backend": "nccl", "gpus_per_node": 1} if cuda else {})
+
+    def walk(given: dict, default: dict, at: str) -> list[str]:
+        out = []
+        for key, value in given.items():
+            if isinstance(value, dict) and isinstance(default.get(key), dict):
+                out += walk(value, default[key], f"{at}{key}.")
+            elif key in default and value == default[key]:
+                out.append(at + key)
+        return out
+
+    return walk(certify, table, "certify.")
+
+
+@pytest.mark.parametrize("name", ["cpu-torch2", "cuda12-torch2"])
+def test_the_shipped_recipes_spell_only_what_differs_from_the_default_table(name):
+    doc = yaml.safe_load((ROOT / "recipes" / f"{name}.yaml").read_text())
+    assert _spelled_defaults(doc.get("certify") or {}, doc["cuda"] is not None) == []
+    # the fault twin: spelling a default is seen, nested or not
+    spelled = {**(doc.get("certify") or {}), "timeout_s": 300, "ddp": {"steps": 3, "batch_size": 64},
+               "backend": "nccl" if doc["cuda"] else "gloo"}
+    assert _spelled_defaults(spelled, doc["cuda"] is not None) == ["certify.timeout_s", "certify.ddp.steps",
+                                                                   "certify.backend"]
