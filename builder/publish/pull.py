@@ -184,10 +184,15 @@ def sif_command(ref: ImageRef, digest: str, output: str, plain_http: bool) -> li
     return [*cmd, output, f"docker://{ref.name}@{digest}"]
 
 
+def sif_name(ref: ImageRef, cert: Mapping[str, Any]) -> str:
+    """``cpu-torch2_<lock12>.sif``: the repository's last component (the reference grammar's, never
+    the certificate's recipe, which the registry supplies: ``../x`` or a newline must not reach a path)."""
+    return f"{ref.path.rsplit('/', 1)[-1]}_{lock12(cert.get('lock_hash'))}.sif"
+
+
 def _pull_sif(reg: RegistryClient, ref: ImageRef, result: PullResult, output: str | None, run_apptainer: bool,
               say: Callable[[str], None]) -> PullResult:
-    cert = result.attestation.certificate
-    out = output or f"{cert.get('recipe') or ref.path.rsplit('/', 1)[-1]}_{lock12(cert.get('lock_hash'))}.sif"
+    out = output or sif_name(ref, result.attestation.certificate)
     result.sif_command = sif_command(ref, result.digest, out, reg.scheme == "http")
     if run_apptainer and shutil.which("apptainer"):
         env = dict(os.environ)

@@ -57,3 +57,16 @@ def test_references_are_matched_whole(target, message):
     assert (e.value.exit_code, str(e.value)) == (ExitCode.USAGE, message)
     assert str(naming.parse_target("[::1]:5000/team/x:1", None)) == "[::1]:5000/team/x:1"
 
+
+
+@pytest.mark.parametrize("recipe", ["../../../root/.bashrc", "cpu-torch2\nverdict: PASSED", "cuda12-torch2",
+                                    "cpu-torch2"])
+def test_the_sif_file_is_named_by_the_repository_never_by_the_registrys_certificate(recipe):
+    """The certificate comes from the registry: its recipe (a path, a newline, another recipe)
+    never reaches the file apptainer writes; the twin, the true recipe, gives the same name."""
+    from builder.publish.pull import sif_name
+
+    cert = {"recipe": recipe, "lock_hash": "sha256:" + "c4ee94a7bde4" + "0" * 52}
+    assert sif_name(naming.parse_target("cpu-torch2", "reg.example:5000"), cert) == "cpu-torch2_c4ee94a7bde4.sif"
+    assert sif_name(naming.parse_target("reg.example:5000/team/torch@sha256:" + "0" * 64, None), cert) \
+        == "torch_c4ee94a7bde4.sif"
