@@ -344,6 +344,34 @@ def test_node_hardware_is_checked_against_the_certificate(registry, namespace, m
     assert pull({"driver": "575.57.08", "gpus": [GPU]}).warnings == []
 
 
+def test_push_and_pull_with_warnings_only_exit_1(registry, namespace, make_certified, docker_client, capsys):
+    """A push of an image whose recipe lock changed since it was built, and a pull onto a node
+    whose hardware the certificate does not cover with --allow-uncertified-hw: each publishes
+    or pulls, prints its warning line and exits 1 (the exit-0 twins: the clean push and pull)."""
+    img = make_certified("cuda12-torch2", gpus=[GPU], driver="570.124.06")
+    lock = img.images_dir / "cuda12-torch2" / "envbuild.lock.json"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text('{"changed": true}\n')
+    code, out, err = run_cli(capsys, "--images-dir", img.images_dir, "push", "cuda12-torch2", "--registry",
+                             registry.host, "--namespace", namespace, "--no-fs-hash")
+    assert (code, [x for x in err.splitlines() if x.startswith("warning: ")]) == (1, [
+        f"warning: {lock} has changed since this image was built (image lock {img.cert['lock_hash']}); "
+        "publishing the certified image as it is"]), err
+    assert f"pushed {registry.host}/{namespace}/cuda12-torch2@sha256:" in out
+    docker_client.sdk.images.remove(img.id, force=True)
+    pull = ("pull", "cuda12-torch2", "--registry", registry.host, "--namespace", namespace)
+    code, out, err = run_cli(capsys, *pull)  # this CPU node has no driver: refused
+    floor = img.cert["lock"]["driver"]["min"]
+    assert (code, error_lines(err)) == (2, [f"error: refused: this node is not covered by the certificate: the image "
+                                            f"needs an NVIDIA driver >= {floor}; this node has none "
+                                            "(--allow-uncertified-hw to pull anyway)"]), err
+    code, out, err = run_cli(capsys, *pull, "--allow-uncertified-hw")
+    assert code == 1, err
+    assert [x for x in err.splitlines() if x.startswith("warning: ")] == [
+        f"warning: uncertified hardware: the image needs an NVIDIA driver >= {floor}; this node has none"]
+    assert docker_client.sdk.images.get(f"{registry.host}/{namespace}/cuda12-torch2:certified").id == img.id
+
+
 # --------------------------------------------------------------------------- reachability, credentials
 
 
