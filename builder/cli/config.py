@@ -23,10 +23,11 @@ SITE: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 def config_file() -> Path | None:
-    """The config file that applies, or None."""
+    """The config file that applies, or None; one that is there but no regular file (a FIFO, a
+    folder) applies too, so that reading it refuses it (exit 3) rather than skip it unsaid."""
     xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     for path in (Path("envbuild.toml"), Path(xdg, "envbuild", "config.toml")):
-        if path.is_file():
+        if path.exists():
             return path
     return None
 

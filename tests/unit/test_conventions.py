@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -55,6 +57,20 @@ def test_config_file_errors_name_the_file(tmp_path):
     assert res.stderr == ("envbuild: argument --images-dir: 'a\\x1bb' is not a folder (1-4096 characters without "
                           "control characters) (a site setting of envbuild.toml; envbuild config)\n")
     assert envbuild("--images-dir", "ok", "check", "r.yaml", cwd=tmp_path).returncode in (0, 1)  # a flag wins
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_config_file_that_is_no_regular_file_is_refused_not_skipped(tmp_path, kind):
+    (tmp_path / "xdg" / "envbuild").mkdir(parents=True)
+    (tmp_path / "xdg" / "envbuild" / "config.toml").write_text('images_dir = "from-xdg"\n')
+    os.mkfifo(tmp_path / "envbuild.toml") if kind == "fifo" else (tmp_path / "envbuild.toml").mkdir()
+    res = envbuild("config", cwd=tmp_path)
+    what = "is not a regular file (a FIFO); give a config file" if kind == "fifo" else "is a directory, not a config file"
+    assert (res.returncode, res.stdout, res.stderr) == (3, "", f"error: envbuild.toml: {what}\n")
+    os.rmdir(tmp_path / "envbuild.toml") if kind == "folder" else os.unlink(tmp_path / "envbuild.toml")
+    res = envbuild("config", cwd=tmp_path)  # the twin: the next file applies
+    assert res.returncode == 0 and f"images_dir = 'from-xdg'  ({tmp_path}/xdg/envbuild/config.toml; flag " \
+        "--images-dir)" in res.stdout.splitlines(), res.stdout
 
 
 def test_render_check_prints_the_diff(tmp_path):

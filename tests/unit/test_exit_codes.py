@@ -67,6 +67,9 @@ COVERAGE: dict[tuple[str, int], str] = {
     ("k8s gate", 0): "CASES",
     ("k8s gate", 2): "tests/integration/test_k8s_gate.py::test_k8s_gate_refuses_a_tag_without_allow_tag",
     ("k8s gate", 3): "CASES", ("k8s gate", 64): "CASES",
+    ("config", 0): "tests/unit/test_conventions.py::test_a_config_file_that_is_no_regular_file_is_refused_not_skipped",
+    ("config", 3): "tests/unit/test_conventions.py::test_a_config_file_that_is_no_regular_file_is_refused_not_skipped",
+    ("config", 64): "tests/unit/test_conventions.py::test_config_file_errors_name_the_file",
     # gate: its codes are asserted by tests/integration/test_gate.py (the gate's own work)
     **{("gate", code): "tests/integration/test_gate.py" for code in (0, 1, 2, 3, 64)},
 }
@@ -161,5 +164,5 @@ def test_coverage_names_real_tests():
         text = (ROOT / path).read_text() + (units.read_text() if units.exists() else "")
         assert not name or f"def {name}(" in text, where
     for command in ("check", "audit", "render", "build", "certify", "make", "report", "probe", "verify", "gate",
-                    "doctor", "base", "lock", "push", "pull", "k8s render", "k8s gate"):
+                    "doctor", "base", "lock", "push", "pull", "k8s render", "k8s gate", "config"):
         assert {0, 64} & {code for c, code in COVERAGE if c == command}, command
