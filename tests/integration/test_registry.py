@@ -16,6 +16,7 @@ import io
 import json
 import re
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
 
 import docker.errors
@@ -38,6 +39,7 @@ from certify_helpers import certify_image
 from fixtures_registry import free_port, recipe_labels, recorded_certificate, small_image, write_docker_config
 
 INDEX = "application/vnd.oci.image.index.v1+json"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(capsys, *argv):
@@ -370,6 +372,27 @@ def test_push_and_pull_with_warnings_only_exit_1(registry, namespace, make_certi
     assert [x for x in err.splitlines() if x.startswith("warning: ")] == [
         f"warning: uncertified hardware: the image needs an NVIDIA driver >= {floor}; this node has none"]
     assert docker_client.sdk.images.get(f"{registry.host}/{namespace}/cuda12-torch2:certified").id == img.id
+
+
+def test_a_v1_certificate_is_pushed_and_pulled(registry, namespace, make_certified, docker_client, capsys):
+    """A certificate of schema /1 (its legacy allreduce and ddp sections; tests/fixtures), made this
+    image's: push publishes it as it is, and pull checks and pulls by it (the /2 twin: the clean push
+    and pull above)."""
+    img = make_certified()
+    v1 = json.loads((ROOT / "tests" / "fixtures" / "certificate-allreduce-ddp.json").read_text())
+    v1.update({k: img.cert[k] for k in ("image", "recipe", "lock_hash", "lock", "finished_at")})
+    img.path.write_text(json.dumps(v1))
+    code, out, err = run_cli(capsys, "--images-dir", img.images_dir, "push", "cpu-torch2", "--registry",
+                             registry.host, "--namespace", namespace, "--no-fs-hash")
+    assert code == 0, err
+    s, api, artifact, _ = _attestation(registry, namespace)
+    statement = s.get(f"{api}/blobs/{artifact['layers'][0]['digest']}").json()
+    assert statement["predicate"]["certificate"]["schema"] == "envbuild.certificate/1"
+    docker_client.sdk.images.remove(img.id, force=True)
+    code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
+    assert (code, error_lines(err)) == (0, []), err
+    assert f"recipe cpu-torch2, lock {img.cert['lock_hash']}, verdict passed at {img.cert['finished_at']}" in out
+    assert docker_client.sdk.images.get(f"{registry.host}/{namespace}/cpu-torch2:certified").id == img.id
 
 
 # --------------------------------------------------------------------------- reachability, credentials
