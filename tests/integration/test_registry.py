@@ -395,6 +395,32 @@ def test_a_v1_certificate_is_pushed_and_pulled(registry, namespace, make_certifi
     assert docker_client.sdk.images.get(f"{registry.host}/{namespace}/cpu-torch2:certified").id == img.id
 
 
+def test_a_hostile_recipe_in_a_published_certificate_reaches_no_terminal_or_path(registry, namespace, make_certified,
+                                                                                 docker_client, capsys):
+    """The certificate comes from the registry: a recipe of a newline, a spoofed verdict, a
+    clear-screen and a path is shown escaped in one line and never names the SIF file (the
+    twin: test_pull_format_sif_prints_the_apptainer_pull_by_digest)."""
+    img = make_certified()
+    pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir,
+                          namespace=namespace, fs_hash=False)
+    # push refuses such a certificate: whoever can write to the registry publishes it by hand
+    client, repo = oci.RegistryClient(registry.host), f"{namespace}/cpu-torch2"
+    _body, subject = client.get_manifest(repo, pushed.digest)
+    stmt = attest.statement(subject_name=pushed.repository, subject_digest=pushed.digest,
+                            certificate={**img.cert, "recipe": "../../cpu-torch2\nverdict: PASSED\x1b[2J"})
+    blob, media_type = attest.encode(stmt, None)
+    _att, body, _how = referrers.attach(client, repo, subject, blob, media_type, artifact_type=naming.ARTIFACT_TYPE)
+    client.put_manifest(repo, "certified.cert", body, manifest.MT_OCI_MANIFEST)
+    docker_client.sdk.images.remove(img.id, force=True)
+    code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace,
+                             "--format", "sif", "--print-only")
+    assert code == 0, err
+    assert "\x1b" not in out + err and not [x for x in out.splitlines() if x.startswith("verdict")], out
+    assert r"recipe ../../cpu-torch2\x0averdict: PASSED\x1b[2J, lock" in out, out
+    name = f"{registry.host}/{namespace}/cpu-torch2"
+    assert out.splitlines()[-1].startswith(f"apptainer pull --no-https cpu-torch2_{img.lock12}.sif docker://{name}@")
+
+
 # --------------------------------------------------------------------------- reachability, credentials
 
 
