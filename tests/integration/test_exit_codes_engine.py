@@ -77,3 +77,11 @@ def test_certify_of_an_image_without_numpy_is_1(tmp_path, docker_client, torch_i
     assert "verdict: PASSED" in proc.stdout
     (line,) = warnings_of(proc)
     assert line.startswith("  warning: numpy is not installed in the image on rank(s) 0,1: "), line
+
+
+def test_base_bootstrap_of_the_kept_base_is_0(bootstrap_image):
+    """The session's bootstrapped base is there: `base bootstrap` names it and exits 0 (its 3:
+    no engine, tests/unit/test_exit_codes.py)."""
+    proc = envbuild("base", "bootstrap")
+    assert (proc.returncode, " ".join(proc.stdout.split())) == (
+        0, f"base image {bootstrap_image} (stands in for debian:bookworm-slim)"), proc.stderr

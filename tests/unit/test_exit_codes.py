@@ -52,6 +52,7 @@ COVERAGE: dict[tuple[str, int], str] = {
     ("doctor", 0): "tests/integration/test_doctor.py::test_fix_removes_the_leftover_and_nothing_else",
     ("doctor", 2): "tests/integration/test_doctor.py::test_blocked_rendezvous_port_is_named_with_the_host_pair",
     ("doctor", 3): "tests/integration/test_exit_codes_engine.py::test_a_missing_image_is_3",
+    ("base", 0): "tests/integration/test_exit_codes_engine.py::test_base_bootstrap_of_the_kept_base_is_0",
     ("base", 3): "CASES",
     ("lock", 0): "CASES", ("lock", 1): "CASES", ("lock", 2): "CASES", ("lock", 3): "CASES",
     ("push", 0): "tests/integration/test_registry.py::test_push_then_pull_by_digest_on_a_clean_engine",
