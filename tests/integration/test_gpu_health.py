@@ -48,3 +48,14 @@ def test_doctor_names_the_sick_gpu_of_the_sick_node(torch_image, nodes_factory, 
     code, doc = run_json("doctor", "--container", healthy.name, "--checks", "gpu-health", "--gpus", "2")
     assert (code, check(doc, "gpu-health")["status"], check(doc, "gpu-health")["message"]) == (
         0, "pass", "2 GPUs healthy on 1 node(s)")
+
+
+def test_doctor_with_a_gpu_health_warning_only_exits_1(torch_image, nodes_factory, fake_lib):
+    """Persistence mode off is a warning, not a failure: doctor exits 1 (the exit-code table's
+    doctor 1; its 0 twin: the healthy node above)."""
+    node = gpu_node(nodes_factory, torch_image, "node-0", fake_lib, FAKE_NVML_PERSISTENCE_1="0")
+    code, doc = run_json("doctor", "--container", node.name, "--checks", "gpu-health", "--gpus", "2")
+    health = check(doc, "gpu-health")
+    assert (code, health["status"]) == (1, "warn"), health
+    assert [(f["status"], f["what"], f["value"]) for f in health["data"]["findings"]] == [
+        ("warn", "persistence mode", "disabled")]

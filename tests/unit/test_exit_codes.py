@@ -50,6 +50,7 @@ COVERAGE: dict[tuple[str, int], str] = {
     ("verify", 2): "tests/integration/test_verify.py::test_missing_interface_fails",
     ("verify", 3): "tests/integration/test_exit_codes_engine.py::test_a_missing_image_is_3",
     ("doctor", 0): "tests/integration/test_doctor.py::test_fix_removes_the_leftover_and_nothing_else",
+    ("doctor", 1): "tests/integration/test_gpu_health.py::test_doctor_with_a_gpu_health_warning_only_exits_1",
     ("doctor", 2): "tests/integration/test_doctor.py::test_blocked_rendezvous_port_is_named_with_the_host_pair",
     ("doctor", 3): "tests/integration/test_exit_codes_engine.py::test_a_missing_image_is_3",
     ("base", 0): "tests/integration/test_exit_codes_engine.py::test_base_bootstrap_of_the_kept_base_is_0",

@@ -18,6 +18,7 @@ Unknown options and commands, and options that do not go together, are 64.
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -192,7 +193,30 @@ def usage_cases() -> list[Case]:
     return [Case(id=f"usage:{i}", argv=argv, expect=(64,)) for i, argv in enumerate(lines)]
 
 
-ALL = generate() + special_file_cases() + usage_cases()
+CERT = str(ROOT / "tests" / "fixtures" / "certificate-profiles.json")
+DIGEST_IMAGE = "reg.example/x@sha256:" + "a" * 64
+
+
+def output_cases() -> list[Case]:
+    """Output targets that are no regular file (a device node, a FIFO, a symlink, a symlinked
+    folder): exit 3 naming the target in one line, the target left as it was."""
+    def targets(name: str) -> dict[str, tuple[str, dict]]:
+        return {"fifo": (name, {name: {"fifo": True}}), "symlink": (name, {name: {"symlink": "elsewhere"}}),
+                "symlinked-folder": (f"d/{name}", {"real/keep": "x", "d": {"symlink": "real"}})}
+
+    writers = [("report", ["report", CERT, "--out"], {"dev-full": ("/dev/full", {}), "dev-null": ("/dev/null", {}),
+                                                       **targets("out.html")}),
+               ("to-recipe", ["audit", str(ROOT / "tests/audit/ranged.ok.Dockerfile"), "--to-recipe"],
+                targets("out.yaml"))]  # --to-recipe takes only NAME.yaml: no device path
+    cases = [Case(id=f"out:{w}:{kind}", argv=[*argv, path], expect=(3,), files=files,
+                  max_stderr_lines=2 if w == "to-recipe" else 1)  # audit's note on the file, then the refusal
+             for w, argv, kinds in writers for kind, (path, files) in kinds.items()]
+    return [*cases, Case(id="out:k8s-gate:symlinked-folder", argv=["k8s", "gate", CERT, "--image", DIGEST_IMAGE,
+                                                                   "--out", "k8s"], expect=(3,),
+                         files={"real/keep": "x", "k8s": {"symlink": "real"}})]
+
+
+ALL = generate() + special_file_cases() + usage_cases() + output_cases()
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +252,20 @@ def test_special_files_are_named_in_the_line(outcomes):
                                             "certificate",
     }
     assert {k: outcomes[k].stderr.strip() for k in expect} == expect
+
+
+def test_output_targets_that_are_no_regular_file_are_named_in_the_line(outcomes):
+    tail = "envbuild writes only regular files, never through a symlink (remove it or give another path)"
+    expect = {
+        "out:report:dev-full": f"error: /dev/full: is a character device, not a regular file: {tail}",
+        "out:report:dev-null": f"error: /dev/null: is a character device, not a regular file: {tail}",
+        "out:to-recipe:fifo": f"error: out.yaml: is a FIFO, not a regular file: {tail}",
+        "out:report:symlink": f"error: out.html: is a symlink, not a regular file: {tail}",
+        "out:to-recipe:symlinked-folder": f"error: d: is a symlink, not a folder: {tail}",
+        "out:k8s-gate:symlinked-folder": f"error: k8s: is a symlink, not a folder: {tail}",
+    }
+    assert {k: outcomes[k].stderr.strip().splitlines()[-1] for k in expect} == expect
+    assert os.stat("/dev/null").st_rdev == os.makedev(1, 3) and os.stat("/dev/full").st_rdev == os.makedev(1, 7)
 
 
 def test_malformed_values_are_shown_escaped(outcomes):
