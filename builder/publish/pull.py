@@ -27,7 +27,7 @@ from builder.publish.naming import (
     lock12,
     parse_target,
 )
-from builder.publish.store import failures, passed
+from builder.publish.store import CERT_LABELS, failures, passed
 
 #: Longest ``apptainer pull`` waited for, in seconds: it downloads and converts every layer.
 APPTAINER_TIMEOUT_S = 6 * 3600
@@ -54,9 +54,9 @@ def check_image(img: Image, ref: ImageRef, digest: str, cert: Mapping[str, Any],
     for key in sorted(want):
         if got.get(key) != want[key]:
             problems.append(f"label {key} is {str(got.get(key))[:80]!r}, the certificate says {str(want[key])[:80]!r}")
-    if cert.get("lock_hash") and got.get("envbuild.lock-hash") != cert.get("lock_hash"):
-        problems.append(f"label envbuild.lock-hash is {got.get('envbuild.lock-hash')!r}, the certificate says "
-                        f"{cert.get('lock_hash')!r}")
+    for key, name in CERT_LABELS:  # the certificate's own fields too (the registry supplies them)
+        if cert.get(name) and got.get(key) != cert.get(name):
+            problems.append(f"label {key} is {str(got.get(key))[:80]!r}, the certificate says {str(cert[name])[:80]!r}")
     return problems
 
 

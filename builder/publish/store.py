@@ -15,7 +15,8 @@ from builder.core.paths import image_dir
 from builder.image.engine import Engine, Image
 
 #: Labels an image must carry with the certificate's values to be published with it.
-_LABELS = (("envbuild.recipe", "recipe"), ("envbuild.lock-hash", "lock_hash"))
+#: The image labels a certificate must agree with (label, certificate field): push and pull check them.
+CERT_LABELS = (("envbuild.recipe", "recipe"), ("envbuild.lock-hash", "lock_hash"))
 
 
 def certificates(images_dir: str | os.PathLike[str], recipe: str) -> list[tuple[Path, dict[str, Any]]]:
@@ -86,7 +87,7 @@ def find_certified(client: Engine, images_dir: str | os.PathLike[str], recipe: s
     else:
         img, cert, path = _newest_present(client, certs, folder, recipe)
     labels = img.labels
-    for key, name in _LABELS:
+    for key, name in CERT_LABELS:
         want = cert.get(name)
         if labels.get(key) != want:
             raise EnvbuildError(f"refused: image label {key} is {labels.get(key)!r}, the certificate says "

@@ -398,8 +398,9 @@ def test_a_v1_certificate_is_pushed_and_pulled(registry, namespace, make_certifi
 def test_a_hostile_recipe_in_a_published_certificate_reaches_no_terminal_or_path(registry, namespace, make_certified,
                                                                                  docker_client, capsys):
     """The certificate comes from the registry: a recipe of a newline, a spoofed verdict, a
-    clear-screen and a path is shown escaped in one line and never names the SIF file (the
-    twin: test_pull_format_sif_prints_the_apptainer_pull_by_digest)."""
+    clear-screen and a path is shown escaped in one line and never names the SIF file; pulled
+    into the engine, the image's recipe label differs from it: refused (the twins:
+    test_pull_format_sif_prints_the_apptainer_pull_by_digest, the clean pull)."""
     img = make_certified()
     pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir,
                           namespace=namespace, fs_hash=False)
@@ -419,6 +420,12 @@ def test_a_hostile_recipe_in_a_published_certificate_reaches_no_terminal_or_path
     assert r"recipe ../../cpu-torch2\x0averdict: PASSED\x1b[2J, lock" in out, out
     name = f"{registry.host}/{namespace}/cpu-torch2"
     assert out.splitlines()[-1].startswith(f"apptainer pull --no-https cpu-torch2_{img.lock12}.sif docker://{name}@")
+    # into the engine: the image's recipe label is not the certificate's recipe, refused and removed again
+    code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
+    assert (code, error_lines(err)) == (2, [
+        f"error: reference: '{name}@{pushed.digest}' refused: the pulled image is not the certified one: label "
+        r"envbuild.recipe is 'cpu-torch2', the certificate says '../../cpu-torch2\nverdict: PASSED\x1b[2J'"]), err
+    assert names_of(docker_client, img.id) == set()
 
 
 # --------------------------------------------------------------------------- reachability, credentials
