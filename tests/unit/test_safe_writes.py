@@ -196,3 +196,22 @@ def test_the_slurm_run_folder_is_written_twin(tmp_path):
     path = write_run_dir(tmp_path / "slurm" / "slurm-r1", "#!/bin/sh\n")
     assert path.read_text() == "#!/bin/sh\n" and stat.S_IMODE(path.stat().st_mode) == 0o755
     assert (path.parent / "code" / "bench" / "__main__.py").is_file()
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "symlink", "parent", "twin"])
+def test_the_bisection_beside_the_certificate_refuses_what_is_no_regular_file(tmp_path, kind):
+    from builder.certify.bisect import Bisection, write_bisection
+
+    doc = Bisection(run_id="r1", nodes=[0, 1], reason="network", bad=[], unresolved=[0, 1], rounds=1, trials=[])
+    cert = tmp_path / "certificates" / "c.json"
+    target = cert.with_name("c.bisect.json")
+    if kind == "twin":  # a regular file there is replaced
+        target.parent.mkdir(parents=True)
+        target.write_bytes(PRECIOUS)
+        assert write_bisection(doc, cert) == target and json.loads(target.read_text())["run_id"] == "r1"
+        return
+    named = _plant(kind, target)
+    with pytest.raises(EnvbuildError) as e:
+        write_bisection(doc, cert)
+    assert (e.value.exit_code, str(e.value)) == (3, _refusal(kind, named))
+    _untouched(kind, target)
