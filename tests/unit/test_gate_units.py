@@ -63,3 +63,22 @@ def test_history_keeps_at_most_n_files_none_older_than_its_age(tmp_path):
                                                       new.name]
     write_history(tmp_path, "n1", {"probed_at": "2026-12-02T00:00:00Z"}, keep=2)
     assert sorted(p.name for p in node.iterdir())[0] == new.name
+
+
+def test_history_refuses_a_symlinked_node_folder(tmp_path):
+    """The node's history folder planted as a symlink elsewhere: refused (exit 3, naming it), nothing
+    written there; the twin above writes into a real folder."""
+    from builder.core.errors import EnvbuildError
+    from builder.nodes.gate import write_history
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "hist").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "hist" / "n1")
+    try:
+        write_history(tmp_path / "hist", "n1", {"probed_at": "2026-12-01T00:00:00Z"})
+    except EnvbuildError as e:
+        assert (e.exit_code, str(e)) == (3, f"{tmp_path}/hist/n1: is a symlink, not a folder: envbuild writes only "
+                                            "regular files, never through a symlink (remove it or give another path)")
+    else:
+        raise AssertionError("the history was written through a symlink")
+    assert list((tmp_path / "elsewhere").iterdir()) == []
