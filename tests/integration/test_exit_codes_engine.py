@@ -1,6 +1,7 @@
 """The (command, exit code) pairs that need the engine (the others: tests/unit/test_exit_codes.py,
 whose COVERAGE table names every pair's test): a warning line printed by build or certify
-makes a run that failed nothing exit 1; a missing image is 3 ("could not check") with one line."""
+makes a run that failed nothing exit 1 (named with --base, the base warns of nothing: 0); a missing image is
+3 ("could not check") with one line."""
 
 from __future__ import annotations
 
@@ -85,3 +86,14 @@ def test_base_bootstrap_of_the_kept_base_is_0(bootstrap_image):
     proc = envbuild("base", "bootstrap")
     assert (proc.returncode, " ".join(proc.stdout.split())) == (
         0, f"base image {bootstrap_image} (stands in for debian:bookworm-slim)"), proc.stderr
+
+
+def test_make_with_its_base_named_is_0(tmp_path, torch_image, test_labels):
+    """The bootstrapped base named with --base stands in for nothing: make (render, the build a
+    cache hit, certify) warns of nothing and exits 0 (its 1 twin, the base standing in:
+    test_cli_e2e.py::test_make_cpu_torch2_end_to_end)."""
+    labels = ",".join(f"{k}={v}" for k, v in test_labels.items())
+    proc = envbuild("--images-dir", str(tmp_path), "make", "cpu-torch2", "--base", BOOTSTRAP, "--sizes", "8",
+                    "--iters", "1", "--warmup", "0", env={base.EXTRA_LABELS_ENV: labels})
+    assert (proc.returncode, warnings_of(proc)) == (0, []), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"reused {torch_image}" in proc.stdout and "verdict: PASSED" in proc.stdout

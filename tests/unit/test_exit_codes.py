@@ -39,6 +39,7 @@ COVERAGE: dict[tuple[str, int], str] = {
     ("certify", 2): "tests/integration/test_certify_profiles.py::test_image_without_python_or_torch_refused",
     ("certify", 3): "tests/integration/test_exit_codes_engine.py::test_a_missing_image_is_3",
     ("certify", 130): "tests/integration/test_certify_e2e.py::test_cli_interrupted_leaves_nothing",
+    ("make", 0): "tests/integration/test_exit_codes_engine.py::test_make_with_its_base_named_is_0",
     ("make", 1): "tests/integration/test_cli_e2e.py::test_make_cpu_torch2_end_to_end",
     ("make", 2): "CASES", ("make", 3): "CASES",
     ("report", 0): "CASES", ("report", 2): "CASES", ("report", 3): "CASES",

@@ -177,7 +177,7 @@ def test_the_certificate_takes_the_next_name_beside_a_regular_file_twin(tmp_path
     assert sorted(p.name for p in target.parent.iterdir()) == sorted([target.name, f"{target.stem}-2.json"])
 
 
-@pytest.mark.parametrize("kind", ["fifo", "symlink", "parent"])
+@pytest.mark.parametrize("kind", ["device", "fifo", "symlink", "parent"])
 def test_the_slurm_run_folder_refuses_a_planted_name_or_a_symlinked_folder(tmp_path, kind):
     slurm_dir = tmp_path / "slurm"
     run = slurm_dir / "slurm-r1"
