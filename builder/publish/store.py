@@ -14,8 +14,7 @@ from builder.core.errors import EnvbuildError, ExitCode
 from builder.core.paths import image_dir
 from builder.image.engine import Engine, Image
 
-#: Labels an image must carry with the certificate's values to be published with it.
-#: The image labels a certificate must agree with (label, certificate field): push and pull check them.
+#: Labels an image must carry with the certificate's values (label, field): push and pull check them.
 CERT_LABELS = (("envbuild.recipe", "recipe"), ("envbuild.lock-hash", "lock_hash"))
 
 
