@@ -152,7 +152,7 @@ def _busbw_figure(cert: Certificate) -> dict[str, Any]:
             **_result(None if floor is None else gate is not None and gate.busbw_gbps >= floor)}
 
 
-def scaling_figure(cert: Certificate) -> dict[str, Any] | None:
+def _scaling_figure(cert: Certificate) -> dict[str, Any] | None:
     """The scaling efficiency against its floor (``--min-scaling-efficiency``); None: neither."""
     sc, floor = cert.scaling, cert.settings.min_scaling_efficiency
     if sc is None and floor is None:
@@ -169,7 +169,7 @@ def _figures(cert: Certificate, stack: dict[str, Any]) -> list[dict[str, Any]]:
     reported = sum(1 for r in cert.ranks.values() if r.reported)
     figures = [{"name": "ranks reported", "value": f"{reported} of {cert.world_size}", "floor": "every rank",
                 **_result(reported == cert.world_size)},
-               {"name": "stack", "value": stack["status"], "floor": f"as {stack['reference']}",
+               {"name": "stack", "value": stack["status"], "floor": "every rank as the reference",
                 **_result(stack["ok"], "not checked")}]
     tables = [v[:MAX_ROWS] for v in list(cert.collectives.values())[:MAX_COLLECTIVES] if isinstance(v, list)]
     if tables:
@@ -186,7 +186,7 @@ def _figures(cert: Certificate, stack: dict[str, Any]) -> list[dict[str, Any]]:
                         + (f", {unsupported} unsupported" if unsupported else ""),
                         "floor": "within tolerance of the single-process reference",
                         **_result(matched == len(checks) if checks else None, "not measured")})
-    scaling = scaling_figure(cert)
+    scaling = _scaling_figure(cert)
     return figures + ([scaling] if scaling else [])
 
 
@@ -212,7 +212,7 @@ def _run(cert: Certificate, source: str) -> dict[str, Any]:
             ("run", cert.run_id), ("started / finished", f"{_t(cert.started_at)} / {_t(cert.finished_at)}"),
             ("host", _t(host.hostname, 200) + (f" ({_t(host.launcher, 80)} launcher)" if host.launcher else "")),
             ("profiles", ", ".join(_t(p, 80) for p in cert.profiles) or "none (the all-reduce sweep)"),
-            ("collective settings", f"sizes {sizes} B; dtypes {_t(s.dtypes)}; {s.iters} iterations "
+            ("collective settings", f"sizes {sizes} B; dtypes {_t(s.dtypes) or '(not recorded)'}; {s.iters} iterations "
                                     f"(+{s.warmup} warmup) per size; timeout {s.timeout_s:g} s"),
             ("phases", phases_line(cert).removeprefix("phases: ") if cert.phases else None)]
     return {"image": _t(cert.image.ref, 200), "envbuild": _t(cert.envbuild_version, 80),
@@ -274,7 +274,7 @@ def _stack(cert: Certificate) -> dict[str, Any]:
     return {"reference": reference, "rows": rows if probed else [], "mismatches": mismatches,
             "missing": None if probed else f"no rank's probe reported: {reported_text(cert)}",
             "ok": (not apart and not mismatches) if probed else None,
-            "status": status.removesuffix("; ") or ("the same on every rank" if probed else "no probe")}
+            "status": status.removesuffix("; ") or ("no difference" if probed else "no probe")}
 
 
 _RANK_COLUMNS = ("rank", "node", "hostname", "device", "reported", "elapsed (s)", "errors", "lock mismatches",
@@ -355,7 +355,7 @@ def _scaling(cert: Certificate) -> dict[str, Any] | None:
             ("throughput at 1 rank", f"{sc.throughput_1:.2f} images/s ({sc.time_1_s:.3f} s)"),
             (f"throughput at {n} ranks", f"{sc.throughput_n:.2f} images/s ({sc.time_n_s:.3f} s); "
                                          f"ideal {n * sc.throughput_1:.2f}")]
-    return {"figure": scaling_figure(cert), "rows": rows}
+    return {"figure": _scaling_figure(cert), "rows": rows}
 
 
 # --------------------------------------------------------------------------- plots

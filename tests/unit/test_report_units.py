@@ -199,3 +199,22 @@ def test_values_out_of_any_plot_range_stay_in_the_table_only():
         warnings.simplefilter("error")
         text = Dom(report.render_html(doc)).text
     assert text.count(" 1e+308 ") == 2 and " 1099511627776 " in text  # broadcast: its best busbw, its table
+
+
+def test_key_figures_fail_each_miss_against_its_floor():
+    """The summary's key figures: a rank whose probe reports another torch (and its lock
+    mismatch), a busbw floor at a size never measured and a scaling floor without a measurement
+    each FAIL, saying what was measured; the twin, today's certificate, passes or is not gated."""
+    doc = todays_certificate()
+    assert (" ranks reported 2 of 2 every rank pass stack no difference every rank as the reference pass wrong "
+            "elements 0 in 3 measurement(s) of 1 collective(s) 0 pass all-reduce busbw at 64KB, float32 0.05 GB/s "
+            "not gated (no --min-busbw) not gated stack against the reference ") in Dom(report.render_html(doc)).text
+    doc["probe"]["1"]["torch"]["version"] = "2.12.0+cpu"
+    doc["ranks"]["1"]["lock_mismatches"] = ["torch 2.12.0+cpu, the lock pins 2.13.0+cpu"]
+    doc["settings"].update(min_busbw_gbps=1.0, busbw_size=4096, busbw_source="argument", min_scaling_efficiency=0.5)
+    text = Dom(report.render_html(doc)).text
+    assert " stack ranks differ in torch; 1 difference(s) from the lock every rank as the reference FAIL " in text
+    assert " all-reduce busbw at 4KB, float32 not measured >= 1 GB/s (argument) FAIL " in text
+    assert " scaling efficiency at 2 ranks not measured >= 0.5 FAIL " in text
+    assert " torch 2.13.0+cpu (rank 0); 2.12.0+cpu (rank 1) 2.13.0+cpu " in text
+    assert " rank 1: torch 2.12.0+cpu, the lock pins 2.13.0+cpu " in text
