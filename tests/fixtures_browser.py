@@ -5,11 +5,14 @@ with apt when absent (as the suite installs its other parts: :func:`fixtures_nod
 :func:`screenshot` and :func:`dump_dom` run ``chromium --headless --no-sandbox`` on a local
 file, each with its own throw-away profile folder (runs in parallel do not share one) and a
 timeout; the page may load nothing from the network (the reports load nothing).
-:class:`Dom` parses a dumped DOM into its elements and its text.
+:class:`Dom` parses a dumped DOM into its elements and its text; :func:`above_the_fold` measures
+where elements lie and which text a window shows without scrolling.
 """
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import shutil
 import subprocess
@@ -25,6 +28,8 @@ from fixtures_nodes import ensure_apt
 
 #: matplotlib's first two colours: algbw and busbw of the first data type.
 C0, C1 = (31, 119, 180), (255, 127, 14)
+#: The verdict box's borders (builder/certify/templates/report.html.j2): failed, passed.
+VERDICT_RED, VERDICT_GREEN = (207, 34, 46), (45, 164, 78)
 #: Seconds one headless Chromium run may take.
 CHROMIUM_TIMEOUT_S = 120
 
@@ -54,6 +59,37 @@ def dump_dom(exe: str, page: Path) -> str:
     res = _chromium(exe, "--dump-dom", page.resolve().as_uri())
     assert res.returncode == 0 and "<html" in res.stdout, res.stderr[-2000:]
     return res.stdout
+
+
+#: The check a test copy of a page runs (a report itself holds no script): the box and text of the
+#: first element of each selector, and every text node wholly within the first ``fold`` CSS pixels
+#: of the page and shown (not in a closed ``<details>``), as JSON in ``<pre id="envbuild-fold">``.
+_FOLD_SCRIPT = """<script>
+(() => { const fold = %d, out = {boxes: {}, visible: []};
+  for (const sel of %s) { const e = document.querySelector(sel);
+    if (e) { const r = e.getBoundingClientRect(); out.boxes[sel] = {top: r.top, bottom: r.bottom, text: e.innerText}; } }
+  const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT), range = document.createRange();
+  for (let n; (n = walk.nextNode());) { range.selectNodeContents(n); const r = range.getBoundingClientRect();
+    if (r.height > 0 && r.top >= 0 && r.bottom <= fold && n.textContent.trim()
+        && n.parentElement.checkVisibility({visibilityProperty: true})) out.visible.push(n.textContent); }
+  const p = document.createElement("pre"); p.id = "envbuild-fold"; p.textContent = JSON.stringify(out);
+  document.body.appendChild(p); })();
+</script>"""
+
+
+def above_the_fold(exe: str, page: Path, width: int, height: int, selectors: list[str]) -> dict:
+    """What a ``width`` x ``height`` window shows of ``page`` without scrolling: ``boxes`` (top,
+    bottom in CSS pixels from the page's top, and text of the first element of each selector found)
+    and ``visible`` (the text wholly above ``height``, whitespace collapsed). Measured on a copy
+    of the page (beside it) without its Content-Security-Policy and with :data:`_FOLD_SCRIPT`."""
+    probe = page.with_name(f"{page.stem}-fold.html")
+    text = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", page.read_text())
+    probe.write_text(text.replace("</body>", _FOLD_SCRIPT % (height, json.dumps(selectors)) + "</body>"))
+    res = _chromium(exe, f"--window-size={width},{height}", "--dump-dom", probe.resolve().as_uri())
+    found = re.search(r'<pre id="envbuild-fold">(.*?)</pre>', res.stdout, re.S)
+    assert res.returncode == 0 and found, res.stderr[-2000:]
+    out = json.loads(html.unescape(found.group(1)))
+    return {**out, "visible": re.sub(r"\s+", " ", " ".join(out["visible"])).strip()}
 
 
 class Dom(HTMLParser):
@@ -88,7 +124,8 @@ def picture(png: Path) -> dict:
 
     packed = (flat[:, 0] << 16) | (flat[:, 1] << 8) | flat[:, 2]
     return {"format": fmt, "size": (rgb.shape[1], rgb.shape[0]), "colours": len(np.unique(packed)),
-            "inked": float((flat.sum(axis=1) < 600).mean()), "C0": near(C0), "C1": near(C1)}
+            "inked": float((flat.sum(axis=1) < 600).mean()), "C0": near(C0), "C1": near(C1),
+            "red": near(VERDICT_RED), "green": near(VERDICT_GREEN)}
 
 
 def drawn(pic: dict) -> bool:

@@ -34,6 +34,42 @@ def profiles_certificate() -> dict:
     return json.loads((FIXTURES / "certificate-profiles.json").read_text())
 
 
+#: The log tail of a node whose rank raised (the lines torchrun prints), as a certificate keeps it.
+NODE1_TAIL = ["[rank1]: Traceback (most recent call last):", '[rank1]:   File "/opt/envbuild/bench/node.py", line 88',
+              "[rank1]:     check.run(group)", "[rank1]: RuntimeError: fsdp: shard 3 of 4 lost its gradient",
+              "E1201 12:40:20 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: 1)",
+              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"]
+#: The failures of :func:`failing_certificate`, in the verdict's order and words.
+FAILURES = ["rank 1 wrote no result: node 1 exited with 1",
+            "collective all_reduce wrong at 8 B float32 (1 wrong element on rank 1), 1024 B float32 (1 wrong "
+            "element on rank 1)",
+            "training tp does not match its single-process reference: losses differ, parameters differ (max "
+            "difference 0.0213; rtol 1e-05, atol 1e-06)",
+            "all-reduce busbw 0.735 GB/s at 1048576 B is below the floor of 5 GB/s (argument); slowest rank 1 "
+            "(1426.7 us)",
+            "scaling efficiency 0.283 is below the floor of 0.5 (argument): 12.10 images/s at 2 ranks, 21.37 at 1"]
+
+
+def failing_certificate() -> dict:
+    """The real ``--profile all`` certificate (:func:`profiles_certificate`) as a failing run
+    writes it: rank 1 lost (node 1 exited with 1, its log tail kept), all-reduce wrong on rank 1,
+    tp off its reference, a busbw floor of 5 GB/s and a scaling floor of 0.5 missed, and 12
+    warnings (:data:`FAILURES` in the verdict)."""
+    doc = load_certificate(profiles_certificate()).to_dict()
+    doc["verdict"] = {"passed": False, "exit_code": 2, "failures": list(FAILURES),
+                      "warnings": [f"rank 1: cleanup: container {i} still stopping" for i in range(12)]}
+    doc["ranks"]["1"] = {"node": 1, "reported": False, "exit_code": 1}
+    doc["node_status"] = {"0": {"name": "node-0", "exit_code": 0, "log_tail": ["done"]},
+                          "1": {"name": "node-1", "exit_code": 1, "log_tail": NODE1_TAIL}}
+    doc["settings"].update(min_busbw_gbps=5.0, busbw_size=1 << 20, busbw_source="argument",
+                           min_scaling_efficiency=0.5)
+    for r in doc["collectives"]["all_reduce"][:2]:
+        r.update(wrong=1, wrong_ranks=[1], wrong_rank_count=1)
+    doc["training"]["tp"].update(reference_match=False, losses_match=False, params_match=False,
+                                 max_param_diff=0.0213, losses=[1.2, 1.1, 0.95])
+    return doc
+
+
 def row(size, dtype="float32", factor=1.0, wrong=0):
     alg = size / 1e9 / (1e-5 + size / 2e9)
     return {"size_bytes": size, "count": size // 4, "type": dtype, "redop": "sum", "time_us": 10.0 + size / 2e3,

@@ -85,7 +85,7 @@ def run(p: Plan, *, images_dir: str | os.PathLike[str] = Path("images"), launche
 def _report_beside(cert: Certificate, path: Path, console: Any) -> None:
     """The HTML report next to the certificate (:func:`.report.write_beside`); a failure to
     draw it is one warning line on ``console`` (None: stderr), the certificate stays."""
-    _, warning = report.write_beside(cert.to_dict(), path)
+    _, warning = report.write_beside(cert, path)
     if warning is None:
         return
     if console is None:

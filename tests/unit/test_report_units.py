@@ -21,6 +21,7 @@ from test_certify_units import CPU_LOCK, FakeClient, FakeLauncher, _labels, rank
 
 from builder.certify import report
 from builder.core.certificate import load_certificate
+from builder.core.errors import ManyErrors
 
 from certify_helpers import certify_image
 from fixtures_browser import Dom
@@ -146,43 +147,74 @@ def _set(doc, path, value):
     doc[path[-1]] = value
 
 
-def test_generated_hostile_certificates_draw_and_stay_inert():
+def test_generated_hostile_certificates_draw_or_are_refused_and_stay_inert():
     """Seeded: 16 certificates (12 of today's shape, 4 of issue 10's) with 12 leaves each
-    replaced by a hostile value of any type (also where a number or a list is due:
-    render_html gets the raw JSON data; the CLI checks it against the model first). Each is
-    drawn without a warning, and nothing in it is markup."""
+    replaced by a hostile value of any type (also where a number or a list is due). The report
+    reads a document through the Certificate model: one the model refuses raises ManyErrors
+    (exit 2, one line per violation, no page); one it takes is drawn without a warning, and
+    nothing in it is markup."""
     import random
     import warnings
 
     rng = random.Random(20261201)
     bases = [todays_certificate(), issue10_doc()]
+    drawn = refused = 0
     for n in range(16):
         doc = copy.deepcopy(bases[int(n % 4 == 1)])
         leaves = list(_leaves(doc))
-        for path, _ in rng.sample(leaves, 12):
-            _set(doc, path, copy.deepcopy(rng.choice(HOSTILE_VALUES)))
+        strings_only = n % 2 == 0  # half: hostile strings where free text is (not the probe's or lock's patterns)
+        pool = [(p, v) for p, v in leaves if isinstance(v, str) and p[0] not in ("probe", "lock", "schema")
+                and p[-1] not in ("source", "busbw_source")] if strings_only else leaves
+        for path, _ in rng.sample(pool, 12):
+            _set(doc, path, copy.deepcopy(rng.choice(HOSTILE_VALUES[:9] if strings_only else HOSTILE_VALUES)))
         if n % 3 == 0:  # a hostile key as well
-            doc["collectives" if "collectives" in doc else "probe"][rng.choice(HOSTILE_VALUES[:7])] = \
-                rng.choice(HOSTILE_VALUES)
+            doc["collectives"][rng.choice(HOSTILE_VALUES[:7])] = (
+                {"unsupported": rng.choice(HOSTILE_VALUES[:9])} if strings_only else rng.choice(HOSTILE_VALUES))
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # e.g. numpy's overflow of a 1e308 bandwidth on a log axis
-            page = report.render_html(doc)
+            try:
+                page = report.render_html(doc)
+            except ManyErrors as e:
+                assert e.exit_code == 2 and e.errors and all("\n" not in str(x) for x in e.errors), n
+                refused += 1
+                continue
+        drawn += 1
         dom = Dom(page)
         assert injected(dom) == [] and "<script" not in page and "\x1b" not in page, n
         assert page.rstrip().endswith("</html>") and "verdict: " in dom.text, n
+    assert (drawn, refused) == (7, 9)  # one free-text refusal: a stamp over its 64 characters
 
 
 def test_values_out_of_any_plot_range_stay_in_the_table_only():
-    """A 1e308 GB/s bandwidth, a 1e308-byte size and a 1e308 loss are left out of the plots
-    (no overflow in matplotlib's tick and log-axis arithmetic: warnings are errors here) and
-    still shown in the table."""
+    """A 1e308 GB/s bandwidth, a 1e308 loss and the model's largest size (2**40 B) with a 0 GB/s
+    bandwidth (no point on a log axis) are left out of the plots (no overflow in matplotlib's
+    tick and log-axis arithmetic: warnings are errors here) and still shown in the table."""
     import warnings
 
     doc = issue10_doc()
     doc["collectives"]["broadcast"][0]["busbw_gbps"] = 1e308
-    doc["collectives"]["broadcast"][1]["size_bytes"] = 1e308
+    doc["collectives"]["broadcast"][1].update(size_bytes=2**40, algbw_gbps=0.0, busbw_gbps=0.0)
     doc["training"]["ddp"]["losses"][1] = 1e308
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         text = Dom(report.render_html(doc)).text
-    assert text.count(" 1e+308 ") == 2  # the size and the busbw, in the broadcast table
+    assert text.count(" 1e+308 ") == 2 and " 1099511627776 " in text  # broadcast: its best busbw, its table
+
+
+def test_key_figures_fail_each_miss_against_its_floor():
+    """The summary's key figures: a rank whose probe reports another torch (and its lock
+    mismatch), a busbw floor at a size never measured and a scaling floor without a measurement
+    each FAIL, saying what was measured; the twin, today's certificate, passes or is not gated."""
+    doc = todays_certificate()
+    assert (" ranks reported 2 of 2 every rank pass stack no difference every rank as the reference pass wrong "
+            "elements 0 in 3 measurement(s) of 1 collective(s) 0 pass all-reduce busbw at 64KB, float32 0.05 GB/s "
+            "not gated (no --min-busbw) not gated stack against the reference ") in Dom(report.render_html(doc)).text
+    doc["probe"]["1"]["torch"]["version"] = "2.12.0+cpu"
+    doc["ranks"]["1"]["lock_mismatches"] = ["torch 2.12.0+cpu, the lock pins 2.13.0+cpu"]
+    doc["settings"].update(min_busbw_gbps=1.0, busbw_size=4096, busbw_source="argument", min_scaling_efficiency=0.5)
+    text = Dom(report.render_html(doc)).text
+    assert " stack ranks differ in torch; 1 difference(s) from the lock every rank as the reference FAIL " in text
+    assert " all-reduce busbw at 4KB, float32 not measured >= 1 GB/s (argument) FAIL " in text
+    assert " scaling efficiency at 2 ranks not measured >= 0.5 FAIL " in text
+    assert " torch 2.13.0+cpu (rank 0); 2.12.0+cpu (rank 1) 2.13.0+cpu " in text
+    assert " rank 1: torch 2.12.0+cpu, the lock pins 2.13.0+cpu " in text
