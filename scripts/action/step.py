@@ -41,6 +41,8 @@ from builder.core.inputs import MAX_RECIPE_BYTES, MAX_REPORT_BYTES, escape, read
 #: ``error: recipes/x.yaml: torch.version: '2.8;rm' is not a version`` (envbuild check's lines).
 CHECK_LINE = re.compile(r"(?P<level>error|warning): (?P<file>\S+?\.ya?ml): (?:(?P<field>[\w.\[\]-]{1,200}): )?"
                         r"(?P<message>.+)")
+#: envbuild's error lines: ``error: ...``, and a usage error's ``envbuild certify: argument ...``.
+ERROR_LINE = re.compile(r"error: |envbuild [a-z0-9 -]{1,40}: ")
 PRINTED = re.compile(r"(?P<key>certificate|report): (?P<path>\S.*)")
 #: certify's options that the action has an input of (ENVBUILD_ACTION_<NAME>).
 OPTIONS = {"PROFILE": "--profile", "NODES": "--nodes", "BACKEND": "--backend", "SIZES": "--sizes",
@@ -88,7 +90,10 @@ def data(value: object) -> str:
 
 
 def annotate(level: str, file: str, line: int | None, title: str, message: str) -> None:
-    where = f"file={prop(file)}" + (f",line={line}" if line else "")
+    """One annotation; a path under the working folder (the workspace) made relative, as GitHub maps them."""
+    path, cwd = Path(file), Path.cwd()
+    shown = path.relative_to(cwd) if path.is_absolute() and path.is_relative_to(cwd) else file
+    where = f"file={prop(shown)}" + (f",line={line}" if line else "")
     print(f"::{level} {where},title={prop(title)}::{data(message)}", flush=True)
 
 
@@ -123,14 +128,29 @@ def allowed(rc: int) -> int:
     return 0 if rc == 1 and os.environ.get("ENVBUILD_ACTION_ALLOW_WARNINGS", "true") == "true" else rc
 
 
+def annotate_findings(command: str, findings: list[dict]) -> None:
+    """Each error and warning (audit's finding: level, rule, file, line, fields, message) as an annotation
+    at its line, else, in a YAML file, at the line of its first field."""
+    for f in findings:
+        if f.get("level") not in ("error", "warning"):
+            continue
+        file, fields = str(f.get("file")), f.get("fields") or [None]
+        line = f["line"] if isinstance(f.get("line"), int) else (
+            field_line(file, str(fields[0])) if fields[0] and file.endswith((".yaml", ".yml")) else None)
+        annotate(f["level"], file, line, f"envbuild {command}" + (f": {f['rule']}" if f.get("rule") else ""),
+                 str(f.get("message")))
+
+
 def cmd_check(recipes: list[str]) -> int:
+    """``envbuild check`` of each recipe, its ``error:``/``warning:`` lines annotated."""
     worst = 0
     for recipe in expand(recipes):
         rc, lines = run(["check", recipe])
         worst = max(worst, rc)
-        for m in filter(None, (CHECK_LINE.fullmatch(x) for x in lines)):
-            message = f"{m['field']}: {m['message']}" if m["field"] else m["message"]
-            annotate(m["level"], m["file"], field_line(m["file"], m["field"]), "envbuild check", message)
+        annotate_findings("check", [
+            {"level": m["level"], "file": m["file"], "fields": [m["field"]],
+             "message": f"{m['field']}: {m['message']}" if m["field"] else m["message"]}
+            for m in filter(None, (CHECK_LINE.fullmatch(x) for x in lines))])
     return allowed(worst)
 
 
@@ -139,20 +159,16 @@ def cmd_audit(files: list[str]) -> int:
     rc, lines = run(["audit", "--json", *expand(files)], echo=False)
     try:
         doc = json.loads("\n".join(lines))
-        found = [(e, f) for e in doc["files"] for f in e["findings"]]
-    except (ValueError, TypeError, KeyError):
+        found = [{"file": e.get("file"), **f} for e in doc["files"] for f in e["findings"]]
+    except (ValueError, TypeError, KeyError, AttributeError):
         with commands_off():
             print("\n".join(lines))  # a usage error: envbuild's line says why
         return rc or ExitCode.UNREACHABLE
     with commands_off():
-        for entry, f in found:
+        for f in found:
             at = f" line {f['line']}:" if isinstance(f.get("line"), int) else ""
-            print(escape(f"{f.get('file') or entry.get('file')}:{at} {f.get('level')}: {f.get('message')}", 1000))
-    for entry, f in found:
-        if f.get("level") in ("error", "warning"):
-            line = f.get("line") if isinstance(f.get("line"), int) else None
-            annotate(f["level"], str(f.get("file") or entry.get("file")), line,
-                     f"envbuild audit: {f.get('rule')}", str(f.get("message")))
+            print(escape(f"{f['file']}:{at} {f.get('level')}: {f.get('message')}", 1000))
+    annotate_findings("audit", found)
     return allowed(rc)
 
 
@@ -174,10 +190,16 @@ def cmd_certify() -> int:
     if not (os.environ.get("ENVBUILD_ACTION_RECIPE") or os.environ.get("ENVBUILD_ACTION_IMAGE")):
         print("error: envbuild action: give the input recipe or image", file=sys.stderr)
         return ExitCode.USAGE
-    rc, lines = run(certify_argv(os.environ))
+    try:
+        argv = certify_argv(os.environ)
+    except ValueError as e:  # shlex: an unbalanced quote
+        print(f"error: envbuild action: input args: {escape(e)}: {escape(os.environ['ENVBUILD_ACTION_ARGS'])}",
+              file=sys.stderr)
+        return ExitCode.USAGE
+    rc, lines = run(argv)
     printed = {m["key"]: m["path"] for m in filter(None, (PRINTED.fullmatch(x) for x in lines))}
     if "certificate" not in printed:
-        errors = [x for x in lines if x.startswith("error: ")][-5:]
+        errors = [x for x in lines if ERROR_LINE.match(x)][-5:]
         write_results(no_certificate(rc, errors), {"verdict": "error", "exit-code": str(rc)})
         return rc or ExitCode.UNREACHABLE
     return summarize(printed["certificate"], printed.get("report"), rc)
