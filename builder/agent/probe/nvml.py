@@ -275,8 +275,14 @@ def _readings(nvml: Nvml, h: Any) -> list[tuple[str, Callable[[], Any]]]:
         ("pcie_width_max", lambda: v("nvmlDeviceGetMaxPcieLinkWidth", h)),
         ("persistence", lambda: v("nvmlDeviceGetPersistenceMode", h, kind=ctypes.c_int)),
         ("nvlinks", lambda: _nvlinks(nvml, h)), ("fabric", lambda: _fabric(nvml, h)),
-        ("pids", lambda: [p["pid"] for p in _processes(nvml, 0, h)]),
+        ("pids", lambda: [p["pid"] for p in _processes(nvml, 0, h)]), ("memory_used_bytes", lambda: _used(nvml, h)),
     ]
+
+
+def _used(nvml: Nvml, h: Any) -> int:
+    mem = _Memory()
+    nvml.call("nvmlDeviceGetMemoryInfo", h, ctypes.byref(mem))
+    return int(mem.used)
 
 
 def _event_xids(nvml: Nvml, handles: list[Any], errors: list[str], wait_ms: int) -> list[dict]:
