@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -217,11 +218,10 @@ def write_certificate(cert: Certificate, images_dir: str | os.PathLike[str]) -> 
 
 
 def _passed(path: Path) -> bool:
-    try:
+    with contextlib.suppress(EnvbuildError, LookupError, TypeError):
         doc = inputs.read_json(path, inputs.MAX_REPORT_BYTES, "certificate", ExitCode.CHECK_FAILED)
-    except EnvbuildError:
-        return False
-    return isinstance(doc, dict) and isinstance(doc.get("verdict"), dict) and doc["verdict"].get("passed") is True
+        return doc["verdict"]["passed"] is True
+    return False
 
 
 def prune_certificates(written: Path) -> None:

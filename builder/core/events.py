@@ -87,13 +87,11 @@ class Sinks:
 
 
 def append_log(path: str, data: bytes) -> None:
-    """Append to the log, then cut it to its retention (:mod:`.retention`), both under a lock of its
-    folder: a run appending meanwhile never writes to the file replaced. Raises Unreachable (exit 3)."""
+    """Append, then cut the log to its retention (:mod:`.retention`), under a lock of its folder (a run
+    appending meanwhile never writes to the file replaced). Raises Unreachable (exit 3)."""
+    fd = -1
     try:
         fd = os.open(make_folder(os.path.dirname(os.path.abspath(path))), os.O_RDONLY | os.O_DIRECTORY)
-    except OSError as e:
-        raise Unreachable(f"cannot lock the folder of the log: {one_line(e, 200)}", file=path) from None
-    try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         append(path, data)
         with open(path, "rb") as f:
@@ -103,7 +101,8 @@ def append_log(path: str, data: bytes) -> None:
         if kept is not None:
             write_atomic(path, kept)
     except OSError as e:
-        raise Unreachable(f"cannot read the log back: {one_line(e, 200)}", file=path) from None
+        raise Unreachable(f"cannot append to the log: {one_line(e, 200)}", file=path) from None
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 

@@ -1,6 +1,5 @@
-"""What envbuild keeps of the files that pile up: the gate's history per node, the JSON-lines logs
-and the certificates per recipe. :data:`RETENTION` is the one table of defaults; the environment
-overrides it (docs/operating.md, "Retention")."""
+"""What envbuild keeps of the gate's history per node, the JSON-lines logs and the certificates per recipe:
+:data:`RETENTION`, the one table of defaults, which the environment overrides (docs/operating.md, "Retention")."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import datetime
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 
 from .errors import UsageError
@@ -20,13 +19,12 @@ RETENTION: dict[str, tuple[int, float]] = {"history": (1000, 90.0), "logs": (200
                                            "certificates": (1000, 365.0)}
 _COUNT_RE = re.compile(r"[1-9][0-9]{0,8}")
 _DAYS_RE = re.compile(r"(?=[0-9.]*[1-9])[0-9]{1,5}(?:\.[0-9]{1,3})?")
-_TS_RE = re.compile(rb'\{"ts":"([^"]{1,40})"')
+_TS_RE = re.compile(rb'\{ ?"ts": ?"([^"]{1,40})"')
 
 
-def limits(kind: str, environ: Mapping[str, str] | None = None) -> tuple[int, float]:
+def limits(kind: str) -> tuple[int, float]:
     """``(entries, seconds)`` kept of ``kind``. Raises UsageError (exit 64) naming a bad variable."""
-    env = os.environ if environ is None else environ
-    keep, days = RETENTION[kind]
+    env, (keep, days) = os.environ, RETENTION[kind]
     name = f"ENVBUILD_KEEP_{kind.upper()}"
     for var, regex, what in ((name, _COUNT_RE, "a count, 1 to 999999999"),
                              (f"{name}_DAYS", _DAYS_RE, "days, 0.001 to 99999.999")):
@@ -37,27 +35,16 @@ def limits(kind: str, environ: Mapping[str, str] | None = None) -> tuple[int, fl
     return keep, float(env.get(f"{name}_DAYS") or days) * 86400.0
 
 
-def check_environment(environ: Mapping[str, str] | None = None) -> None:
-    """Every kind's variables, checked before a command starts (exit 64)."""
-    for kind in RETENTION:
-        limits(kind, environ)
-
-
 def split(paths: Iterable[Path], kind: str) -> tuple[list[Path], list[Path]]:
     """``(kept, gone)`` of the files ``paths``, newest first by modification time: beyond the newest N
     or older than D days is gone. A file that vanished meanwhile is in neither."""
-    keep, max_age_s = limits(kind)
-    dated = []
+    (keep, max_age_s), dated = limits(kind), []
     for p in paths:
         with contextlib.suppress(OSError):
             dated.append((p.stat().st_mtime, p.name, p))
-    dated.sort(reverse=True)
-    cut = time.time() - max_age_s
-    kept: list[Path] = []
-    gone: list[Path] = []
-    for i, (m, _, p) in enumerate(dated):
-        (kept if i < keep and m >= cut else gone).append(p)
-    return kept, gone
+    cut, ordered = time.time() - max_age_s, sorted(dated, reverse=True)
+    return ([p for i, (m, _, p) in enumerate(ordered) if i < keep and m >= cut],
+            [p for i, (m, _, p) in enumerate(ordered) if i >= keep or m < cut])
 
 
 def remove(paths: Iterable[Path]) -> None:
@@ -67,9 +54,8 @@ def remove(paths: Iterable[Path]) -> None:
 
 
 def cut_log(data: bytes, partial: bool = False, now: float | None = None) -> bytes | None:
-    """``data`` (JSON lines, oldest first, ``ts`` the first key) without the lines past the logs'
-    retention (a line without ``ts`` is dated by its place); None when none goes. ``partial``: the
-    first line is a cut one (a tail of the file)."""
+    """``data`` (JSON lines, oldest first, ``ts`` the first key) without the lines past the logs' retention
+    (the cut by age stops at a line without ``ts``); None when none goes. ``partial``: its first line is cut."""
     keep, max_age_s = limits("logs")
     lines = data.splitlines(keepends=True)[1 if partial else 0:]
     cut = datetime.datetime.fromtimestamp((time.time() if now is None else now) - max_age_s, datetime.UTC)

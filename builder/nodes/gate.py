@@ -224,16 +224,14 @@ def _node_dir(folder: Path, hostname: str) -> Path:
     return folder / re.sub(r"[^A-Za-z0-9._-]", "_", hostname)[:128]
 
 
-def _job() -> str | None:
+def _job() -> str:
     """Slurm's job ID in a Prolog or Epilog (``$SLURM_JOB_ID``), when it is one."""
-    job = os.environ.get("SLURM_JOB_ID") or ""
-    return job if _JOB_RE.fullmatch(job) else None
+    return job if _JOB_RE.fullmatch(job := os.environ.get("SLURM_JOB_ID", "")) else ""
 
 
 def write_history(folder: Path, hostname: str, doc: dict, health: GpuHealth | None = None) -> Path:
-    """Append ``doc`` (a node report) to ``folder/<hostname>/`` and ``health`` (the GPU readings an Epilog
-    compares with) to its ``health/``, named by time and job; the history's retention
-    (:mod:`builder.core.retention`) applies to both. Raises OSError, EnvbuildError (the caller reports it)."""
+    """Append ``doc`` (a node report) to ``folder/<hostname>/`` and ``health`` (what an Epilog compares with)
+    to its ``health/``, named by time and job, both kept to their retention. Raises OSError, EnvbuildError."""
     node_dir = _node_dir(folder, hostname)
     stamp = re.sub(r"[^0-9TZ]", "", str(doc.get("probed_at") or "")) or re.sub(r"[^0-9TZ]", "", utc_stamp())
     name = f"{stamp}-{os.getpid()}" + (f"-job{_job()}" if _job() else "") + ".json"
@@ -245,20 +243,16 @@ def write_history(folder: Path, hostname: str, doc: dict, health: GpuHealth | No
     return path
 
 
-def prolog_health(folder: Path, hostname: str) -> tuple[str, GpuHealth] | None:
-    """The GPU readings of this job's Prolog record (else of the newest record), and its path.
-    Raises EnvbuildError (exit 3): a record that cannot be read or breaks its model."""
-    files = sorted(_node_dir(folder, hostname).joinpath("health").glob("*.json"))  # by UTC stamp
+def _job_end(opts: GateOptions, node: str, now: GpuHealth) -> doctor_base.Check:
+    """``--epilog``: ``now`` against the readings of this job's Prolog record (else of the newest)."""
+    folder = _node_dir(Path(opts.history) if opts.history else history_dir(), node) / "health"
+    files = sorted(folder.glob("*.json"))  # by UTC stamp
     pick = ([p for p in files if _job() and p.stem.endswith(f"-job{_job()}")] or files)[-1:]
-    if not pick:
-        return None
-    doc = inputs.read_json(pick[0], inputs.MAX_REPORT_BYTES, "gate history record", ExitCode.UNREACHABLE)
-    return str(pick[0]), convert(doc, GpuHealth, file=str(pick[0]), exit_code=ExitCode.UNREACHABLE)
-
-
-def _job_end(opts: GateOptions, node: str, now: GpuHealth | None) -> doctor_base.Check:
+    before = None
     try:
-        before = prolog_health(Path(opts.history) if opts.history else history_dir(), node)
+        for p in pick:
+            doc = inputs.read_json(p, inputs.MAX_REPORT_BYTES, "gate history record", ExitCode.UNREACHABLE)
+            before = str(p), convert(doc, GpuHealth, file=str(p))
     except EnvbuildError as e:
         return doctor_base.Check("epilog", doctor_base.WARN, f"the Prolog record cannot be read: {e}")
     return check_job_end(node, before, now, opts.health)
@@ -279,14 +273,10 @@ def set_state(node: str, state: str, reason: str | None = None) -> None:
         proc = process.run(argv + ([f"Reason={reason}"] if reason else []), SCONTROL_TIMEOUT_S)
     except Unreachable as e:
         raise Unreachable(f"cannot {what} {node}: {e.message}", field=flag) from None
-    last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
     if proc.returncode != 0:
-        error = NotDrained if state == "RESUME" and "Invalid node state specified" in last else Unreachable
-        raise error(f"cannot {what} {node}: scontrol exited {proc.returncode}: {one_line(last, 200)}", field=flag)
-
-
-class NotDrained(Unreachable):
-    """scontrol refused to resume a node that is neither drained nor down (it takes jobs already)."""
+        last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+        raise Unreachable(f"cannot {what} {node}: scontrol exited {proc.returncode}: {one_line(last, 200)}",
+                          field=flag)
 
 
 def drain(node: str, head: str, line: str) -> str:
@@ -340,7 +330,7 @@ def gate(opts: GateOptions, reference: Reference | None = None) -> GateResult:
         health_check, health = check_host_health(node.name, opts.python, opts.health,
                                                  ref.run.gpus_per_node if ref.run else None)
         checks.append(health_check)
-    checks += [_job_end(opts, node.name, health)] if opts.epilog else []
+    checks += [_job_end(opts, node.name, health)] if opts.epilog and health else []  # no reading: gpu-health says
     lines = gate_lines(result, checks)
     code = exit_code_of(result, checks)
     history = None
@@ -356,8 +346,11 @@ def gate(opts: GateOptions, reference: Reference | None = None) -> GateResult:
         if opts.drain and code >= ExitCode.CHECK_FAILED:
             drained = drain(slurm_node_name(opts), *first_failure(result, checks, lines))
         elif opts.resume:
-            with contextlib.suppress(NotDrained):
+            try:
                 set_state(slurm_node_name(opts), "RESUME")
+            except Unreachable as e:
+                if "Invalid node state specified" not in e.message:  # scontrol's words for a node taking jobs
+                    raise
             resumed = slurm_node_name(opts)
     except Unreachable as e:
         lines.append(f"unknown: {'drain' if e.field == '--drain' else 'resume'}: {e}")

@@ -102,8 +102,7 @@ def check_gpu_health(nodes: list[Node], opts: Options) -> Check:
 
 def check_host_health(node: str, python: str, o: HealthOptions, certified_gpus: int | None = None
                       ) -> tuple[Check, GpuHealth | None]:
-    """``gate``: this host's GPUs (the count expected is ``o.expected_gpus``, else the certificate's), and
-    the readings (None: not read)."""
+    """``gate``: this host's GPUs (expected: ``o.expected_gpus``, else the certificate's), readings (None: unread)."""
     lim = limits(o.thresholds_file)
     try:
         doc: GpuHealth | EnvbuildError = read_host(python, o)
@@ -113,10 +112,8 @@ def check_host_health(node: str, python: str, o: HealthOptions, certified_gpus: 
     return health_check({node: doc}, lim, expected), None if isinstance(doc, EnvbuildError) else doc
 
 
-def check_job_end(node: str, before: tuple[str, GpuHealth] | None, now: GpuHealth | None, o: HealthOptions) -> Check:
+def check_job_end(node: str, before: tuple[str, GpuHealth] | None, now: GpuHealth, o: HealthOptions) -> Check:
     """``gate --epilog``: what the job left, against ``before`` (the Prolog record's path and readings)."""
-    if now is None:
-        return Check("epilog", SKIP, "no GPU health read now: nothing to compare", checked=False)
     if before is None:
         return Check("epilog", WARN, f"no Prolog record of {node} in the gate history: the job's XIDs, ECC "
                      "errors and GPU memory not compared", "run the gate in the Prolog too (docs/slurm-gate.md)")
