@@ -109,7 +109,8 @@ def _run(argv: list[str] | None) -> int:
             return exc.code if isinstance(exc.code, int) else ExitCode.OK
         output.set_mode(args.progress, args.verbose)
         check_args(args)
-        [retention.limits(kind) for kind in retention.RETENTION]  # exit 64 before anything starts
+        for kind in retention.RETENTION:  # exit 64 before anything starts
+            retention.limits(kind)
         return output.exit_code(command_of(args)(args))
     except UsageError as exc:
         if exc.file or exc.field:

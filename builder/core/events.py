@@ -105,4 +105,3 @@ def append_log(path: str, data: bytes) -> None:
     finally:
         if fd >= 0:
             os.close(fd)
-

@@ -29,7 +29,8 @@ def gate(*args: str, session: str, timeout: float = 300, env: dict | None = None
 
 def test_gate_usage_errors_exit_64(tmp_path):
     for args, text in [(["--node", "a b"], "is not a Slurm node name"), (["--checks", "shm,nope"], "choose from"),
-                       (["--history", str(tmp_path), "--no-history"], "do not go together")]:
+                       (["--history", str(tmp_path), "--no-history"], "--history and --no-history do not go together"),
+                       (["--epilog", "--resume"], "--epilog and --resume do not go together")]:
         proc = run_envbuild("gate", "--against", str(tmp_path / "c.json"), *args)
         assert proc.returncode == 64, (args, proc.stderr)
         assert text in proc.stderr

@@ -31,8 +31,9 @@ def _gate_options(args: argparse.Namespace) -> Any:
             check_node_name(args.node)
     except EnvbuildError as e:
         raise UsageError(f"envbuild gate: {e}") from None
-    if args.history and args.no_history or args.epilog and args.resume:
-        raise UsageError("envbuild gate: --history and --no-history, --epilog and --resume do not go together")
+    for a, b in (("--history", "--no-history"), ("--epilog", "--resume")):
+        if getattr(args, a[2:].replace("-", "_")) and getattr(args, b[2:].replace("-", "_")):
+            raise UsageError(f"envbuild gate: {a} and {b} do not go together")
     return GateOptions(against=args.against, image=args.image, drain=args.drain or args.resume, epilog=args.epilog,
                        resume=args.resume, node=args.node,
                        history=args.history, keep_history=not args.no_history, max_age_s=args.max_age,

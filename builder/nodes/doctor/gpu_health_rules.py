@@ -271,4 +271,3 @@ def job_findings(before: GpuHealth, now: GpuHealth, lim: Limits) -> list[Finding
     out += [replace(f, what=f"{f.what} during the job", threshold="no new XID since the Prolog")
             for f in _xids(new, {g.index: gpu_label(g) for g in now.gpus})]
     return sorted(out, key=lambda f: f.status != FAIL)
-
