@@ -234,19 +234,19 @@ def write_history(folder: Path, hostname: str, doc: dict, health: GpuHealth | No
     to its ``health/``, named by time and job, both kept to their retention. Raises OSError, EnvbuildError."""
     node_dir = _node_dir(folder, hostname)
     stamp = re.sub(r"[^0-9TZ]", "", str(doc.get("probed_at") or "")) or re.sub(r"[^0-9TZ]", "", utc_stamp())
-    name = f"{stamp}-{os.getpid()}" + (f"-job{_job()}" if _job() else "") + ".json"
-    path = write_atomic(node_dir / name, (json.dumps(doc, indent=2) + "\n").encode())
-    if health is not None:
-        write_atomic(node_dir / "health" / name, msgspec.json.encode(health) + b"\n")
-    for sub in (node_dir, node_dir / "health"):
-        retention.remove(p for p in retention.split(sub.glob("*.json"), "history")[1] if p.name != name)
+    name = f"{stamp}-{os.getpid()}" + (f"-job{_job()}" if _job() else "")
+    path = write_atomic(node_dir / f"{name}.json", (json.dumps(doc, indent=2) + "\n").encode())
+    if health is not None:  # not *.json: verify reads a folder's *.json files as node reports
+        write_atomic(node_dir / "health" / f"{name}.health", msgspec.json.encode(health) + b"\n")
+    for sub, ext in ((node_dir, ".json"), (node_dir / "health", ".health")):
+        retention.remove(p for p in retention.split(sub.glob(f"*{ext}"), "history")[1] if p.stem != name)
     return path
 
 
 def _job_end(opts: GateOptions, node: str, now: GpuHealth) -> doctor_base.Check:
     """``--epilog``: ``now`` against the readings of this job's Prolog record (else of the newest)."""
     folder = _node_dir(Path(opts.history) if opts.history else history_dir(), node) / "health"
-    files = sorted(folder.glob("*.json"))  # by UTC stamp
+    files = sorted(folder.glob("*.health"))  # by UTC stamp
     pick = ([p for p in files if _job() and p.stem.endswith(f"-job{_job()}")] or files)[-1:]
     before = None
     try:

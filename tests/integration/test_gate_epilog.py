@@ -92,7 +92,7 @@ def test_slurm_epilog_drains_a_node_the_job_left_sick(epilog, slurm_node, tmp_pa
     assert run_job(tmp_path, slurm_node, "") == "epilog: gate exit 0: the node stays up"
     assert node_state(slurm_node)[0].rstrip("*") in UP
     records = sorted(p.name for p in (tmp_path / "hist" / slurm_node / "health").iterdir())
-    assert len(records) == 1 and "-job" in records[0]  # the Prolog's, named by its job
+    assert len(records) == 1 and records[0].endswith(".health") and "-job" in records[0]  # the Prolog's, by job
     try:
         # new double-bit ECC errors during the job
         line = run_job(tmp_path, slurm_node, "export FAKE_NVML_ECC_DBE_AGG_1=2")

@@ -133,7 +133,7 @@ def aged(folder: Path, names_days: dict[str, float], text: str = "{}") -> None:
 def test_history_keeps_at_most_n_reports_none_older_than_d_days(tmp_path, monkeypatch):
     node = tmp_path / "n1"
     aged(node, {"20260101T000000Z-1.json": 100, "20260901T000000Z-1.json": 10, "20261001T000000Z-1.json": 5})
-    aged(node / "health", {"20260101T000000Z-1.json": 100})
+    aged(node / "health", {"20260101T000000Z-1.health": 100})
     new = write_history(tmp_path, "n1", {"probed_at": "2026-12-01T00:00:00Z"})  # too old: the 100-day one goes
     assert sorted(p.name for p in node.glob("*.json")) == ["20260901T000000Z-1.json", "20261001T000000Z-1.json",
                                                            new.name]
@@ -196,3 +196,14 @@ def test_certificates_keep_at_most_n_none_older_than_d_days_and_the_newest_passi
     prune_certificates(folder / "newest-fail.json")
     assert sorted(os.listdir(folder)) == ["new-fail.json", "newer-pass.json", "newest-fail.json"]
 
+
+
+def test_verify_reads_a_history_folder_with_its_gpu_readings(fake_lib, tmp_path):
+    from fixtures_nodes import run_envbuild
+
+    doc = json.loads(run_envbuild("probe", "--host").stdout)
+    (tmp_path / "ref.json").write_text(json.dumps(doc))
+    write_history(tmp_path / "hist", "n1", doc, reading(fake_lib))
+    assert [p.suffix for p in sorted((tmp_path / "hist" / "n1").rglob("*.*"))] == [".json", ".health"]
+    proc = run_envbuild("verify", "--against", str(tmp_path / "ref.json"), str(tmp_path / "hist"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
