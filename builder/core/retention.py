@@ -24,15 +24,12 @@ _TS_RE = re.compile(rb'\{ ?"ts": ?"([^"]{1,40})"')
 
 def limits(kind: str) -> tuple[int, float]:
     """``(entries, seconds)`` kept of ``kind``. Raises UsageError (exit 64) naming a bad variable."""
-    env, (keep, days) = os.environ, RETENTION[kind]
-    name = f"ENVBUILD_KEEP_{kind.upper()}"
+    name, (keep, days) = f"ENVBUILD_KEEP_{kind.upper()}", RETENTION[kind]
     for var, regex, what in ((name, _COUNT_RE, "a count, 1 to 999999999"),
                              (f"{name}_DAYS", _DAYS_RE, "days, 0.001 to 99999.999")):
-        value = env.get(var)
-        if value is not None and not regex.fullmatch(value):
+        if (value := os.environ.get(var)) is not None and not regex.fullmatch(value):
             raise UsageError(f"must be {what}", field=var, value=value[:40])
-    keep = int(env.get(name) or keep)
-    return keep, float(env.get(f"{name}_DAYS") or days) * 86400.0
+    return int(os.environ.get(name) or keep), float(os.environ.get(f"{name}_DAYS") or days) * 86400.0
 
 
 def split(paths: Iterable[Path], kind: str) -> tuple[list[Path], list[Path]]:

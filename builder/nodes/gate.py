@@ -264,8 +264,7 @@ def slurm_node_name(opts: GateOptions) -> str:
 
 
 def set_state(node: str, state: str, reason: str | None = None) -> None:
-    """``scontrol update NodeName=node State=state [Reason=reason]``.
-
+    """``scontrol update NodeName=node State=state [Reason=reason]``; a node taking jobs needs no RESUME.
     Raises Unreachable: (exit 3) scontrol cannot run, fails or takes over 30 s."""
     argv = ["scontrol", "update", f"NodeName={check_node_name(node)}", f"State={state}"]
     what, flag = ("drain", "--drain") if state == "DRAIN" else ("resume", "--resume")
@@ -273,8 +272,8 @@ def set_state(node: str, state: str, reason: str | None = None) -> None:
         proc = process.run(argv + ([f"Reason={reason}"] if reason else []), SCONTROL_TIMEOUT_S)
     except Unreachable as e:
         raise Unreachable(f"cannot {what} {node}: {e.message}", field=flag) from None
-    if proc.returncode != 0:
-        last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+    last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+    if proc.returncode != 0 and not (state == "RESUME" and "Invalid node state specified" in last):
         raise Unreachable(f"cannot {what} {node}: scontrol exited {proc.returncode}: {one_line(last, 200)}",
                           field=flag)
 
@@ -346,11 +345,7 @@ def gate(opts: GateOptions, reference: Reference | None = None) -> GateResult:
         if opts.drain and code >= ExitCode.CHECK_FAILED:
             drained = drain(slurm_node_name(opts), *first_failure(result, checks, lines))
         elif opts.resume:
-            try:
-                set_state(slurm_node_name(opts), "RESUME")
-            except Unreachable as e:
-                if "Invalid node state specified" not in e.message:  # scontrol's words for a node taking jobs
-                    raise
+            set_state(slurm_node_name(opts), "RESUME")
             resumed = slurm_node_name(opts)
     except Unreachable as e:
         lines.append(f"unknown: {'drain' if e.field == '--drain' else 'resume'}: {e}")
