@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import msgspec
 
 from builder import __version__
 from builder.certify import nccl_log
+from builder.core import inputs, retention
 from builder.core.certificate import (
     CERT_SCHEMA,
     Backend,
@@ -31,7 +33,7 @@ from builder.core.certificate import (
 )
 from builder.core.clock import utc_stamp
 from builder.core.documents import RankResult
-from builder.core.errors import EnvbuildError, Unreachable
+from builder.core.errors import EnvbuildError, ExitCode, Unreachable
 from builder.core.files import write_new
 from builder.core.inputs import one_line
 from builder.core.paths import image_dir
@@ -206,8 +208,28 @@ def write_certificate(cert: Certificate, images_dir: str | os.PathLike[str]) -> 
     path = certificate_path(images_dir, cert)
     names = [path.name] + [f"{path.stem}-{n}.json" for n in range(2, MAX_NAME_TRIES + 1)]
     try:
-        return write_new(path.parent, names, certificate_bytes(cert))
+        written = write_new(path.parent, names, certificate_bytes(cert))
     except EnvbuildError as e:
         reason = e.message.removeprefix("cannot write: ")
         raise CertificateNotWritten(f"cannot write the certificate: {reason}", certificate=cert,
                                     path=Path(e.file or path)) from None
+    prune_certificates(written)
+    return written
+
+
+def _passed(path: Path) -> bool:
+    with contextlib.suppress(EnvbuildError, LookupError, TypeError):
+        doc = inputs.read_json(path, inputs.MAX_REPORT_BYTES, "certificate", ExitCode.CHECK_FAILED)
+        return doc["verdict"]["passed"] is True
+    return False
+
+
+def prune_certificates(written: Path) -> None:
+    """The certificates beside ``written`` past their retention (:mod:`builder.core.retention`) go;
+    ``written`` and the newest passing one stay (``push`` and ``gate`` need it)."""
+    kept, gone = retention.split(written.parent.glob("*.json"), "certificates")
+    gone = [p for p in gone if p != written]
+    if gone and not any(_passed(p) for p in [written, *kept]):
+        spare = next((p for p in gone if _passed(p)), None)
+        gone = [p for p in gone if p != spare]
+    retention.remove(gone)

@@ -15,6 +15,7 @@ from builder.cli import output
 from builder.cli.checks import check_args
 from builder.cli.output import say
 from builder.cli.parser import build_parser
+from builder.core import retention
 from builder.core.errors import EnvbuildError, ExitCode, UsageError
 from builder.core.inputs import escape, one_line
 
@@ -108,6 +109,8 @@ def _run(argv: list[str] | None) -> int:
             return exc.code if isinstance(exc.code, int) else ExitCode.OK
         output.set_mode(args.progress, args.verbose)
         check_args(args)
+        for kind in retention.RETENTION:  # exit 64 before anything starts
+            retention.limits(kind)
         return output.exit_code(command_of(args)(args))
     except UsageError as exc:
         if exc.file or exc.field:

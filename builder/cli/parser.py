@@ -302,6 +302,10 @@ def _gate(g: argparse.ArgumentParser) -> None:
                    help="the certificate (or a node report) this node must match")
     g.add_argument("--image", metavar="IMAGE", type=t.image_ref, help="the image jobs run here: probe it too")
     g.add_argument("--drain", action="store_true", help="Slurm: drain this node when it fails (scontrol update)")
+    g.add_argument("--epilog", action="store_true", help="Slurm Epilog: also what the job left (GPU processes, "
+                   "memory, new XIDs and ECC errors since the Prolog's history record); writes no history")
+    g.add_argument("--resume", action="store_true", help="Slurm: resume this node when it passes; else drain it "
+                   "again with the reason")
     g.add_argument("--node", metavar="NAME", type=t.text("a Slurm node name", 128),
                    help="the Slurm node name (default $SLURMD_NODENAME, else the host name)")
     g.add_argument("--history", metavar="DIR", type=t.path("a folder"),

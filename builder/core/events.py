@@ -5,14 +5,16 @@ without parsing rules) and RFC 5424 syslog over UDP (``--syslog HOST:PORT``)."""
 from __future__ import annotations
 
 import datetime
+import fcntl
 import os
 import socket
 from typing import Annotated, Literal
 
 import msgspec
 
+from . import retention
 from .errors import Unreachable
-from .files import append
+from .files import append, make_folder, write_atomic
 from .inputs import one_line
 from .model import Model
 
@@ -21,6 +23,8 @@ Level = Literal["info", "warning", "error"]
 SEVERITY = {"info": 6, "warning": 4, "error": 3}
 #: Longest message kept, in characters (one UDP datagram of syslog stays under 8 KiB).
 MAX_MSG = 2000
+#: Bytes of a log's tail read to cut it to its retention (older lines beyond go).
+MAX_LOG_READ = 64 << 20
 
 
 class Event(Model, frozen=True):
@@ -71,7 +75,7 @@ class Sinks:
     def emit(self, *events: Event) -> None:
         """Send ``events``; raises :class:`Unreachable` (exit 3) naming the file or address."""
         if self.log_json and events:
-            append(self.log_json, b"".join(msgspec.json.encode(e) + b"\n" for e in events))
+            append_log(self.log_json, b"".join(msgspec.json.encode(e) + b"\n" for e in events))
         if self.syslog:
             try:
                 with socket.socket(socket.AF_INET6 if ":" in self.syslog[0] else socket.AF_INET,
@@ -80,3 +84,24 @@ class Sinks:
                         s.sendto(syslog_line(e), self.syslog)
             except OSError as exc:
                 raise Unreachable(f"syslog {self.syslog[0]}:{self.syslog[1]}: {one_line(exc, 200)}") from None
+
+
+def append_log(path: str, data: bytes) -> None:
+    """Append, then cut the log to its retention (:mod:`.retention`), under a lock of its folder (a run
+    appending meanwhile never writes to the file replaced). Raises Unreachable (exit 3)."""
+    fd = -1
+    try:
+        fd = os.open(make_folder(os.path.dirname(os.path.abspath(path))), os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        append(path, data)
+        with open(path, "rb") as f:
+            start = max(0, f.seek(0, os.SEEK_END) - MAX_LOG_READ)
+            f.seek(start)
+            kept = retention.cut_log(f.read(), partial=start > 0)
+        if kept is not None:
+            write_atomic(path, kept)
+    except OSError as e:
+        raise Unreachable(f"cannot append to the log: {one_line(e, 200)}", file=path) from None
+    finally:
+        if fd >= 0:
+            os.close(fd)

@@ -9,7 +9,6 @@ import os
 import re
 import socket
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,17 +17,18 @@ from typing import Any
 import msgspec
 
 from builder.agent import payload
-from builder.core import process
+from builder.core import inputs, process, retention
 from builder.core.clock import utc_stamp
 from builder.core.documents import NodeReport
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable, UsageError
 from builder.core.files import write_atomic
 from builder.core.inputs import one_line
-from builder.core.model import Model
+from builder.core.model import Model, convert
 
 from . import report as nodereport
 from .doctor import base as doctor_base
-from .doctor.gpu_health import check_host_health
+from .doctor.agent_output import GpuHealth
+from .doctor.gpu_health import check_host_health, check_job_end
 from .doctor.gpu_processes import check_gpu_processes
 from .doctor.gpu_uuid import check_gpu_uuid
 from .doctor.interface import interface_check, report_interface_problems
@@ -42,8 +42,6 @@ from .verify.result import FAIL, UNKNOWN, WARN
 
 #: The fast local checks, in order (doctor's names).
 GATE_CHECKS = ("shm", "gpu-uuid", "gpu-processes", "interface", "stale-containers", "gpu-health")
-#: Retention of the history per node: at most this many files, none older than these seconds (90 days).
-HISTORY_KEEP, HISTORY_MAX_AGE_S = 1000, 90 * 86400.0
 #: Seconds the host probe may take.
 PROBE_TIMEOUT_S = 120.0
 #: Seconds scontrol may take.
@@ -53,6 +51,7 @@ REASON_CHARS = 200
 #: Characters of a value in the drain reason's head.
 KEY_VALUE_CHARS = 16
 _NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_JOB_RE = re.compile(r"[0-9]{1,12}")
 _PINNED_RE = re.compile(r"(?:.+@)?sha256:[0-9a-f]{64}")
 _STATUS_LEVEL = {doctor_base.FAIL: FAIL, doctor_base.WARN: WARN, doctor_base.UNKNOWN: UNKNOWN}
 _LEVEL_CODE = {FAIL: ExitCode.CHECK_FAILED, WARN: ExitCode.WARNINGS, UNKNOWN: ExitCode.UNREACHABLE}
@@ -65,6 +64,8 @@ class GateOptions:
     against: str
     image: str | None = None
     drain: bool = False
+    epilog: bool = False
+    resume: bool = False
     node: str | None = None
     history: str | None = None
     keep_history: bool = True
@@ -97,6 +98,7 @@ class GateResult(Model, frozen=True):
     checks: list[GateCheck]
     history: str | None
     drained: str | None
+    resumed: str | None = None
 
 
 def check_node_name(text: str) -> str:
@@ -218,18 +220,42 @@ def image_check(image: str) -> doctor_base.Check:
                              "REF@sha256:DIGEST (or the image ID) in the job and the gate")
 
 
-def write_history(folder: Path, hostname: str, doc: dict, keep: int = HISTORY_KEEP,
-                  max_age_s: float = HISTORY_MAX_AGE_S) -> Path:
-    """Append ``doc`` (a node report) to ``folder/<hostname>/``; the newest ``keep`` files not
-    modified over ``max_age_s`` ago stay. Raises OSError (the caller reports it)."""
-    node_dir = folder / re.sub(r"[^A-Za-z0-9._-]", "_", hostname)[:128]
+def _node_dir(folder: Path, hostname: str) -> Path:
+    return folder / re.sub(r"[^A-Za-z0-9._-]", "_", hostname)[:128]
+
+
+def _job() -> str:
+    """Slurm's job ID in a Prolog or Epilog (``$SLURM_JOB_ID``), when it is one."""
+    return job if _JOB_RE.fullmatch(job := os.environ.get("SLURM_JOB_ID", "")) else ""
+
+
+def write_history(folder: Path, hostname: str, doc: dict, health: GpuHealth | None = None) -> Path:
+    """Append ``doc`` (a node report) to ``folder/<hostname>/`` and ``health`` (what an Epilog compares with)
+    to its ``health/``, named by time and job, both kept to their retention. Raises OSError, EnvbuildError."""
+    node_dir = _node_dir(folder, hostname)
     stamp = re.sub(r"[^0-9TZ]", "", str(doc.get("probed_at") or "")) or re.sub(r"[^0-9TZ]", "", utc_stamp())
-    path = write_atomic(node_dir / f"{stamp}-{os.getpid()}.json", (json.dumps(doc, indent=2) + "\n").encode())
-    old = sorted(p for p in node_dir.glob("*.json") if p.is_file())
-    cut = time.time() - max_age_s
-    for stale in old[:max(0, len(old) - keep)] + [p for p in old if p != path and p.stat().st_mtime < cut]:
-        stale.unlink(missing_ok=True)
+    name = f"{stamp}-{os.getpid()}" + (f"-job{_job()}" if _job() else "")
+    path = write_atomic(node_dir / f"{name}.json", (json.dumps(doc, indent=2) + "\n").encode())
+    if health is not None:  # not *.json: verify reads a folder's *.json files as node reports
+        write_atomic(node_dir / "health" / f"{name}.health", msgspec.json.encode(health) + b"\n")
+    for sub, ext in ((node_dir, ".json"), (node_dir / "health", ".health")):
+        retention.remove(p for p in retention.split(sub.glob(f"*{ext}"), "history")[1] if p.stem != name)
     return path
+
+
+def _job_end(opts: GateOptions, node: str, now: GpuHealth) -> doctor_base.Check:
+    """``--epilog``: ``now`` against the readings of this job's Prolog record (else of the newest)."""
+    folder = _node_dir(Path(opts.history) if opts.history else history_dir(), node) / "health"
+    files = sorted(folder.glob("*.health"))  # by UTC stamp
+    pick = ([p for p in files if _job() and p.stem.endswith(f"-job{_job()}")] or files)[-1:]
+    before = None
+    try:
+        for p in pick:
+            doc = inputs.read_json(p, inputs.MAX_REPORT_BYTES, "gate history record", ExitCode.UNREACHABLE)
+            before = str(p), convert(doc, GpuHealth, file=str(p))
+    except EnvbuildError as e:
+        return doctor_base.Check("epilog", doctor_base.WARN, f"the Prolog record cannot be read: {e}")
+    return check_job_end(node, before, now, opts.health)
 
 
 def slurm_node_name(opts: GateOptions) -> str:
@@ -237,20 +263,25 @@ def slurm_node_name(opts: GateOptions) -> str:
     return opts.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def drain(node: str, head: str, line: str) -> str:
-    """Drain ``node`` with ``scontrol update``; returns the reason given (``head`` first).
-
+def set_state(node: str, state: str, reason: str | None = None) -> None:
+    """``scontrol update NodeName=node State=state [Reason=reason]``; a node taking jobs needs no RESUME.
     Raises Unreachable: (exit 3) scontrol cannot run, fails or takes over 30 s."""
-    text = one_line(f"{head}: envbuild gate: {line}", REASON_CHARS)
-    argv = ["scontrol", "update", f"NodeName={check_node_name(node)}", "State=DRAIN", f"Reason={text}"]
+    argv = ["scontrol", "update", f"NodeName={check_node_name(node)}", f"State={state}"]
+    what, flag = ("drain", "--drain") if state == "DRAIN" else ("resume", "--resume")
     try:
-        proc = process.run(argv, SCONTROL_TIMEOUT_S)
+        proc = process.run(argv + ([f"Reason={reason}"] if reason else []), SCONTROL_TIMEOUT_S)
     except Unreachable as e:
-        raise Unreachable(f"cannot drain {node}: {e.message}", field="--drain") from None
-    if proc.returncode != 0:
-        last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
-        raise Unreachable(f"cannot drain {node}: scontrol exited {proc.returncode}: {one_line(last, 200)}",
-                          field="--drain")
+        raise Unreachable(f"cannot {what} {node}: {e.message}", field=flag) from None
+    last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+    if proc.returncode != 0 and not (state == "RESUME" and "Invalid node state specified" in last):
+        raise Unreachable(f"cannot {what} {node}: scontrol exited {proc.returncode}: {one_line(last, 200)}",
+                          field=flag)
+
+
+def drain(node: str, head: str, line: str) -> str:
+    """Drain ``node``; returns the reason given (``head`` first). Raises Unreachable (exit 3)."""
+    text = one_line(f"{head}: envbuild gate: {line}", REASON_CHARS)
+    set_state(node, "DRAIN", text)
     return text
 
 
@@ -293,24 +324,32 @@ def gate(opts: GateOptions, reference: Reference | None = None) -> GateResult:
     result = verify([node], reference=ref, max_age_s=opts.max_age_s)
     checks = local_checks(Node(name=node.name, source="host", report=host), opts, client)
     checks += [image_check(opts.image)] if opts.image else []
-    checks += [check_host_health(node.name, opts.python, opts.health, ref.run.gpus_per_node if ref.run else None)
-               ] if "gpu-health" in opts.checks else []
+    health = None
+    if "gpu-health" in opts.checks:
+        health_check, health = check_host_health(node.name, opts.python, opts.health,
+                                                 ref.run.gpus_per_node if ref.run else None)
+        checks.append(health_check)
+    checks += [_job_end(opts, node.name, health)] if opts.epilog and health else []  # no reading: gpu-health says
     lines = gate_lines(result, checks)
     code = exit_code_of(result, checks)
     history = None
-    if opts.keep_history:
+    if opts.keep_history and not opts.epilog:  # an Epilog compares with the Prolog's record, and adds none
         try:
-            history = str(write_history(Path(opts.history) if opts.history else history_dir(), node.name, doc))
+            history = str(write_history(Path(opts.history) if opts.history else history_dir(), node.name, doc,
+                                        health))
         except (OSError, EnvbuildError) as e:
             lines.append(f"warn: history: cannot write {one_line(e, 300)}")
             code = max(code, int(ExitCode.WARNINGS))
-    drained = None
-    if opts.drain and code >= ExitCode.CHECK_FAILED:
-        try:
+    drained = resumed = None
+    try:
+        if opts.drain and code >= ExitCode.CHECK_FAILED:
             drained = drain(slurm_node_name(opts), *first_failure(result, checks, lines))
-        except Unreachable as e:
-            lines.append(f"unknown: drain: {e}")
-            code = int(ExitCode.UNREACHABLE)
+        elif opts.resume:
+            set_state(slurm_node_name(opts), "RESUME")
+            resumed = slurm_node_name(opts)
+    except Unreachable as e:
+        lines.append(f"unknown: {'drain' if e.field == '--drain' else 'resume'}: {e}")
+        code = int(ExitCode.UNREACHABLE)
     return GateResult(schema="envbuild.gate/1", node=node.name, exit_code=code, lines=lines, verify=result,
                       checks=[GateCheck(name=c.name, status=c.status, message=c.message) for c in checks],
-                      history=history, drained=drained)
+                      history=history, drained=drained, resumed=resumed)

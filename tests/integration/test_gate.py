@@ -217,6 +217,11 @@ def prolog(slurm_node, tmp_path, test_session_id):
     """The Prolog (scripts/slurm/prolog-gate.sh) of the real one-node Slurm, gating only the
     jobs that run in ``tmp_path``; yields ``configure(args, conf=..., required=...)``, which
     writes its gate.conf (``args`` None: none). slurm.conf and the node are restored after."""
+    yield from gate_script(slurm_node, tmp_path, test_session_id, ("Prolog",))
+
+
+def gate_script(slurm_node: str, tmp_path: Path, test_session_id: str, keys: tuple[str, ...]):
+    """The body of :func:`prolog`: the script set as each of ``keys`` of slurm.conf (Prolog, Epilog)."""
     script, conf = tmp_path / "prolog-gate.sh", tmp_path / "gate.conf"
     text = (ROOT / "scripts" / "slurm" / "prolog-gate.sh").read_text()
     text = (text.replace("CONF=/etc/envbuild/gate.conf", f"CONF={conf}")
@@ -236,7 +241,7 @@ def prolog(slurm_node, tmp_path, test_session_id):
     lock = open("/tmp/envbuild-test-slurm-prolog.lock", "w")  # one Prolog test on this host at a time
     fcntl.flock(lock, fcntl.LOCK_EX)
     saved = SLURM_CONF.read_text()
-    SLURM_CONF.write_text(saved.rstrip("\n") + f"\nProlog={script}\n")
+    SLURM_CONF.write_text(saved.rstrip("\n") + "".join(f"\n{key}={script}" for key in keys) + "\n")
     subprocess.run(["scontrol", "reconfigure"], check=True, timeout=60)
     try:
         yield configure

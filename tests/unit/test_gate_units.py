@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 
 from builder.nodes.gate import history_dir
@@ -30,7 +29,8 @@ def gate(*args: str, session: str, timeout: float = 300, env: dict | None = None
 
 def test_gate_usage_errors_exit_64(tmp_path):
     for args, text in [(["--node", "a b"], "is not a Slurm node name"), (["--checks", "shm,nope"], "choose from"),
-                       (["--history", str(tmp_path), "--no-history"], "do not go together")]:
+                       (["--history", str(tmp_path), "--no-history"], "--history and --no-history do not go together"),
+                       (["--epilog", "--resume"], "--epilog and --resume do not go together")]:
         proc = run_envbuild("gate", "--against", str(tmp_path / "c.json"), *args)
         assert proc.returncode == 64, (args, proc.stderr)
         assert text in proc.stderr
@@ -46,23 +46,6 @@ def test_history_folder_default():
     assert history_dir({"XDG_STATE_HOME": "/s"}, uid=1000) == Path("/s/envbuild/gate")
     assert history_dir({"HOME": "/home/u"}, uid=1000) == Path("/home/u/.local/state/envbuild/gate")
     assert history_dir({"XDG_STATE_HOME": "/s"}, uid=0) == Path("/var/lib/envbuild/gate")
-
-
-
-def test_history_keeps_at_most_n_files_none_older_than_its_age(tmp_path):
-    from builder.nodes.gate import write_history
-
-    node = tmp_path / "n1"
-    node.mkdir()
-    for name, age_days in (("20260101T000000Z-1.json", 100), ("20260901T000000Z-1.json", 10),
-                           ("20261001T000000Z-1.json", 5)):
-        (node / name).write_text("{}")
-        os.utime(node / name, (time.time() - age_days * 86400,) * 2)
-    new = write_history(tmp_path, "n1", {"probed_at": "2026-12-01T00:00:00Z"}, keep=10)
-    assert sorted(p.name for p in node.iterdir()) == ["20260901T000000Z-1.json", "20261001T000000Z-1.json",
-                                                      new.name]
-    write_history(tmp_path, "n1", {"probed_at": "2026-12-02T00:00:00Z"}, keep=2)
-    assert sorted(p.name for p in node.iterdir())[0] == new.name
 
 
 def test_history_refuses_a_symlinked_node_folder(tmp_path):

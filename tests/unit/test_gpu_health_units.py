@@ -306,7 +306,7 @@ def test_gate_usage_of_the_health_options(fake_lib, tmp_path):
         assert proc.stderr.strip().splitlines() == [
             f"error: {bad}: defaults.nope: unknown key; allowed keys: ecc_dbe_volatile_max, ecc_dbe_aggregate_max, "
             "ecc_sbe_volatile_max, retired_pages_max, temperature_margin_c, power_ratio_max, nvlink_crc_errors_max, "
-            "nvlink_replay_errors_max, ib_rate_min_gbps, persistence_required"]
+            "nvlink_replay_errors_max, ib_rate_min_gbps, persistence_required, memory_held_max_mib"]
 
 
 @pytest.mark.parametrize(("gpus_per_node", "status"), [(4, "fail"), (2, "pass"), (0, "pass")])

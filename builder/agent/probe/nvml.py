@@ -117,13 +117,13 @@ def _open(errors: list[str]) -> Nvml | None:
         return None
 
 
-def _gpu(nvml: Nvml, i: int, h: Any) -> dict:
+def _gpu(nvml: Nvml, i: int, h: Any, used: bool = False) -> dict:
     pci, mem = _PciInfo(), _Memory()
     nvml.call("nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2", "nvmlDeviceGetPciInfo", h, ctypes.byref(pci))
     nvml.call("nvmlDeviceGetMemoryInfo", h, ctypes.byref(mem))
     return {"index": i, "name": nvml.string("nvmlDeviceGetName", h), "uuid": nvml.string("nvmlDeviceGetUUID", h),
             "pci_bus_id": _text(pci.busId), "memory_total_bytes": int(mem.total),
-            "pci_id": pci_id_from_device_id(pci.pciDeviceId)}
+            "pci_id": pci_id_from_device_id(pci.pciDeviceId), **({"memory_used_bytes": int(mem.used)} if used else {})}
 
 
 def gpus_and_driver(errors: list[str]) -> tuple[list[dict], str | None]:
@@ -316,7 +316,7 @@ def health(errors: list[str], event_wait_ms: int = 100) -> dict:
     try:
         handles = list(nvml.handles())
         for i, h in handles:
-            gpu = _gpu(nvml, i, h)
+            gpu = _gpu(nvml, i, h, used=True)  # the node report leaves out what changes from one probe to the next
             for key, read in _readings(nvml, h):
                 try:
                     value = read()

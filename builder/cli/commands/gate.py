@@ -31,9 +31,11 @@ def _gate_options(args: argparse.Namespace) -> Any:
             check_node_name(args.node)
     except EnvbuildError as e:
         raise UsageError(f"envbuild gate: {e}") from None
-    if args.history and args.no_history:
-        raise UsageError("envbuild gate: --history and --no-history do not go together")
-    return GateOptions(against=args.against, image=args.image, drain=args.drain, node=args.node,
+    for a, b in (("--history", "--no-history"), ("--epilog", "--resume")):
+        if getattr(args, a[2:].replace("-", "_")) and getattr(args, b[2:].replace("-", "_")):
+            raise UsageError(f"envbuild gate: {a} and {b} do not go together")
+    return GateOptions(against=args.against, image=args.image, drain=args.drain or args.resume, epilog=args.epilog,
+                       resume=args.resume, node=args.node,
                        history=args.history, keep_history=not args.no_history, max_age_s=args.max_age,
                        checks=checks, min_shm_bytes=shm_bytes(args.min_shm), stale_after_s=args.stale_after,
                        stale_labels=tuple(args.stale_label),
@@ -57,6 +59,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
         lines.append(f"history: {result.history}")
     if result.drained:
         lines.append(f"drained: {result.drained}")
+    if result.resumed:
+        lines.append(f"resumed: {result.resumed}")
     fails = sum(1 for line in result.lines if line.startswith("fail:"))
     warns = sum(1 for line in result.lines if line.startswith("warn:"))
     lines.append(f"gate: {result.node} against {args.against}: {fails} failed, {warns} warnings "

@@ -112,6 +112,7 @@ class GpuReading(Model, frozen=True):
     pci_bus_id: Text
     pci_id: Text | None = None
     memory_total_bytes: Count | None = None
+    memory_used_bytes: Count | None = None
     ecc_dbe_volatile: Count | None = None
     ecc_dbe_aggregate: Count | None = None
     ecc_sbe_volatile: Count | None = None

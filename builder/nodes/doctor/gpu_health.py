@@ -12,7 +12,7 @@ from ..report import Node
 from ..sources.base import Completed, ProcessRunning, exit_status, last_line, payload_archive
 from .agent_output import GpuHealth, last_json
 from .base import FAIL, PASS, SKIP, UNKNOWN, WARN, Check, HealthOptions, Options, live
-from .gpu_health_rules import Finding, Limits, judge, limits
+from .gpu_health_rules import Finding, Limits, job_findings, judge, limits
 
 HEALTH_MODULE = "probe.health"
 #: Seconds the agent may take beyond NVML's own limit (kernel log, sysfs, starting Python).
@@ -58,19 +58,26 @@ def health_check(docs: dict[str, GpuHealth | EnvbuildError], lim: Limits, expect
         findings += [(node, f) for f in judge(doc, lim, expected)]
         if doc.kernel_log_error and doc.gpus:
             notes.append(f"{node}: XIDs of the kernel log not read: {doc.kernel_log_error}")
-    lines = [f.line(node) for node, f in findings]
-    data = {"findings": [{"node": node, **f.to_json()} for node, f in findings]}
-    worst = next((s for s in (FAIL, WARN) if any(f.status == s for _, f in findings)), None)
+    worst = _worst("gpu-health", findings, unknown + notes)
     if worst:
-        first = next(f for _, f in findings if f.status == worst)
-        return Check("gpu-health", worst, "; ".join(lines[:3]) + (f" (+{len(lines) - 3} more)" if len(lines) > 3
-                                                                  else ""),
-                     first.next_step, lines + unknown + notes, data)
+        return worst
     if unknown:
         return Check("gpu-health", UNKNOWN, "; ".join(unknown[:3]), details=unknown + notes, checked=False)
     if not gpus and not any(not isinstance(d, EnvbuildError) and d.ib_ports for d in docs.values()):
         return Check("gpu-health", SKIP, "no GPUs and no InfiniBand/RoCE ports reported", details=notes)
-    return Check("gpu-health", PASS, f"{gpus} GPUs healthy on {len(docs)} node(s)", details=notes, data=data)
+    return Check("gpu-health", PASS, f"{gpus} GPUs healthy on {len(docs)} node(s)", details=notes,
+                 data={"findings": []})
+
+
+def _worst(name: str, findings: list[tuple[str, Finding]], more: list[str]) -> Check | None:
+    """The check of the worst finding (its next step the fix), or None when there is none."""
+    lines = [f.line(node) for node, f in findings]
+    worst = next((s for s in (FAIL, WARN) if any(f.status == s for _, f in findings)), None)
+    if worst is None:
+        return None
+    first = next(f for _, f in findings if f.status == worst)
+    return Check(name, worst, "; ".join(lines[:3]) + (f" (+{len(lines) - 3} more)" if len(lines) > 3 else ""),
+                 first.next_step, lines + more, {"findings": [{"node": node, **f.to_json()} for node, f in findings]})
 
 
 def check_gpu_health(nodes: list[Node], opts: Options) -> Check:
@@ -93,11 +100,24 @@ def check_gpu_health(nodes: list[Node], opts: Options) -> Check:
     return health_check(docs, lim, o.expected_gpus)
 
 
-def check_host_health(node: str, python: str, o: HealthOptions, certified_gpus: int | None = None) -> Check:
-    """``gate``: this host's GPUs; the count expected is ``o.expected_gpus``, else the certificate's."""
+def check_host_health(node: str, python: str, o: HealthOptions, certified_gpus: int | None = None
+                      ) -> tuple[Check, GpuHealth | None]:
+    """``gate``: this host's GPUs (expected: ``o.expected_gpus``, else the certificate's), readings (None: unread)."""
     lim = limits(o.thresholds_file)
     try:
         doc: GpuHealth | EnvbuildError = read_host(python, o)
     except EnvbuildError as e:
         doc = e
-    return health_check({node: doc}, lim, o.expected_gpus if o.expected_gpus is not None else certified_gpus or None)
+    expected = o.expected_gpus if o.expected_gpus is not None else certified_gpus or None
+    return health_check({node: doc}, lim, expected), None if isinstance(doc, EnvbuildError) else doc
+
+
+def check_job_end(node: str, before: tuple[str, GpuHealth] | None, now: GpuHealth, o: HealthOptions) -> Check:
+    """``gate --epilog``: what the job left, against ``before`` (the Prolog record's path and readings)."""
+    if before is None:
+        return Check("epilog", WARN, f"no Prolog record of {node} in the gate history: the job's XIDs, ECC "
+                     "errors and GPU memory not compared", "run the gate in the Prolog too (docs/slurm-gate.md)")
+    found = job_findings(before[1], now, limits(o.thresholds_file))
+    return _worst("epilog", [(node, f) for f in found], [f"compared with {before[0]}"]) or Check(
+        "epilog", PASS, f"no new XID, double-bit ECC error or GPU memory held on {len(now.gpus)} GPUs since "
+                        f"the Prolog record {before[0]}", data={"findings": []})

@@ -4,10 +4,11 @@ overridden per GPU model by an operator's file."""
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from typing import Annotated, Any
 
+import msgspec
 import yaml
 from msgspec import Meta
 
@@ -40,6 +41,7 @@ class Thresholds(Model, frozen=True):
     nvlink_replay_errors_max: Count
     ib_rate_min_gbps: Annotated[float, Meta(ge=0, le=1e6, description="a number in 0..1e6")]
     persistence_required: bool
+    memory_held_max_mib: Count
 
 
 @dataclass(frozen=True)
@@ -243,4 +245,29 @@ def judge(doc: GpuHealth, lim: Limits, expected: int | None) -> list[Finding]:
         t, at = lim.of(g.name), gpu_label(g)
         out += _memory(g, t, at) + _clocks(g, t, at) + _links(g, t, at) + _software(g, t, at)
     out += _xids(doc, {g.index: gpu_label(g) for g in doc.gpus}) + _ports(doc, lim.defaults)
+    return sorted(out, key=lambda f: f.status != FAIL)
+
+
+def job_findings(before: GpuHealth, now: GpuHealth, lim: Limits) -> list[Finding]:
+    """What a job left on the GPUs (``gate --epilog``): XIDs and double-bit ECC errors that are new since
+    the Prolog's reading ``before``, GPU memory still used above it; failures first."""
+    was = {g.uuid: g for g in before.gpus}
+    out: list[Finding] = []
+    for g in now.gpus:
+        b, at = was.get(g.uuid), gpu_label(g)
+        if b is None:
+            continue
+        for key, what in (("ecc_dbe_volatile", "volatile"), ("ecc_dbe_aggregate", "aggregate")):
+            if (getattr(g, key) or 0) > (getattr(b, key) or 0):
+                out.append(_f(FAIL, at, f"{what} double-bit ECC errors during the job", getattr(g, key),
+                              f"{getattr(b, key) or 0} at the Prolog", FailureClass.HARDWARE, "reset"))
+        margin = lim.of(g.name).memory_held_max_mib << 20
+        if g.memory_used_bytes is not None and g.memory_used_bytes > (b.memory_used_bytes or 0) + margin:
+            out.append(_f(FAIL, at, "GPU memory still used after the job", f"{g.memory_used_bytes >> 20} MiB",
+                          f"<= {(b.memory_used_bytes or 0) >> 20} MiB at the Prolog + {margin >> 20} MiB",
+                          FailureClass.WORKLOAD, "reset"))
+    seen = {(x.gpu_index, x.xid, x.line) for x in before.xids if x.source == "kernel log"}
+    new = msgspec.structs.replace(now, xids=[x for x in now.xids if (x.gpu_index, x.xid, x.line) not in seen])
+    out += [replace(f, what=f"{f.what} during the job", threshold="no new XID since the Prolog")
+            for f in _xids(new, {g.index: gpu_label(g) for g in now.gpus})]
     return sorted(out, key=lambda f: f.status != FAIL)
