@@ -50,7 +50,7 @@ def test_history_folder_default():
 
 def test_history_refuses_a_symlinked_node_folder(tmp_path):
     """The node's history folder planted as a symlink elsewhere: refused (exit 3, naming it), nothing
-    written there; the twin above writes into a real folder."""
+    written there; the retention tests are its twins (a real folder)."""
     from builder.core.errors import EnvbuildError
     from builder.nodes.gate import write_history
 
