@@ -91,7 +91,7 @@ def append_log(path: str, data: bytes) -> None:
     appending meanwhile never writes to the file replaced). Raises Unreachable (exit 3)."""
     fd = -1
     try:
-        fd = os.open(make_folder(os.path.dirname(os.path.abspath(path))), os.O_RDONLY | os.O_DIRECTORY)
+        fd = os.open(make_folder(os.path.dirname(path) or "."), os.O_RDONLY | os.O_DIRECTORY)
         fcntl.flock(fd, fcntl.LOCK_EX)
         append(path, data)
         with open(path, "rb") as f:
