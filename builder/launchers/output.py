@@ -204,18 +204,22 @@ def plain_lines(text: str) -> list[str]:
     return lines
 
 
-#: torchrun's prefix of a worker's line (``[rank1]: Traceback ...``) and the words that set a level.
+#: torchrun's prefix of a worker's line (``[rank1]: Traceback ...``); the words or the glog
+#: severity (``W1202 01:14:57.18 ...``, torch's C++ and elastic logs) that set a level.
 _RANK_RE = re.compile(r"\[rank(\d{1,6})\]:")
-_LEVEL_RES = (("error", re.compile(r"\b(?:error|traceback|exception|fatal)\b", re.I)),
-              ("warning", re.compile(r"\bwarn(?:ing)?\b", re.I)))
+_LEVEL_RES = (("error", re.compile(r"\b(?:error|traceback|exception|fatal)\b|^[EF]\d{4} \d\d:", re.I)),
+              ("warning", re.compile(r"\bwarn(?:ing)?\b|^W\d{4} \d\d:", re.I)))
 
 
 def log_events(spec: LaunchSpec, node: int, lines: Iterable[tuple[str, str]]) -> list[Event]:
     """Node ``node``'s ``(ts, line)`` as ``log`` events of ``node-<node>`` (the certificate's name):
-    the rank from torchrun's ``[rankN]:`` prefix (or the node's only rank), the level from its words."""
+    the rank from torchrun's ``[rankN]:`` prefix (or the node's only rank), the level from its words;
+    blank lines dropped."""
     ranks = list(spec.ranks_of_node(node))
     out = []
     for ts, text in lines:
+        if not text.strip():
+            continue
         m = _RANK_RE.match(text)
         rank = int(m.group(1)) if m and int(m.group(1)) in ranks else ranks[0] if len(ranks) == 1 else None
         level = next((lvl for lvl, rx in _LEVEL_RES if rx.search(text)), "info")

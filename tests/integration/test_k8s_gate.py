@@ -326,7 +326,9 @@ def test_stand_in_labels_a_passing_node_taints_a_failing_one_until_repaired(
         # the repair: the certified image pulled again, the pod recreated (kubectl delete pod)
         pods.pop("node-fail").remove(force=True)
         start("node-fail", torch_image)
-        wait_for(lambda: api.node("node-fail")["metadata"]["labels"] == {"envbuild.dev/certified": lock12})
+        # the gate patches the node (label, taints), then its status (the condition)
+        wait_for(lambda: api.node("node-fail")["status"]["conditions"][0]["status"] == "False")
+        assert api.node("node-fail")["metadata"]["labels"] == {"envbuild.dev/certified": lock12}
         assert api.node("node-fail")["spec"]["taints"] == []
         assert conditions(api, "node-fail") == [{"type": "EnvbuildUncertified", "status": "False",
                                                  "reason": "Certified",
