@@ -38,8 +38,7 @@ from builder.core.files import write_new
 from builder.core.inputs import one_line
 from builder.core.paths import image_dir
 from builder.launchers.base import LaunchResult
-from builder.launchers.output import RESULT_PREFIX
-from builder.launchers.progress import PROGRESS_PREFIX
+from builder.launchers.output import plain_lines
 from builder.recipe.lock import lock_hash
 from builder.recipe.model import Lock
 
@@ -52,16 +51,9 @@ LOG_TAIL_LINES = 40
 
 
 def log_tail(text: str) -> list[str]:
-    """The last :data:`LOG_TAIL_LINES` lines of a node log that are not envbuild's own
-    progress or result lines, each one escaped line."""
-    lines, in_block = [], False
-    for line in (text or "").splitlines():
-        if line.startswith("@@envbuild-result-"):  # the k8s launcher's result blocks
-            in_block = line.startswith("@@envbuild-result-begin")
-            continue
-        if not in_block and not line.startswith((PROGRESS_PREFIX, RESULT_PREFIX)):
-            lines.append(line)
-    return [one_line(line, 2000) for line in lines[-LOG_TAIL_LINES:]]
+    """The last :data:`LOG_TAIL_LINES` of a node log's :func:`~builder.launchers.output.plain_lines`,
+    each one escaped line."""
+    return [one_line(line, 2000) for line in plain_lines(text)[-LOG_TAIL_LINES:]]
 
 
 def _nccl_sections(s: RunSettings, launch: LaunchResult) -> tuple[dict[str, list[str] | None] | None,

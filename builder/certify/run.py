@@ -12,8 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from builder.core.certificate import Certificate, RunSettings, SocketSetting, Verdict
-from builder.core.errors import UsageError
+from builder.core.errors import EnvbuildError, UsageError
+from builder.core.files import write_atomic
+from builder.core.inputs import one_line
 from builder.image import engine
 from builder.launchers.base import Launcher, LaunchResult, LaunchSpec, check_socket_ifname
 
@@ -78,20 +82,30 @@ def run(p: Plan, *, images_dir: str | os.PathLike[str] = Path("images"), launche
     cert = build_certificate(image=p.image, settings=p.settings, launch=launch, verdict=verdict,
                              run_id=p.spec.run_id, host={**p.source.host(), **dict(host or {})}, sock=p.socket)
     path = write_certificate(cert, images_dir)
-    _report_beside(cert, path, console)
+    _beside(cert, launch, path, console)
     return cert, path
 
 
-def _report_beside(cert: Certificate, path: Path, console: Any) -> None:
-    """The HTML report next to the certificate (:func:`.report.write_beside`); a failure to
-    draw it is one warning line on ``console`` (None: stderr), the certificate stays."""
+def logs_path(cert_path: str | os.PathLike[str]) -> Path:
+    """The node logs of the certificate at ``cert_path``: the same name, ``.logs.jsonl``."""
+    return Path(cert_path).with_suffix(".logs.jsonl")
+
+
+def _beside(cert: Certificate, launch: LaunchResult, path: Path, console: Any) -> None:
+    """The HTML report (:func:`.report.write_beside`) and the nodes' log lines (JSON lines of
+    ``log`` events, mode 0600: what the image prints) next to the certificate; a failure to write
+    either is one warning line on ``console`` (None: stderr), the certificate stays."""
     _, warning = report.write_beside(cert, path)
-    if warning is None:
-        return
-    if console is None:
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
-    else:
-        console.print(f"warning: {warning}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+    warnings = [warning] if warning else []
+    try:
+        write_atomic(logs_path(path), b"".join(msgspec.json.encode(e) + b"\n" for e in launch.log_events), 0o600)
+    except EnvbuildError as e:
+        warnings.append(f"node logs not written: {e} (the certificate {one_line(path, 300)} is kept)")
+    for w in warnings:
+        if console is None:
+            print(f"warning: {w}", file=sys.stderr, flush=True)
+        else:
+            console.print(f"warning: {w}", style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
 def _launch(launcher: Launcher, p: Plan, console: Any) -> LaunchResult:

@@ -1,4 +1,4 @@
-"""The one event model of a run (phase, rank result, finding, run end) and its sinks: JSON
+"""The one event model of a run (phase, rank result, finding, run end, a node's log line) and its sinks: JSON
 lines (``--log-json``/``ENVBUILD_LOG_JSON``, the fields Loki, Elasticsearch and Fluent Bit take
 without parsing rules) and RFC 5424 syslog over UDP (``--syslog HOST:PORT``)."""
 
@@ -35,7 +35,7 @@ class Event(Model, frozen=True):
     run: Annotated[str, msgspec.Meta(max_length=200)] | None
     node: Annotated[str, msgspec.Meta(max_length=200)] | None
     rank: Annotated[int, msgspec.Meta(ge=0)] | None
-    event: Literal["phase", "rank-result", "finding", "run-end"]
+    event: Literal["phase", "rank-result", "finding", "run-end", "log"]
     msg: Annotated[str, msgspec.Meta(max_length=MAX_MSG)]
 
 
@@ -44,10 +44,16 @@ def schemas() -> dict[str, tuple[type[Model], str, str]]:
                           "envbuild log event (JSON lines)")}
 
 
+def stamp(at: float | None = None) -> str:
+    """``at`` (Unix seconds; None: now) as the events' ``ts``: UTC, milliseconds, ``Z``."""
+    when = datetime.datetime.now(datetime.UTC) if at is None else datetime.datetime.fromtimestamp(at, datetime.UTC)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def event(kind: str, msg: str, level: str = "info", run: str | None = None, node: str | None = None,
-          rank: int | None = None) -> Event:
-    """An event stamped now (UTC), every string one escaped line."""
-    ts = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+          rank: int | None = None, ts: str | None = None) -> Event:
+    """An event stamped ``ts`` (default now), every string one escaped line."""
+    ts = ts or stamp()
     run, node = (None if s is None else one_line(s, 200) for s in (run, node))
     return msgspec.convert({"ts": ts, "level": level, "run": run, "node": node, "rank": rank,
                             "event": kind, "msg": one_line(msg, MAX_MSG)}, Event)

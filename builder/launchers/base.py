@@ -17,6 +17,7 @@ from builder.agent import payload
 from builder.core.certificate import Ranks
 from builder.core.documents import RankResult
 from builder.core.errors import EnvbuildError, UsageError
+from builder.core.events import Event
 from builder.image import engine
 
 from .progress import SOCKET_VARS as SOCKET_VARS
@@ -83,6 +84,7 @@ class LaunchResult:
     oom_killed: dict[int, int] = field(default_factory=dict)  # node: its memory limit, bytes (0: none)
     #: rank: its probe's differences from the lock, filled once by the verdict for the certificate
     lock_mismatches: dict[int, list[str]] = field(default_factory=dict)
+    log_events: list[Event] = field(default_factory=list)  # the node logs' lines, for the run folder
 
 
 @runtime_checkable

@@ -31,7 +31,7 @@ from .base import (
     node_env,
     torchrun_argv,
 )
-from .output import LineBuffer, NodeOutput, parse_torchrun_failures, problems_by_rank
+from .output import LineBuffer, NodeOutput, log_events, parse_torchrun_failures, problems_by_rank
 from .phases import PhaseClock, phase_times, stalled_phase
 from .progress import ProgressTracker, phase_text
 
@@ -418,6 +418,7 @@ class LocalDockerLauncher:
             cleanup_errors=cleanup_errors,  # filled in by the cleanup
             progress=progress, socket_seen=dict(tracker.socket), interfaces_seen=dict(tracker.interfaces),
             removed_stale=stale,
+            log_events=[e for w in watches for e in log_events(spec, w.node, w.output.log_lines())],
         )
 
     def _cleanup(self, spec: LaunchSpec, watches: list[NodeWatch], state: dict[str, Any], errors: list[str]) -> None:

@@ -7,11 +7,13 @@ from __future__ import annotations
 import collections
 import re
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from builder.core.documents import MAX_RESULT_BYTES, RESULT_SCHEMA, RankResult
 from builder.core.errors import EnvbuildError, ManyErrors
+from builder.core.events import Event, event, stamp
 from builder.core.inputs import load_json, show
 from builder.core.model import convert
 
@@ -132,7 +134,7 @@ class NodeOutput:
         self.tracker = tracker
         self.results: dict[int, RankResult] = {}
         self.problems: dict[int, str] = {}
-        self._log: collections.deque[str] = collections.deque()
+        self._log: collections.deque[tuple[float, str]] = collections.deque()  # (Unix s read, line)
         self._log_bytes = 0
         self._mu = threading.Lock()
 
@@ -175,14 +177,54 @@ class NodeOutput:
 
     def keep(self, text: str) -> None:
         with self._mu:
-            self._log.append(text)
+            self._log.append((time.time(), text))
             self._log_bytes += len(text) + 1
             while self._log_bytes > LOG_KEEP_BYTES and len(self._log) > 1:
-                self._log_bytes -= len(self._log.popleft()) + 1
+                self._log_bytes -= len(self._log.popleft()[1]) + 1
 
     def log(self) -> str:
         with self._mu:
-            return "".join(line + "\n" for line in self._log)
+            return "".join(line + "\n" for _, line in self._log)
+
+    def log_lines(self) -> list[tuple[str, str]]:
+        """The kept lines with the time each was read (the events' ``ts``)."""
+        with self._mu:
+            return [(stamp(at), line) for at, line in self._log]
+
+
+def plain_lines(text: str) -> list[str]:
+    """A node log's lines but envbuild's own: progress and result lines, the k8s launcher's result blocks."""
+    lines, in_block = [], False
+    for line in (text or "").splitlines():
+        if line.startswith("@@envbuild-result-"):  # RESULT_BEGIN/RESULT_END of builder.launchers.k8s.objects
+            in_block = line.startswith("@@envbuild-result-begin")
+            continue
+        if not in_block and not line.startswith((PROGRESS_PREFIX, RESULT_PREFIX)):
+            lines.append(line)
+    return lines
+
+
+#: torchrun's prefix of a worker's line (``[rank1]: Traceback ...``); the words or the glog
+#: severity (``W1202 01:14:57.18 ...``, torch's C++ and elastic logs) that set a level.
+_RANK_RE = re.compile(r"\[rank(\d{1,6})\]:")
+_LEVEL_RES = (("error", re.compile(r"\b(?:error|traceback|exception|fatal)\b|^[EF]\d{4} \d\d:", re.I)),
+              ("warning", re.compile(r"\bwarn(?:ing)?\b|^W\d{4} \d\d:", re.I)))
+
+
+def log_events(spec: LaunchSpec, node: int, lines: Iterable[tuple[str, str]]) -> list[Event]:
+    """Node ``node``'s ``(ts, line)`` as ``log`` events of ``node-<node>`` (the certificate's name):
+    the rank from torchrun's ``[rankN]:`` prefix (or the node's only rank), the level from its words;
+    blank lines dropped."""
+    ranks = list(spec.ranks_of_node(node))
+    out = []
+    for ts, text in lines:
+        if not text.strip():
+            continue
+        m = _RANK_RE.match(text)
+        rank = int(m.group(1)) if m and int(m.group(1)) in ranks else ranks[0] if len(ranks) == 1 else None
+        level = next((lvl for lvl, rx in _LEVEL_RES if rx.search(text)), "info")
+        out.append(event("log", text, level, spec.run_id, f"node-{node}", rank, ts=ts))
+    return out
 
 
 def problems_by_rank(outputs: list[NodeOutput], results: dict[int, RankResult],

@@ -177,12 +177,34 @@ def test_corrupt_allreduce_names_rank_1(client, image, tmp_path, labels):
     print(f"allreduce-corrupt: {elapsed:.1f} s")
 
 
+def node_log_events(tmp_path: Path, cert: dict) -> list[dict]:
+    """The node logs gathered beside the certificate (``.logs.jsonl``, 0600), each line checked
+    against the published log-event schema."""
+    import jsonschema
+
+    [logs] = (tmp_path / cert["recipe"] / "certificates").glob("*.logs.jsonl")
+    assert logs.name.removesuffix(".logs.jsonl") + ".json" in os.listdir(logs.parent)
+    assert logs.stat().st_mode & 0o777 == 0o600
+    schema = json.loads((REPO / "schemas/log-event.schema.json").read_text())
+    evs = [json.loads(line) for line in logs.read_text().splitlines()]
+    for e in evs:
+        jsonschema.validate(e, schema)
+    return evs
+
+
 def test_rank_exits_early(client, image, tmp_path, labels):
     cert, elapsed = run_certify(client, image, tmp_path, labels, extra_env={"ENVBUILD_BENCH_FAULT": "exit@1"})
     v = cert["verdict"]
     assert v["exit_code"] == ExitCode.CHECK_FAILED
     assert "rank 1 exited with 3" in v["failures"]
     assert cert["ranks"]["1"]["reported"] is False
+    # every node's log gathered into the run folder: node-1's tail in the certificate is the end of its events
+    evs = node_log_events(tmp_path, cert)
+    assert {(e["run"], e["event"]) for e in evs} == {(cert["run_id"], "log")}
+    node1 = [e for e in evs if e["node"] == "node-1"]
+    tail = [line for line in cert["node_status"]["1"]["log_tail"] if line.strip()]
+    assert tail and [e["msg"] for e in node1][-len(tail):] == tail
+    assert {e["rank"] for e in node1} == {1} and "error" in {e["level"] for e in node1}, node1
     assert elapsed < 60  # no waiting for the 120 s timeout
     # the phase rank 1 left the run in is the last bench span; the spans cover the wall time
     assert [p["name"] for p in cert["phases"]] == ["containers up", "ranks up", "import torch", "init (cut short)",

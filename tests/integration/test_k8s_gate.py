@@ -1,9 +1,10 @@
-"""envbuild k8s gate (issue 11): the DaemonSet, ServiceAccount, RBAC and ConfigMap rendered from a
-real certificate validate against the Kubernetes 1.30 schemas (and broken twins do not); and in a
-Docker stand-in for a cluster (an HTTPS API server in this process holding two Node objects, one
-container per node run from the DaemonSet's pod template) a passing node gets the label
-``envbuild.dev/certified=<lock hash 12>`` and a node that holds another image under the certified
-tag gets the taint ``envbuild.dev/uncertified=<reason>:NoSchedule``."""
+"""envbuild k8s gate: the DaemonSet, ServiceAccount, RBAC and ConfigMap rendered from a real
+certificate validate against the Kubernetes schemas (and broken twins do not); and in a Docker
+stand-in for a cluster (an HTTPS API server in this process holding two Node objects, one container
+per node run from the DaemonSet's pod template) a passing node gets the label
+``envbuild.dev/certified=<lock hash 12>``, a node that holds another image under the certified tag
+gets the taint ``envbuild.dev/uncertified=<reason>:NoSchedule`` and loses it once repaired, and
+each pod serves its gauges on the annotated port (checked by promtool)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import json
 import os
 import ssl
 import subprocess
+import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +66,11 @@ def test_gate_manifests_validate(certificate, torch_image, tmp_path):
     assert pod["tolerations"] == [{"operator": "Exists", "effect": "NoSchedule"},
                                   {"operator": "Exists", "effect": "NoExecute"}]
     assert pod["containers"][0]["image"] == torch_image
+    assert pod["containers"][0]["ports"] == [{"name": "metrics", "containerPort": 9403, "protocol": "TCP"}]
+    scrape_annotations = {k: v for k, v in ds["spec"]["template"]["metadata"]["annotations"].items()
+                          if k.startswith("prometheus.io/")}
+    assert scrape_annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": "9403",
+                                  "prometheus.io/path": "/metrics"}
     spec = json.loads(objs["gate-configmap.yaml"]["data"]["gate-spec.json"])
     assert spec["label_value"] == cert["lock_hash"].split(":")[-1][:12]
 
@@ -198,7 +206,9 @@ def run_pod(client: Any, daemonset: dict, configmap: dict, node: str, image: str
     tmpfs, the pod's user, a read-only root); ``image`` is what the node holds under the tag."""
     pod = daemonset["spec"]["template"]["spec"]
     [c] = pod["containers"]
-    code = folder / f"code-{node}"
+    mine = Path(tempfile.mkdtemp(prefix=f"pod-{node}-", dir=folder))
+    mine.chmod(0o755)
+    code = mine / "code"
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts, tmpfs = {}, {}
     for m in c["volumeMounts"]:
@@ -215,7 +225,7 @@ def run_pod(client: Any, daemonset: dict, configmap: dict, node: str, image: str
             mounts[str(code)] = {"bind": m["mountPath"], "mode": "ro"}
         else:
             tmpfs[m["mountPath"]] = "mode=1777"
-    sa = folder / f"sa-{node}"
+    sa = mine / "sa"
     sa.mkdir()
     (sa / "token").write_text(TOKEN)
     (sa / "ca.crt").write_text((folder / "tls.crt").read_text())
@@ -230,7 +240,22 @@ def run_pod(client: Any, daemonset: dict, configmap: dict, node: str, image: str
     return client.sdk.containers.run(image, c["command"], detach=True, environment=env, volumes=mounts, tmpfs=tmpfs,
                                  user=f"{sec['runAsUser']}:{sec['runAsGroup']}", read_only=True, labels=labels,
                                  cap_drop=["ALL"], security_opt=["no-new-privileges"], network=network,
-                                 name=f"envbuild-test-gate-{node}-{os.getpid()}")
+                                 name=f"envbuild-test-gate-{mine.name}-{os.getpid()}")
+
+
+def scrape(container: Any, network: str, port: str) -> str:
+    """The pod's ``/metrics`` at its address on ``network`` (what Prometheus' pod role scrapes), checked
+    by promtool; "" while the first check runs."""
+    container.reload()
+    ip = container.attrs["NetworkSettings"]["Networks"][network]["IPAddress"]
+    try:
+        with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=10) as resp:
+            body = resp.read()
+    except OSError:
+        return ""
+    check = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    return body.decode()
 
 
 def wait_for(check: Any, timeout: float = 120) -> None:
@@ -241,21 +266,43 @@ def wait_for(check: Any, timeout: float = 120) -> None:
         time.sleep(0.5)
 
 
-def test_stand_in_labels_a_passing_node_and_taints_a_failing_one(certificate, torch_image, bumped_torch_image,
-                                                                 nodes_factory, docker_client, tmp_path):
+def conditions(api: ApiServer, node: str) -> list[dict]:
+    return [{k: c[k] for k in ("type", "status", "reason", "message")} for c in api.node(node)["status"]["conditions"]]
+
+
+def gauges(text: str, node: str, image: str) -> dict[str, str]:
+    """The values of ``node``'s gate gauges in a scrape: each by name, check_status by ``check:NAME``."""
+    out = {}
+    for name in ("envbuild_gate_passed", "envbuild_gate_exit_code"):
+        out[name] = next(ln.split(" ")[-1] for ln in text.splitlines()
+                         if ln.startswith(f'{name}{{image="{image}",node="{node}"}} '))
+    for ln in text.splitlines():
+        head, _, rest = ln.partition('envbuild_check_status{check="')
+        if not head and rest.endswith(f'",image="{image}",node="{node}"}} {ln.split(" ")[-1]}'):
+            out["check:" + rest.split('"')[0]] = ln.split(" ")[-1]
+    return out
+
+
+def test_stand_in_labels_a_passing_node_taints_a_failing_one_until_repaired(
+        certificate, torch_image, bumped_torch_image, nodes_factory, docker_client, tmp_path):
     cert, path = certificate
     objs = render(path, torch_image, tmp_path / "m", "--interval", "10")
+    port = objs["gate-daemonset.yaml"]["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"]
     network = nodes_factory.network()
     gateway = docker_client.sdk.networks.get(network).attrs["IPAM"]["Config"][0]["Gateway"]
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
                     "/CN=stand-in", "-addext", f"subjectAltName=IP:{gateway}", "-keyout", str(tmp_path / "tls.key"),
                     "-out", str(tmp_path / "tls.crt")], check=True, capture_output=True, timeout=60)
     api = ApiServer(gateway, tmp_path / "tls.crt", tmp_path / "tls.key", ["node-pass", "node-fail"])
-    pods = []
+    pods = {}
+
+    def start(node: str, image: str) -> None:
+        pods[node] = run_pod(docker_client, objs["gate-daemonset.yaml"], objs["gate-configmap.yaml"], node, image,
+                             api, gateway, tmp_path, nodes_factory.labels, network)
+
     try:
-        for node, image in (("node-pass", torch_image), ("node-fail", bumped_torch_image)):
-            pods.append(run_pod(docker_client, objs["gate-daemonset.yaml"], objs["gate-configmap.yaml"], node, image,
-                                api, gateway, tmp_path, nodes_factory.labels, network))
+        start("node-pass", torch_image)
+        start("node-fail", bumped_torch_image)
         lock12 = cert["lock_hash"].split(":")[-1][:12]
         wait_for(lambda: all(api.node(n).get("status") for n in ("node-pass", "node-fail")))
         assert api.node("node-pass")["metadata"]["labels"] == {"envbuild.dev/certified": lock12}
@@ -263,17 +310,36 @@ def test_stand_in_labels_a_passing_node_and_taints_a_failing_one(certificate, to
         assert api.node("node-fail")["metadata"]["labels"] == {}
         assert api.node("node-fail")["spec"]["taints"] == [
             {"key": "envbuild.dev/uncertified", "value": "torch.version", "effect": "NoSchedule"}]
-        log = pods[1].logs().decode()
+        log = pods["node-fail"].logs().decode()
         torch = cert["probe"]["0"]["torch"]["version"]
         assert f"fail: torch.version: certified {torch}, this node 2.13.1+cpu" in log
-        conditions = {n: [{k: c[k] for k in ("type", "status", "reason", "message")}
-                          for c in api.node(n)["status"]["conditions"]] for n in ("node-pass", "node-fail")}
-        assert conditions == {
+        assert {n: conditions(api, n) for n in ("node-pass", "node-fail")} == {
             "node-pass": [{"type": "EnvbuildUncertified", "status": "False", "reason": "Certified",
                            "message": f"matches the certificate of lock {lock12}"}],
             "node-fail": [{"type": "EnvbuildUncertified", "status": "True", "reason": "torch.version",
                            "message": f"torch.version: certified {torch}, this node 2.13.1+cpu"}]}
+        for node, passed, status in (("node-pass", "1.0", "0.0"), ("node-fail", "0.0", "2.0")):
+            wait_for(lambda n=node: scrape(pods[n], network, port))
+            got = gauges(scrape(pods[node], network, port), node, torch_image)
+            assert (got["envbuild_gate_passed"], got["check:torch.version"], got["check:gpu-uuid"]) == (
+                passed, status, "0.0"), got
+        # the repair: the certified image pulled again, the pod recreated (kubectl delete pod)
+        pods.pop("node-fail").remove(force=True)
+        start("node-fail", torch_image)
+        # the gate patches the node (label, taints), then its status (the condition)
+        wait_for(lambda: api.node("node-fail")["status"]["conditions"][0]["status"] == "False")
+        assert api.node("node-fail")["metadata"]["labels"] == {"envbuild.dev/certified": lock12}
+        assert api.node("node-fail")["spec"]["taints"] == []
+        assert conditions(api, "node-fail") == [{"type": "EnvbuildUncertified", "status": "False",
+                                                 "reason": "Certified",
+                                                 "message": f"matches the certificate of lock {lock12}"}]
+        [cond] = api.node("node-fail")["status"]["conditions"]
+        assert cond["lastTransitionTime"] == cond["lastHeartbeatTime"]  # the status changed at this check
+        wait_for(lambda: scrape(pods["node-fail"], network, port))
+        got = gauges(scrape(pods["node-fail"], network, port), "node-fail", torch_image)
+        assert (got["envbuild_gate_passed"], got["envbuild_gate_exit_code"], got["check:torch.version"]) == (
+            "1.0", "0.0", "0.0"), got
     finally:
-        for p in pods:
+        for p in pods.values():
             p.remove(force=True)
         api.httpd.shutdown()

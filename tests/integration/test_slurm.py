@@ -38,12 +38,15 @@ import time
 import uuid
 from pathlib import Path
 
+import jsonschema
 import pytest
 from test_slurm_units import shape  # noqa: F401
 
 from builder.core.errors import ExitCode
+from builder.core.inputs import one_line
 from builder.image import engine
 from builder.launchers import base, slurm
+from builder.launchers.output import plain_lines
 from builder.launchers.slurm import job as slurm_job
 from builder.launchers.slurm import launcher as slurm_launcher
 
@@ -128,6 +131,15 @@ def test_cli_certify_through_slurm_passes_with_the_local_shape(slurm_node, docke
     assert containers(docker_client, f"envbuild.test-case={case_labels['envbuild.test-case']}") == []
     job = job_line(cert["run_id"])
     assert "JobState=COMPLETED" in job and "NumTasks=2" in job
+    # the node logs gathered beside the certificate: the lines of logs/node-<i>.log but envbuild's own
+    [gathered] = path.parent.glob("*.logs.jsonl")
+    schema = json.loads((Path(__file__).resolve().parents[2] / "schemas/log-event.schema.json").read_text())
+    evs = [json.loads(line) for line in gathered.read_text().splitlines()]
+    for e in evs:
+        jsonschema.validate(e, schema)
+    assert [(e["node"], e["rank"], e["msg"]) for e in evs] == [
+        (f"node-{n}", n, one_line(line, 2000)) for n in (0, 1)
+        for line in plain_lines((folder / "logs" / f"node-{n}.log").read_text()) if line.strip()]
 
     # the same image through the local launcher: the same shape, key for key
     local_cert, _ = certify_image(docker_client, torch_image, images_dir=tmp_path / "local", labels=case_labels,

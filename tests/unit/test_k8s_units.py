@@ -589,6 +589,14 @@ def test_parse_result_blocks_problems():
     assert problems[4] == "result block in the pod log is not terminated (log cut short?)"
 
 
+def test_pod_log_lines_leave_out_the_result_blocks_and_progress():
+    from builder.launchers.output import plain_lines
+
+    log = ("noise\n" + block(0, json.dumps(RESULT, indent=2)) + '@@envbuild-progress {"rank": 0}\n'
+           + f"{RESULT_END} rank-3.json\nafter\n")
+    assert plain_lines(log) == ["noise", "", "after"]  # the blank before the block: log_events drops it
+
+
 def test_parse_result_blocks_checks_the_run_and_bounds():
     """A result of another run (stale, planted) or world size is refused and named; NaN
     and 5000-digit numbers are refused by the bounded JSON reader; the passing twin is

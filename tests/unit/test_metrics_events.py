@@ -1,17 +1,22 @@
-"""Metrics (Prometheus text exposition, checked by Debian's real promtool), the shipped alert rules
-(promtool check rules / test rules), and the one event model: its JSON lines against the published
-schema, its RFC 5424 line, and the log file written only as a regular file."""
+"""Metrics (Prometheus text exposition, checked by Debian's real promtool; the in-pod gate's copy
+renders the same bytes and serves them over HTTP), the shipped alert rules (promtool check rules /
+test rules), and the one event model: its JSON lines against the published schema, its RFC 5424
+line, and the log file written only as a regular file."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import jsonschema
 import pytest
 
+from builder.agent.nodegate import check as podcheck
+from builder.agent.nodegate import metrics as podmetrics
 from builder.cli.app import main
 from builder.core import events, metrics
 from builder.core.certificate import load_certificate
@@ -34,6 +39,45 @@ def test_hostile_label_values_are_escaped_and_pass_promtool():
 def test_promtool_refuses_an_unescaped_label_value():
     raw = b'# HELP envbuild_gate_passed x\n# TYPE envbuild_gate_passed gauge\nenvbuild_gate_passed{node="a"b"} 1\n'
     assert promtool("check", "metrics", stdin=raw).returncode != 0
+
+
+POD_SPEC = {"fields": [{"field": "torch.version", "path": ["torch", "version"], "want": "2.13.0+cpu"}],
+            "checks": ["gpu-uuid"], "made_at": "2026-12-01T12:40:23Z", "max_age_s": 60.0}
+
+
+def test_the_pod_gate_renders_what_the_host_renders_with_the_same_help():
+    assert {k: metrics.HELP[k] for k in podmetrics.HELP} == podmetrics.HELP
+    failures, warnings = podcheck.evaluate(POD_SPEC, {"torch": {"version": "2.13.1+cpu"}})
+    statuses = podcheck.statuses(POD_SPEC, failures, warnings)
+    assert statuses == {"torch.version": 2, "driver": 0, "certificate": 1, "gpu-uuid": 0}
+    samples = podmetrics.gate_samples("gpu-1", 'img"\\x', 2, statuses, 86400.0, 1778666409.0)
+    text = podmetrics.render(samples)
+    assert text == metrics.render(samples)
+    lines = text.decode().splitlines()
+    assert lines[2] == 'envbuild_gate_passed{image="img\\"\\\\x",node="gpu-1"} 0.0'
+    assert 'envbuild_check_status{check="torch.version",image="img\\"\\\\x",node="gpu-1"} 2.0' in lines
+    assert lines[-1] == "envbuild_last_run_timestamp_seconds 1778666409.0"
+    assert promtool("check", "metrics", stdin=text).returncode == 0
+    passing, _ = podcheck.evaluate(POD_SPEC, {"torch": {"version": "2.13.0+cpu"}})
+    assert passing == [] and podcheck.statuses(POD_SPEC, passing, [])["torch.version"] == 0
+
+
+def test_the_pod_gate_serves_its_last_check_only_at_metrics():
+    expo = podmetrics.Exposition()
+    httpd = expo.serve(0, "127.0.0.1")
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        with pytest.raises(urllib.error.HTTPError, match="503"):
+            urllib.request.urlopen(url + "/metrics", timeout=30)
+        expo.body = podmetrics.render(podmetrics.gate_samples("n", "i", 0, {}, 1.0, 2.0))
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+            assert resp.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+            assert resp.read() == expo.body
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(url + "/", timeout=30)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 def test_certificate_metrics_of_a_real_certificate():

@@ -1,4 +1,4 @@
-"""The HTML report of a certificate (builder/certify/report.py; issue 10, item 5) without a
+"""The HTML report of a certificate (builder/certify/report.py) and the node logs beside it, without a
 browser: the certification run writes it next to the certificate, and a report that cannot
 be written costs one warning, not the certificate; ``envbuild report`` draws one again from a
 file read bounded and checked against the model (exit 0/2/3/64); writing is atomic; work is
@@ -20,26 +20,34 @@ from rich.console import Console
 from test_certify_units import CPU_LOCK, FakeClient, FakeLauncher, _labels, rank_doc
 
 from builder.certify import report
+from builder.certify.run import logs_path
 from builder.core.certificate import load_certificate
 from builder.core.errors import ManyErrors
+from builder.core.events import event
 
 from certify_helpers import certify_image
 from fixtures_browser import Dom
 from fixtures_report import HOSTILE, ROOT, injected, issue10_doc, row, todays_certificate
 from helpers import tmpfs
 
+LOG_LINE = event("log", "torchrun: hi", run="r1", node="node-1", rank=1, ts="2026-05-12T10:00:01.000Z")
 
-def test_the_certification_run_writes_the_report_beside_the_certificate(tmp_path):
+
+def test_the_certification_run_writes_the_report_and_node_logs_beside_the_certificate(tmp_path):
     buf = io.StringIO()
     cert, path = certify_image(FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=tmp_path, run_id="r1",
-                               launcher=FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="r1")]),
+                               launcher=FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="r1")],
+                                                     log_events=[LOG_LINE]),
                                console=Console(file=buf, width=400))
-    html = report.report_path(path)
+    html, logs = report.report_path(path), logs_path(path)
     assert html == path.with_suffix(".html") and html.is_file()
     assert "warning" not in buf.getvalue()
     page = html.read_text()
     assert "verdict: PASSED (exit code 0)" in page and "<td class=\"mono\">r1</td>" in page and "<svg" in page
-    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, html.name])  # no temporary file left
+    assert logs.name == path.name.removesuffix(".json") + ".logs.jsonl" and logs.stat().st_mode & 0o777 == 0o600
+    assert logs.read_text() == ('{"ts":"2026-05-12T10:00:01.000Z","level":"info","run":"r1","node":"node-1",'
+                                '"rank":1,"event":"log","msg":"torchrun: hi"}\n')
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, html.name, logs.name])  # no temporary
 
 
 @pytest.fixture
@@ -49,16 +57,19 @@ def small_disk(tmp_path):
         yield mnt
 
 
-def test_a_report_that_cannot_be_written_keeps_the_certificate(small_disk):
+def test_a_report_and_node_logs_that_cannot_be_written_keep_the_certificate(small_disk):
     buf = io.StringIO()
     cert, path = certify_image(FakeClient(_labels(CPU_LOCK)), "img:1", images_dir=small_disk, run_id="r1",
-                               launcher=FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="r1")]),
+                               launcher=FakeLauncher([rank_doc(0, run_id="r1"), rank_doc(1, run_id="r1")],
+                                                     log_events=[LOG_LINE] * 1000),  # 120 KB
                                console=Console(file=buf, width=10_000))
     assert cert["verdict"]["passed"] and load_certificate(json.loads(path.read_text())).run_id == "r1"
     lines = [line for line in buf.getvalue().splitlines() if "warning" in line]
-    html = path.with_suffix(".html")
-    assert lines == [f"warning: report not written: {html}: cannot write: No space left on device (the certificate {path} is kept)"]
-    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no report, no temporary file
+    html, logs = path.with_suffix(".html"), path.with_suffix(".logs.jsonl")
+    assert lines == [f"warning: report not written: {html}: cannot write: No space left on device (the certificate {path} is kept)",
+                     f"warning: node logs not written: {logs}: cannot write: No space left on device (the certificate "
+                     f"{path} is kept)"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no report, no logs, no temporary file
 
 
 def _report_cli(*args: str) -> tuple[int, str, str]:

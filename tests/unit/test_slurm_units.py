@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -449,6 +450,32 @@ def test_node_logs_are_read_as_they_grow(tmp_path):
         f.write(line[40:])
     nl.poll()
     assert sorted(nl.results()) == [1] and nl.problems() == {}
+
+
+def test_node_logs_become_log_events_of_the_published_schema(tmp_path):
+    """Each kept line is one ``log`` event of ``node-<i>``: the rank of torchrun's ``[rankN]:`` prefix
+    when the node hosts it (not otherwise), the level from its words; result and blank lines are no event."""
+    import jsonschema
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "node-1.log").write_text("torchrun says hi\n \n[rank5]: Traceback (most recent call last):\n"
+                                     "[rank9]: not this node's rank\nnode-1:12 [0] NCCL WARN NET/Socket\n"
+                                     "W1202 01:14:57.180000 1 api.py:753] Received 15 death signal\n"
+                                     + result_line(result_doc(5, 8)))
+    nl = slurm_nodelogs.NodeLogs(logs, GPU_SPEC)
+    nl.finish()
+    evs = nl.events()
+    assert [(e.run, e.node, e.rank, e.level, e.event, e.msg) for e in evs] == [
+        (RUN_ID, "node-1", None, "info", "log", "torchrun says hi"),
+        (RUN_ID, "node-1", 5, "error", "log", "[rank5]: Traceback (most recent call last):"),
+        (RUN_ID, "node-1", None, "info", "log", "[rank9]: not this node's rank"),
+        (RUN_ID, "node-1", None, "warning", "log", "node-1:12 [0] NCCL WARN NET/Socket"),
+        (RUN_ID, "node-1", None, "warning", "log", "W1202 01:14:57.180000 1 api.py:753] Received 15 death signal")]
+    schema = json.loads((ROOT / "schemas/log-event.schema.json").read_text())
+    for e in evs:
+        jsonschema.validate(e.to_dict(), schema)
+        assert re.fullmatch(r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", e.ts), e.ts
 
 
 def test_run_folder_is_private_and_holds_the_payload(tmp_path):

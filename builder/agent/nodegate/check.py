@@ -76,18 +76,34 @@ def _local(spec: dict[str, Any], doc: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def age_s(spec: dict[str, Any], now: datetime.datetime | None = None) -> float | None:
+    """Seconds since the certificate's ``made_at``; None when it is not a zoned ISO time."""
+    try:
+        t = datetime.datetime.fromisoformat(str(spec.get("made_at")).replace("Z", "+00:00"))
+        return ((now or datetime.datetime.now(datetime.timezone.utc)) - t).total_seconds()
+    except (ValueError, TypeError):
+        return None
+
+
 def age_warnings(spec: dict[str, Any], now: datetime.datetime | None = None) -> list[str]:
     """A warning when the certificate is older than ``max_age_s`` or of unknown age (the host gate's rule)."""
-    made, limit = spec.get("made_at"), spec.get("max_age_s")
-    try:
-        t = datetime.datetime.fromisoformat(str(made).replace("Z", "+00:00"))
-        age = ((now or datetime.datetime.now(datetime.timezone.utc)) - t).total_seconds()
-    except (ValueError, TypeError):
+    made, limit, age = spec.get("made_at"), spec.get("max_age_s"), age_s(spec, now)
+    if age is None:
         return [f"certificate: no valid made_at ({_shown(made)}): its age is unknown"]
     if isinstance(limit, (int, float)) and age > limit:
         return [f"certificate: made {_shown(made)}, {int(age)} s ago: older than max_age_s {limit:.0f} s; "
                 "certify the image again"]
     return []
+
+
+def statuses(spec: dict[str, Any], failures: list[tuple[str, str]], warnings: list[str]) -> dict[str, int]:
+    """Each check's status for the metrics: 0 pass, 1 warn, 2 fail (``builder.core.metrics.STATUS_VALUE``)."""
+    names = [str(f.get("field")) for f in spec.get("fields") or []] + ["driver", "certificate"]
+    out = dict.fromkeys(names + [str(c) for c in spec.get("checks") or []], 0)
+    for line in warnings:
+        out[line.split(":")[0]] = 1
+    out.update((key, 2) for key, _ in failures)
+    return out
 
 
 def evaluate(spec: dict[str, Any], doc: dict[str, Any],

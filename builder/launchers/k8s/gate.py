@@ -1,6 +1,7 @@
 """The node gate's objects (``envbuild k8s gate``): a DaemonSet labels a passing node certified
-and taints a failing one NoSchedule, so Jobs can select certified nodes. Its ConfigMap is
-named by the hash of code and spec, so that a new certificate rolls the pods."""
+and taints a failing one NoSchedule (untainted once it passes again), so Jobs can select
+certified nodes; each pod serves its gauges for Prometheus. Its ConfigMap is named by the hash of
+code and spec, so that a new certificate rolls the pods."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ TAINT = "envbuild.dev/uncertified"
 CONDITION = "EnvbuildUncertified"
 CONTAINER = "gate"
 DEFAULT_INTERVAL_S = 600
+#: The pod's metrics port (``/metrics``), named in the ``prometheus.io/*`` scrape annotations.
+METRICS_PORT = 9403
 #: The gate's own namespace: rendered as a Namespace enforcing the DaemonSet's Pod Security level.
 NAMESPACE = "envbuild-system"
 
@@ -134,8 +137,10 @@ def _container(ctx: GateContext) -> dict[str, Any]:
     ]
     return {
         "name": CONTAINER, "image": ctx.image, "imagePullPolicy": "IfNotPresent",
-        "command": ["python3", "-m", "nodegate", SPEC_PATH, "--interval", str(ctx.gate.interval_s)],
+        "command": ["python3", "-m", "nodegate", SPEC_PATH, "--interval", str(ctx.gate.interval_s),
+                    "--metrics-port", str(METRICS_PORT)],
         "env": env,
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "resources": ctx.resources,
         "securityContext": pod.container_security_context(),
         "volumeMounts": [{"name": pod.CODE_VOLUME, "mountPath": pod.CODE_MOUNT, "readOnly": True},
@@ -166,10 +171,11 @@ def daemonset(ctx: GateContext) -> dict[str, Any]:
     ]
     meta = _meta(ctx, NAME)
     meta["annotations"] = place.pss_annotations("restricted")
+    scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": "/metrics"}
     return {
         "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": meta,
         "spec": {"selector": {"matchLabels": selector},
                  "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}},
-                 "template": {"metadata": {"labels": dict(ctx.labels), "annotations": dict(meta["annotations"])},
-                              "spec": pod_spec}},
+                 "template": {"metadata": {"labels": dict(ctx.labels),
+                                           "annotations": {**meta["annotations"], **scrape}}, "spec": pod_spec}},
     }

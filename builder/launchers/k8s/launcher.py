@@ -12,6 +12,7 @@ from typing import Any
 
 from builder.core.documents import MAX_RESULT_BYTES, RankResult
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable, UsageError
+from builder.core.events import stamp
 from builder.core.inputs import load_json, one_line
 
 from ..base import LaunchResult, LaunchSpec, OnProgress
@@ -86,7 +87,7 @@ def assemble_result(spec: LaunchSpec, outcome: Outcome, *, started_at: str, fini
                     cleanup_errors: list[str] | None = None, tracker: ProgressTracker | None = None) -> LaunchResult:
     """The :class:`LaunchResult` of a run; ``killed_after_s`` 0 for a failed run's other nodes
     (``backoffLimit: 0`` gives them no grace)."""
-    from ..output import check_result, parse_torchrun_failures
+    from ..output import check_result, log_events, parse_torchrun_failures, plain_lines
 
     exit_codes: dict[int, int | None] = {n: None for n in range(spec.nodes)}
     exit_codes.update({n: c for n, c in outcome.exit_codes.items() if 0 <= n < spec.nodes})
@@ -126,6 +127,8 @@ def assemble_result(spec: LaunchSpec, outcome: Outcome, *, started_at: str, fini
         cleanup_errors=cleanup_errors if cleanup_errors is not None else [],
         progress=tracker.snapshot(at=tracker.latest) if tracker.latest else {},
         socket_seen=dict(tracker.socket), interfaces_seen=dict(tracker.interfaces),
+        log_events=[e for n, text in node_logs.items()  # read at the end: stamped now
+                    for e in log_events(spec, n, [(stamp(), line) for line in plain_lines(text)])],
     )
 
 

@@ -291,7 +291,7 @@ class SlurmLauncher:
             killed_after_s=0.0 if (failed_nodes and killed and not timed_out) else None,
             cleanup_errors=cleanup_errors, notes=self._notes(folder, outcome, what), deadline_s=deadline_s,
             progress=outcome.progress, socket_seen=dict(logs.tracker.socket),
-            interfaces_seen=dict(logs.tracker.interfaces),
+            interfaces_seen=dict(logs.tracker.interfaces), log_events=logs.events(),
         )
 
     def _notes(self, folder: Path, outcome: Outcome, what: str) -> list[str]:

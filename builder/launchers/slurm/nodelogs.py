@@ -9,10 +9,11 @@ import stat
 from pathlib import Path
 
 from builder.core.documents import RankResult
+from builder.core.events import Event
 from builder.core.inputs import one_line
 
 from ..base import LaunchSpec
-from ..output import LineBuffer, NodeOutput, problems_by_rank
+from ..output import LineBuffer, NodeOutput, log_events, problems_by_rank
 from ..progress import ProgressTracker
 
 #: Bytes read from one node log at each poll (the rest at the next).
@@ -102,3 +103,7 @@ class NodeLogs:
         log exists."""
         return {n: o.log() for n, o in enumerate(self.outputs)
                 if (self.folder / f"node-{n}.log").exists() or n in self._refused}
+
+    def events(self) -> list[Event]:
+        """The lines of :meth:`logs` as ``log`` events (``ts``: when envbuild read each line)."""
+        return [e for n in self.logs() for e in log_events(self.spec, n, self.outputs[n].log_lines())]
