@@ -32,6 +32,12 @@ def cmd_push(args: argparse.Namespace) -> int:
                        on_progress=output.progress, **registry_opts(args))
     for w in result.warnings:
         output.warn(w)
+    from builder.cli.documents import Push
+
+    output.emit(Push(repository=result.repository, digest=result.digest, tags=tuple(result.tags),
+                     image_id=result.image_id, certificate=str(result.certificate_path),
+                     attestation=result.attestation, referrers=result.referrers, signed_by=result.signed_by,
+                     filesystem=result.filesystem, warnings=tuple(result.warnings)))
     out().print(f"pushed {result.repository}@{result.digest}", markup=False, soft_wrap=True)
     out().print(f"  tags: {', '.join(result.tags)}; image {result.image_id}", markup=False, soft_wrap=True)
     out().print(f"  certificate {result.certificate_path} -> attestation {result.attestation} "
@@ -61,6 +67,13 @@ def cmd_pull(args: argparse.Namespace) -> int:
     cert = att.certificate
     for w in result.warnings:
         output.warn(f"uncertified hardware: {w}")
+    from builder.cli.documents import Pull
+
+    output.emit(Pull(reference=result.reference, digest=result.digest, attestation=att.manifest,
+                     found_by=att.found_by, signer=att.signer, signed=att.signed, image_id=result.image_id,
+                     local_tags=tuple(result.local_tags), warnings=tuple(result.warnings), sif_ran=result.sif_ran,
+                     sif_command=None if result.sif_command is None else tuple(result.sif_command),
+                     certificate=dict(cert)))
     sig = (f"signature verified ({att.signer})" if att.signer else
            "signed, signature not checked (no public key configured)" if att.signed else "unsigned")
     out().print(f"certified {escape(result.reference)}: recipe {escape(cert.get('recipe'), 80)}, lock "
@@ -84,4 +97,13 @@ def cmd_config(args: argparse.Namespace) -> int:
     for key, (flag, _) in config.SITE.items():
         value, where = found.get(key, ("", "default"))
         output.put(escape(f"{key} = {value!r}  ({where}; flag {flag})" if value else f"{key}: unset ({flag})", None))
+    return ExitCode.OK
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """``envbuild completion bash|zsh|fish``: the script that completes envbuild's commands, options and
+    recipe names (argcomplete's, for the ``envbuild`` on ``PATH``)."""
+    import argcomplete
+
+    output.put(argcomplete.shellcode(["envbuild"], shell=args.shell).rstrip("\n"))
     return ExitCode.OK
