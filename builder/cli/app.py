@@ -105,10 +105,12 @@ def _run(argv: list[str] | None) -> int:
     every error becomes escaped ``error:`` lines on stderr and an exit code; a run that printed
     a warning line and failed nothing exits 1 (:func:`builder.cli.output.exit_code`)."""
     output.warned[0] = 0
-    command = "envbuild"
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if a in COMMANDS), "envbuild")
+    output.set_mode("auto", False, "--json" in argv)  # a command line refused as a whole: its document too
     try:
         try:
-            args = _parse(sys.argv[1:] if argv is None else list(argv))
+            args = _parse(argv)
         except SystemExit as exc:  # --help: argparse printed it and exits by itself
             return exc.code if isinstance(exc.code, int) else ExitCode.OK
         output.set_mode(args.progress, args.verbose, getattr(args, "json", False))

@@ -151,11 +151,11 @@ def _finding(e: BaseException, rule: str = "") -> Finding:
     from builder.core import errors
     from builder.core.inputs import show
 
-    value = getattr(e, "value", errors._UNSET)
-    value = value if isinstance(value, str) or value is errors._UNSET else show(value)
+    raw = getattr(e, "value", errors._UNSET)
+    value = None if raw is errors._UNSET else raw if isinstance(raw, str) else show(raw)
     return Finding(level="error", rule=rule or type(e).__name__, file=(getattr(e, "file", None) or "")[:2000],
                    fields=(e.field[:300],) if getattr(e, "field", None) else (),  # type: ignore[attr-defined]
-                   value=None if value is errors._UNSET else value[:1000],
+                   value=None if value is None else value[:1000],
                    message=str(getattr(e, "message", None) or e)[:2000])
 
 
