@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from types import FrameType
 from builder.cli import output
 from builder.cli.checks import check_args
 from builder.cli.output import say
-from builder.cli.parser import build_parser, complete
+from builder.cli.parser import build_parser
 from builder.core.errors import EnvbuildError, ExitCode, UsageError
 from builder.core.inputs import escape, one_line
 
@@ -89,8 +88,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     from builder.cli import config
 
     full, used = config.with_settings(argv, {c.split()[0] for c in COMMANDS})
-    if "_ARGCOMPLETE" in os.environ:
-        complete(build_parser())
     try:
         return build_parser().parse_args(full)
     except UsageError as exc:
@@ -106,7 +103,6 @@ def _run(argv: list[str] | None) -> int:
     a warning line and failed nothing exits 1 (:func:`builder.cli.output.exit_code`)."""
     output.warned[0] = 0
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = next((a for a in argv if a in COMMANDS), "envbuild")
     output.set_mode("auto", False, "--json" in argv)  # a command line refused as a whole: its document too
     try:
         try:
@@ -114,7 +110,6 @@ def _run(argv: list[str] | None) -> int:
         except SystemExit as exc:  # --help: argparse printed it and exits by itself
             return exc.code if isinstance(exc.code, int) else ExitCode.OK
         output.set_mode(args.progress, args.verbose, getattr(args, "json", False))
-        command = args.command
         check_args(args)
         return output.exit_code(command_of(args)(args))
     except UsageError as exc:
@@ -122,29 +117,30 @@ def _run(argv: list[str] | None) -> int:
             say(f"error: {escape(str(exc), 1000)}")
         else:  # the command line's own message, which names the command, printed as argparse does
             say(escape(str(exc), 600))
-        return _failed(command, ExitCode.USAGE, exc)
+        return _failed(ExitCode.USAGE, exc)
     except EnvbuildError as exc:
         for line in str(exc).splitlines():
             say(f"error: {escape(line, 1000)}")
-        return _failed(command, exc.exit_code, exc)
+        return _failed(exc.exit_code, exc)
     except KeyboardInterrupt as exc:
         say(f"interrupted ({escape(str(exc) or 'SIGINT', 40)}); everything envbuild started was removed")
-        return _failed(command, ExitCode.INTERRUPTED, exc)
+        return _failed(ExitCode.INTERRUPTED, exc)
     except OSError as exc:  # a path the user gave cannot be read or written
         say(_os_error_line(exc))
-        return _failed(command, ExitCode.UNREACHABLE, exc)
+        return _failed(ExitCode.UNREACHABLE, exc)
     except Exception as exc:  # noqa: BLE001 - the engine or a registry answered unexpectedly: exit 3
         if not _is_service_error(exc):
-            return _failed(command, _internal_error(exc), exc)
+            return _failed(_internal_error(exc), exc)
         say(f"error: {exc.__class__.__name__}: {one_line(str(exc))}")
-        return _failed(command, ExitCode.UNREACHABLE, exc)
-    finally:
-        output.set_mode("auto", False)
+        return _failed(ExitCode.UNREACHABLE, exc)
 
 
-def _failed(command: str, code: int, exc: BaseException) -> int:
-    """``code``, the ``--json`` document of ``exc`` printed (:func:`builder.cli.output.emit_error`)."""
-    output.emit_error(command, code, exc)
+def _failed(code: int, exc: BaseException) -> int:
+    """``code``; with ``--json``, the ``envbuild.error/1`` document of ``exc`` printed."""
+    if output.mode[2]:
+        from builder.cli.documents import error_document
+
+        output.emit(error_document(code, exc))
     return code
 
 

@@ -16,26 +16,23 @@ if TYPE_CHECKING:
     from builder.recipe.spec import Spec
 
 
-class Error(Model, kw_only=True, frozen=True):
+class Error(Model, frozen=True, tag_field="schema", tag="envbuild.error/1"):
     """The error that ended a run (its ``error:`` lines on stderr), ``exit_code`` the process's."""
 
-    schema: Literal["envbuild.error/1"] = "envbuild.error/1"
-    command: str
     exit_code: int
     errors: tuple[Finding, ...]
 
 
-class Stack(Model, kw_only=True, frozen=True):
+class Stack(Model, frozen=True):
     torch: str
     python: str
     cuda: str | None
     nccl: str | None
 
 
-class Check(Model, kw_only=True, frozen=True):
+class Check(Model, frozen=True, tag_field="schema", tag="envbuild.check/1"):
     """``ok``: no error (schema or rule); warnings and notes are findings too."""
 
-    schema: Literal["envbuild.check/1"] = "envbuild.check/1"
     recipe: str
     file: str
     ok: bool
@@ -43,20 +40,13 @@ class Check(Model, kw_only=True, frozen=True):
     stack: Stack | None
 
 
-class RenderedFile(Model, kw_only=True, frozen=True):
-    path: str
-    state: Literal["written", "unchanged", "stale"]
+class Render(Model, frozen=True, tag_field="schema", tag="envbuild.render/1"):
+    files: dict[str, Literal["written", "unchanged", "stale"]]
 
 
-class Render(Model, kw_only=True, frozen=True):
-    schema: Literal["envbuild.render/1"] = "envbuild.render/1"
-    files: tuple[RenderedFile, ...]
-
-
-class Build(Model, kw_only=True, frozen=True):
+class Build(Model, frozen=True, tag_field="schema", tag="envbuild.build/1"):
     """``reused``: the tag existed and was checked again; ``probe_cached``: no container ran."""
 
-    schema: Literal["envbuild.build/1"] = "envbuild.build/1"
     recipe: str
     tag: str
     image_id: str
@@ -68,59 +58,54 @@ class Build(Model, kw_only=True, frozen=True):
     notes: tuple[str, ...]
 
 
-class Certify(Model, kw_only=True, frozen=True):
+class Certify(Model, frozen=True, tag_field="schema", tag="envbuild.certify/1"):
     """The run's certificate and the files beside it (``report``/``bisection``: None when not written)."""
 
-    schema: Literal["envbuild.certify/1"] = "envbuild.certify/1"
     certificate_path: str
     report: str | None
-    bisection: str | None = None
-    slurm_job: str | None = None
     certificate: Certificate
+    bisection: str | None = None
 
 
-class Make(Model, kw_only=True, frozen=True):
+class Make(Model, frozen=True, tag_field="schema", tag="envbuild.make/1"):
     """``make``'s stages, each None when an earlier one failed."""
 
-    schema: Literal["envbuild.make/1"] = "envbuild.make/1"
     check: Check
     render: Render | None = None
     build: Build | None = None
     certify: Certify | None = None
 
 
-class Report(Model, kw_only=True, frozen=True):
-    schema: Literal["envbuild.report/1"] = "envbuild.report/1"
+class Report(Model, frozen=True, tag_field="schema", tag="envbuild.report/1"):
     certificate: str
     report: str
     passed: bool
 
 
-class DoctorCheck(Model, kw_only=True, frozen=True):
+class DoctorCheck(Model, frozen=True):
     name: str
     status: Literal["pass", "skip", "warn", "fail", "unknown"]
     message: str
     fix: str | None
     details: tuple[str, ...]
     data: dict[str, Any]
+    checked: bool
 
 
-class Doctor(Model, kw_only=True, frozen=True):
-    schema: Literal["envbuild.doctor/1"] = "envbuild.doctor/1"
+class Doctor(Model, frozen=True, tag_field="schema", tag="envbuild.doctor/1"):
     exit_code: int
     nodes: tuple[NodeSummary, ...]
     checks: tuple[DoctorCheck, ...]
 
 
-class Push(Model, kw_only=True, frozen=True):
-    """``certificate``: the file pushed as the ``attestation`` manifest, found by ``referrers``."""
+class Push(Model, frozen=True, tag_field="schema", tag="envbuild.push/1"):
+    """``certificate_path``: the file pushed as the ``attestation`` manifest, found by ``referrers``."""
 
-    schema: Literal["envbuild.push/1"] = "envbuild.push/1"
     repository: str
     digest: str
     tags: tuple[str, ...]
     image_id: str
-    certificate: str
+    certificate_path: str
     attestation: str
     referrers: str
     signed_by: str | None
@@ -128,10 +113,9 @@ class Push(Model, kw_only=True, frozen=True):
     warnings: tuple[str, ...]
 
 
-class Pull(Model, kw_only=True, frozen=True):
+class Pull(Model, frozen=True, tag_field="schema", tag="envbuild.pull/1"):
     """``image_id``/``local_tags``: the pulled image (docker); ``sif_command``: ``--format sif``'s."""
 
-    schema: Literal["envbuild.pull/1"] = "envbuild.pull/1"
     reference: str
     digest: str
     attestation: str
@@ -159,8 +143,8 @@ def _finding(e: BaseException, rule: str = "") -> Finding:
                    message=str(getattr(e, "message", None) or e)[:2000])
 
 
-def error_document(command: str, code: int, exc: BaseException) -> Error:
-    return Error(command=command, exit_code=int(code),
+def error_document(code: int, exc: BaseException) -> Error:
+    return Error(exit_code=int(code),
                  errors=tuple(_finding(e) for e in (exc.errors if isinstance(exc, ManyErrors) else [exc])))
 
 
@@ -176,13 +160,6 @@ def check_document(spec: Spec) -> Check:
 def build_document(recipe: str, r: BuildResult) -> Build:
     return Build(recipe=recipe, tag=r.tag, image_id=r.image_id, lock_hash=r.lock_hash, base=r.base_used,
                  base_image_id=r.base_image_id, reused=r.reused, probe_cached=r.probe_cached, notes=tuple(r.notes))
-
-
-def doctor_document(result: Any) -> Doctor:
-    from builder.nodes.verify.result import node_summary
-
-    return Doctor(exit_code=int(result.exit_code), nodes=tuple(node_summary(n) for n in result.nodes),
-                  checks=tuple(DoctorCheck(**c.to_json()) for c in result.checks))
 
 
 def schemas() -> dict[str, tuple[type[Any], str, str]]:

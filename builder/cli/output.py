@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import sys
@@ -39,11 +38,6 @@ JSON_SCHEMAS = {"check": "check", "audit": "audit", "render": "render", "lock": 
                 "doctor": "doctor", "gate": "gate", "push": "push", "pull": "pull"}
 
 
-def add_json(p: argparse.ArgumentParser, command: str) -> None:
-    p.add_argument("--json", action="store_true", help="print one JSON document on stdout instead of the result "
-                   f"lines (schemas/{JSON_SCHEMAS[command]}.schema.json); exit code unchanged")
-
-
 def set_mode(progress: str, verbose: bool, json: bool = False) -> None:
     mode[:] = [progress, verbose, json]
     console.cache_clear()
@@ -51,20 +45,11 @@ def set_mode(progress: str, verbose: bool, json: bool = False) -> None:
 
 
 def emit(doc: object) -> None:
-    """With ``--json``: ``doc`` (a :class:`~builder.core.model.Model`) as the run's one JSON document on
-    stdout, 2-space indented (the raw strings, escaped by JSON itself)."""
+    """With ``--json``: ``doc`` (a Model) as the run's one JSON document on stdout, the raw strings."""
     import msgspec
 
     if mode[2]:
         _write(sys.stdout, msgspec.json.format(msgspec.json.encode(doc), indent=2).decode())
-
-
-def emit_error(command: str, code: int, exc: BaseException) -> None:
-    """With ``--json``: the ``envbuild.error/1`` document of the error that ended the run."""
-    if mode[2]:
-        from builder.cli.documents import error_document
-
-        emit(error_document(command, code, exc))
 
 
 @functools.cache

@@ -4,6 +4,7 @@ A command's arguments are added when it is parsed, so ``--help`` and one command
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -29,7 +30,8 @@ class _Parser(argparse.ArgumentParser):
             fill, self._fill = self._fill, None
             fill(self)
             if self._command in output.JSON_SCHEMAS:
-                output.add_json(self, self._command)
+                self.add_argument("--json", action="store_true", help="print one JSON document on stdout instead "
+                                  f"(schemas/{output.JSON_SCHEMAS[self._command]}.schema.json); exit code unchanged")
         return self
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
@@ -59,12 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, summary, fill in COMMANDS:
         sub.add_parser(name, help=summary, fill=fill, command=name)
+    if "_ARGCOMPLETE" in os.environ:  # the shell's completion function runs envbuild
+        complete(p)
     return p
 
 
 def complete(p: argparse.ArgumentParser) -> None:
-    """Shell completion, when the shell's completion function runs envbuild (``_ARGCOMPLETE`` set):
-    every command's arguments added first (argcomplete reads them before it parses); exits."""
+    """Shell completion: every command's arguments added first (argcomplete reads them before it parses); exits."""
     import argcomplete
 
     def fill(q: argparse.ArgumentParser) -> None:

@@ -67,7 +67,7 @@ def test_check(work):
         ("error", "schema", "bad.yaml", ["python"], "2.7", "must be a Python minor version such as '3.11'")]
     assert err == "error: bad.yaml: python: '2.7' must be a Python minor version such as '3.11'\n"  # as without --json
     code, doc, err = run_json("check", "nope", schema="error", cwd=work)
-    assert (code, doc["command"], doc["exit_code"]) == (3, "check", 3)
+    assert (code, doc["exit_code"]) == (3, 3)
     assert [(f["file"], f["message"]) for f in doc["errors"]] == [("recipes/nope.yaml", "no such recipe")]
 
 
@@ -83,13 +83,13 @@ def test_audit():
 def test_render_and_render_check(work):
     code, doc, _ = run_json("render", "r.yaml", schema="render", cwd=work)
     names = ["images/r/Dockerfile", "images/r/Singularity.def", "images/r/envbuild.lock.json"]
-    assert (code, doc["files"]) == (0, [{"path": p, "state": "written"} for p in names])
+    assert (code, doc["files"]) == (0, {p: "written" for p in names})
     code, doc, _ = run_json("render", "--check", "r.yaml", schema="render", cwd=work)
-    assert (code, [f["state"] for f in doc["files"]]) == (0, ["unchanged"] * 3)
+    assert (code, doc["files"]) == (0, {p: "unchanged" for p in names})
     with open(work / "images" / "r" / "Dockerfile", "a") as f:
         f.write("# local edit\n")
     code, doc, err = run_json("render", "--check", "r.yaml", schema="render", cwd=work)
-    assert (code, [f["state"] for f in doc["files"]]) == (2, ["stale", "unchanged", "unchanged"])
+    assert (code, list(doc["files"].values())) == (2, ["stale", "unchanged", "unchanged"])
     assert err == "images/r/Dockerfile: stale; run `envbuild render r`\n"  # the diff is not on stdout
 
 
@@ -146,8 +146,8 @@ def test_gate(tmp_path):
     assert (code, doc["exit_code"], doc["checks"][0]["status"]) == (2, 2, "fail")
     assert doc["lines"][0].startswith("fail: shm: ")
     code, doc, _ = run_json(*gate, "--min-shm", "1t", schema="error")  # refused by the parser: a document too
-    assert (code, doc["command"], doc["errors"][0]["message"]) == (
-        64, "gate", "envbuild gate: argument --min-shm: '1t' is not a size such as 256m or 1g")
+    assert (code, doc["exit_code"], doc["errors"][0]["message"]) == (
+        64, 64, "envbuild gate: argument --min-shm: '1t' is not a size such as 256m or 1g")
 
 
 def complete(line: str, tmp_path: Path) -> list[str]:

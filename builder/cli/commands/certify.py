@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from builder.cli import output
 from builder.cli.checks import check_launcher_args, slurm_options
+from builder.cli.documents import Certify, Make, Render, Report, build_document, check_document
 from builder.cli.output import console, count_warnings, out, publish, put, warn
 from builder.core.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
 
     from builder.certify.settings import Overrides
-    from builder.cli.documents import Certify
     from builder.core.certificate import Certificate
     from builder.image.engine import Engine
     from builder.launchers.base import Launcher
@@ -59,7 +59,6 @@ def _certify(args: argparse.Namespace, image: str) -> tuple[int, Certify]:
     cannot be written: then exit 3 after it, naming the file); the exit code and ``--json``'s document."""
     from builder.certify import run
     from builder.certify.source import EngineImage
-    from builder.cli.documents import Certify
     from builder.image import engine
 
     recipe = None
@@ -85,8 +84,7 @@ def _certify(args: argparse.Namespace, image: str) -> tuple[int, Certify]:
                     markup=False, soft_wrap=True)
     out().print(f"certificate: {path}", markup=False, soft_wrap=True)
     code, report = _verdict_code(cert, path)
-    return code, Certify(certificate_path=str(path), report=report, bisection=bisection,
-                         slurm_job=str(job_id) if job_id else None, certificate=cert)
+    return code, Certify(certificate_path=str(path), report=report, bisection=bisection, certificate=cert)
 
 
 def _run(p: Any, args: argparse.Namespace, launcher: Launcher | None, **kw: Any) -> tuple[Certificate, Path]:
@@ -142,14 +140,14 @@ def _verdict_code(cert: Certificate, cert_path: Path) -> tuple[int, str | None]:
     and the report's path (None: not drawn)."""
     from builder.certify.report import report_path
 
-    html: Path | None = report_path(cert_path)
-    if html is not None and html.is_file():
+    html = report_path(cert_path)
+    if html.is_file():
         out().print(f"report: {html}", markup=False, highlight=False, soft_wrap=True)
     else:
-        html = None
         count_warnings()
     count_warnings(len(cert.verdict.warnings))
-    return ExitCode.OK if cert.verdict.passed else ExitCode(cert.verdict.exit_code), str(html) if html else None
+    code = ExitCode.OK if cert.verdict.passed else ExitCode(cert.verdict.exit_code)
+    return code, str(html) if html.is_file() else None
 
 
 def cmd_certify(args: argparse.Namespace) -> int:
@@ -163,7 +161,6 @@ def cmd_make(args: argparse.Namespace) -> int:
     """``envbuild make [RECIPE]``: check -> render -> build -> certify, stopping at the first failure."""
     from builder.cli.commands.image import build_spec
     from builder.cli.commands.recipe import load_spec, print_findings, render_spec
-    from builder.cli.documents import Make, Render, build_document, check_document
 
     spec = load_spec(args.recipe, args.recipes_dir)
     print_findings(spec)
@@ -173,7 +170,7 @@ def cmd_make(args: argparse.Namespace) -> int:
     files = render_spec(argparse.Namespace(images_dir=args.images_dir, check_only=False), spec)
     result = build_spec(args, spec)
     code, doc = _certify(args, result.tag)
-    output.emit(Make(check=check_document(spec), render=Render(files=tuple(files)),
+    output.emit(Make(check=check_document(spec), render=Render(files=files),  # type: ignore[arg-type]
                      build=build_document(spec.name, result), certify=doc))
     return code
 
@@ -287,8 +284,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.out == "-":
         sys.stdout.buffer.write(report.render_html(cert.to_dict(), source=source.name).encode("utf-8"))
         return ExitCode.OK
-    from builder.cli.documents import Report
-
     report.write_report(cert.to_dict(), target, source=source.name)
     put(escape(f"report: {target}", None))
     output.emit(Report(certificate=str(source), report=str(target), passed=cert.verdict.passed))

@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
+from builder.cli.documents import Doctor, DoctorCheck
 from builder.cli.output import emit, level_of, out, publish
 from builder.core.errors import EnvbuildError, ExitCode, UsageError
 
@@ -65,9 +66,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     """``envbuild doctor``: preflight checks on the nodes; worst of pass/skip 0, warn 1, fail 2, unknown 3
     (also 3 when nothing could be checked). Usage errors (64) come before anything is contacted."""
-    from builder.cli.documents import doctor_document
     from builder.core.inputs import escape
     from builder.nodes import doctor, sources
+    from builder.nodes.verify.result import node_summary
     from builder.recipe.fields import shm_bytes
 
     checks = tuple(c.strip() for c in args.checks.split(",") if c.strip()) if args.checks else doctor.ALL_CHECKS
@@ -88,7 +89,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     src = node_sources(args, allow_empty=checks == ("stale-containers",))
     result = doctor.doctor([] if src.empty else sources.gather(src), opts)
     doctor.render(result, out())
-    emit(doctor_document(result))
+    emit(Doctor(exit_code=int(result.exit_code), nodes=tuple(node_summary(n) for n in result.nodes),
+                checks=tuple(DoctorCheck(**vars(c)) for c in result.checks)))
     _publish(args, result)
     return result.exit_code
 

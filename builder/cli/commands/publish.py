@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from builder.cli import output
+from builder.cli.documents import Pull, Push
 from builder.cli.output import out
 from builder.core.errors import ExitCode
 from builder.core.inputs import escape
@@ -32,12 +33,7 @@ def cmd_push(args: argparse.Namespace) -> int:
                        on_progress=output.progress, **registry_opts(args))
     for w in result.warnings:
         output.warn(w)
-    from builder.cli.documents import Push
-
-    output.emit(Push(repository=result.repository, digest=result.digest, tags=tuple(result.tags),
-                     image_id=result.image_id, certificate=str(result.certificate_path),
-                     attestation=result.attestation, referrers=result.referrers, signed_by=result.signed_by,
-                     filesystem=result.filesystem, warnings=tuple(result.warnings)))
+    output.emit(Push(**{**vars(result), "certificate_path": str(result.certificate_path)}))
     out().print(f"pushed {result.repository}@{result.digest}", markup=False, soft_wrap=True)
     out().print(f"  tags: {', '.join(result.tags)}; image {result.image_id}", markup=False, soft_wrap=True)
     out().print(f"  certificate {result.certificate_path} -> attestation {result.attestation} "
@@ -67,13 +63,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
     cert = att.certificate
     for w in result.warnings:
         output.warn(f"uncertified hardware: {w}")
-    from builder.cli.documents import Pull
-
-    output.emit(Pull(reference=result.reference, digest=result.digest, attestation=att.manifest,
-                     found_by=att.found_by, signer=att.signer, signed=att.signed, image_id=result.image_id,
-                     local_tags=tuple(result.local_tags), warnings=tuple(result.warnings), sif_ran=result.sif_ran,
-                     sif_command=None if result.sif_command is None else tuple(result.sif_command),
-                     certificate=dict(cert)))
+    output.emit(Pull(**{**vars(result), "attestation": att.manifest}, found_by=att.found_by, signer=att.signer,
+                     signed=att.signed, certificate=dict(cert)))
     sig = (f"signature verified ({att.signer})" if att.signer else
            "signed, signature not checked (no public key configured)" if att.signed else "unsigned")
     out().print(f"certified {escape(result.reference)}: recipe {escape(cert.get('recipe'), 80)}, lock "
@@ -101,8 +92,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    """``envbuild completion bash|zsh|fish``: the script that completes envbuild's commands, options and
-    recipe names (argcomplete's, for the ``envbuild`` on ``PATH``)."""
+    """``envbuild completion bash|zsh|fish``: argcomplete's script for the ``envbuild`` on ``PATH``."""
     import argcomplete
 
     output.put(argcomplete.shellcode(["envbuild"], shell=args.shell).rstrip("\n"))

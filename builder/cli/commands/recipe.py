@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder.cli import output
+from builder.cli.documents import Render, check_document
 from builder.cli.output import console, out
 from builder.core.errors import EnvbuildError, ExitCode, UsageError
 
 if TYPE_CHECKING:
-    from builder.cli.documents import RenderedFile
     from builder.recipe.spec import Spec
 
 
@@ -38,7 +38,6 @@ def print_findings(spec: Spec) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """``envbuild check RECIPE``: 0 compatible, 1 warnings only (printed), 2 errors (schema or rules)."""
-    from builder.cli.documents import check_document
     from builder.core.inputs import escape
 
     spec = load_spec(args.recipe, args.recipes_dir)
@@ -93,12 +92,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return code
 
 
-def render_spec(args: argparse.Namespace, spec: Spec) -> list[RenderedFile]:
+def render_spec(args: argparse.Namespace, spec: Spec) -> dict[str, str]:
     """Write the rendered files of ``spec`` under ``--images-dir`` (``check_only``: print the
-    unified diff of the stale ones on stdout); each file's state."""
+    unified diff of the stale ones on stdout); the state of each file, by path."""
     import difflib
 
-    from builder.cli.documents import RenderedFile
     from builder.core.inputs import escape
     from builder.core.paths import image_dir
     from builder.recipe import rules
@@ -111,8 +109,7 @@ def render_spec(args: argparse.Namespace, spec: Spec) -> list[RenderedFile]:
         where, written = render_write.write(rendered, args.images_dir)
         for name in rendered.files:
             out().print(f"{'wrote' if name in written else 'up to date'} {where / name}", markup=False)
-        return [RenderedFile(path=str(where / n), state="written" if n in written else "unchanged")
-                for n in rendered.files]
+        return {str(where / n): "written" if n in written else "unchanged" for n in rendered.files}
     stale = render_write.stale(rendered, args.images_dir)
     for name in stale:
         path = folder.file(name)
@@ -124,14 +121,12 @@ def render_spec(args: argparse.Namespace, spec: Spec) -> list[RenderedFile]:
             output.put(escape(line, None))
     if not stale:
         out().print(f"{folder.folder}: up to date", markup=False)
-    return [RenderedFile(path=str(folder.file(n)), state="stale" if n in stale else "unchanged")
-            for n in rendered.files]
+    return {str(folder.file(n)): "stale" if n in stale else "unchanged" for n in rendered.files}
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     """``envbuild render RECIPE [--check]``: write (or check for drift) the rendered files; 2 when stale.
     A recipe with errors is reported (schema errors and rule errors together) and not rendered."""
-    from builder.cli.documents import Render
     from builder.recipe import load, rules
 
     if args.all == (args.recipe is not None):
@@ -139,15 +134,15 @@ def cmd_render(args: argparse.Namespace) -> int:
     names = load.names(args.recipes_dir) if args.all else [args.recipe]
     if not names:
         raise EnvbuildError("no recipes (*.yaml) here", file=str(args.recipes_dir))
-    files: list[RenderedFile] = []
+    files: dict[str, str] = {}
     for name in names:
         spec = load_spec(name, args.recipes_dir)
         if spec.failed:
             rules.require_ok(spec)  # raises every schema and rule error, one line each
         print_findings(spec)
-        files += render_spec(args, spec)
-    output.emit(Render(files=tuple(files)))
-    return ExitCode.CHECK_FAILED if any(f.state == "stale" for f in files) else ExitCode.OK
+        files |= render_spec(args, spec)
+    output.emit(Render(files=files))  # type: ignore[arg-type]
+    return ExitCode.CHECK_FAILED if "stale" in files.values() else ExitCode.OK
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
