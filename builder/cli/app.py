@@ -137,7 +137,7 @@ def _run(argv: list[str] | None) -> int:
 
 def _failed(code: int, exc: BaseException) -> int:
     """``code``; with ``--json``, the ``envbuild.error/1`` document of ``exc`` printed."""
-    if output.mode[2]:
+    if output.mode[2] is True:
         from builder.cli.documents import error_document
 
         output.emit(error_document(code, exc))

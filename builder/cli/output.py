@@ -48,7 +48,8 @@ def emit(doc: object) -> None:
     """With ``--json``: ``doc`` (a Model) as the run's one JSON document on stdout, the raw strings."""
     import msgspec
 
-    if mode[2]:
+    if mode[2] is True:  # once: an error after the document (a metrics file) adds none
+        mode[2] = "sent"
         _write(sys.stdout, msgspec.json.format(msgspec.json.encode(doc), indent=2).decode())
 
 

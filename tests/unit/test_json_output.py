@@ -145,6 +145,8 @@ def test_gate(tmp_path):
     code, doc, _ = run_json(*gate, "--min-shm", "1000g", schema="gate")
     assert (code, doc["exit_code"], doc["checks"][0]["status"]) == (2, 2, "fail")
     assert doc["lines"][0].startswith("fail: shm: ")
+    code, doc, err = run_json(*gate, "--metrics-file", str(tmp_path), schema="gate")  # an error after it: no second
+    assert (code, doc["exit_code"]) == (3, 0) and err.startswith(f"error: {tmp_path}: "), err
     code, doc, _ = run_json(*gate, "--min-shm", "1t", schema="error")  # refused by the parser: a document too
     assert (code, doc["exit_code"], doc["errors"][0]["message"]) == (
         64, 64, "envbuild gate: argument --min-shm: '1t' is not a size such as 256m or 1g")
