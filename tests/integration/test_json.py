@@ -1,6 +1,7 @@
-"""``--json`` of the commands that need the engine (build, certify, make), on the session's
-cpu-torch2 image: one document on stdout that validates against its schema, for a passing and a
-failing case, the exit code unchanged (push and pull: tests/integration/test_registry.py)."""
+"""``--json`` of the commands that need the engine (build, certify, make on the session's cpu-torch2
+image; doctor, whose checks may ask it): one document on stdout that validates against its schema,
+for a passing and a failing case, the exit code unchanged (the others: tests/unit/test_json_units.py;
+push and pull: tests/integration/test_registry.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pathlib import Path
 import jsonschema
 
 from builder.launchers import base
+
+from fixtures_nodes import gpu_report, write_reports
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A run on the bootstrapped base prints its one warning line: done with warnings only.
@@ -82,3 +85,12 @@ def test_make(tmp_path, torch_image, test_labels):
     code, doc, _ = envbuild_json(site, _case(test_labels), "make", "bad", *CERTIFY, schema="make")
     assert (code, doc["check"]["ok"], doc["render"], doc["build"], doc["certify"]) == (2, False, None, None, None)
     assert [(f["fields"], f["value"]) for f in doc["check"]["findings"]] == [(["python"], "2.7")]
+
+
+def test_doctor(tmp_path):
+    paths = write_reports(tmp_path, {"a.json": gpu_report(1), "b.json": gpu_report(2)})
+    code, doc, _ = envbuild_json(tmp_path, {}, "doctor", *paths, "--checks", "shm", schema="doctor")
+    assert (code, doc["exit_code"], [(c["name"], c["status"]) for c in doc["checks"]]) == (0, 0, [("shm", "pass")])
+    code, doc, _ = envbuild_json(tmp_path, {}, "doctor", *paths, "--checks", "shm", "--min-shm", "1000g",
+                                 schema="doctor")
+    assert (code, doc["exit_code"], [(c["name"], c["status"]) for c in doc["checks"]]) == (2, 2, [("shm", "fail")])

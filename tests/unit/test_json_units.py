@@ -1,5 +1,5 @@
 """``--json`` of the commands that need no engine (check, audit, render, lock, report, verify,
-doctor, gate): one document on stdout that validates against its schema, for a passing and a
+gate): one document on stdout that validates against its schema, for a passing and a
 failing case, the exit code unchanged; an error is the envbuild.error/1 document. Shell
 completion through bash and argcomplete, as a shell runs it."""
 
@@ -127,14 +127,6 @@ def test_verify(tmp_path):
     code, doc, _ = run_json("verify", *same, *other, schema="verify-result")
     assert (code, doc["exit_code"]) == (2, 2)
     assert ("fail", "torch.version") in [(f["level"], f["field"]) for f in doc["findings"]]
-
-
-def test_doctor(tmp_path):
-    paths = write_reports(tmp_path, {"a.json": gpu_report(1), "b.json": gpu_report(2)})
-    code, doc, _ = run_json("doctor", *paths, "--checks", "shm", schema="doctor")
-    assert (code, doc["exit_code"], [(c["name"], c["status"]) for c in doc["checks"]]) == (0, 0, [("shm", "pass")])
-    code, doc, _ = run_json("doctor", *paths, "--checks", "shm", "--min-shm", "1000g", schema="doctor")
-    assert (code, doc["exit_code"], [(c["name"], c["status"]) for c in doc["checks"]]) == (2, 2, [("shm", "fail")])
 
 
 def test_gate(tmp_path):
