@@ -3,7 +3,8 @@
 The one generator of ``schemas/``: each stage's model module names its documents in
 ``schemas()`` (file stem -> model, ``$id``, title) and :func:`files` gathers them all (recipe,
 lock, resolved, certify-settings, certificate, rank-result, node-report, verify-result,
-attestation, and the audit report, whose file keeps its sorted keys). The files are written as
+attestation, the ``--json`` documents of the commands, and the audit report, whose file keeps
+its sorted keys). The files are written as
 one set, only those that changed; a file in ``schemas/`` that no model gives is an error (exit 2),
 not deleted. The unit test ``tests/unit/test_schemas.py`` fails when a file is stale, and
 the other schema tests compare against :func:`files`.
@@ -27,6 +28,7 @@ FOLDER = ROOT / "schemas"
 
 def entries() -> SchemaEntries:
     """Every published schema written through :func:`builder.core.model.schema_files`, by file stem."""
+    from builder.cli.documents import schemas as command_schemas
     from builder.core.certificate import schemas as certify_schemas
     from builder.core.documents import schemas as launcher_schemas
     from builder.core.events import schemas as event_schemas
@@ -35,7 +37,7 @@ def entries() -> SchemaEntries:
     from builder.recipe.model import schemas as recipe_schemas
 
     return {**recipe_schemas(), **certify_schemas(), **launcher_schemas(), **node_schemas(),
-            **attestation_schemas(), **event_schemas()}
+            **attestation_schemas(), **event_schemas(), **command_schemas()}
 
 
 def files() -> dict[str, bytes]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Annotated, Final, Literal, overload
 
-import msgspec
 from msgspec import Meta
 
 from builder.core import inputs
@@ -123,9 +122,6 @@ class Report(Model, kw_only=True, frozen=True):
     schema: Literal["envbuild.audit/1"] = SCHEMA
     exit_code: Annotated[int, Meta(ge=0, le=3)]
     files: tuple[FileAudit, ...]
-
-    def to_json(self) -> bytes:
-        return msgspec.json.format(msgspec.json.encode(self), indent=2) + b"\n"
 
 
 def schema() -> dict:

@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "push": ("publish", "cmd_push"),
     "pull": ("publish", "cmd_pull"),
     "config": ("publish", "cmd_config"),
+    "completion": ("publish", "cmd_completion"),
 }
 
 
@@ -102,12 +103,14 @@ def _run(argv: list[str] | None) -> int:
     every error becomes escaped ``error:`` lines on stderr and an exit code; a run that printed
     a warning line and failed nothing exits 1 (:func:`builder.cli.output.exit_code`)."""
     output.warned[0] = 0
+    argv = sys.argv[1:] if argv is None else list(argv)
+    output.set_mode("auto", False, "--json" in argv)  # a command line refused as a whole: its document too
     try:
         try:
-            args = _parse(sys.argv[1:] if argv is None else list(argv))
+            args = _parse(argv)
         except SystemExit as exc:  # --help: argparse printed it and exits by itself
             return exc.code if isinstance(exc.code, int) else ExitCode.OK
-        output.set_mode(args.progress, args.verbose)
+        output.set_mode(args.progress, args.verbose, getattr(args, "json", False))
         check_args(args)
         for kind in retention.RETENTION:  # exit 64 before anything starts
             retention.limits(kind)
@@ -117,22 +120,31 @@ def _run(argv: list[str] | None) -> int:
             say(f"error: {escape(str(exc), 1000)}")
         else:  # the command line's own message, which names the command, printed as argparse does
             say(escape(str(exc), 600))
-        return ExitCode.USAGE
+        return _failed(ExitCode.USAGE, exc)
     except EnvbuildError as exc:
         for line in str(exc).splitlines():
             say(f"error: {escape(line, 1000)}")
-        return exc.exit_code
+        return _failed(exc.exit_code, exc)
     except KeyboardInterrupt as exc:
         say(f"interrupted ({escape(str(exc) or 'SIGINT', 40)}); everything envbuild started was removed")
-        return ExitCode.INTERRUPTED
+        return _failed(ExitCode.INTERRUPTED, exc)
     except OSError as exc:  # a path the user gave cannot be read or written
         say(_os_error_line(exc))
-        return ExitCode.UNREACHABLE
+        return _failed(ExitCode.UNREACHABLE, exc)
     except Exception as exc:  # noqa: BLE001 - the engine or a registry answered unexpectedly: exit 3
         if not _is_service_error(exc):
-            return _internal_error(exc)
+            return _failed(_internal_error(exc), exc)
         say(f"error: {exc.__class__.__name__}: {one_line(str(exc))}")
-        return ExitCode.UNREACHABLE
+        return _failed(ExitCode.UNREACHABLE, exc)
+
+
+def _failed(code: int, exc: BaseException) -> int:
+    """``code``; with ``--json``, the ``envbuild.error/1`` document of ``exc`` printed."""
+    if output.mode[2] is True:
+        from builder.cli.documents import error_document
+
+        output.emit(error_document(code, exc))
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,13 +28,29 @@ def exit_code(code: int) -> int:
     return 1 if code == 0 and warned[0] else code
 
 
-#: ``--progress`` of this run (auto, tty, plain, quiet) and ``--verbose``.
-mode: list = ["auto", False]
+#: ``--progress`` of this run (auto, tty, plain, quiet), ``--verbose`` and ``--json``.
+mode: list = ["auto", False, False]
+
+#: The schema (``schemas/<stem>.schema.json``) of each command's ``--json`` document; every command
+#: that has one gets the flag (:mod:`builder.cli.parser`). An error is ``error.schema.json``'s document.
+JSON_SCHEMAS = {"check": "check", "audit": "audit", "render": "render", "lock": "resolved", "build": "build",
+                "certify": "certify", "make": "make", "report": "report", "verify": "verify-result",
+                "doctor": "doctor", "gate": "gate", "push": "push", "pull": "pull"}
 
 
-def set_mode(progress: str, verbose: bool) -> None:
-    mode[:] = [progress, verbose]
+def set_mode(progress: str, verbose: bool, json: bool = False) -> None:
+    mode[:] = [progress, verbose, json]
     console.cache_clear()
+    out.cache_clear()
+
+
+def emit(doc: object) -> None:
+    """With ``--json``: ``doc`` (a Model) as the run's one JSON document on stdout, the raw strings."""
+    import msgspec
+
+    if mode[2] is True:  # once: an error after the document (a metrics file) adds none
+        mode[2] = "sent"
+        _write(sys.stdout, msgspec.json.format(msgspec.json.encode(doc), indent=2).decode())
 
 
 @functools.cache
@@ -51,10 +67,10 @@ def console() -> Console:
 
 @functools.cache
 def out() -> Console:
-    """The rich console of stdout (results)."""
+    """The rich console of stdout (results); with ``--json`` it prints nothing (:func:`emit` does)."""
     from rich.console import Console
 
-    return Console(highlight=False, emoji=False)
+    return Console(highlight=False, emoji=False, quiet=mode[2])
 
 
 def _write(stream: TextIO, line: str) -> None:
@@ -74,8 +90,9 @@ def say(line: str) -> None:
 
 
 def put(line: str) -> None:
-    """One line on stdout as it is (already escaped)."""
-    _write(sys.stdout, line)
+    """One line on stdout as it is (already escaped); none with ``--json``."""
+    if not mode[2]:
+        _write(sys.stdout, line)
 
 
 def finding(level: str, line: str) -> None:

@@ -4,10 +4,12 @@ A command's arguments are added when it is parsed, so ``--help`` and one command
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from builder.cli import argtypes as t
+from builder.cli import output
 from builder.core.errors import UsageError
 
 #: Adds a command's arguments to its parser.
@@ -18,15 +20,18 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are :class:`UsageError` and whose arguments are added by
     ``fill`` when it first parses (or :meth:`filled` is called)."""
 
-    def __init__(self, *args: Any, fill: Fill | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, fill: Fill | None = None, command: str = "", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._fill = fill
+        self._fill, self._command = fill, command
 
     def filled(self) -> _Parser:
-        """This parser with its arguments added (once)."""
+        """This parser with its arguments added (once), ``--json`` where the command has a document."""
         if self._fill is not None:
             fill, self._fill = self._fill, None
             fill(self)
+            if self._command in output.JSON_SCHEMAS:
+                self.add_argument("--json", action="store_true", help="print one JSON document on stdout instead "
+                                  f"(schemas/{output.JSON_SCHEMAS[self._command]}.schema.json); exit code unchanged")
         return self
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
@@ -55,19 +60,46 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where rendered files and certificates go (default: images)")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, summary, fill in COMMANDS:
-        sub.add_parser(name, help=summary, fill=fill)
+        sub.add_parser(name, help=summary, fill=fill, command=name)
+    if "_ARGCOMPLETE" in os.environ:  # the shell's completion function runs envbuild
+        complete(p)
     return p
+
+
+def complete(p: argparse.ArgumentParser) -> None:
+    """Shell completion: every command's arguments added first (argcomplete reads them before it parses); exits."""
+    import argcomplete
+
+    def fill(q: argparse.ArgumentParser) -> None:
+        for action in q._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    fill(sub.filled())
+
+    fill(p)
+    argcomplete.autocomplete(p)
+
+
+def _recipes(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
+    """argcomplete's completer of a recipe argument: the names under ``--recipes-dir``."""
+    from builder.recipe.load import names
+
+    return [n for n in names(getattr(parsed_args, "recipes_dir", None) or "recipes") if n.startswith(prefix)]
+
+
+def _recipe(p: argparse.ArgumentParser, *flags: str, **kw: Any) -> None:
+    """A recipe argument (name or path), completed with the recipe names."""
+    p.add_argument(*(flags or ("recipe",)), type=t.recipe, **kw).completer = _recipes  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------------------ recipe: check, audit, render, lock
 def _check(c: argparse.ArgumentParser) -> None:
-    c.add_argument("recipe", type=t.recipe, help="a name under --recipes-dir or a path to a YAML file")
+    _recipe(c, help="a name under --recipes-dir or a path to a YAML file")
 
 
 def _audit(au: argparse.ArgumentParser) -> None:
     au.add_argument("files", nargs="+", metavar="FILE", type=t.path("a file"),
                     help="Dockerfile, Containerfile or definition file")
-    au.add_argument("--json", action="store_true", help="print the report as JSON (schemas/audit.schema.json)")
     au.add_argument("--to-recipe", metavar="OUT.yaml", type=t.path("a file name", no_dash=True),
                     help="write the recipe of the same stack (one FILE without errors)")
     au.add_argument("--driver", metavar="VERSION", type=t.driver,
@@ -77,14 +109,14 @@ def _audit(au: argparse.ArgumentParser) -> None:
 
 
 def _render(r: argparse.ArgumentParser) -> None:
-    r.add_argument("recipe", nargs="?", type=t.recipe)
+    _recipe(r, nargs="?")
     r.add_argument("--all", action="store_true", help="every recipe under --recipes-dir")
     r.add_argument("--check", dest="check_only", action="store_true",
                    help="fail (exit 2) if the committed files are stale")
 
 
 def _lock(lk: argparse.ArgumentParser) -> None:
-    lk.add_argument("recipe", type=t.recipe)
+    _recipe(lk)
     lk.add_argument("--no-base", action="store_true", help="do not resolve the base image digest")
     lk.add_argument("--no-pip", action="store_true", help="do not resolve pip requirements")
     lk.add_argument("--no-apt", action="store_true", help="do not resolve apt versions")
@@ -93,7 +125,7 @@ def _lock(lk: argparse.ArgumentParser) -> None:
 
 # ------------------------------------------------------------------ image: build, base bootstrap
 def _build(b: argparse.ArgumentParser) -> None:
-    b.add_argument("recipe", type=t.recipe)
+    _recipe(b)
     add_site_options(b)
 
 
@@ -123,13 +155,13 @@ def _certify(ce: argparse.ArgumentParser) -> None:
                     help="image reference or ID: built by envbuild (its lock is the reference) or any image "
                          "with python3 >= 3.8 and torch (the probe's stack is)")
     add_certify_options(ce)
-    ce.add_argument("--recipe", dest="recipe_lock", type=t.recipe, metavar="RECIPE",
+    _recipe(ce, "--recipe", dest="recipe_lock", metavar="RECIPE",
                     help="compare the image with this recipe's lock (images/RECIPE/envbuild.lock.json) instead")
     add_launcher_options(ce)
 
 
 def _make(m: argparse.ArgumentParser) -> None:
-    m.add_argument("recipe", nargs="?", default="cpu-torch2", type=t.recipe)
+    _recipe(m, nargs="?", default="cpu-torch2")
     add_site_options(m)
     add_certify_options(m)
     add_launcher_options(m)
@@ -323,7 +355,6 @@ def _gate(g: argparse.ArgumentParser) -> None:
                    help="an envbuild container running longer is stale (default 1h)")
     g.add_argument("--stale-label", action="append", default=[], metavar="KEY[=VALUE]", type=t.label,
                    help="look for stale containers only among those with this label too (repeatable)")
-    g.add_argument("--json", action="store_true", help="print the envbuild.gate/1 document only")
     add_ops_options(g)
 
 
@@ -412,7 +443,10 @@ def add_node_sources(p: argparse.ArgumentParser) -> None:
                    help="seconds per node (default 120)")
     g.add_argument("--python", default="python3", type=source("check_python"),
                    help="interpreter on the nodes, a name or path (default python3)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON (for machines)")
+
+
+def _shell(c: argparse.ArgumentParser) -> None:
+    c.add_argument("shell", choices=("bash", "zsh", "fish"))
 
 
 # ------------------------------------------------------------------ publish: push, pull
@@ -474,4 +508,6 @@ COMMANDS: tuple[tuple[str, str, Fill], ...] = (
     ("k8s", "Kubernetes: render (and --apply) the manifests that certify an image on a cluster", _k8s),
     ("base", "base images", _base),
     ("config", "show the site settings (envbuild.toml, ENVBUILD_*) and where each came from", lambda c: None),
+    ("completion", "print the shell completion script (argcomplete): eval \"$(envbuild completion bash)\"",
+     _shell),
 )

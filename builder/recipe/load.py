@@ -145,6 +145,11 @@ def _canonical(recipe: Recipe, data: dict[Any, Any], invalid: frozenset[str]) ->
                    env=dict(sorted(recipe.env.items())), certify=certify)
 
 
+def names(recipes_dir: str | Path) -> list[str]:
+    """The recipe names under ``recipes_dir`` (``*.yaml``, ``*.yml``), sorted."""
+    return sorted({q.stem for s in SUFFIXES for q in Path(recipes_dir).glob(f"*{s}")})
+
+
 def find(name_or_path: str, recipes_dir: str | Path = "recipes") -> Path:
     """``cpu-torch2`` -> ``recipes/cpu-torch2.yaml``. EnvbuildError (exit 2): not a recipe;
     Unreachable (exit 3): no such recipe."""
@@ -162,7 +167,7 @@ def find(name_or_path: str, recipes_dir: str | Path = "recipes") -> Path:
     for candidate in candidates:
         if candidate.exists():
             return candidate
-    known = sorted({q.stem for s in SUFFIXES for q in Path(recipes_dir).glob(f"*{s}")})
+    known = names(recipes_dir)
     hint = f"; known recipes: {', '.join(known)}" if known else ""
     raise Unreachable(f"no such recipe{hint}", file=str(Path(recipes_dir) / f"{name_or_path}.yaml"))
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import docker.errors
+import jsonschema
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
@@ -155,6 +156,37 @@ def test_pull_format_sif_prints_the_apptainer_pull_by_digest(registry, namespace
     assert (f"apptainer pull --no-https cpu-torch2_{img.lock12}.sif docker://{pushed.repository}@{pushed.digest}"
             in out)
     assert names_of(docker_client, img.id) == set()  # nothing pulled into the engine
+
+
+def run_json_cli(capsys, schema: str, *argv) -> tuple[int, dict]:
+    """``envbuild ARGV --json`` in this process: (exit code, the one document on stdout, valid
+    against ``schemas/<schema>.schema.json``)."""
+    code, out, err = run_cli(capsys, *argv, "--json")
+    doc = json.loads(out)
+    path = Path(__file__).resolve().parents[2] / "schemas" / f"{schema}.schema.json"
+    jsonschema.Draft202012Validator(json.loads(path.read_text())).validate(doc)
+    return code, doc
+
+
+def test_push_and_pull_json(registry, namespace, make_certified, docker_client, capsys, tmp_path):
+    img = make_certified()
+    push = ("--images-dir", img.images_dir, "push", "cpu-torch2", "--registry", registry.host, "--namespace", namespace,
+            "--no-fs-hash")
+    code, pushed = run_json_cli(capsys, "push", *push)
+    assert (code, pushed["tags"], pushed["signed_by"], pushed["certificate_path"]) == (
+        0, [img.lock12, "certified"], None, str(img.path))
+    docker_client.sdk.images.remove(img.id, force=True)
+    pull = ("pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
+    code, pulled = run_json_cli(capsys, "pull", *pull)
+    assert (code, pulled["digest"], pulled["image_id"], pulled["signed"]) == (0, pushed["digest"], img.id, False)
+    assert pulled["certificate"] == json.loads(img.path.read_text())
+    # the failing twins: an image without certificate is not pushed, an unsigned one not pulled with a key
+    other = make_certified(certified=False)
+    code, doc = run_json_cli(capsys, "error", *push, "--image", other.tag)
+    assert (code, doc["exit_code"]) == (2, 2) and "has no certificate" in doc["errors"][0]["message"]
+    key = ed25519.Ed25519PrivateKey.generate()
+    code, doc = run_json_cli(capsys, "error", *pull, "--verify-key", write_public(key, tmp_path / "site.pub"))
+    assert (code, doc["exit_code"]) == (2, 2), doc
 
 
 # --------------------------------------------------------------------------- refusals

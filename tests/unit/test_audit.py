@@ -220,7 +220,12 @@ def test_json_report_follows_the_committed_schema(monkeypatch):
                             "images/cuda12-torch2/Dockerfile")
     report = json.loads(out)
     jsonschema.validate(report, json.loads((ROOT / "schemas/audit.schema.json").read_text()))
-    assert (code, err, report["exit_code"], [f["verdict"] for f in report["files"]]) == (3, "", 3, ["errors", "malformed", "clean"])
+    assert (code, report["exit_code"], [f["verdict"] for f in report["files"]]) == (3, 3, ["errors", "malformed", "clean"])
+    # the findings stay on stderr, as without --json; the summary lines of stdout are the document's
+    assert [line.split(": line")[0] for line in err.splitlines()] == [
+        "error: tests/audit/cu-mismatch.Dockerfile", "note: tests/audit/cu-mismatch.Dockerfile",
+        "error: tests/audit/conflict.Dockerfile", "note: images/cuda12-torch2/Dockerfile",
+        "note: images/cuda12-torch2/Dockerfile"]
     mismatch = report["files"][0]
     assert mismatch["stack"]["torch"] == {"requirement": "torch==2.5.1+cu121", "line": 5, "installer": "pip",
                                           "version": "2.5.1", "variant": "cu121", "variant_from": "the local version +cu121",

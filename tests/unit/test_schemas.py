@@ -10,9 +10,12 @@ from scripts import schemas as generator
 
 ROOT = Path(__file__).resolve().parents[2]
 
-PUBLISHED = ["attestation.schema.json", "audit.schema.json", "certificate.schema.json",
-             "certify-settings.schema.json", "lock.schema.json", "log-event.schema.json", "node-report.schema.json",
-             "rank-result.schema.json", "recipe.schema.json", "resolved.schema.json", "verify-result.schema.json"]
+PUBLISHED = ["attestation.schema.json", "audit.schema.json", "build.schema.json", "certificate.schema.json",
+             "certify-settings.schema.json", "certify.schema.json", "check.schema.json", "doctor.schema.json",
+             "error.schema.json", "gate.schema.json", "lock.schema.json", "log-event.schema.json",
+             "make.schema.json", "node-report.schema.json", "pull.schema.json", "push.schema.json",
+             "rank-result.schema.json", "recipe.schema.json", "render.schema.json", "report.schema.json",
+             "resolved.schema.json", "verify-result.schema.json"]
 
 
 def test_every_published_schema_is_the_generators():

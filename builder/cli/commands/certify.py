@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from builder.cli import output
 from builder.cli.checks import check_launcher_args, slurm_options
+from builder.cli.documents import Certify, Make, Render, Report, build_document, check_document
 from builder.cli.output import console, count_warnings, out, publish, put, warn
 from builder.core.errors import ExitCode, UsageError
 
@@ -53,9 +54,9 @@ def _launcher(args: argparse.Namespace, client: Engine, recipe_name: str) -> Lau
     return slurm.SlurmLauncher(base, slurm_options(args), client=client)
 
 
-def _certify(args: argparse.Namespace, image: str) -> int:
+def _certify(args: argparse.Namespace, image: str) -> tuple[int, Certify]:
     """Certify ``image`` as the options say; print the verdict (also when the certificate
-    cannot be written: then exit 3 after it, naming the file)."""
+    cannot be written: then exit 3 after it, naming the file); the exit code and ``--json``'s document."""
     from builder.certify import run
     from builder.certify.source import EngineImage
     from builder.image import engine
@@ -74,14 +75,16 @@ def _certify(args: argparse.Namespace, image: str) -> int:
                          or (p.image.lock.recipe if p.image.lock else "unknown"))
     judged: list[Any] = []
     cert, path = _run(p, args, launcher, judged=lambda launch, verdict: judged.extend((launch, verdict)))
+    bisection = None
     if getattr(args, "bisect", False) and not cert.verdict.passed and p.settings.nodes > 1:
-        _bisect(p, judged, launcher or p.source.default_launcher(), path)
+        bisection = _bisect(p, judged, launcher or p.source.default_launcher(), path)
     job_id = getattr(launcher, "job_id", None)  # a Slurm launcher's batch job
     if job_id:
         out().print(f"slurm: job {job_id}; script, logs and results in {getattr(launcher, 'folder', None)}",
                     markup=False, soft_wrap=True)
     out().print(f"certificate: {path}", markup=False, soft_wrap=True)
-    return _verdict_code(cert, path)
+    code, report = _verdict_code(cert, path)
+    return code, Certify(certificate_path=str(path), report=report, bisection=bisection, certificate=cert)
 
 
 def _run(p: Any, args: argparse.Namespace, launcher: Launcher | None, **kw: Any) -> tuple[Certificate, Path]:
@@ -118,20 +121,23 @@ def _publish(args: argparse.Namespace, cert: Certificate) -> None:
     publish(args, certificate_samples(cert, time.time()), evs)
 
 
-def _bisect(p: Any, judged: list[Any], launcher: Any, cert_path: Path) -> None:
+def _bisect(p: Any, judged: list[Any], launcher: Any, cert_path: Path) -> str:
     """``certify --bisect``: the bad nodes of the failed run, printed and written beside the certificate."""
     from builder.certify import bisect
 
     doc = bisect.bisect(p, judged[0], judged[1], launcher)
     for line in bisect.lines(doc):
         put(line)
-    put(f"bisection: {bisect.write_bisection(doc, cert_path)}")
+    written = str(bisect.write_bisection(doc, cert_path))
+    put(f"bisection: {written}")
+    return written
 
 
-def _verdict_code(cert: Certificate, cert_path: Path) -> int:
+def _verdict_code(cert: Certificate, cert_path: Path) -> tuple[int, str | None]:
     """``report: PATH`` when the run drew the certificate's HTML report (names are unique per
     run: a report of that name is this run's; else the run printed one warning line why not);
-    the exit code of the verdict, its warning lines counted (:func:`builder.cli.output.exit_code`)."""
+    the exit code of the verdict, its warning lines counted (:func:`builder.cli.output.exit_code`),
+    and the report's path (None: not drawn)."""
     from builder.certify.report import report_path
 
     html = report_path(cert_path)
@@ -140,12 +146,15 @@ def _verdict_code(cert: Certificate, cert_path: Path) -> int:
     else:
         count_warnings()
     count_warnings(len(cert.verdict.warnings))
-    return ExitCode.OK if cert.verdict.passed else ExitCode(cert.verdict.exit_code)
+    code = ExitCode.OK if cert.verdict.passed else ExitCode(cert.verdict.exit_code)
+    return code, str(html) if html.is_file() else None
 
 
 def cmd_certify(args: argparse.Namespace) -> int:
     """``envbuild certify IMAGE``: run the probe and benchmarks on N container nodes; write a certificate."""
-    return _certify(args, args.image)
+    code, doc = _certify(args, args.image)
+    output.emit(doc)
+    return code
 
 
 def cmd_make(args: argparse.Namespace) -> int:
@@ -156,10 +165,14 @@ def cmd_make(args: argparse.Namespace) -> int:
     spec = load_spec(args.recipe, args.recipes_dir)
     print_findings(spec)
     if spec.failed:
+        output.emit(Make(check=check_document(spec)))
         return ExitCode.CHECK_FAILED  # every error is printed above
-    render_spec(argparse.Namespace(images_dir=args.images_dir, check_only=False), spec)
+    files = render_spec(argparse.Namespace(images_dir=args.images_dir, check_only=False), spec)
     result = build_spec(args, spec)
-    return _certify(args, result.tag)
+    code, doc = _certify(args, result.tag)
+    output.emit(Make(check=check_document(spec), render=Render(files=files),  # type: ignore[arg-type]
+                     build=build_document(spec.name, result), certify=doc))
+    return code
 
 
 def _k8s_source(args: argparse.Namespace) -> tuple[str, Lock, dict[str, str], str | None, dict[str, str]]:
@@ -250,7 +263,7 @@ def cmd_k8s_render(args: argparse.Namespace) -> int:
                            context=args.context)
     cert, path = _run(p, args, launcher, host={"launcher": "k8s", "namespace": launcher.api.namespace})
     out().print(f"certificate: {path}", markup=False, highlight=False, soft_wrap=True)
-    return _verdict_code(cert, path)
+    return _verdict_code(cert, path)[0]
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -262,6 +275,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     source = Path(args.certificate)
     target = Path(args.out) if args.out else report.report_path(source)
+    if args.out == "-" and args.json:
+        raise UsageError("envbuild report: --json goes with a report file (--out FILE), not --out -")
     if args.out != "-" and target.resolve() == source.resolve():
         raise UsageError(f"envbuild report: the report would replace the certificate {escape(source)}; give --out FILE")
     doc = read_json(source, MAX_REPORT_BYTES, "certificate", ExitCode.CHECK_FAILED)
@@ -271,4 +286,5 @@ def cmd_report(args: argparse.Namespace) -> int:
         return ExitCode.OK
     report.write_report(cert.to_dict(), target, source=source.name)
     put(escape(f"report: {target}", None))
+    output.emit(Report(certificate=str(source), report=str(target), passed=cert.verdict.passed))
     return ExitCode.OK

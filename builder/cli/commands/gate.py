@@ -4,13 +4,11 @@ DaemonSet). The reference is read before the node is probed (an unreadable one e
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
-import sys
 from typing import Any
 
-from builder.cli.output import console, level_of, out, publish
+from builder.cli.output import console, emit, level_of, out, publish
 from builder.core.errors import EnvbuildError, ExitCode, UsageError
 
 _CHECKS_RE = re.compile(r"[a-z-]{1,40}(,[a-z-]{1,40}){0,20}")
@@ -44,16 +42,12 @@ def _gate_options(args: argparse.Namespace) -> Any:
 
 def cmd_gate(args: argparse.Namespace) -> int:
     """``envbuild gate --against CERT [--image IMAGE] [--drain]``: one line per failure and
-    warning, then a summary line; ``--json``: the ``envbuild.gate/1`` document only."""
+    warning, then a summary line (``--json``: the ``envbuild.gate/1`` document instead)."""
     from builder.nodes.gate import drain_on_error, gate
 
     opts = _gate_options(args)
     with drain_on_error(opts):
         result = gate(opts)
-    if args.json:
-        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
-        _publish(args, result)
-        return result.exit_code
     lines = list(result.lines)
     if result.history:
         lines.append(f"history: {result.history}")
@@ -66,6 +60,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     lines.append(f"gate: {result.node} against {args.against}: {fails} failed, {warns} warnings "
                  f"-> exit {result.exit_code}")
     out().print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+    emit(result)
     _publish(args, result)  # after the lines: a metrics file that cannot be written loses none of them
     return result.exit_code
 

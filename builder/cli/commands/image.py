@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder.cli.output import console, out, put, warn
+from builder.cli.documents import build_document
+from builder.cli.output import console, emit, out, put, warn
 from builder.core.errors import EnvbuildError, ExitCode
 from builder.core.inputs import escape
 
@@ -65,7 +66,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                                 file=str(image_dir(args.images_dir, spec.name).folder))
         stamp.record(args.recipe, args.recipes_dir, args.images_dir, spec.name, rendered.files)
         name = spec.name
-    build_spec(args, name)
+    emit(build_document(name, build_spec(args, name)))
     return ExitCode.OK
 
 

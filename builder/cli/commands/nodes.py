@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import TYPE_CHECKING, Any
 
-from builder.cli.output import level_of, out, publish
+from builder.cli.documents import Doctor, DoctorCheck
+from builder.cli.output import emit, level_of, out, publish
 from builder.core.errors import EnvbuildError, ExitCode, UsageError
 
 if TYPE_CHECKING:
@@ -58,10 +58,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
         reference = load_reference(args.against)
     result = verify.verify(sources.gather(src), reference=reference, max_age_s=args.max_age)
-    if args.json:
-        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
-    else:
-        verify.render(result, out(), all_rows=args.all_rows)
+    verify.render(result, out(), all_rows=args.all_rows)
+    emit(result)
     return result.exit_code
 
 
@@ -70,6 +68,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     (also 3 when nothing could be checked). Usage errors (64) come before anything is contacted."""
     from builder.core.inputs import escape
     from builder.nodes import doctor, sources
+    from builder.nodes.verify.result import node_summary
     from builder.recipe.fields import shm_bytes
 
     checks = tuple(c.strip() for c in args.checks.split(",") if c.strip()) if args.checks else doctor.ALL_CHECKS
@@ -89,10 +88,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     # without nodes only stale-containers can check anything: it must be asked for alone
     src = node_sources(args, allow_empty=checks == ("stale-containers",))
     result = doctor.doctor([] if src.empty else sources.gather(src), opts)
-    if args.json:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
-    else:
-        doctor.render(result, out())
+    doctor.render(result, out())
+    emit(Doctor(exit_code=int(result.exit_code), nodes=tuple(node_summary(n) for n in result.nodes),
+                checks=tuple(DoctorCheck(**vars(c)) for c in result.checks)))
     _publish(args, result)
     return result.exit_code
 

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from builder.cli import output
+from builder.cli.documents import Pull, Push
 from builder.cli.output import out
 from builder.core.errors import ExitCode
 from builder.core.inputs import escape
@@ -32,6 +33,7 @@ def cmd_push(args: argparse.Namespace) -> int:
                        on_progress=output.progress, **registry_opts(args))
     for w in result.warnings:
         output.warn(w)
+    output.emit(Push(**{**vars(result), "certificate_path": str(result.certificate_path)}))
     out().print(f"pushed {result.repository}@{result.digest}", markup=False, soft_wrap=True)
     out().print(f"  tags: {', '.join(result.tags)}; image {result.image_id}", markup=False, soft_wrap=True)
     out().print(f"  certificate {result.certificate_path} -> attestation {result.attestation} "
@@ -61,6 +63,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
     cert = att.certificate
     for w in result.warnings:
         output.warn(f"uncertified hardware: {w}")
+    output.emit(Pull(**{**vars(result), "attestation": att.manifest}, found_by=att.found_by, signer=att.signer,
+                     signed=att.signed, certificate=dict(cert)))
     sig = (f"signature verified ({att.signer})" if att.signer else
            "signed, signature not checked (no public key configured)" if att.signed else "unsigned")
     out().print(f"certified {escape(result.reference)}: recipe {escape(cert.get('recipe'), 80)}, lock "
@@ -84,4 +88,12 @@ def cmd_config(args: argparse.Namespace) -> int:
     for key, (flag, _) in config.SITE.items():
         value, where = found.get(key, ("", "default"))
         output.put(escape(f"{key} = {value!r}  ({where}; flag {flag})" if value else f"{key}: unset ({flag})", None))
+    return ExitCode.OK
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """``envbuild completion bash|zsh|fish``: argcomplete's script for the ``envbuild`` on ``PATH``."""
+    import argcomplete
+
+    output.put(argcomplete.shellcode(["envbuild"], shell=args.shell).rstrip("\n"))
     return ExitCode.OK

@@ -4,11 +4,11 @@ files and its resolved pins."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder.cli import output
+from builder.cli.documents import Render, check_document
 from builder.cli.output import console, out
 from builder.core.errors import EnvbuildError, ExitCode, UsageError
 
@@ -42,6 +42,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.recipe, args.recipes_dir)
     print_findings(spec)
+    output.emit(check_document(spec))
     if spec.failed:
         return ExitCode.CHECK_FAILED
     output.put(f"{escape(spec.path)}: ok: torch {spec.torch_local}, python {spec.recipe.python}, "
@@ -72,16 +73,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
         _check_to_recipe(args)
     build_args = dict(item.split("=", 1) for item in args.build_arg)
     report, done = run.audit(args.files, driver=args.driver, build_args=build_args)
-    if args.json:
-        sys.stdout.write(report.to_json().decode())
-    else:
-        from rich.text import Text
+    from rich.text import Text
 
-        for result in report.files:
-            for f in result.findings:
-                output.finding(f.level, f.text())
-            if result.stack is not None:
-                out().print(Text(run.summary(result)), soft_wrap=True)
+    for result in report.files:
+        for f in result.findings:
+            output.finding(f.level, f.text())
+        if result.stack is not None:
+            out().print(Text(run.summary(result)), soft_wrap=True)
+    output.emit(report)
     code = report.exit_code
     if args.to_recipe is not None:
         try:
@@ -93,9 +92,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return code
 
 
-def render_spec(args: argparse.Namespace, spec: Spec) -> int:
+def render_spec(args: argparse.Namespace, spec: Spec) -> dict[str, str]:
     """Write the rendered files of ``spec`` under ``--images-dir`` (``check_only``: print the
-    unified diff of the stale ones on stdout, exit 2)."""
+    unified diff of the stale ones on stdout); the state of each file, by path."""
     import difflib
 
     from builder.core.inputs import escape
@@ -105,45 +104,45 @@ def render_spec(args: argparse.Namespace, spec: Spec) -> int:
     from builder.render import write as render_write
 
     rendered = render.render_for(rules.require_ok(spec), args.images_dir)
-    if getattr(args, "check_only", False):
-        stale = render_write.stale(rendered, args.images_dir)
-        if stale:
-            for name in stale:
-                path = image_dir(args.images_dir, spec.name).file(name)
-                console().print(f"{path}: stale; run `envbuild render {spec.name}`", soft_wrap=True, markup=False)
-                old = path.read_bytes().decode("utf-8", "replace") if path.is_file() else ""
-                new = rendered.files[name].decode("utf-8", "replace")
-                for line in difflib.unified_diff(old.splitlines(), new.splitlines(), f"{path}",
-                                                 f"{path} (rendered)", lineterm=""):
-                    output.put(escape(line, None))
-            return ExitCode.CHECK_FAILED
-        out().print(f"{image_dir(args.images_dir, spec.name).folder}: up to date", markup=False)
-        return ExitCode.OK
-    where, written = render_write.write(rendered, args.images_dir)
-    for name in rendered.files:
-        out().print(f"{'wrote' if name in written else 'up to date'} {where / name}", markup=False)
-    return ExitCode.OK
+    folder = image_dir(args.images_dir, spec.name)
+    if not getattr(args, "check_only", False):
+        where, written = render_write.write(rendered, args.images_dir)
+        for name in rendered.files:
+            out().print(f"{'wrote' if name in written else 'up to date'} {where / name}", markup=False)
+        return {str(where / n): "written" if n in written else "unchanged" for n in rendered.files}
+    stale = render_write.stale(rendered, args.images_dir)
+    for name in stale:
+        path = folder.file(name)
+        console().print(f"{path}: stale; run `envbuild render {spec.name}`", soft_wrap=True, markup=False)
+        old = path.read_bytes().decode("utf-8", "replace") if path.is_file() else ""
+        new = rendered.files[name].decode("utf-8", "replace")
+        for line in difflib.unified_diff(old.splitlines(), new.splitlines(), f"{path}",
+                                         f"{path} (rendered)", lineterm=""):
+            output.put(escape(line, None))
+    if not stale:
+        out().print(f"{folder.folder}: up to date", markup=False)
+    return {str(folder.file(n)): "stale" if n in stale else "unchanged" for n in rendered.files}
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    """``envbuild render RECIPE [--check]``: write (or check for drift) the rendered files.
+    """``envbuild render RECIPE [--check]``: write (or check for drift) the rendered files; 2 when stale.
     A recipe with errors is reported (schema errors and rule errors together) and not rendered."""
     from builder.recipe import load, rules
 
     if args.all == (args.recipe is not None):
         raise UsageError("envbuild render: give either a RECIPE or --all")
-    names = (sorted({p.stem for s in load.SUFFIXES for p in Path(args.recipes_dir).glob(f"*{s}")})
-             if args.all else [args.recipe])
+    names = load.names(args.recipes_dir) if args.all else [args.recipe]
     if not names:
         raise EnvbuildError("no recipes (*.yaml) here", file=str(args.recipes_dir))
-    worst: int = ExitCode.OK
+    files: dict[str, str] = {}
     for name in names:
         spec = load_spec(name, args.recipes_dir)
         if spec.failed:
             rules.require_ok(spec)  # raises every schema and rule error, one line each
         print_findings(spec)
-        worst = max(worst, render_spec(args, spec))
-    return worst
+        files |= render_spec(args, spec)
+    output.emit(Render(files=files))  # type: ignore[arg-type]
+    return ExitCode.CHECK_FAILED if "stale" in files.values() else ExitCode.OK
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
@@ -166,6 +165,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
                        apt=not args.no_apt, base_mode=args.base_mode, registry=RegistryClient,
                        say=output.progress)
     doc = result.resolved
+    output.emit(doc)
     out().print(f"wrote {result.path}", markup=False)
     for path in result.written:
         out().print(f"wrote {path}", markup=False)

@@ -54,10 +54,6 @@ class Check:
     data: dict = field(default_factory=dict)
     checked: bool = True
 
-    def to_json(self) -> dict:
-        return {"name": self.name, "status": self.status, "message": self.message,
-                "fix": self.fix, "details": list(self.details), "data": self.data}
-
 
 @dataclass(frozen=True)
 class HealthOptions:

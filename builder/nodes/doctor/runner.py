@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from builder.core.errors import ExitCode, Unreachable
 
 from ..report import Node
-from ..verify.result import node_summary
 from .base import ALL_CHECKS, SKIP, STATUS_CODE, Check, Options
 from .gpu_health import check_gpu_health
 from .gpu_processes import check_gpu_processes
@@ -24,12 +23,6 @@ class DoctorResult:
     nodes: list[Node]
     checks: list[Check]
     exit_code: ExitCode
-
-    def to_json(self) -> dict:
-        """Machine-readable result, schema ``envbuild.doctor/1``."""
-        return {"schema": "envbuild.doctor/1", "exit_code": int(self.exit_code),
-                "nodes": [node_summary(n).to_dict() for n in self.nodes],
-                "checks": [c.to_json() for c in self.checks]}
 
 
 def _backend(nodes: list[Node], opts: Options) -> str:
