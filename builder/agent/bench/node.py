@@ -8,11 +8,14 @@ SIGTERM/SIGINT give 143/130; else the child's status. As PID 1 it also reaps orp
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+
+from .progress import stat_fields
 
 EXIT_DEADLINE = 124
 EXIT_USAGE = 64
@@ -26,15 +29,7 @@ def descendants(pid, proc="/proc"):
     except OSError:
         return []
     for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc, name, "stat"), "rb") as f:
-                text = f.read(4096).decode("ascii", "replace")
-        except OSError:
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-        rest = text.rpartition(")")[2].split()
+        rest = stat_fields(name, proc) if name.isdigit() else []
         if len(rest) >= 2 and rest[1].isdigit():
             parent_of[int(name)] = int(rest[1])
     out, frontier = [], [pid]
@@ -49,10 +44,8 @@ def descendants(pid, proc="/proc"):
 def kill_tree(pid):
     """SIGKILL ``pid`` and its descendants found before the kill."""
     for p in [pid] + descendants(pid):
-        try:
+        with contextlib.suppress(OSError):
             os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def _reap_others(child_pid):

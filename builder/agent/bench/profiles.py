@@ -1,9 +1,5 @@
-"""Profiles: the collectives and the training check of each parallelism strategy
-(``PROFILES``; ``all`` covers the six collectives), and :func:`run_profiles`.
-
-The pure parts (:func:`parse_profiles`, :func:`collectives_for`, :func:`default_dtypes`)
-use no torch.
-"""
+"""The collectives and the training check of each parallelism strategy (``all``: the six collectives);
+only :func:`run_profiles` and below use torch."""
 
 from __future__ import annotations
 
@@ -114,13 +110,9 @@ def run_profiles(profiles, sizes: list[int], iters: int, warmup: int,
                  dtypes: list[str] | None, seed: int, device: str, backend: str, *,
                  ddp: tuple[int, int, int] = (3, 4, 32), faults=None, scaling: bool = True,
                  features: bool = True, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the collectives (each once), training checks, scaling and feature checks of
-    ``profiles`` on the initialized default process group.
-
-    Sizes are bytes; ``ddp`` is (steps, images per rank, image side). The result is the same on
-    every rank except this rank's wall times (s) and numpy problem. ValueError on bad options
-    or fault spec, before any collective, on every rank alike.
-    """
+    """The collectives (each once), training, scaling and feature checks of ``profiles`` on the default
+    process group; the same on every rank but its wall times (s) and numpy problem. ``ddp``: (steps,
+    images per rank, image side). ValueError on bad options or faults, before any collective, on every rank."""
     import torch.distributed as dist
 
     t_start = time.perf_counter()

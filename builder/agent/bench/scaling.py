@@ -65,12 +65,9 @@ def run_scaling(seed: int, device: str, steps: int = DEFAULT_STEPS, warmup: int 
     ddp = DDP(model, device_ids=ids)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
     tn = _timed_steps(torch, ddp, opt, x, y, device, warmup, steps)
-    t = torch.tensor([t1, tn], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    t1, tn = t.cpu().tolist()
+    t1, tn = training.max_over_ranks(torch, dist, device, [t1, tn])
     thr1 = steps * batch / t1 if t1 > 0 else 0.0
     thrn = steps * batch * world / tn if tn > 0 else 0.0
-    return {"model": f"resnet18 ({source})", "batch_per_rank": batch,
-            "image_size": image_size, "steps": steps, "world_size": world,
-            "throughput_1": thr1, "throughput_n": thrn, "time_1_s": t1, "time_n_s": tn,
+    return {"model": f"resnet18 ({source})", "batch_per_rank": batch, "image_size": image_size, "steps": steps,
+            "world_size": world, "throughput_1": thr1, "throughput_n": thrn, "time_1_s": t1, "time_n_s": tn,
             "efficiency": efficiency(thr1, thrn, world)}

@@ -31,15 +31,13 @@ def build_resnet18() -> tuple[Any, str]:
     try:
         from torchvision.models import resnet18 as tv_resnet18
     except Exception:  # ImportError, or a torchvision that does not match torch
-        tv_resnet18 = None
-    if tv_resnet18 is not None:
-        try:
-            return tv_resnet18(weights=None, num_classes=NUM_CLASSES), "torchvision"
-        except TypeError:  # torchvision < 0.13 has no `weights`
-            return tv_resnet18(pretrained=False, num_classes=NUM_CLASSES), "torchvision"
-    from .resnet import resnet18
+        from .resnet import resnet18
 
-    return resnet18(num_classes=NUM_CLASSES), "builtin"
+        return resnet18(num_classes=NUM_CLASSES), "builtin"
+    try:
+        return tv_resnet18(weights=None, num_classes=NUM_CLASSES), "torchvision"
+    except TypeError:  # torchvision < 0.13 has no `weights`
+        return tv_resnet18(pretrained=False, num_classes=NUM_CLASSES), "torchvision"
 
 
 def make_data(torch, seed: int, steps: int, global_batch: int, image_size: int, classes: int):
@@ -120,8 +118,7 @@ def run_ddp_check(seed: int, device: str, steps: int = DEFAULT_STEPS, batch: int
         torch, device, lambda: reference_steps(torch, reference, data, world, batch, LR, MOMENTUM))
     got = [training.local_tensor(p) for p in model.parameters()]
     want = [training.local_tensor(p) for p in reference.parameters()]
-    ok, diff = training.compare_params(torch, got, want)
-    ok, diff, wall = training.agree(torch, dist, device, ok, diff, wall)
+    ok, diff, wall = training.agree(torch, dist, device, got, want, wall)
     losses = training.mean_over_ranks(torch, dist, device, local_losses)
     ref_wall = training.max_over_ranks(torch, dist, device, [ref_wall])[0]
     return training.result(

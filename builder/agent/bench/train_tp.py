@@ -1,7 +1,5 @@
-"""Tensor-parallel check: a two-layer MLP split Megatron-style (``ColwiseParallel`` then
-``RowwiseParallel``) over a 1-D mesh of all ranks, every rank on the whole batch, against
-a single-process reference.
-"""
+"""Tensor-parallel check: a two-layer MLP split Megatron-style (``ColwiseParallel`` then ``RowwiseParallel``)
+over a 1-D mesh of all ranks, every rank on the whole batch, against a single-process reference."""
 
 from __future__ import annotations
 
