@@ -231,8 +231,7 @@ def image_labels_for(options: BuildOptions, client: Engine, official: str, base:
     if revision:
         labels[LABEL_REVISION] = revision
     if how == "bootstrapped":
-        labels[bootstrap.LABEL_STANDS_FOR] = client.image(base_ref).labels.get(bootstrap.LABEL_STANDS_FOR,
-                                                                                       official)
+        labels[bootstrap.LABEL_STANDS_FOR] = client.image(base_ref).labels.get(bootstrap.LABEL_STANDS_FOR, official)
     require = client.image(base_ref).env().get("NVIDIA_REQUIRE_CUDA")
     if require:
         labels[LABEL_CUDA_REQUIRE] = require

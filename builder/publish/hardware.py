@@ -36,9 +36,8 @@ def _below(driver: Any, floor: str) -> bool:
 
 
 def check_hardware(cert: Mapping[str, Any], host: Mapping[str, Any]) -> list[str]:
-    """Reasons this node is not covered by the certificate ([] = covered).
-    A driver below the image's floor (the lock's ``driver.min``, else the label), or for CUDA
-    images a GPU model no rank of the certification ran on."""
+    """Reasons this node is not covered by the certificate ([] = covered). A driver below the image's floor (the lock's
+    ``driver.min``, else the label), or for CUDA images a GPU model no rank of the certification ran on."""
     lock = cert.get("lock") or {}
     labels = (cert.get("image") or {}).get("labels") or {}
     floor = (lock.get("driver") or {}).get("min") or labels.get("envbuild.driver.min")

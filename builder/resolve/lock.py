@@ -118,5 +118,4 @@ def lock(spec: Spec, images_dir: str | os.PathLike[str], site: SiteOptions, clie
     rendered = render(spec, resolved)
     changed = stale(rendered, images_dir)
     folder, _ = write(rendered, images_dir)
-    return LockResult(path=path, resolved=resolved, unresolved=unresolved,
-                      written=[folder / n for n in changed])
+    return LockResult(path=path, resolved=resolved, unresolved=unresolved, written=[folder / n for n in changed])
