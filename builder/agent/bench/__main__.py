@@ -52,8 +52,7 @@ def _sizes_arg(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python3 -m bench",
-                description="envbuild in-image benchmark; run under torchrun.")
+    p = _Parser(prog="python3 -m bench", description="envbuild in-image benchmark; run under torchrun.")
     p.add_argument("--out", required=True, help="directory for rank-<RANK>.json")
     p.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                    help="default: nccl if CUDA is available, else gloo")
@@ -73,8 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtypes", default="",
                    help="element types of the profile collectives, comma-separated (default: "
                         "float32, plus bfloat16 on nccl)")
-    p.add_argument("--pg-timeout-s", type=float, default=600.0,
-                   help="process-group timeout in seconds")
+    p.add_argument("--pg-timeout-s", type=float, default=600.0, help="process-group timeout in seconds")
     p.add_argument("--heartbeat-s", type=float, default=progress.DEFAULT_HEARTBEAT_S,
                    help="seconds between two progress heartbeats on stdout (0: phase lines only)")
     p.add_argument("--result-to-stdout", action="store_true",

@@ -1,10 +1,7 @@
-"""The watchdog of one node: ``python3 -m bench.node --deadline-s S -- COMMAND...``.
-
-The container runs with ``--rm``; this makes it end by the deadline even when nobody is
-left to stop it (envbuild killed): it kills the child and every descendant (torchrun's
-workers have their own sessions, so they are found via ``/proc/*/stat``) and exits 124;
-SIGTERM/SIGINT give 143/130; else the child's status. As PID 1 it also reaps orphans.
-"""
+"""The watchdog of one node: ``python3 -m bench.node --deadline-s S -- COMMAND...``. The container runs with ``--rm``;
+this makes it end by the deadline even when nobody is left to stop it (envbuild killed): it kills the child and every
+descendant (torchrun's workers have their own sessions, so they are found via ``/proc/*/stat``) and exits 124;
+SIGTERM/SIGINT give 143/130; else the child's status. As PID 1 it also reaps orphans."""
 
 from __future__ import annotations
 

@@ -13,13 +13,8 @@ from . import collectives as coll
 from .profile_faults import ENV_VAR as FAULT_ENV_VAR
 from .profile_faults import _show, parse_faults
 
-PROFILES = {
-    "ddp": ("all_reduce", "broadcast"),
-    "fsdp": ("all_gather", "reduce_scatter"),
-    "tp": ("all_reduce", "all_gather"),
-    "pipeline": ("send_recv",),
-    "moe": ("all_to_all",),
-}
+PROFILES = {"ddp": ("all_reduce", "broadcast"), "fsdp": ("all_gather", "reduce_scatter"),
+            "tp": ("all_reduce", "all_gather"), "pipeline": ("send_recv",), "moe": ("all_to_all",)}
 ALL = "all"
 MAX_TEXT = 200
 MAX_SIZES = 64
@@ -82,8 +77,7 @@ def _sweep(name: str, sizes, dtypes, iters, warmup, device, faults, rank, log):
     corrupt = any(f.hits("collective-corrupt", rank, name) for f in faults)
     rows, skipped = [], {}
     for dtype in dtypes:
-        out = coll.run_collective(name, sizes, dtype, iters, warmup, device, corrupt=corrupt,
-                                  log=log)
+        out = coll.run_collective(name, sizes, dtype, iters, warmup, device, corrupt=corrupt, log=log)
         if isinstance(out, dict):
             skipped[dtype] = out["unsupported"]
         else:
@@ -120,13 +114,10 @@ def run_profiles(profiles, sizes: list[int], iters: int, warmup: int,
     if faults is None:
         faults = parse_faults(os.environ.get(FAULT_ENV_VAR))
     rank, world = dist.get_rank(), dist.get_world_size()
-    out = {"profiles": names, "world_size": world, "backend": backend, "device": device,
-           "dtypes": dtypes, "sizes": list(sizes), "iters": iters, "warmup": warmup,
-           "seed": seed, "faults": [str(f) for f in faults],
-           "fault_notes": [f"fault {f} targets no rank of a world of {world:d}"
-                           for f in faults if f.rank >= world],
-           "collectives": {}, "unsupported_types": {}, "training": {}, "scaling": None,
-           "features": None,
+    out = {"profiles": names, "world_size": world, "backend": backend, "device": device, "dtypes": dtypes,
+           "sizes": list(sizes), "iters": iters, "warmup": warmup, "seed": seed, "faults": [str(f) for f in faults],
+           "fault_notes": [f"fault {f} targets no rank of a world of {world:d}" for f in faults if f.rank >= world],
+           "collectives": {}, "unsupported_types": {}, "training": {}, "scaling": None, "features": None,
            "wall_s": {"collectives": {}, "training": {}, "scaling": None, "features": None}}
     if log:
         log(coll.HEADER)

@@ -1,10 +1,7 @@
-"""A rank's progress lines on stdout: one per phase entered, and a heartbeat while alive.
-
-The heartbeat is a forked process, not a thread: a rank blocked in a call holding the GIL
-(gloo's rendezvous) still beats, a frozen container does not. Lines are written under a
-thread lock and an ``flock`` shared by the node's ranks, so they never interleave. The host
-reads them in :class:`builder.launchers.progress.ProgressTracker`. Stdlib only.
-"""
+"""A rank's progress lines on stdout: one per phase entered, and a heartbeat while alive. The heartbeat is a forked
+process, not a thread: a rank blocked in a call holding the GIL (gloo's rendezvous) still beats, a frozen container
+does not. Lines are written under a thread lock and an ``flock`` shared by the node's ranks, so they never interleave.
+The host reads them in :class:`builder.launchers.progress.ProgressTracker`. Stdlib only."""
 
 from __future__ import annotations
 

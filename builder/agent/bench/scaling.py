@@ -1,9 +1,6 @@
-"""Scaling: the DDP check's step timed at world size 1 (rank 0 alone, in ``new_group([0])``
-so DDP's hooks stay in the step) and at N; efficiency = t1 / tN.
-
-1.0 is perfect weak scaling; CPU ranks sharing cores and memory bandwidth score below that
-by construction (that is what it measures).
-"""
+"""Scaling: the DDP check's step timed at world size 1 (rank 0 alone, in ``new_group([0])`` so DDP's hooks stay in the
+step) and at N; efficiency = t1 / tN. 1.0 is perfect weak scaling; CPU ranks sharing cores and memory bandwidth score
+below that by construction (that is what it measures)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What the image's torch lacks: ``{"unsupported": reason}``, never passed; only errors that
-say so count, any other fails the rank.
-"""
+"""What the image's torch lacks: ``{"unsupported": reason}``, never passed; only errors that say so count, any other
+fails the rank."""
 
 from __future__ import annotations
 

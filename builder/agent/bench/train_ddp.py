@@ -1,13 +1,9 @@
-"""The DDP check: ResNet-18 under DDP against a single-process reference.
-
-The reference runs the K distinct slices (rank r trains on slice r % K,
-:func:`~bench.training.shard_weights`) one after another (BatchNorm is not synced under DDP,
-so each slice has its own statistics) and accumulates each loss times its slice's share of
-the ranks: its cost is fixed whatever N. It
-trains in float64: in float32 summation order alone (1e-7) grows to 1e-3 in some
-parameters after 3 steps at 3 ranks, which no tolerance tells from a bug; in float64 it
-agrees to 3e-13. ``scaling`` measures float32 throughput.
-"""
+"""The DDP check: ResNet-18 under DDP against a single-process reference. The reference runs the K distinct slices
+(rank r trains on slice r % K, :func:`~bench.training.shard_weights`) one after another (BatchNorm is not synced
+under DDP, so each slice has its own statistics) and accumulates each loss times its slice's share of the ranks: its
+cost is fixed whatever N. It trains in float64: in float32 summation order alone (1e-7) grows to 1e-3 in some
+parameters after 3 steps at 3 ranks, which no tolerance tells from a bug; in float64 it agrees to 3e-13. ``scaling``
+measures float32 throughput."""
 
 from __future__ import annotations
 
@@ -96,9 +92,8 @@ def run_ddp_check(seed: int, device: str, steps: int = DEFAULT_STEPS, batch: int
     if training.fault_hits(faults, "ddp-grad-perturb", rank):
         ddp.register_comm_hook(None, _perturb_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
-    data = [(x.to(device=device, dtype=tdtype), y.to(device))
-            for x, y in make_data(torch, seed, steps, batch * len(training.shard_weights(world)),
-                                  image_size, NUM_CLASSES)]
+    data = [(x.to(device=device, dtype=tdtype), y.to(device)) for x,
+            y in make_data(torch, seed, steps, batch * len(training.shard_weights(world)), image_size, NUM_CLASSES)]
     sl = training.shard_of(rank, world, batch)
     mine = [(x[sl], y[sl]) for x, y in data]
 
@@ -121,7 +116,6 @@ def run_ddp_check(seed: int, device: str, steps: int = DEFAULT_STEPS, batch: int
     ok, diff, wall = training.agree(torch, dist, device, got, want, wall)
     losses = training.mean_over_ranks(torch, dist, device, local_losses)
     ref_wall = training.max_over_ranks(torch, dist, device, [ref_wall])[0]
-    return training.result(
-        f"resnet18 ({source})", losses, ref_losses, ok, diff, steps * batch * world, wall,
-        dtype=dtype, batch_per_rank=batch, global_batch=batch * world, image_size=image_size,
-        reference_wall_s=ref_wall)
+    return training.result(f"resnet18 ({source})", losses, ref_losses, ok, diff, steps * batch * world, wall,
+                           dtype=dtype, batch_per_rank=batch, global_batch=batch * world, image_size=image_size,
+                           reference_wall_s=ref_wall)

@@ -77,8 +77,7 @@ def _reference_losses(torch, gate, experts, data, world: int, tokens: int) -> li
     losses = []
     for x, y in data:
         opt.zero_grad(set_to_none=True)
-        outs = [moe_reference(torch, gate, experts, x[q * tokens:(q + 1) * tokens])
-                for q in range(world)]
+        outs = [moe_reference(torch, gate, experts, x[q * tokens:(q + 1) * tokens]) for q in range(world)]
         loss = F.mse_loss(torch.cat(outs), y)
         loss.backward()
         opt.step()
@@ -102,8 +101,7 @@ def run_moe_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
     ref_experts = [e.to(device) for e in ref_experts]
     gate, expert = gate.to(device), experts[rank].to(device)
     delta = EXPERT_DELTA if training.fault_hits(faults, "moe-expert-perturb", rank) else 0.0
-    data = [(x.to(device), y.to(device)) for x, y in training.batches(
-        torch, seed, steps, tokens * world, DIM, DIM)]
+    data = [(x.to(device), y.to(device)) for x, y in training.batches(torch, seed, steps, tokens * world, DIM, DIM)]
     opt = torch.optim.SGD(list(gate.parameters()) + list(expert.parameters()), lr=training.LR)
     routed = [0.0] * world
 

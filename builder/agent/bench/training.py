@@ -1,12 +1,9 @@
-"""Shared parts of the training checks: tolerance, result shape, torch helpers.
-
-Each check trains with one strategy and, on every rank, the same model in one process on
-the same global batch; it passes when every step's loss and every final parameter agree
-within ``|a - b| <= ATOL + RTOL * |b|`` (``torch.allclose``'s rule). The distributed sums
-run in another order, a few float32 roundings (eps 1.19e-7) apart: measured up to 1.5e-8
-(torch 2.13/gloo, 2-3 CPU ranks), so RTOL 1e-5 leaves 100x for other BLAS and reduction
-orders, while every injected fault moves some parameter by more than 1e-4.
-"""
+"""Shared parts of the training checks: tolerance, result shape, torch helpers. Each check trains with one strategy and,
+on every rank, the same model in one process on the same global batch; it passes when every step's loss and every final
+parameter agree within ``|a - b| <= ATOL + RTOL * |b|`` (``torch.allclose``'s rule). The distributed sums run in
+another order, a few float32 roundings (eps 1.19e-7) apart: measured up to 1.5e-8 (torch 2.13/gloo, 2-3 CPU ranks), so
+RTOL 1e-5 leaves 100x for other BLAS and reduction orders, while every injected fault moves some parameter by more than
+1e-4."""
 
 from __future__ import annotations
 
@@ -49,8 +46,7 @@ def close(a: float, b: float, rtol: float = RTOL, atol: float = ATOL) -> bool:
 
 
 def losses_match(distributed: list[float], reference: list[float]) -> bool:
-    return len(distributed) == len(reference) and all(
-        close(d, r) for d, r in zip(distributed, reference))
+    return len(distributed) == len(reference) and all(close(d, r) for d, r in zip(distributed, reference))
 
 
 def result(model: str, distributed: list[float], reference: list[float],
@@ -58,12 +54,11 @@ def result(model: str, distributed: list[float], reference: list[float],
            **extra) -> dict[str, Any]:
     """The JSON-able result of a check, the same on every rank; ``wall_s``: the slowest rank's seconds."""
     lm = losses_match(distributed, reference)
-    return {
-        "reference_match": bool(lm and params_close), "losses_match": bool(lm), "params_match": bool(params_close),
-        "tolerance": dict(TOLERANCE), "losses": [_finite(x) for x in distributed],
-        "reference_losses": [_finite(x) for x in reference], "max_param_diff": _finite(max_param_diff),
-        "samples_per_s": _finite(samples / wall_s) if wall_s > 0 else None, "wall_s": _finite(wall_s),
-        "steps": len(distributed), "model": model, **extra}
+    return {"reference_match": bool(lm and params_close), "losses_match": bool(lm), "params_match": bool(params_close),
+            "tolerance": dict(TOLERANCE), "losses": [_finite(x) for x in distributed],
+            "reference_losses": [_finite(x) for x in reference], "max_param_diff": _finite(max_param_diff),
+            "samples_per_s": _finite(samples / wall_s) if wall_s > 0 else None, "wall_s": _finite(wall_s),
+            "steps": len(distributed), "model": model, **extra}
 
 
 def _finite(x):
