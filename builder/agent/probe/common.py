@@ -28,9 +28,8 @@ def which(name: str) -> str | None:
 def run_text(argv: list[str]) -> str | None:
     """stdout of argv, or None when it cannot run, fails or runs past :data:`COMMAND_TIMEOUT_S` seconds."""
     try:
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              stdin=subprocess.DEVNULL, timeout=COMMAND_TIMEOUT_S,
-                              text=True)
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                              timeout=COMMAND_TIMEOUT_S, text=True)
     except (OSError, subprocess.SubprocessError):
         return None
     return proc.stdout if proc.returncode == 0 else None

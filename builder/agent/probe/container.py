@@ -9,13 +9,9 @@ from typing import Any
 from .common import run_text, which
 
 # Container runtimes asked for their version when on PATH (the host side of a node).
-RUNTIME_COMMANDS = (
-    ("docker", ("docker", "--version")),
-    ("podman", ("podman", "--version")),
-    ("apptainer", ("apptainer", "--version")),
-    ("singularity", ("singularity", "--version")),
-    ("enroot", ("enroot", "version")),
-)
+RUNTIME_COMMANDS = (("docker", ("docker", "--version")), ("podman", ("podman", "--version")),
+                    ("apptainer", ("apptainer", "--version")), ("singularity", ("singularity", "--version")),
+                    ("enroot", ("enroot", "version")))
 
 
 def parse_version_output(text: str | None) -> str | None:
@@ -61,7 +57,5 @@ def container_info(errors: list[str]) -> dict[str, Any]:
 def image_info() -> dict[str, str | None]:
     """From the ``ENVBUILD_IMAGE*`` variables; ``ref`` falls back to ``$APPTAINER_CONTAINER``."""
     env = os.environ
-    ref = (env.get("ENVBUILD_IMAGE") or env.get("APPTAINER_CONTAINER")
-           or env.get("SINGULARITY_CONTAINER") or None)
-    return {"ref": ref, "digest": env.get("ENVBUILD_IMAGE_DIGEST") or None,
-            "id": env.get("ENVBUILD_IMAGE_ID") or None}
+    ref = (env.get("ENVBUILD_IMAGE") or env.get("APPTAINER_CONTAINER") or env.get("SINGULARITY_CONTAINER") or None)
+    return {"ref": ref, "digest": env.get("ENVBUILD_IMAGE_DIGEST") or None, "id": env.get("ENVBUILD_IMAGE_ID") or None}

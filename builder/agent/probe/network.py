@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 from typing import Any
@@ -79,8 +80,7 @@ def parse_ip_json(text: str) -> list[dict[str, Any]]:
         addrs: list[dict[str, Any]] = []
         for a in item.get("addr_info") or []:
             if a.get("family") in ("inet", "inet6") and a.get("local"):
-                addrs.append({"family": a["family"], "address": a["local"],
-                              "prefixlen": a.get("prefixlen")})
+                addrs.append({"family": a["family"], "address": a["local"], "prefixlen": a.get("prefixlen")})
         out.append({
             "name": item.get("ifname"),
             "index": item.get("ifindex"),
@@ -120,16 +120,13 @@ def _interfaces_stdlib(errors: list[str]) -> list[dict[str, Any]]:
                 entry["loopback"] = bool(flags & _IFF_LOOPBACK)
             except (OSError, ValueError):
                 entry["loopback"] = name == "lo"
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 entry["mtu"] = int(_read(f"/sys/class/net/{name}/mtu").strip())
-            except (OSError, ValueError):
-                pass
             ifreq = struct.pack("256s", name.encode("utf-8")[:15])
             try:
                 addr = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, ifreq)[20:24])
                 try:
-                    mask = socket.inet_ntoa(
-                        fcntl.ioctl(sock.fileno(), _SIOCGIFNETMASK, ifreq)[20:24])
+                    mask = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), _SIOCGIFNETMASK, ifreq)[20:24])
                     plen = prefixlen_from_netmask(mask)
                 except OSError:
                     plen = None
@@ -173,11 +170,9 @@ def network_info(errors: list[str]) -> dict[str, Any]:
     except (OSError, UnicodeError) as e:
         errors.append(f"network: hostname does not resolve: {e}")
     port_range: list[int] | None = None
-    try:
+    with contextlib.suppress(OSError, ValueError):
         lo, hi = (int(x) for x in _read("/proc/sys/net/ipv4/ip_local_port_range").split())
         port_range = [lo, hi]
-    except (OSError, ValueError):
-        pass
     return {"interfaces": interfaces, "default_route_interface": default_if,
             "hostname_addresses": host_addrs, "ip_local_port_range": port_range}
 
