@@ -1,8 +1,5 @@
-"""Audit-only rules: what a file can get wrong that a recipe cannot, each naming its source.
-
-Worded like the recipe rules (:mod:`builder.recipe.rules`); the rule ids and their facts are
-in the functions below.
-"""
+"""Audit-only rules: what a file can get wrong that a recipe cannot, each naming its source. Worded like the recipe
+rules (:mod:`builder.recipe.rules`); the rule ids and their facts are in the functions below."""
 
 from __future__ import annotations
 

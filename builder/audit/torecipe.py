@@ -1,9 +1,7 @@
-"""``envbuild audit FILE --to-recipe OUT.yaml``: the recipe of the same stack, the envbuild way.
-
-An ``nvidia/cuda`` base becomes its ``base`` flavour (the others ship a second NCCL
-[compat.md §4]); what a recipe does not carry over is named in a comment, by line. Refused
-(exit 2, nothing written) when the file has errors or the stack lacks what a recipe requires.
-"""
+"""``envbuild audit FILE --to-recipe OUT.yaml``: the recipe of the same stack, the envbuild way. An ``nvidia/cuda`` base
+becomes its ``base`` flavour (the others ship a second NCCL [compat.md §4]); what a recipe does not carry over is named
+in a comment, by line. Refused (exit 2, nothing written) when the file has errors or the stack lacks what a recipe
+requires."""
 
 from __future__ import annotations
 
@@ -142,8 +140,7 @@ def recipe_text(p: Pins, out: str, driver: str | None) -> tuple[str, dict]:
                   "base": {"image": base}, "os": {"id": os_[0], "version": os_[1]}, "python": python,
                   "cuda": ({"version": vcuda, **({"driver": driver} if driver else {})} if vcuda else None),
                   "torch": {"version": t.release, "variant": t.variant},
-                  "packages": {"apt": [x for x, _l in apt], "pip": [x for x, _l in pip]},
-                  "env": {}}
+                  "packages": {"apt": [x for x, _l in apt], "pip": [x for x, _l in pip]}, "env": {}}
     where: dict[str, tuple[str, int]] = {}
     for key, items in (("apt", apt), ("pip", pip)):
         for i, (text, line) in enumerate(items):
@@ -168,10 +165,8 @@ def recipe_text(p: Pins, out: str, driver: str | None) -> tuple[str, dict]:
 
 
 def write(audited: Audited, out: str, driver: str | None = None) -> Path:
-    """Write the recipe of ``audited`` to ``out`` atomically.
-
-    Raises EnvbuildError (exit 2) when it cannot or may not be written, Unreachable (exit 3).
-    """
+    """Write the recipe of ``audited`` to ``out`` atomically. Raises EnvbuildError (exit 2) when it cannot or may not be
+    written, Unreachable (exit 3)."""
     if audited.pins is None or audited.result.exit_code >= 2:
         raise EnvbuildError(f"not written: {inputs.escape(audited.result.file, 200)} has errors (fix them first)",
                             file=out)
