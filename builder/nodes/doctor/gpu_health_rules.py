@@ -135,8 +135,7 @@ def _memory(g: GpuReading, t: Thresholds, at: str) -> list[Finding]:
             out.append(_f(r["status"], at, r["what"], value, f"<= {limit}", FailureClass(r["class"]), r["next"]))
     retired = (g.retired_sbe or 0) + (g.retired_dbe or 0)
     if retired > t.retired_pages_max:
-        out.append(_f(FAIL, at, "retired pages", retired, f"<= {t.retired_pages_max}", FailureClass.HARDWARE,
-                      "vendor"))
+        out.append(_f(FAIL, at, "retired pages", retired, f"<= {t.retired_pages_max}", FailureClass.HARDWARE, "vendor"))
     return out
 
 

@@ -28,8 +28,7 @@ class DoctorResult:
     def to_json(self) -> dict:
         """Machine-readable result, schema ``envbuild.doctor/1``."""
         return {"schema": "envbuild.doctor/1", "exit_code": int(self.exit_code),
-                "nodes": [node_summary(n).to_dict() for n in self.nodes],
-                "checks": [c.to_json() for c in self.checks]}
+                "nodes": [node_summary(n).to_dict() for n in self.nodes], "checks": [c.to_json() for c in self.checks]}
 
 
 def _backend(nodes: list[Node], opts: Options) -> str:
