@@ -78,8 +78,7 @@ def gather(src: Sources) -> list[Node]:
         nodes += from_containers(client, src.images, src.containers, src.labels,
                                  None if src.slurm else src.nodes, src.timeout_s, src.python)
     if src.hosts:
-        nodes += from_ssh(src.hosts, src.ssh_config, src.ssh_options, src.timeout_s,
-                          src.connect_timeout_s, src.python)
+        nodes += from_ssh(src.hosts, src.ssh_config, src.ssh_options, src.timeout_s, src.connect_timeout_s, src.python)
     if src.slurm:
         nodes += from_slurm(src.nodes, src.partition, src.srun_args, src.timeout_s, src.python)
     seen: dict[str, int] = {}

@@ -55,11 +55,10 @@ def _listed(data: bytes, where: str) -> Iterator[str]:
 
 
 def report_paths(items: Iterable[str], stdin: BinaryIO | None = None) -> list[str]:
-    """The report files ``items`` name: a file, a directory (its ``*.json`` files, at most
-    :data:`MAX_DIR_DEPTH` levels down; one without any is named as a file), ``@FILE`` (one
-    path a line) or ``-`` (that list on stdin, read once). Raises Unreachable (exit 3) for a
-    list or directory that cannot be read, too deep, or more than :data:`MAX_REPORT_FILES`
-    files; a listed file that cannot be read is its node's error, as a named one."""
+    """The report files ``items`` name: a file, a directory (its ``*.json`` files, at most :data:`MAX_DIR_DEPTH` levels
+    down; one without any is named as a file), ``@FILE`` (one path a line) or ``-`` (that list on stdin, read once).
+    Raises Unreachable (exit 3) for a list or directory that cannot be read, too deep, or more than
+    :data:`MAX_REPORT_FILES` files; a listed file that cannot be read is its node's error, as a named one."""
     out: list[str] = []
     for item in items:
         if item == "-" or item.startswith("@"):

@@ -154,9 +154,8 @@ def _task_node(task: int, tasks: dict[int, str], failed: dict[int, str], stderr:
 def from_slurm(nodes: int | None = None, partition: str | None = None,
                extra: Sequence[str] = (), timeout_s: float = DEFAULT_TIMEOUT_S,
                python: str = DEFAULT_PYTHON) -> list[Node]:
-    """Probe every node in one Slurm job step, one task per node, named by its hostname; output
-    bounded by :data:`MAX_SRUN_OUTPUT_BYTES`.
-    Raises Unreachable, InvalidReport (exit 3)."""
+    """Probe every node in one Slurm job step, one task per node, named by its hostname; output bounded by
+    :data:`MAX_SRUN_OUTPUT_BYTES`. Raises Unreachable, InvalidReport (exit 3)."""
     base = srun_argv(nodes, partition, extra)
     argv = [*base, "--ntasks-per-node=1", "--label", "--input=all",
             *payload.command(check_python(python), PROBE_MODULE, ["--host"])]
