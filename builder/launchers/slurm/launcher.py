@@ -284,15 +284,13 @@ class SlurmLauncher:
         failed_nodes = [n for n, c in node_exit.items() if c not in (None, 0)]
         killed = [n for n, c in node_exit.items() if c is None]
         keep_results(folder / RESULTS_DIR, results, cleanup_errors)
-        return LaunchResult(
-            rank_results=results, node_logs=node_logs, node_exit_codes=node_exit, timed_out=timed_out,
-            missing_ranks=missing, started_at=outcome.started_at, finished_at=utc_stamp(),
-            rank_exit_codes=rank_exit, rank_problems=problems,
-            killed_after_s=0.0 if (failed_nodes and killed and not timed_out) else None,
-            cleanup_errors=cleanup_errors, notes=self._notes(folder, outcome, what), deadline_s=deadline_s,
-            progress=outcome.progress, socket_seen=dict(logs.tracker.socket),
-            interfaces_seen=dict(logs.tracker.interfaces),
-        )
+        return LaunchResult(rank_results=results, node_logs=node_logs, node_exit_codes=node_exit, timed_out=timed_out,
+                            missing_ranks=missing, started_at=outcome.started_at, finished_at=utc_stamp(),
+                            rank_exit_codes=rank_exit, rank_problems=problems,
+                            killed_after_s=0.0 if (failed_nodes and killed and not timed_out) else None,
+                            cleanup_errors=cleanup_errors, notes=self._notes(folder, outcome, what),
+                            deadline_s=deadline_s, progress=outcome.progress, socket_seen=dict(logs.tracker.socket),
+                            interfaces_seen=dict(logs.tracker.interfaces))
 
     def _notes(self, folder: Path, outcome: Outcome, what: str) -> list[str]:
         """The job's note when it did not simply complete: its state, exit code and the
