@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
@@ -10,7 +11,7 @@ import re
 import signal
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -63,6 +64,15 @@ def last_line(text: str) -> str:
     """The last non-blank line of ``text``, escaped (``"no output"`` when there is none)."""
     lines = [line for line in (text or "").strip().splitlines() if line.strip()]
     return one_line(lines[-1], 200) if lines else "no output"
+
+
+def unique_names(nodes: list[Node], rename: Callable[[Node], str]) -> list[Node]:
+    """``nodes`` with ``rename(node)`` as the name of every node whose name is repeated."""
+    counts = collections.Counter(n.name for n in nodes)
+    for n in nodes:
+        if counts[n.name] > 1:
+            n.name = rename(n)
+    return nodes
 
 
 def exit_status(rc: int | None) -> str:
