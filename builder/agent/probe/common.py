@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from typing import Any
 
@@ -14,15 +13,6 @@ def text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return str(value)
-
-
-def which(name: str) -> str | None:
-    """The first executable ``name`` on ``$PATH`` (``os.defpath`` when unset), or None."""
-    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        path = os.path.join(d or ".", name)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
 
 
 def run_text(argv: list[str]) -> str | None:

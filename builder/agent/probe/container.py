@@ -4,9 +4,10 @@ whoever starts the probe, through the ``ENVBUILD_IMAGE*`` variables)."""
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any
 
-from .common import run_text, which
+from .common import run_text
 
 # Container runtimes asked for their version when on PATH (the host side of a node).
 RUNTIME_COMMANDS = (("docker", ("docker", "--version")), ("podman", ("podman", "--version")),
@@ -43,7 +44,7 @@ def _runtime() -> str | None:
 def container_info(errors: list[str]) -> dict[str, Any]:
     installed = {}
     for name, argv in RUNTIME_COMMANDS:
-        if which(argv[0]) is None:
+        if shutil.which(argv[0]) is None:
             continue
         version = parse_version_output(run_text(list(argv)))
         if version is None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import socket
 from typing import Any
 
 from .common import read_text as _read
-from .common import run_text, which
+from .common import run_text
 
 # ioctl request numbers of <linux/sockios.h>.
 _SIOCGIFADDR = 0x8915
@@ -147,7 +148,7 @@ USE_IP_COMMAND = True
 
 def network_info(errors: list[str]) -> dict[str, Any]:
     interfaces: list[dict[str, Any]] | None = None
-    if USE_IP_COMMAND and which("ip"):
+    if USE_IP_COMMAND and shutil.which("ip"):
         text = run_text(["ip", "-j", "addr"])
         if text:
             try:
