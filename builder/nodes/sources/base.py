@@ -225,15 +225,13 @@ class ProcessRunning(Running):
         """SIGTERM the process group (srun then cancels its step), SIGKILL after 5 s."""
         if self.proc.poll() is not None:
             return
-        try:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
 
 
 class Target:
