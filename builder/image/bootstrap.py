@@ -5,6 +5,7 @@ tag, so nobody takes it for the official image). Sources: debootstrap(8), debian
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 import re
@@ -80,14 +81,11 @@ def bootstrap_ref(suite: str) -> str:
 def _mounts_below(root: Path) -> list[str]:
     prefix = str(root.resolve()) + "/"
     found = []
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as f:
-            for line in f:
-                point = line.split()[4].encode().decode("unicode_escape")
-                if point.startswith(prefix):
-                    found.append(point)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point.startswith(prefix):
+                found.append(point)
     return sorted(found, key=len, reverse=True)
 
 
