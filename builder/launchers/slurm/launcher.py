@@ -205,8 +205,7 @@ class SlurmLauncher:
             return self._give_up(job_id, info, w.started_at, "running", w.t0, logs)
         return None
 
-    def _give_up(self, job_id: str, info: JobInfo, started_at: str, why: str, t0: float,
-                 logs: NodeLogs) -> Outcome:
+    def _give_up(self, job_id: str, info: JobInfo, started_at: str, why: str, t0: float, logs: NodeLogs) -> Outcome:
         progress = logs.tracker.snapshot()
         err = scancel(job_id)
         end = self._await_end(job_id, CANCEL_WAIT_S)
@@ -307,8 +306,7 @@ class SlurmLauncher:
 
     # -- cleanup
 
-    def _cleanup(self, spec: LaunchSpec, outcome: Outcome | None, errors: list[str],
-                 say: OnProgress) -> None:
+    def _cleanup(self, spec: LaunchSpec, outcome: Outcome | None, errors: list[str], say: OnProgress) -> None:
         """Cancel the job if it may still run; remove the run's docker containers."""
         info = outcome.info if outcome else None
         if self.job_id is None and self._submitting:
