@@ -118,8 +118,7 @@ def _step(key: str) -> str:
     return str(table()["next"][key])
 
 
-def _f(status: str, where: str, what: str, value: object, threshold: object, cls: FailureClass,
-       step: str) -> Finding:
+def _f(status: str, where: str, what: str, value: object, threshold: object, cls: FailureClass, step: str) -> Finding:
     return Finding(status, where, what, one_line(value, 200), one_line(threshold, 200), cls, _step(step))
 
 
