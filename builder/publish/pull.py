@@ -39,8 +39,7 @@ class Refused(EnvbuildError):
     """A pull refused by a check (exit 2)."""
 
 
-def check_image(img: Image, ref: ImageRef, digest: str, cert: Mapping[str, Any],
-                certified_id: str | None) -> list[str]:
+def check_image(img: Image, ref: ImageRef, digest: str, cert: Mapping[str, Any], certified_id: str | None) -> list[str]:
     """Differences between a pulled image and its certificate."""
     problems = []
     wanted = f"{ref.name}@{digest}"

@@ -31,8 +31,7 @@ def _remove_ours(client: Engine, image_id: str, ours: list[str]) -> None:
             client.untag(r)
 
 
-def engine_push(client: Engine, image_id: str, name: str, tag: str,
-                credentials: Credentials | None) -> str:
+def engine_push(client: Engine, image_id: str, name: str, tag: str, credentials: Credentials | None) -> str:
     """Push ``image_id`` as ``name:tag``; returns the manifest digest (Unreachable, exit 3).
     The references made for the push are removed afterwards unless they are the image's only names."""
     ref = f"{name}:{tag}"
