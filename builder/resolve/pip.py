@@ -38,8 +38,7 @@ def platform_tags(glibc: str, arch: str = "x86_64") -> list[str]:
     return [*tags, f"manylinux2014_{arch}", f"linux_{arch}"]
 
 
-def pip_command(spec: Spec, site: SiteOptions, report: Path, target: Path, *, python: str | None = None
-                ) -> list[str]:
+def pip_command(spec: Spec, site: SiteOptions, report: Path, target: Path, *, python: str | None = None) -> list[str]:
     r = spec.recipe
     argv = [python or sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
             "--disable-pip-version-check", "--no-input", "--retries", "1", "--timeout", "20", "--report", str(report),
