@@ -185,8 +185,7 @@ class ProcessRunning(Running):
     """A local process (``ssh``, ``srun``) with ``stdin`` (the payload archive) on its
     stdin; its output read in binary chunks (bounded: see :class:`Running`)."""
 
-    def __init__(self, argv: Sequence[str], stdin: bytes, where: str,
-                 max_stdout: int = MAX_REPORT_BYTES) -> None:
+    def __init__(self, argv: Sequence[str], stdin: bytes, where: str, max_stdout: int = MAX_REPORT_BYTES) -> None:
         super().__init__(where, max_stdout)
         try:
             self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -95,8 +95,7 @@ def failed_tasks(stderr: str) -> dict[int, str]:
     return failed
 
 
-def srun_argv(nodes: int | None = None, partition: str | None = None,
-              extra: Sequence[str] = ()) -> list[str]:
+def srun_argv(nodes: int | None = None, partition: str | None = None, extra: Sequence[str] = ()) -> list[str]:
     """``srun`` arguments shared by every step envbuild starts. Raises UsageError (exit 64)."""
     argv = ["srun", "--job-name=envbuild"]
     if partition:
@@ -141,9 +140,8 @@ def _task_node(task: int, tasks: dict[int, str], failed: dict[int, str], stderr:
     return node
 
 
-def from_slurm(nodes: int | None = None, partition: str | None = None,
-               extra: Sequence[str] = (), timeout_s: float = DEFAULT_TIMEOUT_S,
-               python: str = DEFAULT_PYTHON) -> list[Node]:
+def from_slurm(nodes: int | None = None, partition: str | None = None, extra: Sequence[str] = (),
+               timeout_s: float = DEFAULT_TIMEOUT_S, python: str = DEFAULT_PYTHON) -> list[Node]:
     """Probe every node in one Slurm job step, one task per node, named by its hostname; output bounded by
     :data:`MAX_SRUN_OUTPUT_BYTES`. Raises Unreachable, InvalidReport (exit 3)."""
     base = srun_argv(nodes, partition, extra)
