@@ -215,8 +215,7 @@ def _import_rootfs(client: Engine, root: Path, repo: str, tag: str, changes: lis
 MODES = ("auto", "pull", "bootstrap", "local")
 
 
-def _explicit_base(client: Engine, override: str, mode: str,
-                   pull_timeout_s: float) -> tuple[str, str, str]:
+def _explicit_base(client: Engine, override: str, mode: str, pull_timeout_s: float) -> tuple[str, str, str]:
     """``--base IMAGE``: taken as is, local or pulled, never bootstrapped."""
     if mode == "bootstrap":
         raise EnvbuildError("--base IMAGE and --base-mode bootstrap exclude each other", field="base", value=override)
@@ -228,8 +227,7 @@ def _explicit_base(client: Engine, override: str, mode: str,
     return override, image_id, "explicit"
 
 
-def _bootstrapped(client: Engine, official_ref: str, mirror: str,
-                  on_line: OnLine | None) -> tuple[str, str, str]:
+def _bootstrapped(client: Engine, official_ref: str, mirror: str, on_line: OnLine | None) -> tuple[str, str, str]:
     suite = debian_suite(official_ref)
     if suite is None:
         raise EnvbuildError("only a debian:<suite> base can be bootstrapped", field="base", value=official_ref)

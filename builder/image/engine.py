@@ -385,8 +385,7 @@ class Engine:
         with _call(f"container {name}"):
             return Container.of(self.sdk.api.inspect_container(name))
 
-    def containers(self, labels: Sequence[str] = (), *, running: bool = False, inspect: bool = True
-                   ) -> list[Container]:
+    def containers(self, labels: Sequence[str] = (), *, running: bool = False, inspect: bool = True) -> list[Container]:
         """Containers with every label of ``labels`` (``key`` or ``key=value``), only running ones with
         ``running``; their inspect documents unless not ``inspect`` (one call for all)."""
         filters: dict[str, Any] = {"label": list(labels)} if labels else {}
@@ -508,8 +507,7 @@ class Engine:
                                     field="label", value=label_filter)
         return counts
 
-    def stale_networks(self, now: float | None = None,
-                       label_filter: str | list[str] | None = None) -> list[dict]:
+    def stale_networks(self, now: float | None = None, label_filter: str | list[str] | None = None) -> list[dict]:
         """Networks of runs that ended without removing them: ``envbuild=1``, a passed
         :data:`DEADLINE_LABEL` (``now``: seconds since the epoch) and no container; sorted by name."""
         import time
