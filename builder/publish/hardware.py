@@ -15,12 +15,8 @@ def node_report() -> dict[str, Any]:
 
 
 def _gpu_names(cert: Mapping[str, Any]) -> set[str]:
-    names = set()
-    for doc in (cert.get("probe") or {}).values():
-        for g in (doc or {}).get("gpus") or []:
-            if isinstance(g, dict) and g.get("name"):
-                names.add(str(g["name"]))
-    return names
+    return {str(g["name"]) for doc in (cert.get("probe") or {}).values() for g in (doc or {}).get("gpus") or []
+            if isinstance(g, dict) and g.get("name")}
 
 
 def _version(text: Any) -> Version | None:
