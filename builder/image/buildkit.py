@@ -89,7 +89,6 @@ def buildkit_cli(search_path: str | None = None, extra: Iterable[str] = ("/usr/b
                         field="docker")
 
 
-
 # --------------------------------------------------------------------------- output
 
 

@@ -61,8 +61,6 @@ def stale_containers(client: Any, labels: tuple[str, ...] = (), stale_after_s: f
     return sorted(stale, key=lambda c: c.name)
 
 
-
-
 def _remove(client: Any, stale: list[Any], labels: list[str], lines: list[str]) -> Check:
     """Remove ``stale``, then the stale networks (only once their containers are gone)."""
     from builder.image.engine import LABEL
