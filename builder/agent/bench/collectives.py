@@ -327,8 +327,7 @@ def _reduce_stats(torch, dist, mine: list[tuple[float, int]], device: str) -> li
     return [values[5 * j:5 * j + 5] for j in range(k)]
 
 
-def _time_and_check(torch, dist, name, api, count, dtype, iters, warmup, device, cuda,
-                    corrupt) -> tuple[float, int]:
+def _time_and_check(torch, dist, name, api, count, dtype, iters, warmup, device, cuda, corrupt) -> tuple[float, int]:
     """(this rank's mean microseconds per run, its wrong elements) at one count. Timed first, as a plain loop is (zeroed
     buffers, warmup, barrier, ``iters`` runs); the exact-compared run comes after: its pattern fill and compare
     allocate and touch several buffers of the size, which before the timed loop cost up to a quarter of the bandwidth.

@@ -100,9 +100,8 @@ def _training_runner(profile: str) -> Callable[..., dict[str, Any]]:
     return runners[profile]
 
 
-def run_profiles(profiles, sizes: list[int], iters: int, warmup: int,
-                 dtypes: list[str] | None, seed: int, device: str, backend: str, *,
-                 ddp: tuple[int, int, int] = (3, 4, 32), faults=None, scaling: bool = True,
+def run_profiles(profiles, sizes: list[int], iters: int, warmup: int, dtypes: list[str] | None, seed: int, device: str,
+                 backend: str, *, ddp: tuple[int, int, int] = (3, 4, 32), faults=None, scaling: bool = True,
                  features: bool = True, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The collectives (each once), training, scaling and feature checks of ``profiles`` on the default
     process group; the same on every rank but its wall times (s) and numpy problem. ``ddp``: (steps,

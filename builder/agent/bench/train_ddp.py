@@ -73,8 +73,7 @@ def _perturb_hook(state, bucket):
 
 
 def run_ddp_check(seed: int, device: str, steps: int = DEFAULT_STEPS, batch: int = DEFAULT_BATCH,
-                  image_size: int = DEFAULT_IMAGE_SIZE, faults=(),
-                  dtype: str = DEFAULT_DTYPE) -> dict[str, Any]:
+                  image_size: int = DEFAULT_IMAGE_SIZE, faults=(), dtype: str = DEFAULT_DTYPE) -> dict[str, Any]:
     """Train ResNet-18 under DDP and compare with the reference (``dtype`` float64 or float32)."""
     import torch
     import torch.distributed as dist

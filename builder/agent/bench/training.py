@@ -49,9 +49,8 @@ def losses_match(distributed: list[float], reference: list[float]) -> bool:
     return len(distributed) == len(reference) and all(close(d, r) for d, r in zip(distributed, reference))
 
 
-def result(model: str, distributed: list[float], reference: list[float],
-           params_close: bool, max_param_diff: float, samples: int, wall_s: float,
-           **extra) -> dict[str, Any]:
+def result(model: str, distributed: list[float], reference: list[float], params_close: bool, max_param_diff: float,
+           samples: int, wall_s: float, **extra) -> dict[str, Any]:
     """The JSON-able result of a check, the same on every rank; ``wall_s``: the slowest rank's seconds."""
     lm = losses_match(distributed, reference)
     return {"reference_match": bool(lm and params_close), "losses_match": bool(lm), "params_match": bool(params_close),
