@@ -32,8 +32,7 @@ def first_line(text: str, limit: int = REASON_MAX) -> str:
 def unsupported_reason(exc: BaseException) -> str | None:
     """``"<Type>: <first line>"`` for NotImplementedError or a RuntimeError matching ``UNSUPPORTED_RE``, else None."""
     text = first_line(str(exc))
-    if isinstance(exc, NotImplementedError) or (
-            isinstance(exc, RuntimeError) and UNSUPPORTED_RE.search(text)):
+    if isinstance(exc, NotImplementedError) or (isinstance(exc, RuntimeError) and UNSUPPORTED_RE.search(text)):
         return f"{type(exc).__name__}: {text}"
     return None
 
