@@ -1,10 +1,7 @@
-"""What a base image's name says: CUDA, OS, Python and a preinstalled PyTorch.
-
-Read from the tag only (nothing is pulled): ``nvidia/cuda`` [NV-IMG], NGC pytorch (release
-table in ``data/bases.yaml`` [NGC-RN]), ``pytorch/pytorch`` [PT-IMG], ``debian``/``ubuntu``
-and ``python`` [PY-IMG]. What a name does not say (a moving tag, a local image file, an
-unknown repository) is None with ``why`` naming it.
-"""
+"""What a base image's name says: CUDA, OS, Python and a preinstalled PyTorch. Read from the tag only (nothing is
+pulled): ``nvidia/cuda`` [NV-IMG], NGC pytorch (release table in ``data/bases.yaml`` [NGC-RN]), ``pytorch/pytorch``
+[PT-IMG], ``debian``/``ubuntu`` and ``python`` [PY-IMG]. What a name does not say (a moving tag, a local image file,
+an unknown repository) is None with ``why`` naming it."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Apptainer/Singularity definition files: header, sections, stages, build arguments.
-
-Not spython's parser: it keeps no line numbers, drops a command in the header, merges
-duplicate sections and takes a merge-conflict marker for a ``%post`` command; here each is
-malformed (exit 3). Grammar: Apptainer user guide, "Definition Files".
-"""
+"""Apptainer/Singularity definition files: header, sections, stages, build arguments. Not spython's parser: it keeps no
+line numbers, drops a command in the header, merges duplicate sections and takes a merge-conflict marker for a
+``%post`` command; here each is malformed (exit 3). Grammar: Apptainer user guide, "Definition Files"."""
 
 from __future__ import annotations
 
@@ -120,10 +117,8 @@ def _stage(file: str, b: _Block, index: int, names: dict[str, int], templates) -
 
 
 def parse(file: str, build_args: dict[str, str] | None = None) -> Parsed:
-    """The :class:`~.parsed.Parsed` stages of the definition at ``file`` (one per ``Bootstrap:``).
-
-    Raises Unreachable (exit 3) when unreadable, Malformed (exit 3) naming the line.
-    """
+    """The :class:`~.parsed.Parsed` stages of the definition at ``file`` (one per ``Bootstrap:``). Raises Unreachable
+    (exit 3) when unreadable, Malformed (exit 3) naming the line."""
     lines = read_lines(file)
     blocks = _blocks(file, lines)
     args = _arguments(blocks, dict(build_args or {}))

@@ -1,10 +1,7 @@
-"""Dockerfiles and Containerfiles: instructions from dockerfile-parse, ARG/ENV expanded as Docker does.
-
-Two things dockerfile-parse reads differently from BuildKit are settled first (line numbers
-kept): a blank line inside a continuation and here-documents. Variable scoping follows the
-Dockerfile reference ("ARG", "ENV", "Understand how ARG and FROM interact"); what the base
-image sets is unknown, so a variable this file does not set is named, not guessed.
-"""
+"""Dockerfiles and Containerfiles: instructions from dockerfile-parse, ARG/ENV expanded as Docker does. Two things
+dockerfile-parse reads differently from BuildKit are settled first (line numbers kept): a blank line inside a
+continuation and here-documents. Variable scoping follows the Dockerfile reference ("ARG", "ENV", "Understand how ARG
+and FROM interact"); what the base image sets is unknown, so a variable this file does not set is named, not guessed."""
 
 from __future__ import annotations
 
@@ -37,10 +34,8 @@ class _Heredoc:
 
 
 def _prepare(file: str, lines: list[str]) -> tuple[list[str], dict[int, _Heredoc]]:
-    """The text dockerfile-parse reads (same line count) and the here-documents by instruction line.
-
-    Continuations reach it as stubs: it joins them by repeated string addition, quadratic in length.
-    """
+    """The text dockerfile-parse reads (same line count) and the here-documents by instruction line. Continuations reach
+    it as stubs: it joins them by repeated string addition, quadratic in length."""
     feed = list(lines)
     heredocs: dict[int, _Heredoc] = {}
     i, cont, current = 0, False, None
@@ -284,10 +279,8 @@ def _slice(src: Source, offset: int) -> Source:
 
 
 def parse(file: str, build_args: dict[str, str] | None = None) -> Parsed:
-    """The :class:`~.parsed.Parsed` stages of the Dockerfile at ``file``.
-
-    Raises Unreachable (exit 3) when unreadable, Malformed (exit 3) naming the line.
-    """
+    """The :class:`~.parsed.Parsed` stages of the Dockerfile at ``file``. Raises Unreachable (exit 3) when unreadable,
+    Malformed (exit 3) naming the line."""
     lines = read_lines(file)
     feed, heredocs = _prepare(file, lines)
     parser = DockerfileParser(fileobj=io.BytesIO("\n".join(feed).encode("utf-8")))

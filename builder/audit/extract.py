@@ -1,9 +1,6 @@
-"""The stack of a parsed file: base, Python, torch, packages and environment, each with its line.
-
-Read in the stages the final image depends on: pip (and uv pip) installs with their indexes,
-conda installs with their channels, apt installs, and the image's environment; requirement
-files are noted, not followed.
-"""
+"""The stack of a parsed file: base, Python, torch, packages and environment, each with its line. Read in the stages the
+final image depends on: pip (and uv pip) installs with their indexes, conda installs with their channels, apt installs,
+and the image's environment; requirement files are noted, not followed."""
 
 from __future__ import annotations
 

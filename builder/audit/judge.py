@@ -1,10 +1,7 @@
-"""The one adapter between the audit and recipe's rules: the file's pins as a recipe, checked by the
-very code ``envbuild check`` runs, each finding mapped back to the file's line.
-
-The only audit module that knows the recipe's schema and rule ids. Findings that do not apply
-to a file are dropped, each for a reason (:func:`_applies`); a schema error on a file's value
-becomes a note.
-"""
+"""The one adapter between the audit and recipe's rules: the file's pins as a recipe, checked by the very code
+``envbuild check`` runs, each finding mapped back to the file's line. The only audit module that knows the recipe's
+schema and rule ids. Findings that do not apply to a file are dropped, each for a reason (:func:`_applies`); a
+schema error on a file's value becomes a note."""
 
 from __future__ import annotations
 
@@ -24,10 +21,8 @@ from .rules import Out
 
 
 def recipe_data(p: Pins, driver: str | None) -> tuple[dict[str, Any], dict[str, Item], frozenset[str]]:
-    """``(recipe mapping, origin of each field, fields the file leaves unknown)`` of ``p``.
-
-    ``torch.variant`` stays unknown when nothing names it: the rules must not derive one.
-    """
+    """``(recipe mapping, origin of each field, fields the file leaves unknown)`` of ``p``. ``torch.variant`` stays
+    unknown when nothing names it: the rules must not derive one."""
     data: dict[str, Any] = {}
     at: dict[str, Item] = {}
     unknown = frozenset({"torch.variant"}) if p.torch and not p.torch.variant else frozenset()

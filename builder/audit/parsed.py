@@ -1,7 +1,5 @@
-"""What the two parsers hand to the extraction: the stages of one file, with words expanded.
-
-A malformed file is :class:`Malformed`: one line ``FILE: line N: <what>``, exit 3.
-"""
+"""What the two parsers hand to the extraction: the stages of one file, with words expanded. A malformed file is
+:class:`Malformed`: one line ``FILE: line N: <what>``, exit 3."""
 
 from __future__ import annotations
 
@@ -118,10 +116,8 @@ class Parsed:
 
 
 def read_lines(path: str) -> list[str]:
-    """The lines of ``path`` (bounded, UTF-8, LF), checked: no control character but tab, no merge conflict.
-
-    Raises Unreachable (exit 3) when unreadable, Malformed (exit 3) naming the line.
-    """
+    """The lines of ``path`` (bounded, UTF-8, LF), checked: no control character but tab, no merge conflict. Raises
+    Unreachable (exit 3) when unreadable, Malformed (exit 3) naming the line."""
     data = inputs.read_regular(path, MAX_FILE_BYTES, "file to audit")
     try:
         text = data.decode("utf-8")

@@ -1,9 +1,7 @@
-"""What the extracted stack comes to: torch's release and wheel variant, Python, CUDA, NCCL/cuDNN pins.
-
-A pip torch's variant: the pin's local version, else the PyTorch index's (pip takes the
-highest version of all indexes, and ``+cu121`` sorts above), else PyPI's build, the release's
-default variant (compat.yaml [S2]; PyPI has no ``+cpu`` builds [PT-IDX]).
-"""
+"""What the extracted stack comes to: torch's release and wheel variant, Python, CUDA, NCCL/cuDNN pins. A pip torch's
+variant: the pin's local version, else the PyTorch index's (pip takes the highest version of all indexes, and
+``+cu121`` sorts above), else PyPI's build, the release's default variant (compat.yaml [S2]; PyPI has no ``+cpu``
+builds [PT-IDX])."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""Audit-only rules: what a file can get wrong that a recipe cannot, each naming its source.
-
-Worded like the recipe rules (:mod:`builder.recipe.rules`); the rule ids and their facts are
-in the functions below.
-"""
+"""Audit-only rules: what a file can get wrong that a recipe cannot, each naming its source. Worded like the recipe
+rules (:mod:`builder.recipe.rules`); the rule ids and their facts are in the functions below."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from packaging.version import InvalidVersion, Version
@@ -126,10 +124,8 @@ def _conda(p: Pins, out: Out) -> None:
         if t.installer != "conda":
             continue
         version = None
-        try:
+        with contextlib.suppress(InvalidVersion):
             version = Version(t.version) if t.version else None
-        except InvalidVersion:
-            pass
         if t.channel == "pytorch" and version and Version(f"{version.major}.{version.minor}") > last:
             out.add(ERROR, "conda-torch", t.item,
                     f"the pytorch conda channel has no pytorch {t.version}: {row['version']} was the last release "

@@ -1,7 +1,5 @@
-"""``envbuild audit``: parse each file, extract its stack, judge it, and give each file a verdict.
-
-Exit codes (shared/design.md): clean 0, warnings 1, errors 2, malformed or unreadable 3; the worst of several files.
-"""
+"""``envbuild audit``: parse each file, extract its stack, judge it, and give each file a verdict. Exit codes
+(shared/design.md): clean 0, warnings 1, errors 2, malformed or unreadable 3; the worst of several files."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""Words as ``/bin/sh`` and Docker read them, with every variable expanded that can be.
-
-``shell=True``: a ``RUN`` line or ``%post`` script as POSIX sh reads it; ``shell=False``: Docker's
-expansion of instruction values (split on blanks, ``$(`` kept). What cannot be expanded (an
-unset variable, ``$(...)``, ``$1``, bash-only forms) is never guessed: ``text=None`` and
-``why``. Bounded by :data:`MAX_VALUE`, :data:`MAX_DEPTH` and :data:`MAX_PATTERN_VALUE`; linear.
-"""
+"""Words as ``/bin/sh`` and Docker read them, with every variable expanded that can be. ``shell=True``: a ``RUN`` line
+or ``%post`` script as POSIX sh reads it; ``shell=False``: Docker's expansion of instruction values (split on
+blanks, ``$(`` kept). What cannot be expanded (an unset variable, ``$(...)``, ``$1``, bash-only forms) is never
+guessed: ``text=None`` and ``why``. Bounded by :data:`MAX_VALUE`, :data:`MAX_DEPTH` and :data:`MAX_PATTERN_VALUE`;
+linear."""
 
 from __future__ import annotations
 

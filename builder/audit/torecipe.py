@@ -1,9 +1,7 @@
-"""``envbuild audit FILE --to-recipe OUT.yaml``: the recipe of the same stack, the envbuild way.
-
-An ``nvidia/cuda`` base becomes its ``base`` flavour (the others ship a second NCCL
-[compat.md §4]); what a recipe does not carry over is named in a comment, by line. Refused
-(exit 2, nothing written) when the file has errors or the stack lacks what a recipe requires.
-"""
+"""``envbuild audit FILE --to-recipe OUT.yaml``: the recipe of the same stack, the envbuild way. An ``nvidia/cuda`` base
+becomes its ``base`` flavour (the others ship a second NCCL [compat.md §4]); what a recipe does not carry over is named
+in a comment, by line. Refused (exit 2, nothing written) when the file has errors or the stack lacks what a recipe
+requires."""
 
 from __future__ import annotations
 
@@ -69,13 +67,8 @@ def _packages(p: Pins, comments: list[tuple[int, str]]) -> tuple[list[tuple[str,
 def _fit(data: dict, where: dict[str, tuple[str, int]], comments: list[tuple[int, str]]) -> dict:
     """``data`` without what the recipe schema refuses, each named in a comment with the schema's reason."""
     spec = judge.check_data(data, "recipe")
-    drop: dict[str, str] = {}
-    for e in spec.schema_errors:
-        if e.field in where:
-            drop[e.field] = e.message
-    for field_, why in drop.items():
-        what, line = where[field_]
-        comments.append(_c(line, what, f"not carried over: {why}"))
+    drop = {e.field: e.message for e in spec.schema_errors if e.field in where}
+    comments += [_c(where[f][1], where[f][0], f"not carried over: {why}") for f, why in drop.items()]
     apt = [x for i, x in enumerate(data.get("packages", {}).get("apt", [])) if f"packages.apt[{i}]" not in drop]
     pip = [x for i, x in enumerate(data.get("packages", {}).get("pip", [])) if f"packages.pip[{i}]" not in drop]
     env = {k: v for k, v in data.get("env", {}).items() if f"env.{k}" not in drop}
@@ -96,32 +89,24 @@ def _leftovers(p: Pins, comments: list[tuple[int, str]]) -> None:
     if t and t.index is not None:
         comments.append(_c(t.index.url.line, t.index.url.value,
                            "the recipe reads torch from the variant's PyTorch index (derived)"))
-    for key, pin in (("NCCL", p.nccl), ("cuDNN", p.cudnn)):
-        if pin:
-            comments.append(_c(pin[0].line, pin[0].value,
-                               f"the {key} torch pins is resolved by envbuild from the facts"))
+    comments += [_c(pin[0].line, pin[0].value, f"the {key} torch pins is resolved by envbuild from the facts")
+                 for key, pin in (("NCCL", p.nccl), ("cuDNN", p.cudnn)) if pin]
     system = facts().os[p.os[0]][p.os[1]].python if p.os else None
     if p.python_from not in ("system", None) and p.python and p.python.value != system:
         comments.append(_c(p.python.line, f"Python {p.python.value} ({p.python_from})",
                            f"envbuild installs the OS release's system Python ({system}) in a venv"))
     root = p.stack.stages[-1]
-    for st in p.stack.stages:
-        if st.parent is None and st is not root and st.base.word.text != p.stack.base.image:
-            comments.append(_c(st.line, st.base.word.text or st.base.word.raw,
-                               "the base of a build stage: envbuild builds every stage on the recipe's base"))
-    for pip in p.stack.pip:
-        for f in pip.files:
-            comments.append(_c(f.line, f"-r {f.value}", "a requirements file: not followed"))
-    for conda in p.stack.conda:
-        for it, name, *_r in conda.specs:
-            if name != "pytorch":
-                comments.append(_c(it.line, it.value, "a conda package: not carried over"))
-    for item in p.others:
-        comments.append(_c(item.line, item.value, "not a requirement a recipe holds"))
-    for item in p.stack.skipped:
-        comments.append(_c(item.line, item.value, "a command: not carried over"))
-    for line, what in p.stack.others:
-        comments.append(_c(line, what, "not carried over"))
+    comments += [_c(st.line, st.base.word.text or st.base.word.raw,
+                    "the base of a build stage: envbuild builds every stage on the recipe's base")
+                 for st in p.stack.stages
+                 if st.parent is None and st is not root and st.base.word.text != p.stack.base.image]
+    comments += [_c(f.line, f"-r {f.value}", "a requirements file: not followed") for pip in p.stack.pip
+                 for f in pip.files]
+    comments += [_c(it.line, it.value, "a conda package: not carried over") for conda in p.stack.conda
+                 for it, name, *_r in conda.specs if name != "pytorch"]
+    comments += [_c(item.line, item.value, "not a requirement a recipe holds") for item in p.others]
+    comments += [_c(item.line, item.value, "a command: not carried over") for item in p.stack.skipped]
+    comments += [_c(line, what, "not carried over") for line, what in p.stack.others]
 
 
 def recipe_text(p: Pins, out: str, driver: str | None) -> tuple[str, dict]:
@@ -142,12 +127,9 @@ def recipe_text(p: Pins, out: str, driver: str | None) -> tuple[str, dict]:
                   "base": {"image": base}, "os": {"id": os_[0], "version": os_[1]}, "python": python,
                   "cuda": ({"version": vcuda, **({"driver": driver} if driver else {})} if vcuda else None),
                   "torch": {"version": t.release, "variant": t.variant},
-                  "packages": {"apt": [x for x, _l in apt], "pip": [x for x, _l in pip]},
-                  "env": {}}
-    where: dict[str, tuple[str, int]] = {}
-    for key, items in (("apt", apt), ("pip", pip)):
-        for i, (text, line) in enumerate(items):
-            where[f"packages.{key}[{i}]"] = (text, line)
+                  "packages": {"apt": [x for x, _l in apt], "pip": [x for x, _l in pip]}, "env": {}}
+    where = {f"packages.{key}[{i}]": (text, line) for key, items in (("apt", apt), ("pip", pip))
+             for i, (text, line) in enumerate(items)}
     for e in p.stack.env:
         where[f"env.{e.name}"] = (f"{e.name}={e.value}", e.line)
         if e.value is None:
@@ -168,10 +150,8 @@ def recipe_text(p: Pins, out: str, driver: str | None) -> tuple[str, dict]:
 
 
 def write(audited: Audited, out: str, driver: str | None = None) -> Path:
-    """Write the recipe of ``audited`` to ``out`` atomically.
-
-    Raises EnvbuildError (exit 2) when it cannot or may not be written, Unreachable (exit 3).
-    """
+    """Write the recipe of ``audited`` to ``out`` atomically. Raises EnvbuildError (exit 2) when it cannot or may not be
+    written, Unreachable (exit 3)."""
     if audited.pins is None or audited.result.exit_code >= 2:
         raise EnvbuildError(f"not written: {inputs.escape(audited.result.file, 200)} has errors (fix them first)",
                             file=out)

@@ -5,6 +5,7 @@ tag, so nobody takes it for the official image). Sources: debootstrap(8), debian
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 import re
@@ -80,14 +81,11 @@ def bootstrap_ref(suite: str) -> str:
 def _mounts_below(root: Path) -> list[str]:
     prefix = str(root.resolve()) + "/"
     found = []
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as f:
-            for line in f:
-                point = line.split()[4].encode().decode("unicode_escape")
-                if point.startswith(prefix):
-                    found.append(point)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point.startswith(prefix):
+                found.append(point)
     return sorted(found, key=len, reverse=True)
 
 
@@ -217,8 +215,7 @@ def _import_rootfs(client: Engine, root: Path, repo: str, tag: str, changes: lis
 MODES = ("auto", "pull", "bootstrap", "local")
 
 
-def _explicit_base(client: Engine, override: str, mode: str,
-                   pull_timeout_s: float) -> tuple[str, str, str]:
+def _explicit_base(client: Engine, override: str, mode: str, pull_timeout_s: float) -> tuple[str, str, str]:
     """``--base IMAGE``: taken as is, local or pulled, never bootstrapped."""
     if mode == "bootstrap":
         raise EnvbuildError("--base IMAGE and --base-mode bootstrap exclude each other", field="base", value=override)
@@ -230,8 +227,7 @@ def _explicit_base(client: Engine, override: str, mode: str,
     return override, image_id, "explicit"
 
 
-def _bootstrapped(client: Engine, official_ref: str, mirror: str,
-                  on_line: OnLine | None) -> tuple[str, str, str]:
+def _bootstrapped(client: Engine, official_ref: str, mirror: str, on_line: OnLine | None) -> tuple[str, str, str]:
     suite = debian_suite(official_ref)
     if suite is None:
         raise EnvbuildError("only a debian:<suite> base can be bootstrapped", field="base", value=official_ref)

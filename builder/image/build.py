@@ -231,8 +231,7 @@ def image_labels_for(options: BuildOptions, client: Engine, official: str, base:
     if revision:
         labels[LABEL_REVISION] = revision
     if how == "bootstrapped":
-        labels[bootstrap.LABEL_STANDS_FOR] = client.image(base_ref).labels.get(bootstrap.LABEL_STANDS_FOR,
-                                                                                       official)
+        labels[bootstrap.LABEL_STANDS_FOR] = client.image(base_ref).labels.get(bootstrap.LABEL_STANDS_FOR, official)
     require = client.image(base_ref).env().get("NVIDIA_REQUIRE_CUDA")
     if require:
         labels[LABEL_CUDA_REQUIRE] = require
@@ -310,9 +309,8 @@ def _cached_result(options: BuildOptions, found: reuse.Found, lock: Lock) -> Bui
                        labels=found.labels, reused=True, probe_cached=True)
 
 
-def _locate(options: BuildOptions, client: Engine, rendered: tuple[bytes, bytes, Lock, str],
-            found: reuse.Found | None, progress: ConsoleProgress,
-            warn: Warn | None) -> tuple[tuple[str, str, str], str, str, str | None]:
+def _locate(options: BuildOptions, client: Engine, rendered: tuple[bytes, bytes, Lock, str], found: reuse.Found | None,
+            progress: ConsoleProgress, warn: Warn | None) -> tuple[tuple[str, str, str], str, str, str | None]:
     """``(base, tag, inputs digest, existing image ID or None)``."""
     if found:
         return found.base, found.tag, found.digest, found.image_id

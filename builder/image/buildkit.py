@@ -68,9 +68,8 @@ def _has_buildx(path: str) -> bool:
 
 
 def buildkit_cli(search_path: str | None = None, extra: Iterable[str] = ("/usr/bin/docker",)) -> BuildkitCLI:
-    """The first ``docker`` on ``search_path`` (default ``$PATH``), then ``extra``, whose buildx works;
-    else one older than 23.0 (BuildKit built in).
-    Raises EnvbuildError (exit 2): none qualifies; the message lists those tried."""
+    """The first ``docker`` on ``search_path`` (default ``$PATH``), then ``extra``, whose buildx works; else one older
+    than 23.0 (BuildKit built in). Raises EnvbuildError (exit 2): none qualifies; the message lists those tried."""
     cands = _candidates(search_path, extra)
     for path in cands:
         if _has_buildx(path):
@@ -88,7 +87,6 @@ def buildkit_cli(search_path: str | None = None, extra: Iterable[str] = ("/usr/b
                         f"{', '.join(tried) or 'no docker executable found'}; install the buildx plugin (apt-get "
                         "install docker-buildx) or a docker client older than 23 (Debian's docker.io 20.10)",
                         field="docker")
-
 
 
 # --------------------------------------------------------------------------- output

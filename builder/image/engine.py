@@ -26,6 +26,8 @@ from .objects import MAX_ANSWER_BYTES, Container, Image, Ran, SocketError, socke
 if TYPE_CHECKING:
     import docker
 
+    from builder.oci.client import Credentials
+
 __all__ = ["BuildFailed", "BuildkitCLI", "Container", "Engine", "Gone", "Image", "PullFailed", "buildkit_cli",
            "connect"]
 
@@ -383,8 +385,7 @@ class Engine:
         with _call(f"container {name}"):
             return Container.of(self.sdk.api.inspect_container(name))
 
-    def containers(self, labels: Sequence[str] = (), *, running: bool = False, inspect: bool = True
-                   ) -> list[Container]:
+    def containers(self, labels: Sequence[str] = (), *, running: bool = False, inspect: bool = True) -> list[Container]:
         """Containers with every label of ``labels`` (``key`` or ``key=value``), only running ones with
         ``running``; their inspect documents unless not ``inspect`` (one call for all)."""
         filters: dict[str, Any] = {"label": list(labels)} if labels else {}
@@ -416,8 +417,7 @@ class Engine:
             try:
                 code = self.wait(c.id, timeout_s)
             except Unreachable:
-                raise Unreachable(f"{what} did not finish within {timeout_s:g} s", field="image",
-                                  value=image) from None
+                raise Unreachable(f"{what} did not finish within {timeout_s:g} s", field="image", value=image) from None
             out, cut = self.logs(c.id, limit=limit)
             err, cut_err = self.logs(c.id, stderr=True, limit=limit)
             return Ran(code, out, err, cut or cut_err)
@@ -463,8 +463,7 @@ class Engine:
     def create_network(self, name: str, labels: Mapping[str, str], *, internal: bool = True) -> str:
         """A bridge network; its ID."""
         with _call(f"create network {name}"):
-            return str(self.sdk.api.create_network(name, driver="bridge", internal=internal,
-                                                   labels=dict(labels))["Id"])
+            return str(self.sdk.api.create_network(name, driver="bridge", internal=internal, labels=dict(labels))["Id"])
 
     def remove_network(self, network_id: str) -> None:
         """One gone already is fine. Raises Unreachable (exit 3): in use, the engine failed."""
@@ -508,8 +507,7 @@ class Engine:
                                     field="label", value=label_filter)
         return counts
 
-    def stale_networks(self, now: float | None = None,
-                       label_filter: str | list[str] | None = None) -> list[dict]:
+    def stale_networks(self, now: float | None = None, label_filter: str | list[str] | None = None) -> list[dict]:
         """Networks of runs that ended without removing them: ``envbuild=1``, a passed
         :data:`DEADLINE_LABEL` (``now``: seconds since the epoch) and no container; sorted by name."""
         import time
@@ -545,6 +543,26 @@ class Engine:
                 continue
             removed.append(net)
         return removed
+
+
+def docker_login(host: str) -> Credentials:
+    """The credentials for ``host`` in the Docker config the docker CLI reads (read at call time); an
+    empty username when it has none. Raises Unreachable (exit 3): the config cannot be read."""
+    import docker.auth
+    import docker.utils.config
+
+    from builder.oci.client import Credentials
+
+    found = docker.utils.config.find_config_file()
+    path = str(found) if found else os.path.join(
+        os.environ.get("DOCKER_CONFIG") or os.path.join(os.path.expanduser("~"), ".docker"), "config.json")
+    try:
+        auth = docker.auth.load_config(found).resolve_authconfig(host) if found else None
+    except Exception as e:  # noqa: BLE001 - the SDK raises several types here
+        raise Unreachable(f"cannot read registry credentials: {e}", file=path) from None
+    user = (auth or {}).get("username") or (auth or {}).get("Username")
+    password = (auth or {}).get("password") or (auth or {}).get("Password")
+    return Credentials(user, password, path) if user and password is not None else Credentials("", "", path)
 
 
 def connect(timeout_s: float = 60) -> Engine:

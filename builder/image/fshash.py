@@ -1,7 +1,6 @@
-"""Content hash of an image's filesystem, to compare two builds of one lock.
-Image IDs and layer digests differ between identical installs (tar mtimes), so the exported
-filesystem is hashed per path, timestamps and :data:`EXCLUDED` left out.
-Sources: Docker Engine API ``GET /containers/{id}/export``; POSIX ustar/pax member types."""
+"""Content hash of an image's filesystem, to compare two builds of one lock. Image IDs and layer digests differ between
+identical installs (tar mtimes), so the exported filesystem is hashed per path, timestamps and :data:`EXCLUDED` left
+out. Sources: Docker Engine API ``GET /containers/{id}/export``; POSIX ustar/pax member types."""
 
 from __future__ import annotations
 
@@ -24,25 +23,10 @@ METHOD = "envbuild.fshash/1"
 #: ``fnmatch`` patterns on the path relative to ``/``: bytecode (records the source's mtime,
 #: PEP 552), files every install rewrites (dpkg/debconf backups, the ldconfig cache), caches, logs
 #: and scratch (timestamps by design), the engine's per-container files (empty in an export).
-EXCLUDED: tuple[str, ...] = (
-    "*.pyc",
-    "*/__pycache__/",
-    "__pycache__/",
-    "var/lib/dpkg/*-old",
-    "var/cache/debconf/*-old",
-    "var/cache/ldconfig/",
-    "etc/ld.so.cache",
-    "var/cache/apt/",
-    "var/lib/apt/lists/",
-    "var/log/",
-    "tmp/",
-    "var/tmp/",
-    "root/.cache/",
-    ".dockerenv",
-    "etc/hostname",
-    "etc/hosts",
-    "etc/resolv.conf",
-)
+EXCLUDED: tuple[str, ...] = ("*.pyc", "*/__pycache__/", "__pycache__/", "var/lib/dpkg/*-old", "var/cache/debconf/*-old",
+                             "var/cache/ldconfig/", "etc/ld.so.cache", "var/cache/apt/", "var/lib/apt/lists/",
+                             "var/log/", "tmp/", "var/tmp/", "root/.cache/", ".dockerenv", "etc/hostname", "etc/hosts",
+                             "etc/resolv.conf")
 
 _TYPES = {tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file", tarfile.CONTTYPE: "file", tarfile.DIRTYPE: "dir",
           tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink", tarfile.CHRTYPE: "chardev",

@@ -92,8 +92,7 @@ class Image:
         for i, item in enumerate(entries):
             name, sep, value = item.partition("=") if isinstance(item, str) else ("", "", "")
             if not sep or not re.fullmatch(r"[^=\x00]+", name) or len(item) > MAX_IMAGE_ENV_ENTRY:
-                raise EnvbuildError("is not NAME=VALUE (within the bounds)", field=f"Config.Env[{i}]",
-                                    value=item)
+                raise EnvbuildError("is not NAME=VALUE (within the bounds)", field=f"Config.Env[{i}]", value=item)
             env[name] = value
         return env
 

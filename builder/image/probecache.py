@@ -68,8 +68,7 @@ def load(cache_dir: Path, image_id: str, agent_dir: str | os.PathLike[str]) -> d
     return doc["probe"] if all(doc.get(k) == v for k, v in key.items()) else None
 
 
-def store(cache_dir: Path, image_id: str, agent_dir: str | os.PathLike[str],
-          probe: Mapping[str, Any]) -> Path | None:
+def store(cache_dir: Path, image_id: str, agent_dir: str | os.PathLike[str], probe: Mapping[str, Any]) -> Path | None:
     """Keep ``probe``, the document of a probe of ``image_id``, replacing the entry atomically; its
     path, or None when it cannot be written (a read-only home: the next caller probes again)."""
     path = _entry_path(cache_dir, image_id)

@@ -69,5 +69,4 @@ def find(options: BuildOptions, dockerfile: bytes, lock_bytes: bytes, official: 
         warning = (f"{official} is not available locally: {tag}, built on the bootstrapped base {base[0]} "
                    "(debootstrap minbase, not byte-identical to the official image), is reused without asking "
                    "the registry (--base-mode pull asks it)")
-    return Found(tag=tag, digest=digest, image_id=img.id, labels=img.labels, base=base,
-                 warning=warning)
+    return Found(tag=tag, digest=digest, image_id=img.id, labels=img.labels, base=base, warning=warning)

@@ -63,12 +63,8 @@ class SiteOptions:
 
         if wheel_dir is not None and not any(wheel_dir.glob("*.whl")):
             notes.append(f"wheel folder {wheel_dir} holds no *.whl files")
-        return cls(
-            ca_bundle=ca.absolute() if ca else None,
-            wheel_dir=wheel_dir.absolute() if wheel_dir else None,
-            base_override=base,
-            notes=tuple(notes),
-        )
+        return cls(ca_bundle=ca.absolute() if ca else None, wheel_dir=wheel_dir.absolute() if wheel_dir else None,
+                   base_override=base, notes=tuple(notes))
 
     def complete(self, *, env: Mapping[str, str] | None = None, python: str | None = None) -> SiteOptions:
         """These options with pip's configuration read where they are ``pending`` (see

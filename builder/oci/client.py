@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import docker.auth
-import docker.utils.config
 import oras.auth
 import oras.auth.utils
 import oras.provider
@@ -44,7 +42,8 @@ MAX_BLOB_BYTES = 64 << 20
 
 @dataclass(frozen=True)
 class Credentials:
-    """Registry credentials found in the user's Docker config (kept in memory only)."""
+    """Registry credentials of the user's Docker config ``source`` (kept in memory only; an empty
+    ``username``: it has none for the registry), read by :func:`builder.image.engine.docker_login`."""
 
     username: str
     password: str = field(repr=False)
@@ -53,35 +52,6 @@ class Credentials:
     def engine_auth(self) -> dict[str, str]:
         """The ``auth_config`` the docker SDK hands to the engine."""
         return {"username": self.username, "password": self.password}
-
-
-def docker_config_path() -> str:
-    """The Docker config file the docker CLI would read, shown even when it does not exist."""
-    found = docker.utils.config.find_config_file()
-    if found:
-        return str(found)
-    base = os.environ.get("DOCKER_CONFIG") or os.path.join(os.path.expanduser("~"), ".docker")
-    return os.path.join(base, "config.json")
-
-
-def docker_credentials(host: str) -> Credentials | None:
-    """Credentials for ``host`` from the Docker config, read with the docker SDK at call time; None
-    when it has none. Raises EnvbuildError (exit 3): the config cannot be read."""
-    path = docker.utils.config.find_config_file()
-    if not path:
-        return None
-    try:
-        cfg = docker.auth.load_config(path)
-        found = cfg.resolve_authconfig(host)
-    except Exception as e:  # noqa: BLE001 - the SDK raises several types here
-        raise Unreachable(f"cannot read registry credentials: {e}", file=path) from None
-    if not found:
-        return None
-    user = found.get("username") or found.get("Username")
-    password = found.get("password") or found.get("Password")
-    if not user or password is None:
-        return None
-    return Credentials(username=user, password=password, source=str(path))
 
 
 class AuthFailed(Unreachable):
@@ -101,17 +71,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-_REASONS = (
-    ("Connection refused", "connection refused"),
-    ("Name or service not known", "name does not resolve"),
-    ("Temporary failure in name resolution", "name does not resolve"),
-    ("timed out", "no answer (timeout)"),
-    ("Connection reset", "connection reset"),
-    ("RemoteDisconnected", "connection closed by the registry"),
-    ("WRONG_VERSION_NUMBER", "not a TLS server (plain HTTP?)"),
-    ("wrong version number", "not a TLS server (plain HTTP?)"),
-    ("CERTIFICATE_VERIFY_FAILED", "certificate not trusted"),
-)
+_REASONS = (("Connection refused", "connection refused"), ("Name or service not known", "name does not resolve"),
+            ("Temporary failure in name resolution", "name does not resolve"), ("timed out", "no answer (timeout)"),
+            ("Connection reset", "connection reset"), ("RemoteDisconnected", "connection closed by the registry"),
+            ("WRONG_VERSION_NUMBER", "not a TLS server (plain HTTP?)"),
+            ("wrong version number", "not a TLS server (plain HTTP?)"),
+            ("CERTIFICATE_VERIFY_FAILED", "certificate not trusted"))
 
 
 def _reason(exc: BaseException) -> str:
@@ -169,12 +134,13 @@ def read_bounded(r: requests.Response, limit: int, what: str) -> bytes:
 class RegistryClient:
 
     def __init__(self, host: str, *, plain_http: bool | None = None, ca_cert: str | os.PathLike[str] | None = None,
-                 timeout_s: float = 30.0, credentials: Credentials | None | bool = True) -> None:
+                 timeout_s: float = 30.0, credentials: Credentials | None = None) -> None:
         self.host = host
         self.timeout_s = timeout_s
         certs_d = Path("/etc/docker/certs.d") / host / "ca.crt"
         self.verify: bool | str = str(ca_cert) if ca_cert else (str(certs_d) if certs_d.is_file() else True)
-        self.credentials = docker_credentials(host) if credentials is True else (credentials or None)
+        self.credentials = credentials if credentials and credentials.username else None
+        self._config = credentials.source if credentials else "the Docker config"
         if plain_http:
             self._schemes = ["http"]
         elif plain_http is None and is_loopback(host):
@@ -217,7 +183,7 @@ class RegistryClient:
             return AuthFailed(f"registry {self.host} refused the credentials of user "
                               f"{self.credentials.username!r} from {self.credentials.source}; run "
                               f"`docker login {self.host}`")
-        return AuthFailed(f"registry {self.host} asks for credentials and {docker_config_path()} has none "
+        return AuthFailed(f"registry {self.host} asks for credentials and {self._config} has none "
                           f"for it; run `docker login {self.host}`")
 
     def _authenticate(self, resp: requests.Response) -> None:
@@ -232,8 +198,7 @@ class RegistryClient:
             name, refresh = "token", True
         else:
             raise self._auth_error()
-        backend = oras.auth.get_auth_backend(name, self.session, insecure=self.scheme == "http",
-                                             tls_verify=self.verify)
+        backend = oras.auth.get_auth_backend(name, self.session, insecure=self.scheme == "http", tls_verify=self.verify)
         if creds:
             backend.set_basic_auth(creds.username, creds.password)
         try:
@@ -327,8 +292,7 @@ class RegistryClient:
     def put_manifest(self, repository: str, ref: str, body: bytes, media_type: str) -> requests.Response:
         """PUT a manifest under ``ref``; returns the response (201). Raises EnvbuildError (exit 2, 3)."""
         self.ensure()
-        r = self.request("PUT", self.url(repository, "manifests", ref), data=body,
-                         headers={"Content-Type": media_type})
+        r = self.request("PUT", self.url(repository, "manifests", ref), data=body, headers={"Content-Type": media_type})
         if r.status_code not in (200, 201):
             raise self.fail(r, f"PUT manifest {repository}:{ref}")
         return r

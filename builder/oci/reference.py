@@ -148,11 +148,8 @@ def parse(text: object, *, field: str = "reference", syntax: str = _SYNTAX) -> I
     return ref
 
 
-_MESSAGES: dict[str, str] = {
-    "tag": "tag is not a valid tag",
-    "digest": "digest is not sha256:<64 hex>",
-    "host": "registry is not HOST[:PORT] (a port in 1..65535)",
-}
+_MESSAGES: dict[str, str] = {"tag": "tag is not a valid tag", "digest": "digest is not sha256:<64 hex>",
+                             "host": "registry is not HOST[:PORT] (a port in 1..65535)"}
 
 
 def try_parse(text: object) -> ImageRef | None:

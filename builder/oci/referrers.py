@@ -38,8 +38,7 @@ def fallback_tag(digest: str) -> str:
 def referrers(reg: RegistryClient, repository: str, digest: str) -> tuple[list[Descriptor], str]:
     """Manifests that refer to ``digest`` (their ``subject``), and how they were found."""
     reg.ensure()
-    r = reg.request("GET", reg.url(repository, "referrers", digest), headers={"Accept": MT_OCI_INDEX},
-                    stream=True)
+    r = reg.request("GET", reg.url(repository, "referrers", digest), headers={"Accept": MT_OCI_INDEX}, stream=True)
     if r.status_code == 200 and r.headers.get("Content-Type", "").startswith(MT_OCI_INDEX):
         body = read_bounded(r, MAX_MANIFEST_BYTES, f"registry {reg.host}: referrers of {repository}@{digest}")
         return index_entries(body), BY_API
@@ -57,14 +56,10 @@ def artifact_manifest(subject: Descriptor, config: Descriptor, layer: Descriptor
     layer_json = layer.to_json()
     if ann.get(ANN_PREDICATE):
         layer_json["annotations"] = {ANN_PREDICATE: ann[ANN_PREDICATE]}
-    manifest: dict[str, Any] = {
-        "schemaVersion": 2,
-        "mediaType": MT_OCI_MANIFEST,
-        "artifactType": artifact_type,
-        "config": {**config.to_json(), "data": base64.b64encode(EMPTY_BLOB).decode()},
-        "layers": [layer_json],
-        "subject": Descriptor(subject.media_type, subject.digest, subject.size).to_json(),
-    }
+    manifest: dict[str, Any] = {"schemaVersion": 2, "mediaType": MT_OCI_MANIFEST, "artifactType": artifact_type,
+                                "config": {**config.to_json(), "data": base64.b64encode(EMPTY_BLOB).decode()},
+                                "layers": [layer_json],
+                                "subject": Descriptor(subject.media_type, subject.digest, subject.size).to_json()}
     if ann:
         manifest["annotations"] = ann
     return canonical_json(manifest)

@@ -127,18 +127,14 @@ def check_statement(doc: Any, subject_digest: str | None = None, *, origin: str 
     pred = doc.get("predicate")
     if not isinstance(pred, dict) or not isinstance(pred.get("certificate"), dict):
         raise EnvbuildError("holds no certificate", file=origin, field="predicate.certificate")
-    subjects = doc.get("subject")
-    digests = []
-    if isinstance(subjects, list):
-        for s in subjects:
-            if isinstance(s, dict) and isinstance(s.get("digest"), dict) and s["digest"].get("sha256"):
-                digests.append("sha256:" + str(s["digest"]["sha256"]))
+    subjects = doc["subject"] if isinstance(doc.get("subject"), list) else []
+    digests = ["sha256:" + str(s["digest"]["sha256"]) for s in subjects
+               if isinstance(s, dict) and isinstance(s.get("digest"), dict) and s["digest"].get("sha256")]
     if not digests:
         raise EnvbuildError("names no sha256 subject", file=origin, field="subject")
     if subject_digest is not None and subject_digest not in digests:
-        raise EnvbuildError(
-            f"the certificate certifies {', '.join(digests)}, not the image {subject_digest}",
-            file=origin, field="subject")
+        raise EnvbuildError(f"the certificate certifies {', '.join(digests)}, not the image {subject_digest}",
+                            file=origin, field="subject")
     return pred
 
 
@@ -158,13 +154,8 @@ def load_private_key(path: str | os.PathLike[str], password: bytes | None = None
     try:
         key = serialization.load_pem_private_key(data, password=password)
     except (ValueError, TypeError, UnsupportedAlgorithm) as e:
-        raise UsageError(f"is not a usable PEM private key ({_first_line(e)})",
-                         file=str(path)) from None
-    if not isinstance(key, (ed25519.Ed25519PrivateKey, ec.EllipticCurvePrivateKey)):
-        raise UsageError(f"key type {type(key).__name__} is not supported (Ed25519 or ECDSA)",
-                         file=str(path))
-    _check_curve(key, path)
-    return key
+        raise UsageError(f"is not a usable PEM private key ({_first_line(e)})", file=str(path)) from None
+    return _checked(key, (ed25519.Ed25519PrivateKey, ec.EllipticCurvePrivateKey), path)
 
 
 def load_public_key(path: str | os.PathLike[str]) -> PublicKey:
@@ -173,20 +164,18 @@ def load_public_key(path: str | os.PathLike[str]) -> PublicKey:
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError, UnsupportedAlgorithm) as e:
-        raise UsageError(f"is not a PEM public key ({_first_line(e)})",
-                         file=str(path)) from None
-    if not isinstance(key, (ed25519.Ed25519PublicKey, ec.EllipticCurvePublicKey)):
-        raise UsageError(f"key type {type(key).__name__} is not supported (Ed25519 or ECDSA)",
-                         file=str(path))
-    _check_curve(key, path)
+        raise UsageError(f"is not a PEM public key ({_first_line(e)})", file=str(path)) from None
+    return _checked(key, (ed25519.Ed25519PublicKey, ec.EllipticCurvePublicKey), path)
+
+
+def _checked(key: Any, kinds: tuple[type, ...], path: str | os.PathLike[str]) -> Any:
+    """``key`` when it is one of ``kinds`` (Ed25519, or ECDSA on P-256 or P-384); else UsageError (exit 64)."""
+    if not isinstance(key, kinds):
+        raise UsageError(f"key type {type(key).__name__} is not supported (Ed25519 or ECDSA)", file=str(path))
+    if isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)) and \
+            not isinstance(key.curve, (ec.SECP256R1, ec.SECP384R1)):
+        raise UsageError(f"ECDSA curve {key.curve.name} is not supported (P-256 or P-384)", file=str(path))
     return key
-
-
-def _check_curve(key: PrivateKey | PublicKey, path: str | os.PathLike[str]) -> None:
-    if isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)):
-        if not isinstance(key.curve, (ec.SECP256R1, ec.SECP384R1)):
-            raise UsageError(f"ECDSA curve {key.curve.name} is not supported (P-256 or P-384)",
-                             file=str(path))
 
 
 def _public(key: PrivateKey | PublicKey) -> PublicKey:
@@ -240,9 +229,8 @@ def _verifies(payload: bytes, payload_type: str, sig: bytes, key: Any) -> bool:
     from securesystemslib.exceptions import VerificationError
     from securesystemslib.signer import Signature
 
-    envelope = Envelope(payload, payload_type, {key.keyid: Signature(key.keyid, sig.hex())})
     try:
-        envelope.verify([key], 1)
+        Envelope(payload, payload_type, {key.keyid: Signature(key.keyid, sig.hex())}).verify([key], 1)
     except VerificationError:
         return False
     return True

@@ -15,12 +15,8 @@ def node_report() -> dict[str, Any]:
 
 
 def _gpu_names(cert: Mapping[str, Any]) -> set[str]:
-    names = set()
-    for doc in (cert.get("probe") or {}).values():
-        for g in (doc or {}).get("gpus") or []:
-            if isinstance(g, dict) and g.get("name"):
-                names.add(str(g["name"]))
-    return names
+    return {str(g["name"]) for doc in (cert.get("probe") or {}).values() for g in (doc or {}).get("gpus") or []
+            if isinstance(g, dict) and g.get("name")}
 
 
 def _version(text: Any) -> Version | None:
@@ -36,9 +32,8 @@ def _below(driver: Any, floor: str) -> bool:
 
 
 def check_hardware(cert: Mapping[str, Any], host: Mapping[str, Any]) -> list[str]:
-    """Reasons this node is not covered by the certificate ([] = covered).
-    A driver below the image's floor (the lock's ``driver.min``, else the label), or for CUDA
-    images a GPU model no rank of the certification ran on."""
+    """Reasons this node is not covered by the certificate ([] = covered). A driver below the image's floor (the lock's
+    ``driver.min``, else the label), or for CUDA images a GPU model no rank of the certification ran on."""
     lock = cert.get("lock") or {}
     labels = (cert.get("image") or {}).get("labels") or {}
     floor = (lock.get("driver") or {}).get("min") or labels.get("envbuild.driver.min")

@@ -11,7 +11,7 @@ from typing import Any
 
 from builder.core import process
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable, UsageError
-from builder.image.engine import Engine, Image, PullFailed
+from builder.image.engine import Engine, Image, PullFailed, docker_login
 from builder.oci import referrers
 from builder.oci.client import RegistryClient
 from builder.oci.manifest import Descriptor, decode_manifest
@@ -39,8 +39,7 @@ class Refused(EnvbuildError):
     """A pull refused by a check (exit 2)."""
 
 
-def check_image(img: Image, ref: ImageRef, digest: str, cert: Mapping[str, Any],
-                certified_id: str | None) -> list[str]:
+def check_image(img: Image, ref: ImageRef, digest: str, cert: Mapping[str, Any], certified_id: str | None) -> list[str]:
     """Differences between a pulled image and its certificate."""
     problems = []
     wanted = f"{ref.name}@{digest}"
@@ -264,7 +263,7 @@ def pull(client: Engine | None, target: str, registry: str | None = None, *,
     say = on_progress or (lambda _msg: None)
     ref = parse_target(target, registry, namespace)
     assert ref.host is not None
-    reg = RegistryClient(ref.host, plain_http=plain_http, ca_cert=ca_cert)
+    reg = RegistryClient(ref.host, plain_http=plain_http, ca_cert=ca_cert, credentials=docker_login(ref.host))
     reg.ping()
     say(f"resolving {ref}")
     att = find_attestation(reg, ref, public_key, key_name)
@@ -273,8 +272,7 @@ def pull(client: Engine | None, target: str, registry: str | None = None, *,
     if issues and not allow_uncertified_hw:
         raise Refused("refused: this node is not covered by the certificate: " + "; ".join(issues)
                       + " (--allow-uncertified-hw to pull anyway)")
-    result = PullResult(reference=f"{ref.name}@{att.digest}", digest=att.digest, attestation=att,
-                        warnings=list(issues))
+    result = PullResult(reference=f"{ref.name}@{att.digest}", digest=att.digest, attestation=att, warnings=list(issues))
     lock12(att.certificate.get("lock_hash"))  # a certificate without a lock hash is refused before pulling
     if fmt == "sif":
         return _pull_sif(reg, ref, result, sif_output, run_apptainer, say)

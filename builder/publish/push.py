@@ -13,7 +13,7 @@ from typing import Any
 from builder.core import inputs
 from builder.core.errors import Unreachable
 from builder.core.paths import image_dir
-from builder.image.engine import Engine
+from builder.image.engine import Engine, docker_login
 from builder.oci import referrers
 from builder.oci.client import Credentials, RegistryClient
 from builder.oci.manifest import MT_OCI_MANIFEST, sha256_digest
@@ -31,8 +31,7 @@ def _remove_ours(client: Engine, image_id: str, ours: list[str]) -> None:
             client.untag(r)
 
 
-def engine_push(client: Engine, image_id: str, name: str, tag: str,
-                credentials: Credentials | None) -> str:
+def engine_push(client: Engine, image_id: str, name: str, tag: str, credentials: Credentials | None) -> str:
     """Push ``image_id`` as ``name:tag``; returns the manifest digest (Unreachable, exit 3).
     The references made for the push are removed afterwards unless they are the image's only names."""
     ref = f"{name}:{tag}"
@@ -43,8 +42,7 @@ def engine_push(client: Engine, image_id: str, name: str, tag: str,
     try:
         digest = client.push(name, tag, credentials.engine_auth() if credentials else None)
     finally:
-        _remove_ours(client, image_id, [r for r in (ref, f"{name}@{digest}" if digest else None)
-                                        if r and r not in had])
+        _remove_ours(client, image_id, [r for r in (ref, f"{name}@{digest}" if digest else None) if r and r not in had])
     if not digest or not DIGEST.fullmatch(digest):
         raise Unreachable(f"docker push {ref}: the engine reported no manifest digest")
     return digest
@@ -79,12 +77,8 @@ def _filesystem(client: Engine, img: Any, cert: Mapping[str, Any], labels: Mappi
 
 
 def _annotations(recipe: str, cert: Mapping[str, Any]) -> dict[str, str]:
-    out = {
-        naming.ANN_PREDICATE: attest.PREDICATE_TYPE,
-        naming.ANN_RECIPE: recipe,
-        naming.ANN_LOCK: str(cert.get("lock_hash")),
-        naming.ANN_VERDICT: "passed",
-    }
+    out = {naming.ANN_PREDICATE: attest.PREDICATE_TYPE, naming.ANN_RECIPE: recipe,
+           naming.ANN_LOCK: str(cert.get("lock_hash")), naming.ANN_VERDICT: "passed"}
     if cert.get("finished_at"):
         out[naming.ANN_CREATED] = str(cert["finished_at"])
     return out
@@ -102,13 +96,12 @@ def push(client: Engine, recipe: str, registry: str, *, images_dir: str | os.Pat
          image: str | None = None, namespace: str = DEFAULT_NAMESPACE, sign_key: PrivateKey | None = None,
          plain_http: bool | None = None, ca_cert: str | None = None, fs_hash: bool = True,
          labels: Mapping[str, str] | None = None, on_progress: Callable[[str], None] | None = None) -> PushResult:
-    """Publish a certified image and its certificate.
-    Raises EnvbuildError (exit 2) without a passing certificate for the image, Unreachable
-    (exit 3) when the registry or engine fails."""
+    """Publish a certified image and its certificate. Raises EnvbuildError (exit 2) without a passing certificate for
+    the image, Unreachable (exit 3) when the registry or engine fails."""
     say = on_progress or (lambda _msg: None)
     img, cert, cert_path = find_certified(client, images_dir, recipe, image)
     warnings = _stale_lock_warnings(images_dir, recipe, cert)
-    reg = RegistryClient(registry, plain_http=plain_http, ca_cert=ca_cert)
+    reg = RegistryClient(registry, plain_http=plain_http, ca_cert=ca_cert, credentials=docker_login(registry))
     reg.ping()
     repository = f"{namespace}/{recipe}"
     name = f"{registry}/{repository}"

@@ -1,7 +1,6 @@
-"""The bundled compatibility facts (``data/compat.yaml``, from ``shared/reference/compat.md``).
-
-Tags: V verified from the artifact, M a maintainer's statement, S a secondary copy, U unverified.
-The file is envbuild's own: the fast libyaml loader reads it, :class:`Facts` checks its shape."""
+"""The bundled compatibility facts (``data/compat.yaml``, from ``shared/reference/compat.md``). Tags: V verified from
+the artifact, M a maintainer's statement, S a secondary copy, U unverified. The file is envbuild's own: the fast
+libyaml loader reads it, :class:`Facts` checks its shape."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""The value types of recipe, lock and resolved-pins fields: closed patterns, bounds, messages.
-
-Every value that may reach a ``RUN`` line matches a closed pattern over the *whole* value
-(``\\A...\\Z``: Python's ``$`` also matches before a final newline). Package names follow
-PEP 508 / Debian policy 5.6.1; sizes are docker's 1024-based ``units.RAMInBytes``.
-"""
+"""The value types of recipe, lock and resolved-pins fields: closed patterns, bounds, messages. Every value that may
+reach a ``RUN`` line matches a closed pattern over the *whole* value (``\\A...\\Z``: Python's ``$`` also matches
+before a final newline). Package names follow PEP 508 / Debian policy 5.6.1; sizes are docker's 1024-based
+``units.RAMInBytes``."""
 
 from __future__ import annotations
 
@@ -105,9 +103,8 @@ def canonical_name(name: str) -> str:
 
 
 def requirement_name(text: str) -> str:
-    """The distribution name of a requirement that :func:`pip_requirement` accepted (as
-    written, not canonical). Raises ``packaging.requirements.InvalidRequirement`` for text
-    that is not one."""
+    """The distribution name of a requirement that :func:`pip_requirement` accepted (as written, not canonical). Raises
+    ``packaging.requirements.InvalidRequirement`` for text that is not one."""
     m = SIMPLE_REQUIREMENT.fullmatch(text)
     if m:
         return m.group(1)

@@ -81,9 +81,8 @@ def load(path: str | Path) -> Loaded:
 
 
 def normalise(data: dict[Any, Any], model: Any, prefix: str = "") -> dict[Any, Any]:
-    """``data`` with YAML's readings undone: a null section is empty, another null is left out, a
-    number in a version field or an ``env`` value is its text.
-    """
+    """``data`` with YAML's readings undone: a null section is empty, another null is left out, a number in a version
+    field or an ``env`` value is its text."""
     hints = {f.encode_name: hint for f, hint in docmodel.struct_fields(model)}
     out: dict[Any, Any] = {}
     for key, value in data.items():

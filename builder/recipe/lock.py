@@ -1,6 +1,5 @@
-"""The lock document: its canonical bytes and hash, and reading one back (a file, the image
-label ``envbuild.lock``) under the recipe's own value types and bounds.
-"""
+"""The lock document: its canonical bytes and hash, and reading one back (a file, the image label ``envbuild.lock``)
+under the recipe's own value types and bounds."""
 
 from __future__ import annotations
 

@@ -89,24 +89,14 @@ class Spec:
     def lock(self, resolved: Resolved | None = None) -> Lock:
         """The lock document; with ``resolved`` it gains the base digest, wheel hashes, apt versions."""
         r = self.recipe
-        lock = Lock(
-            schema=LOCK_SCHEMA,
-            recipe=self.name,
-            base_image=r.base.image,
-            os=LockOs(id=r.os.id, version_id=r.os.version, glibc=self.glibc),
-            python=r.python,
-            cuda=self.cuda,
-            torch=LockTorch(version=r.torch.version, variant=self.variant, local=self.torch_local),
-            nccl=self.nccl,
-            nccl_package=self.nccl_package,
-            cudnn=self.cudnn,
-            driver=LockDriver(min=self.driver_min, minor_compat_min=self.driver_minor_compat_min),
-            apt=r.packages.apt,
-            pip=tuple(self.pip_requirements()),
-            index=LockIndex(url=r.index.url, torch_url=self.torch_index_url),
-            env=r.env,
-            certify=lock_certify(r.certify),
-        )
+        lock = Lock(schema=LOCK_SCHEMA, recipe=self.name, base_image=r.base.image,
+                    os=LockOs(id=r.os.id, version_id=r.os.version, glibc=self.glibc), python=r.python, cuda=self.cuda,
+                    torch=LockTorch(version=r.torch.version, variant=self.variant, local=self.torch_local),
+                    nccl=self.nccl, nccl_package=self.nccl_package, cudnn=self.cudnn,
+                    driver=LockDriver(min=self.driver_min, minor_compat_min=self.driver_minor_compat_min),
+                    apt=r.packages.apt, pip=tuple(self.pip_requirements()),
+                    index=LockIndex(url=r.index.url, torch_url=self.torch_index_url), env=r.env,
+                    certify=lock_certify(r.certify))
         if resolved is None:
             return lock
         return msgspec.structs.replace(lock, resolved=LockResolved(

@@ -61,13 +61,10 @@ def resolve_apt(client: Any, image: str, names: list[str], *, labels: Mapping[st
         return None, f"apt: base image {image} not in the engine"
     except Unreachable as e:
         return None, f"apt: {e.message}"
-    out, note = ran.stdout.decode("utf-8", "replace"), None
     if ran.code != 0:
         err = ran.stderr.decode("utf-8", "replace").strip().splitlines()
-        note = f"apt: query in {image} exited {ran.code} ({(err or ['no output'])[-1][:200]})"
-    if note:
-        return None, note
-    pins = parse_policy(out)
+        return None, f"apt: query in {image} exited {ran.code} ({(err or ['no output'])[-1][:200]})"
+    pins = parse_policy(ran.stdout.decode("utf-8", "replace"))
     missing = [n for n in names if n not in pins]
     note = f"apt: no candidate for {', '.join(missing)} in {image}" if missing else None
     return {n: pins[n] for n in names if n in pins}, note

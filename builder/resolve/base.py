@@ -18,7 +18,7 @@ class ManifestClient(Protocol):
     def head_manifest(self, repository: str, ref: str) -> Any | None: ...
 
 
-#: Makes the client of one registry: ``factory(host, timeout_s=seconds)``.
+#: Makes the client of one registry: ``factory(host, timeout_s=seconds, credentials=docker_login(host))``.
 RegistryFactory = Callable[..., ManifestClient]
 
 
@@ -51,7 +51,9 @@ def base_digest(ref: str, engine: Any = None, registry: RegistryFactory | None =
     if registry is None:
         return unresolved, f"base {ref}: not resolved to a digest (no registry asked)"
     try:
-        desc = registry(host, timeout_s=timeout_s).head_manifest(path, tag)
+        from builder.image.engine import docker_login
+
+        desc = registry(host, timeout_s=timeout_s, credentials=docker_login(host)).head_manifest(path, tag)
     except EnvbuildError as e:
         return unresolved, f"base {ref}: not resolved to a digest ({e})"
     if desc is None:

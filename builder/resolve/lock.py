@@ -67,8 +67,7 @@ def _resolve_pip(spec: Spec, site: SiteOptions, parts: dict[str, Any], unresolve
 
 
 def _resolve_apt(spec: Spec, site: SiteOptions, client: Any, parts: dict[str, Any], unresolved: list[str], *,
-                 base_mode: str,
-                 labels: Mapping[str, str] | None, say: Callable[[str], None]) -> None:
+                 base_mode: str, labels: Mapping[str, str] | None, say: Callable[[str], None]) -> None:
     if client is None:
         unresolved.append("apt: no Docker engine to query the base image")
         return
@@ -118,5 +117,4 @@ def lock(spec: Spec, images_dir: str | os.PathLike[str], site: SiteOptions, clie
     rendered = render(spec, resolved)
     changed = stale(rendered, images_dir)
     folder, _ = write(rendered, images_dir)
-    return LockResult(path=path, resolved=resolved, unresolved=unresolved,
-                      written=[folder / n for n in changed])
+    return LockResult(path=path, resolved=resolved, unresolved=unresolved, written=[folder / n for n in changed])

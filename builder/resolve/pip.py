@@ -1,7 +1,6 @@
-"""pip requirements to versions and wheel hashes by pip's own resolver (``--dry-run --report`` with
-the recipe's indexes and the site's CA and wheels only, as the build sees them). Report format:
-https://pip.pypa.io/en/stable/reference/installation-report/
-"""
+"""pip requirements to versions and wheel hashes by pip's own resolver (``--dry-run --report`` with the recipe's indexes
+and the site's CA and wheels only, as the build sees them). Report format:
+https://pip.pypa.io/en/stable/reference/installation-report/"""
 
 from __future__ import annotations
 
@@ -39,13 +38,11 @@ def platform_tags(glibc: str, arch: str = "x86_64") -> list[str]:
     return [*tags, f"manylinux2014_{arch}", f"linux_{arch}"]
 
 
-def pip_command(spec: Spec, site: SiteOptions, report: Path, target: Path, *, python: str | None = None
-                ) -> list[str]:
+def pip_command(spec: Spec, site: SiteOptions, report: Path, target: Path, *, python: str | None = None) -> list[str]:
     r = spec.recipe
     argv = [python or sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-            "--disable-pip-version-check", "--no-input", "--retries", "1", "--timeout", "20",
-            "--report", str(report), "--target", str(target), "--only-binary=:all:",
-            "--python-version", r.python, "--implementation", "cp"]
+            "--disable-pip-version-check", "--no-input", "--retries", "1", "--timeout", "20", "--report", str(report),
+            "--target", str(target), "--only-binary=:all:", "--python-version", r.python, "--implementation", "cp"]
     for tag in platform_tags(spec.glibc):
         argv += ["--platform", tag]
     argv += ["--index-url", r.index.url]

@@ -104,7 +104,7 @@ def test_certify_on_k8s_without_kubeconfig_writes_the_manifests_and_names_the_fo
 
     import yaml
 
-    from builder.oci import client as oci
+    from builder.image.engine import docker_login
 
     from fixtures_registry import recipe_labels, small_image
 
@@ -113,7 +113,7 @@ def test_certify_on_k8s_without_kubeconfig_writes_the_manifests_and_names_the_fo
     image_id = small_image(docker_client, f"{repo}:{marker}", {**recipe_labels("cpu-torch2"), **test_labels}, marker,
                            bootstrap_image)
     try:
-        creds = oci.docker_credentials(registry.host)
+        creds = docker_login(registry.host)
         docker_client.sdk.images.push(repo, marker, auth_config={"username": creds.username, "password": creds.password})
         [ref] = [d for d in docker_client.sdk.images.get(image_id).attrs["RepoDigests"] if d.startswith(repo)]
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}

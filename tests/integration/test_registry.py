@@ -30,6 +30,7 @@ from builder.certify import certificate
 from builder.cli.app import main
 from builder.core.certificate import load_certificate
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
+from builder.image.engine import docker_login
 from builder.oci import client as oci
 from builder.oci import manifest, referrers
 from builder.publish import attest, naming
@@ -222,7 +223,7 @@ def test_pull_refused_when_the_tag_moved_after_certification(registry, namespace
     pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
                       fs_hash=False)
     other = make_certified(certified=False)
-    creds = oci.docker_credentials(registry.host)
+    creds = docker_login(registry.host)
     moved = pushing.engine_push(docker_client, other.id, pushed.repository, "certified", creds)
     assert moved != pushed.digest
     docker_client.sdk.images.remove(other.id, force=True)
@@ -242,7 +243,7 @@ def test_pull_refused_when_the_tag_moved_after_certification(registry, namespace
 def test_pull_refused_when_no_certificate_is_published(registry, namespace, make_certified, docker_client, capsys):
     img = make_certified(certified=False)
     name = f"{registry.host}/{namespace}/cpu-torch2"
-    digest = pushing.engine_push(docker_client, img.id, name, "certified", oci.docker_credentials(registry.host))
+    digest = pushing.engine_push(docker_client, img.id, name, "certified", docker_login(registry.host))
     docker_client.sdk.images.remove(img.id, force=True)
     code, out, err = run_cli(capsys, "pull", "cpu-torch2", "--registry", registry.host, "--namespace", namespace)
     assert code == ExitCode.CHECK_FAILED
@@ -284,7 +285,7 @@ def test_forged_certificate_pull_leaves_no_half_tagged_image(registry, namespace
     pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir, namespace=namespace,
                       fs_hash=False)
     other = make_certified(certified=False)
-    client = oci.RegistryClient(registry.host)
+    client = oci.RegistryClient(registry.host, credentials=docker_login(registry.host))
     repo = f"{namespace}/cpu-torch2"
     moved = pushing.engine_push(docker_client, other.id, pushed.repository, "certified", client.credentials)
     docker_client.sdk.images.remove(other.id, force=True)
@@ -546,7 +547,7 @@ def test_real_certificate_of_the_torch_image_is_published_and_pulled(registry, n
 
 
 def test_registry_client_errors_are_one_line(registry):
-    client = oci.RegistryClient(registry.host)
+    client = oci.RegistryClient(registry.host, credentials=docker_login(registry.host))
     client.ping()
     assert client.scheme == "http"
     assert client.head_manifest("nothing/here", "latest") is None
@@ -560,7 +561,7 @@ def test_registry_client_errors_are_one_line(registry):
 def test_blob_reads_are_bounded_whatever_the_descriptor_says(registry, namespace):
     """A descriptor comes from a manifest, which is registry input: one that understates a
     blob's size does not make envbuild read past its limit; the honest descriptor reads."""
-    client = oci.RegistryClient(registry.host)
+    client = oci.RegistryClient(registry.host, credentials=docker_login(registry.host))
     repo = f"{namespace}/blobs"
     data = b"x" * (1 << 20)
     desc = client.push_blob(repo, data)
@@ -619,7 +620,7 @@ def test_repush_keeps_the_other_entries_of_the_referrers_index(registry, namespa
     img = make_certified()
     pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir,
                           namespace=namespace, fs_hash=False)
-    client = oci.RegistryClient(registry.host)
+    client = oci.RegistryClient(registry.host, credentials=docker_login(registry.host))
     repo = f"{namespace}/cpu-torch2"
     _, subject = client.get_manifest(repo, pushed.digest)
     other, _, _ = referrers.attach(client, repo, subject, b'{"other": 1}', "application/json",
@@ -636,7 +637,7 @@ def test_pull_of_a_corrupted_blob_is_refused_naming_the_digest(registry, namespa
     pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir,
                           namespace=namespace, fs_hash=False)
     docker_client.sdk.images.remove(img.id, force=True)
-    client = oci.RegistryClient(registry.host)
+    client = oci.RegistryClient(registry.host, credentials=docker_login(registry.host))
     body, _ = client.get_manifest(f"{namespace}/cpu-torch2", pushed.digest)
     # the image config: the engine still has the layers (build cache), never the removed image's config
     config = json.loads(body)["config"]["digest"]
@@ -668,7 +669,7 @@ def test_another_images_certificate_swapped_in_is_named_as_such(registry, namesp
     other = make_certified()
     pushed_other = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=other.images_dir,
                                 image=other.id, namespace=namespace, fs_hash=False)
-    client = oci.RegistryClient(registry.host)
+    client = oci.RegistryClient(registry.host, credentials=docker_login(registry.host))
     repo = f"{namespace}/cpu-torch2"
     # put the first image back under `certified`, leaving the other image's certificate pointer
     body, desc = client.get_manifest(repo, pushed.digest)

@@ -66,13 +66,11 @@ def _docker_importers(root: Path) -> list[str]:
 
 
 def test_only_the_engine_speaks_the_docker_sdk():
-    # oci/client.py reads the Docker CLI's credential store (docker.auth), not the engine
-    assert _docker_importers(ROOT) == ["builder/image/engine.py", "builder/oci/client.py"]
+    assert _docker_importers(ROOT) == ["builder/image/engine.py"]
 
 
 def test_a_planted_docker_import_outside_the_engine_is_found(tmp_path):
     repo = _copy(tmp_path)
     target = repo / "builder" / "launchers" / "local.py"
     target.write_text("import docker.errors  # planted\n" + target.read_text())
-    assert _docker_importers(repo) == ["builder/image/engine.py", "builder/launchers/local.py",
-                                       "builder/oci/client.py"]
+    assert _docker_importers(repo) == ["builder/image/engine.py", "builder/launchers/local.py"]

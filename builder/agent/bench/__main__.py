@@ -1,11 +1,10 @@
-"""Entry point: ``python3 -m bench --out DIR [options]`` under torchrun.
-
-Per rank: init the process group, the profiles, the probe, ``DIR/rank-<RANK>.json``.
-"""
+"""``python3 -m bench --out DIR`` under torchrun; per rank: the process group, the profiles, the probe,
+``DIR/rank-<RANK>.json``."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
@@ -53,8 +52,7 @@ def _sizes_arg(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python3 -m bench",
-                description="envbuild in-image benchmark; run under torchrun.")
+    p = _Parser(prog="python3 -m bench", description="envbuild in-image benchmark; run under torchrun.")
     p.add_argument("--out", required=True, help="directory for rank-<RANK>.json")
     p.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                    help="default: nccl if CUDA is available, else gloo")
@@ -74,8 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtypes", default="",
                    help="element types of the profile collectives, comma-separated (default: "
                         "float32, plus bfloat16 on nccl)")
-    p.add_argument("--pg-timeout-s", type=float, default=600.0,
-                   help="process-group timeout in seconds")
+    p.add_argument("--pg-timeout-s", type=float, default=600.0, help="process-group timeout in seconds")
     p.add_argument("--heartbeat-s", type=float, default=progress.DEFAULT_HEARTBEAT_S,
                    help="seconds between two progress heartbeats on stdout (0: phase lines only)")
     p.add_argument("--result-to-stdout", action="store_true",
@@ -87,21 +84,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse and cross-check options; exits 64 with usage on a bad value."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    problems = []
-    if args.iters < 1:
-        problems.append("--iters must be >= 1")
-    if args.warmup < 0:
-        problems.append("--warmup must be >= 0")
-    if args.ddp_steps < 1:
-        problems.append("--ddp-steps must be >= 1")
-    if args.ddp_batch < 2:
-        problems.append("--ddp-batch must be >= 2 (BatchNorm needs 2 values per channel)")
-    if args.ddp_image_size < 32:
-        problems.append("--ddp-image-size must be >= 32")
-    if not args.pg_timeout_s > 0:
-        problems.append("--pg-timeout-s must be > 0")
-    if not 0 <= args.heartbeat_s <= 3600:
-        problems.append("--heartbeat-s must be in 0..3600")
+    problems = [msg for ok, msg in (
+        (args.iters >= 1, "--iters must be >= 1"), (args.warmup >= 0, "--warmup must be >= 0"),
+        (args.ddp_steps >= 1, "--ddp-steps must be >= 1"),
+        (args.ddp_batch >= 2, "--ddp-batch must be >= 2 (BatchNorm needs 2 values per channel)"),
+        (args.ddp_image_size >= 32, "--ddp-image-size must be >= 32"),
+        (args.pg_timeout_s > 0, "--pg-timeout-s must be > 0"),
+        (0 <= args.heartbeat_s <= 3600, "--heartbeat-s must be in 0..3600")) if not ok]
     from . import profiles
 
     try:
@@ -135,21 +124,17 @@ def write_json_atomic(path: str, doc: dict) -> None:
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 
 def load_probe():
     """``import probe`` (on PYTHONPATH in the image), else the ``probe/`` package of the source tree."""
-    try:
+    with contextlib.suppress(ImportError):
         import probe  # /opt/envbuild/probe/
 
         return probe
-    except ImportError:
-        pass
     folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "probe")
     path = os.path.join(folder, "__init__.py")
     spec = importlib.util.spec_from_file_location("envbuild_probe", path, submodule_search_locations=[folder])
@@ -163,7 +148,7 @@ def load_probe():
 
 def _env_int(name: str) -> int | None:
     val = os.environ.get(name)
-    if val is None or val == "":
+    if not val:
         return None
     try:
         return int(val)
@@ -224,29 +209,17 @@ def _result_doc(args, run_id, rank, local_rank, world, node_rank, backend, devic
                 errors, started_at, profiles_doc) -> dict:
     """The rank result document (:class:`builder.core.documents.RankResult`); times set later."""
     return {
-        "schema": RESULT_SCHEMA,
-        "run_id": run_id,
-        "rank": rank,
-        "local_rank": local_rank,
-        "world_size": world,
-        "node_rank": node_rank,
-        "hostname": socket.gethostname(),
-        "backend": backend,
-        "device": device,
+        "schema": RESULT_SCHEMA, "run_id": run_id, "rank": rank, "local_rank": local_rank, "world_size": world,
+        "node_rank": node_rank, "hostname": socket.gethostname(), "backend": backend, "device": device,
         "options": {
             "sizes": list(args.sizes), "iters": args.iters, "warmup": args.warmup,
             "ddp_steps": args.ddp_steps, "ddp_batch": args.ddp_batch,
             "ddp_image_size": args.ddp_image_size, "seed": args.seed,
             "pg_timeout_s": args.pg_timeout_s,
         },
-        "socket": {k: os.environ.get(k) for k in progress.SOCKET_VARS},
-        "profiles": profiles_doc,
-        "probe": probe_doc,
-        "fault": None if fault is None else str(fault),
-        "errors": errors,
-        "started_at": started_at,
-        "finished_at": None,
-        "elapsed_s": None,
+        "socket": {k: os.environ.get(k) for k in progress.SOCKET_VARS}, "profiles": profiles_doc,
+        "probe": probe_doc, "fault": None if fault is None else str(fault), "errors": errors,
+        "started_at": started_at, "finished_at": None, "elapsed_s": None,
     }
 
 
@@ -272,11 +245,7 @@ def run(args: argparse.Namespace) -> int:
         device = "cpu"
     prog.phase("init", f"process group ({backend})", collective=True)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.pg_timeout_s))
-    lead = rank == 0
-
-    def log(line):
-        prog.writer.line(line)
-
+    lead, log = rank == 0, prog.writer.line
     if lead:
         log(f"# envbuild bench: world {world:d}, backend {backend}, device {device}, "
             f"iters {args.iters:d}, warmup {args.warmup:d}, DDP check {args.ddp_steps:d} steps x "
@@ -323,15 +292,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def fast_exit(code: int) -> None:
-    """Flush and ``os._exit``: skipping finalization (torch's teardown) saves 1-3 s per rank.
-
-    Called after the result is written; an exception still ends the normal way (exit 1).
-    """
+    """Flush and ``os._exit`` once the result is written: skipping torch's teardown saves 1-3 s per rank."""
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)
 
 

@@ -1,15 +1,9 @@
-"""Sweeps of the six collectives, timed and checked element by element, in nccl-tests' terms.
-
-Source: nccl-tests ``src/common.cu`` (size = max(send, recv) bytes of one rank; count =
-``paramcount``; the time reduced over ranks by ``Allreduce``), ``GetBw`` in
-``src/<collective>.cu`` and ``doc/PERFORMANCE.md``: GB/s = 1e9 B/s, t = the slowest rank's
-mean time, algbw = S / t, busbw = algbw x ``bus_factor``.
-``send_recv`` is a ring (r sends to r+1), as ``sendrecv_perf``.
-
-Inputs ``(k + r) % m`` use a modulus (:func:`modulus`) small enough that every partial sum
-is exact in the element type, so comparisons are exact (0 ulp). The pure functions use no
-torch.
-"""
+"""Sweeps of the six collectives, timed and checked element by element, in nccl-tests' terms. Source: nccl-tests
+``src/common.cu`` (size = max(send, recv) bytes of one rank; count = ``paramcount``; the time reduced over ranks by
+``Allreduce``), ``GetBw`` in ``src/<collective>.cu`` and ``doc/PERFORMANCE.md``: GB/s = 1e9 B/s, t = the slowest rank's
+mean time, algbw = S / t, busbw = algbw x ``bus_factor``. ``send_recv`` is a ring (r sends to r+1), as
+``sendrecv_perf``. Inputs ``(k + r) % m`` use a modulus (:func:`modulus`) small enough that every partial sum is exact
+in the element type, so comparisons are exact (0 ulp). The pure functions use no torch."""
 
 from __future__ import annotations
 
@@ -19,12 +13,10 @@ from typing import Any, Callable
 
 from .support import Unsupported, unsupported_reason
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
-               "send_recv")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
 
 # Element size in bytes, and the largest L such that every integer 0..L is exact.
-DTYPES = {"float32": (4, 2 ** 24), "float64": (8, 2 ** 53), "bfloat16": (2, 2 ** 8),
-          "float16": (2, 2 ** 11)}
+DTYPES = {"float32": (4, 2 ** 24), "float64": (8, 2 ** 53), "bfloat16": (2, 2 ** 8), "float16": (2, 2 ** 11)}
 
 MAX_MODULUS = 251  # a prime below 256: the pattern does not line up with power-of-2 sizes
 
@@ -48,10 +40,8 @@ def _check_name(name: str) -> None:
 
 
 def count_and_size(name: str, size_bytes: int, dtype: str, nranks: int) -> tuple[int, int]:
-    """(count, size_bytes) for a requested size, rounded down as nccl-tests does; count 0 means no row.
-
-    E.g. ``("all_gather", 1001, "float32", 4)`` -> ``(62, 992)``. ValueError on bad arguments.
-    """
+    """(count, size_bytes) for a requested size, rounded down as nccl-tests does; count 0 means no row. E.g.
+    ``("all_gather", 1001, "float32", 4)`` -> ``(62, 992)``. ValueError on bad arguments."""
     _check_name(name)
     ts = typesize(dtype)
     if size_bytes < 1 or nranks < 1:
@@ -81,10 +71,8 @@ def algbw_gbps(size_bytes: int, time_us: float) -> float:
 
 
 def modulus(dtype: str, nranks: int, reducing: bool) -> int:
-    """The pattern modulus: for a reduction ``nranks x (m - 1)`` must be exact in ``dtype``.
-
-    E.g. bfloat16: 129 on 2 ranks, 2 on 256. Unsupported beyond that; ValueError on bad arguments.
-    """
+    """The pattern modulus: for a reduction ``nranks x (m - 1)`` must be exact in ``dtype``. E.g. bfloat16: 129 on 2
+    ranks, 2 on 256. Unsupported beyond that; ValueError on bad arguments."""
     typesize(dtype)
     if nranks < 1:
         raise ValueError(f"nranks must be >= 1, got {nranks!r}")
@@ -138,10 +126,9 @@ def expected_value(name: str, index: int, rank: int, nranks: int, count: int, m:
 
 
 def rank_stats(times: list[float], wrongs: list[int]) -> list[float]:
-    """``[min, median, max us, slowest rank, total wrong]`` of one row over the ranks (index =
-    rank), what rank 0 reduces. nccl-tests reduces the time the same way (``-a``: min, mean or
-    max over ranks) and sums the wrong elements; the median of an even count is the mean of the
-    middle two; the slowest rank is the lowest of equals."""
+    """``[min, median, max us, slowest rank, total wrong]`` of one row over the ranks (index = rank), what rank 0
+    reduces. nccl-tests reduces the time the same way (``-a``: min, mean or max over ranks) and sums the wrong
+    elements; the median of an even count is the mean of the middle two; the slowest rank is the lowest of equals."""
     order = sorted(times)
     n = len(order)
     median = order[n // 2] if n % 2 else (order[n // 2 - 1] + order[n // 2]) / 2
@@ -155,15 +142,11 @@ def summarize(name: str, count: int, size_bytes: int, dtype: str, api: str, stat
     rank's, as nccl-tests' bandwidth) and this rank's own mean time and wrong count."""
     lo, median, t, slowest, wrong = stats
     alg = algbw_gbps(size_bytes, t)
-    return {
-        "size_bytes": size_bytes, "count": count, "type": dtype,
-        "redop": "sum" if name in REDUCING else "none",
-        "root": 0 if name == "broadcast" else -1,
-        "api": api, "time_us": t, "min_time_us": lo, "median_time_us": median,
-        "slowest_rank": int(slowest),
-        "algbw_gbps": alg, "busbw_gbps": alg * bus_factor(name, nranks), "wrong": int(wrong),
-        "own_time_us": own_time_us, "own_wrong": int(own_wrong),
-    }
+    return {"size_bytes": size_bytes, "count": count, "type": dtype, "redop": "sum" if name in REDUCING else "none",
+            "root": 0 if name == "broadcast" else -1, "api": api, "time_us": t, "min_time_us": lo,
+            "median_time_us": median, "slowest_rank": int(slowest), "algbw_gbps": alg,
+            "busbw_gbps": alg * bus_factor(name, nranks), "wrong": int(wrong), "own_time_us": own_time_us,
+            "own_wrong": int(own_wrong)}
 
 
 HEADER = "# {!s:<14} {!s:>12} {!s:>12} {!s:>8} {!s:>11} {!s:>12} {!s:>12} {!s:>8}".format(
@@ -210,8 +193,7 @@ def _count_wrong(torch, name, recv, rank, n, count, m) -> int:
     elif name == "send_recv":
         blocks = [(recv, _periodic(torch, count, (rank - 1) % n, m, dt, dev))]
     elif name == "all_gather":
-        blocks = [(recv[q * count:(q + 1) * count], _periodic(torch, count, q, m, dt, dev))
-                  for q in range(n)]
+        blocks = [(recv[q * count:(q + 1) * count], _periodic(torch, count, q, m, dt, dev)) for q in range(n)]
     else:  # all_to_all
         blocks = [(recv[q * count:(q + 1) * count],
                    _periodic(torch, count, rank * count + q, m, dt, dev)) for q in range(n)]
@@ -251,8 +233,7 @@ def _candidates(dist, name: str, send, recv, rank: int, n: int):
             ins, outs = list(send.chunk(n)), list(recv.chunk(n))
             out.append(("all_to_all", lambda: dist.all_to_all(outs, ins)))
     elif name == "send_recv" and has("batch_isend_irecv"):
-        ops = [dist.P2POp(dist.isend, send, (rank + 1) % n),
-               dist.P2POp(dist.irecv, recv, (rank - 1) % n)]
+        ops = [dist.P2POp(dist.isend, send, (rank + 1) % n), dist.P2POp(dist.irecv, recv, (rank - 1) % n)]
 
         def ring():
             for work in dist.batch_isend_irecv(ops):
@@ -293,11 +274,9 @@ def _check_once(torch, dist, name, sizes_counts, dtype, device, chosen):
 def run_collective(name: str, sizes: list[int], dtype: str, iters: int, warmup: int,
                    device: str, corrupt: bool = False, log: Callable | None = None):
     """Sweep ``name`` over ``sizes`` (bytes): rows (the run's figures, this rank's own), or ``{"unsupported": reason}``.
-
-    Per size: ``warmup`` runs, a barrier, ``iters`` timed runs, then one exact-compared run on
-    pattern inputs; the figures are reduced once at the end, outside any timed loop.
-    ``corrupt`` is the TEST-ONLY fault that spoils this rank's last element.
-    """
+    Per size: ``warmup`` runs, a barrier, ``iters`` timed runs, then one exact-compared run on pattern inputs; the
+    figures are reduced once at the end, outside any timed loop. ``corrupt`` is the TEST-ONLY fault that spoils this
+    rank's last element."""
     import torch
     import torch.distributed as dist
 
@@ -319,8 +298,7 @@ def run_collective(name: str, sizes: list[int], dtype: str, iters: int, warmup: 
     cuda = device.startswith("cuda")
     mine = []
     for count, _ in sizes_counts:
-        mine.append(_time_and_check(torch, dist, name, api, count, dtype, iters, warmup,
-                                    device, cuda, corrupt))
+        mine.append(_time_and_check(torch, dist, name, api, count, dtype, iters, warmup, device, cuda, corrupt))
     stats = _reduce_stats(torch, dist, mine, device)
     rows = []
     for j, (count, size) in enumerate(sizes_counts):
@@ -335,8 +313,7 @@ def _reduce_stats(torch, dist, mine: list[tuple[float, int]], device: str) -> li
     """Per row :func:`rank_stats` over every rank: rank 0 gathers each rank's (time, wrong)
     pairs (O(N) on rank 0 alone), reduces them and broadcasts the summary (O(rows))."""
     n, k = dist.get_world_size(), len(mine)
-    flat = torch.tensor([t for t, _ in mine] + [float(w) for _, w in mine], dtype=torch.float64,
-                        device=device)
+    flat = torch.tensor([t for t, _ in mine] + [float(w) for _, w in mine], dtype=torch.float64, device=device)
     gathered = [torch.zeros_like(flat) for _ in range(n)] if dist.get_rank() == 0 else None
     dist.gather(flat, gathered, dst=0)
     out = torch.zeros(k * 5, dtype=torch.float64, device=device)
@@ -350,13 +327,10 @@ def _reduce_stats(torch, dist, mine: list[tuple[float, int]], device: str) -> li
     return [values[5 * j:5 * j + 5] for j in range(k)]
 
 
-def _time_and_check(torch, dist, name, api, count, dtype, iters, warmup, device, cuda,
-                    corrupt) -> tuple[float, int]:
-    """(this rank's mean microseconds per run, its wrong elements) at one count.
-
-    Timed first, as a plain loop is (zeroed buffers, warmup, barrier, ``iters`` runs); the
-    exact-compared run comes after: its pattern fill and compare allocate and touch several
-    buffers of the size, which before the timed loop cost up to a quarter of the bandwidth.
+def _time_and_check(torch, dist, name, api, count, dtype, iters, warmup, device, cuda, corrupt) -> tuple[float, int]:
+    """(this rank's mean microseconds per run, its wrong elements) at one count. Timed first, as a plain loop is (zeroed
+    buffers, warmup, barrier, ``iters`` runs); the exact-compared run comes after: its pattern fill and compare
+    allocate and touch several buffers of the size, which before the timed loop cost up to a quarter of the bandwidth.
     """
     rank, n = dist.get_rank(), dist.get_world_size()
     m = modulus(dtype, n, name in REDUCING)

@@ -1,7 +1,6 @@
-"""TEST-ONLY fault injection: ``ENVBUILD_BENCH_FAULT=KIND@RANK`` (global rank), to prove the host
-notices a broken rank: ``sleep`` ``SLEEP_S``, ``exit`` 3, or ``oom`` (writes memory 64 MiB at a
-time up to ``OOM_MAX_BYTES``, exit 3 if not killed). Stdlib only.
-"""
+"""TEST-ONLY fault injection: ``ENVBUILD_BENCH_FAULT=KIND@RANK`` (global rank), to prove the host notices a broken rank:
+``sleep`` ``SLEEP_S``, ``exit`` 3, or ``oom`` (writes memory 64 MiB at a time up to ``OOM_MAX_BYTES``, exit 3 if not
+killed). Stdlib only."""
 
 from __future__ import annotations
 
@@ -35,9 +34,7 @@ def parse_fault(spec: str | None) -> Fault | None:
     if not sep:
         raise ValueError(f"{ENV_VAR}={spec!r}: expected KIND@RANK")
     if kind not in KINDS:
-        raise ValueError(
-            "{}={!r}: unknown kind {!r} (one of {})".format(ENV_VAR, spec, kind, ", ".join(KINDS))
-        )
+        raise ValueError("{}={!r}: unknown kind {!r} (one of {})".format(ENV_VAR, spec, kind, ", ".join(KINDS)))
     if not rank.isdigit():
         raise ValueError(f"{ENV_VAR}={spec!r}: rank {rank!r} is not a non-negative integer")
     return Fault(kind, int(rank))

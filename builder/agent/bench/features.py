@@ -1,10 +1,7 @@
-"""torch.distributed features that need numpy (object collectives, pipeline shape inference,
-``dcp.save``): torch wheels do not depend on numpy, and without it these fail.
-
-The ranks first agree on who lacks numpy. Only ``all_gather_object`` runs when every rank
-lacks it (it fails before communicating); the others would fail on one side only and hang
-the peers until the process-group timeout, so they are reported without running.
-"""
+"""torch.distributed features that need numpy (object collectives, pipeline shape inference, ``dcp.save``): torch wheels
+do not depend on numpy, and without it these fail. The ranks first agree on who lacks numpy. Only ``all_gather_object``
+runs when every rank lacks it (it fails before communicating); the others would fail on one side only and hang the
+peers until the process-group timeout, so they are reported without running."""
 
 from __future__ import annotations
 
@@ -70,18 +67,15 @@ def _agree(torch, dist, device, problem):
 
 
 def run_features(device: str) -> dict[str, Any]:
-    """Check numpy on every rank, then each of ``FEATURES``: ``"ok"`` or ``{"unsupported": ...}``.
-
-    The same on every rank except ``numpy.problem``; an error that is no "not supported" propagates.
-    """
+    """Check numpy on every rank, then each of ``FEATURES``: ``"ok"`` or ``{"unsupported": ...}``, the same on
+    every rank but ``numpy.problem``; an error that is no "not supported" propagates."""
     import torch
     import torch.distributed as dist
 
     problem = numpy_problem()
     without = _agree(torch, dist, device, problem)
     everywhere = len(without) == dist.get_world_size()
-    out: dict[str, Any] = {"numpy": {"available": not without, "problem": problem,
-                                        "ranks_without": without}}
+    out: dict[str, Any] = {"numpy": {"available": not without, "problem": problem, "ranks_without": without}}
     runners = {"all_gather_object": _all_gather_object,
                "pipeline_shape_inference": _shape_inference, "dcp_save": _dcp_save}
     for name in FEATURES:
@@ -102,8 +96,7 @@ def _run_one(torch, dist, device, runner):
     except Unsupported as e:
         res: dict[str, Any] = {"unsupported": str(e), "ran": True}
     except (ImportError, AttributeError) as e:
-        res = {"unsupported": f"torch {torch.__version__} lacks it: {type(e).__name__}: {str(e)[:200]}",
-               "ran": True}
+        res = {"unsupported": f"torch {torch.__version__} lacks it: {type(e).__name__}: {str(e)[:200]}", "ran": True}
     except (RuntimeError, NotImplementedError) as e:
         reason = unsupported_reason(e)
         if reason is None:

@@ -1,18 +1,18 @@
-"""The watchdog of one node: ``python3 -m bench.node --deadline-s S -- COMMAND...``.
-
-The container runs with ``--rm``; this makes it end by the deadline even when nobody is
-left to stop it (envbuild killed): it kills the child and every descendant (torchrun's
-workers have their own sessions, so they are found via ``/proc/*/stat``) and exits 124;
-SIGTERM/SIGINT give 143/130; else the child's status. As PID 1 it also reaps orphans.
-"""
+"""The watchdog of one node: ``python3 -m bench.node --deadline-s S -- COMMAND...``. The container runs with ``--rm``;
+this makes it end by the deadline even when nobody is left to stop it (envbuild killed): it kills the child and every
+descendant (torchrun's workers have their own sessions, so they are found via ``/proc/*/stat``) and exits 124;
+SIGTERM/SIGINT give 143/130; else the child's status. As PID 1 it also reaps orphans."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+
+from .progress import stat_fields
 
 EXIT_DEADLINE = 124
 EXIT_USAGE = 64
@@ -26,15 +26,7 @@ def descendants(pid, proc="/proc"):
     except OSError:
         return []
     for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc, name, "stat"), "rb") as f:
-                text = f.read(4096).decode("ascii", "replace")
-        except OSError:
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-        rest = text.rpartition(")")[2].split()
+        rest = stat_fields(name, proc) if name.isdigit() else []
         if len(rest) >= 2 and rest[1].isdigit():
             parent_of[int(name)] = int(rest[1])
     out, frontier = [], [pid]
@@ -49,10 +41,8 @@ def descendants(pid, proc="/proc"):
 def kill_tree(pid):
     """SIGKILL ``pid`` and its descendants found before the kill."""
     for p in [pid] + descendants(pid):
-        try:
+        with contextlib.suppress(OSError):
             os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def _reap_others(child_pid):

@@ -1,11 +1,8 @@
-"""TEST-ONLY fault injection for the profile checks: ``ENVBUILD_BENCH_PROFILE_FAULT``.
-
-A comma list of ``KIND[:TARGET]@RANK`` (global rank): ``collective-corrupt:<collective>``
-spoils the last element of that rank's result; ``ddp-grad-perturb`` adds ``GRAD_DELTA`` in
-a comm hook (the replicas stay identical: a checksum would not see it); ``*-shard-perturb``
-changes the rank's first shard; ``pipeline-message-alter``/``-drop`` change or zero the
-received activation; ``moe-expert-perturb`` shifts the expert's outputs. Stdlib only.
-"""
+"""TEST-ONLY fault injection for the profile checks: ``ENVBUILD_BENCH_PROFILE_FAULT``. A comma list of
+``KIND[:TARGET]@RANK`` (global rank): ``collective-corrupt:<collective>`` spoils the last element of that rank's
+result; ``ddp-grad-perturb`` adds ``GRAD_DELTA`` in a comm hook (the replicas stay identical: a checksum would not see
+it); ``*-shard-perturb`` changes the rank's first shard; ``pipeline-message-alter``/``-drop`` change or zero the
+received activation; ``moe-expert-perturb`` shifts the expert's outputs. Stdlib only."""
 
 from __future__ import annotations
 
@@ -41,8 +38,7 @@ class ProfileFault:
         return f"{name}@{self.rank:d}"
 
     def hits(self, kind: str, rank: int, target: str | None = None) -> bool:
-        return (self.kind == kind and self.rank == rank
-                and (target is None or self.target == target))
+        return (self.kind == kind and self.rank == rank and (target is None or self.target == target))
 
 
 def _show(text: str) -> str:

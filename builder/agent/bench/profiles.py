@@ -1,9 +1,5 @@
-"""Profiles: the collectives and the training check of each parallelism strategy
-(``PROFILES``; ``all`` covers the six collectives), and :func:`run_profiles`.
-
-The pure parts (:func:`parse_profiles`, :func:`collectives_for`, :func:`default_dtypes`)
-use no torch.
-"""
+"""The collectives and the training check of each parallelism strategy (``all``: the six collectives);
+only :func:`run_profiles` and below use torch."""
 
 from __future__ import annotations
 
@@ -17,13 +13,8 @@ from . import collectives as coll
 from .profile_faults import ENV_VAR as FAULT_ENV_VAR
 from .profile_faults import _show, parse_faults
 
-PROFILES = {
-    "ddp": ("all_reduce", "broadcast"),
-    "fsdp": ("all_gather", "reduce_scatter"),
-    "tp": ("all_reduce", "all_gather"),
-    "pipeline": ("send_recv",),
-    "moe": ("all_to_all",),
-}
+PROFILES = {"ddp": ("all_reduce", "broadcast"), "fsdp": ("all_gather", "reduce_scatter"),
+            "tp": ("all_reduce", "all_gather"), "pipeline": ("send_recv",), "moe": ("all_to_all",)}
 ALL = "all"
 MAX_TEXT = 200
 MAX_SIZES = 64
@@ -86,8 +77,7 @@ def _sweep(name: str, sizes, dtypes, iters, warmup, device, faults, rank, log):
     corrupt = any(f.hits("collective-corrupt", rank, name) for f in faults)
     rows, skipped = [], {}
     for dtype in dtypes:
-        out = coll.run_collective(name, sizes, dtype, iters, warmup, device, corrupt=corrupt,
-                                  log=log)
+        out = coll.run_collective(name, sizes, dtype, iters, warmup, device, corrupt=corrupt, log=log)
         if isinstance(out, dict):
             skipped[dtype] = out["unsupported"]
         else:
@@ -110,17 +100,12 @@ def _training_runner(profile: str) -> Callable[..., dict[str, Any]]:
     return runners[profile]
 
 
-def run_profiles(profiles, sizes: list[int], iters: int, warmup: int,
-                 dtypes: list[str] | None, seed: int, device: str, backend: str, *,
-                 ddp: tuple[int, int, int] = (3, 4, 32), faults=None, scaling: bool = True,
+def run_profiles(profiles, sizes: list[int], iters: int, warmup: int, dtypes: list[str] | None, seed: int, device: str,
+                 backend: str, *, ddp: tuple[int, int, int] = (3, 4, 32), faults=None, scaling: bool = True,
                  features: bool = True, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the collectives (each once), training checks, scaling and feature checks of
-    ``profiles`` on the initialized default process group.
-
-    Sizes are bytes; ``ddp`` is (steps, images per rank, image side). The result is the same on
-    every rank except this rank's wall times (s) and numpy problem. ValueError on bad options
-    or fault spec, before any collective, on every rank alike.
-    """
+    """The collectives (each once), training, scaling and feature checks of ``profiles`` on the default
+    process group; the same on every rank but its wall times (s) and numpy problem. ``ddp``: (steps,
+    images per rank, image side). ValueError on bad options or faults, before any collective, on every rank."""
     import torch.distributed as dist
 
     t_start = time.perf_counter()
@@ -128,13 +113,10 @@ def run_profiles(profiles, sizes: list[int], iters: int, warmup: int,
     if faults is None:
         faults = parse_faults(os.environ.get(FAULT_ENV_VAR))
     rank, world = dist.get_rank(), dist.get_world_size()
-    out = {"profiles": names, "world_size": world, "backend": backend, "device": device,
-           "dtypes": dtypes, "sizes": list(sizes), "iters": iters, "warmup": warmup,
-           "seed": seed, "faults": [str(f) for f in faults],
-           "fault_notes": [f"fault {f} targets no rank of a world of {world:d}"
-                           for f in faults if f.rank >= world],
-           "collectives": {}, "unsupported_types": {}, "training": {}, "scaling": None,
-           "features": None,
+    out = {"profiles": names, "world_size": world, "backend": backend, "device": device, "dtypes": dtypes,
+           "sizes": list(sizes), "iters": iters, "warmup": warmup, "seed": seed, "faults": [str(f) for f in faults],
+           "fault_notes": [f"fault {f} targets no rank of a world of {world:d}" for f in faults if f.rank >= world],
+           "collectives": {}, "unsupported_types": {}, "training": {}, "scaling": None, "features": None,
            "wall_s": {"collectives": {}, "training": {}, "scaling": None, "features": None}}
     if log:
         log(coll.HEADER)

@@ -1,13 +1,11 @@
-"""A rank's progress lines on stdout: one per phase entered, and a heartbeat while alive.
-
-The heartbeat is a forked process, not a thread: a rank blocked in a call holding the GIL
-(gloo's rendezvous) still beats, a frozen container does not. Lines are written under a
-thread lock and an ``flock`` shared by the node's ranks, so they never interleave. The host
-reads them in :class:`builder.launchers.progress.ProgressTracker`. Stdlib only.
-"""
+"""A rank's progress lines on stdout: one per phase entered, and a heartbeat while alive. The heartbeat is a forked
+process, not a thread: a rank blocked in a call holding the GIL (gloo's rendezvous) still beats, a frozen container
+does not. Lines are written under a thread lock and an ``flock`` shared by the node's ranks, so they never interleave.
+The host reads them in :class:`builder.launchers.progress.ProgressTracker`. Stdlib only."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -59,31 +57,32 @@ class Writer:
 
     def line(self, text):
         with self._lock:
-            if self._fd is not None:
-                try:
-                    fcntl.flock(self._fd, fcntl.LOCK_EX)
-                except OSError:
-                    pass
+            self._flock(fcntl.LOCK_EX if fcntl else 0)
             try:
                 self.stream.write(text + "\n")
                 self.stream.flush()
             finally:
-                if self._fd is not None:
-                    try:
-                        fcntl.flock(self._fd, fcntl.LOCK_UN)
-                    except OSError:
-                        pass
+                self._flock(fcntl.LOCK_UN if fcntl else 0)
+
+    def _flock(self, op):
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._fd, op)
+
+
+def stat_fields(pid, proc="/proc"):
+    """The fields of ``/proc/PID/stat`` after ``(comm)`` (which may hold spaces and parentheses):
+    state, ppid...; [] when unreadable."""
+    try:
+        with open(os.path.join(proc, str(pid), "stat"), "rb") as f:
+            return f.read(4096).decode("ascii", "replace").rpartition(")")[2].split()
+    except OSError:
+        return []
 
 
 def proc_state(pid):
-    """The state letter of ``pid`` in ``/proc/PID/stat``, None when unreadable."""
-    try:
-        with open(f"/proc/{pid:d}/stat", "rb") as f:
-            text = f.read(4096).decode("ascii", "replace")
-    except OSError:
-        return None
-    rest = text.rpartition(")")[2].split()
-    return rest[0] if rest else None
+    """The state letter of ``pid``, None when unreadable."""
+    return (stat_fields(pid) or [None])[0]
 
 
 def heartbeat_loop(parent, rank, run_id, interval, writer, clock=time.time, sleep=time.sleep,
@@ -150,11 +149,9 @@ class Progress:
     def stop(self):
         pid, self.heartbeat_pid = self.heartbeat_pid, None
         if pid:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, 9)
                 os.waitpid(pid, 0)
-            except OSError:
-                pass
 
     def result(self, doc):
         self.writer.line(RESULT_PREFIX + json.dumps(doc, sort_keys=True, allow_nan=False))

@@ -1,8 +1,6 @@
-"""A built-in ResNet-18 for images without torchvision.
-
-Same architecture, parameter names and init as ``torchvision.models.resnet18(weights=None)``
-(He et al. 2015; torchvision ``models/resnet.py``). Imports torch: only inside the image.
-"""
+"""A built-in ResNet-18 for images without torchvision. Same architecture, parameter names and init as
+``torchvision.models.resnet18(weights=None)`` (He et al. 2015; torchvision ``models/resnet.py``). Imports torch: only
+inside the image."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Scaling: the DDP check's step timed at world size 1 (rank 0 alone, in ``new_group([0])``
-so DDP's hooks stay in the step) and at N; efficiency = t1 / tN.
-
-1.0 is perfect weak scaling; CPU ranks sharing cores and memory bandwidth score below that
-by construction (that is what it measures).
-"""
+"""Scaling: the DDP check's step timed at world size 1 (rank 0 alone, in ``new_group([0])`` so DDP's hooks stay in the
+step) and at N; efficiency = t1 / tN. 1.0 is perfect weak scaling; CPU ranks sharing cores and memory bandwidth score
+below that by construction (that is what it measures)."""
 
 from __future__ import annotations
 
@@ -65,12 +62,9 @@ def run_scaling(seed: int, device: str, steps: int = DEFAULT_STEPS, warmup: int 
     ddp = DDP(model, device_ids=ids)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
     tn = _timed_steps(torch, ddp, opt, x, y, device, warmup, steps)
-    t = torch.tensor([t1, tn], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    t1, tn = t.cpu().tolist()
+    t1, tn = training.max_over_ranks(torch, dist, device, [t1, tn])
     thr1 = steps * batch / t1 if t1 > 0 else 0.0
     thrn = steps * batch * world / tn if tn > 0 else 0.0
-    return {"model": f"resnet18 ({source})", "batch_per_rank": batch,
-            "image_size": image_size, "steps": steps, "world_size": world,
-            "throughput_1": thr1, "throughput_n": thrn, "time_1_s": t1, "time_n_s": tn,
+    return {"model": f"resnet18 ({source})", "batch_per_rank": batch, "image_size": image_size, "steps": steps,
+            "world_size": world, "throughput_1": thr1, "throughput_n": thrn, "time_1_s": t1, "time_n_s": tn,
             "efficiency": efficiency(thr1, thrn, world)}

@@ -1,6 +1,5 @@
-"""What the image's torch lacks: ``{"unsupported": reason}``, never passed; only errors that
-say so count, any other fails the rank.
-"""
+"""What the image's torch lacks: ``{"unsupported": reason}``, never passed; only errors that say so count, any other
+fails the rank."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def first_line(text: str, limit: int = REASON_MAX) -> str:
 def unsupported_reason(exc: BaseException) -> str | None:
     """``"<Type>: <first line>"`` for NotImplementedError or a RuntimeError matching ``UNSUPPORTED_RE``, else None."""
     text = first_line(str(exc))
-    if isinstance(exc, NotImplementedError) or (
-            isinstance(exc, RuntimeError) and UNSUPPORTED_RE.search(text)):
+    if isinstance(exc, NotImplementedError) or (isinstance(exc, RuntimeError) and UNSUPPORTED_RE.search(text)):
         return f"{type(exc).__name__}: {text}"
     return None
 

@@ -1,13 +1,9 @@
-"""The DDP check: ResNet-18 under DDP against a single-process reference.
-
-The reference runs the K distinct slices (rank r trains on slice r % K,
-:func:`~bench.training.shard_weights`) one after another (BatchNorm is not synced under DDP,
-so each slice has its own statistics) and accumulates each loss times its slice's share of
-the ranks: its cost is fixed whatever N. It
-trains in float64: in float32 summation order alone (1e-7) grows to 1e-3 in some
-parameters after 3 steps at 3 ranks, which no tolerance tells from a bug; in float64 it
-agrees to 3e-13. ``scaling`` measures float32 throughput.
-"""
+"""The DDP check: ResNet-18 under DDP against a single-process reference. The reference runs the K distinct slices
+(rank r trains on slice r % K, :func:`~bench.training.shard_weights`) one after another (BatchNorm is not synced
+under DDP, so each slice has its own statistics) and accumulates each loss times its slice's share of the ranks: its
+cost is fixed whatever N. It trains in float64: in float32 summation order alone (1e-7) grows to 1e-3 in some
+parameters after 3 steps at 3 ranks, which no tolerance tells from a bug; in float64 it agrees to 3e-13. ``scaling``
+measures float32 throughput."""
 
 from __future__ import annotations
 
@@ -31,15 +27,13 @@ def build_resnet18() -> tuple[Any, str]:
     try:
         from torchvision.models import resnet18 as tv_resnet18
     except Exception:  # ImportError, or a torchvision that does not match torch
-        tv_resnet18 = None
-    if tv_resnet18 is not None:
-        try:
-            return tv_resnet18(weights=None, num_classes=NUM_CLASSES), "torchvision"
-        except TypeError:  # torchvision < 0.13 has no `weights`
-            return tv_resnet18(pretrained=False, num_classes=NUM_CLASSES), "torchvision"
-    from .resnet import resnet18
+        from .resnet import resnet18
 
-    return resnet18(num_classes=NUM_CLASSES), "builtin"
+        return resnet18(num_classes=NUM_CLASSES), "builtin"
+    try:
+        return tv_resnet18(weights=None, num_classes=NUM_CLASSES), "torchvision"
+    except TypeError:  # torchvision < 0.13 has no `weights`
+        return tv_resnet18(pretrained=False, num_classes=NUM_CLASSES), "torchvision"
 
 
 def make_data(torch, seed: int, steps: int, global_batch: int, image_size: int, classes: int):
@@ -79,8 +73,7 @@ def _perturb_hook(state, bucket):
 
 
 def run_ddp_check(seed: int, device: str, steps: int = DEFAULT_STEPS, batch: int = DEFAULT_BATCH,
-                  image_size: int = DEFAULT_IMAGE_SIZE, faults=(),
-                  dtype: str = DEFAULT_DTYPE) -> dict[str, Any]:
+                  image_size: int = DEFAULT_IMAGE_SIZE, faults=(), dtype: str = DEFAULT_DTYPE) -> dict[str, Any]:
     """Train ResNet-18 under DDP and compare with the reference (``dtype`` float64 or float32)."""
     import torch
     import torch.distributed as dist
@@ -98,9 +91,8 @@ def run_ddp_check(seed: int, device: str, steps: int = DEFAULT_STEPS, batch: int
     if training.fault_hits(faults, "ddp-grad-perturb", rank):
         ddp.register_comm_hook(None, _perturb_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
-    data = [(x.to(device=device, dtype=tdtype), y.to(device))
-            for x, y in make_data(torch, seed, steps, batch * len(training.shard_weights(world)),
-                                  image_size, NUM_CLASSES)]
+    data = [(x.to(device=device, dtype=tdtype), y.to(device)) for x,
+            y in make_data(torch, seed, steps, batch * len(training.shard_weights(world)), image_size, NUM_CLASSES)]
     sl = training.shard_of(rank, world, batch)
     mine = [(x[sl], y[sl]) for x, y in data]
 
@@ -120,11 +112,9 @@ def run_ddp_check(seed: int, device: str, steps: int = DEFAULT_STEPS, batch: int
         torch, device, lambda: reference_steps(torch, reference, data, world, batch, LR, MOMENTUM))
     got = [training.local_tensor(p) for p in model.parameters()]
     want = [training.local_tensor(p) for p in reference.parameters()]
-    ok, diff = training.compare_params(torch, got, want)
-    ok, diff, wall = training.agree(torch, dist, device, ok, diff, wall)
+    ok, diff, wall = training.agree(torch, dist, device, got, want, wall)
     losses = training.mean_over_ranks(torch, dist, device, local_losses)
     ref_wall = training.max_over_ranks(torch, dist, device, [ref_wall])[0]
-    return training.result(
-        f"resnet18 ({source})", losses, ref_losses, ok, diff, steps * batch * world, wall,
-        dtype=dtype, batch_per_rank=batch, global_batch=batch * world, image_size=image_size,
-        reference_wall_s=ref_wall)
+    return training.result(f"resnet18 ({source})", losses, ref_losses, ok, diff, steps * batch * world, wall,
+                           dtype=dtype, batch_per_rank=batch, global_batch=batch * world, image_size=image_size,
+                           reference_wall_s=ref_wall)

@@ -1,9 +1,7 @@
-"""FSDP2 check (``fully_shard`` on every Linear and the root of a small MLP) against a
-single-process reference on the K distinct slices (rank r trains on slice r % K), each
-slice's mean weighted by its share of the ranks: a fixed cost whatever N. In float64: the
-reduce-scatter sums N gradients, whose rounding in float32 ((N - 1) x 6e-8, Higham's bound)
-exceeds the tolerance beyond about 160 ranks.
-"""
+"""FSDP2 check (``fully_shard`` on every Linear and the root of a small MLP) against a single-process reference on the K
+distinct slices (rank r trains on slice r % K), each slice's mean weighted by its share of the ranks: a fixed cost
+whatever N. In float64: the reduce-scatter sums N gradients, whose rounding in float32 ((N - 1) x 6e-8, Higham's bound)
+exceeds the tolerance beyond about 160 ranks."""
 
 from __future__ import annotations
 
@@ -58,6 +56,5 @@ def run_fsdp_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
             for x, y in training.batches(torch, seed, steps, batch * len(weights), SIZES[0], SIZES[-1])]
     losses, ref_losses, ok, diff, wall = training.run_mse(
         torch, dist, device, model, reference, data, training.shard_of(rank, world, batch), weights)
-    return training.result(
-        training.describe("mlp", list(SIZES), training.n_params(reference)), losses, ref_losses,
-        ok, diff, steps * batch * world, wall, batch_per_rank=batch, global_batch=batch * world)
+    return training.result(training.describe("mlp", list(SIZES), training.n_params(reference)), losses, ref_losses, ok,
+                           diff, steps * batch * world, wall, batch_per_rank=batch, global_batch=batch * world)

@@ -1,9 +1,6 @@
-"""Mixture-of-experts check: expert e on rank e, tokens routed top-1 with
-``all_to_all_single`` (autograd through the exchanges), the gate replicated.
-
-The reference holds the gate and all experts in one process and runs the gate on the same
-slice shapes, so both route every token alike.
-"""
+"""Mixture-of-experts check: expert e on rank e, tokens routed top-1 with ``all_to_all_single``
+(autograd through the exchanges), the gate replicated; the reference holds the gate and every expert
+in one process and runs the gate on the same slice shapes, so both route every token alike."""
 
 from __future__ import annotations
 
@@ -80,8 +77,7 @@ def _reference_losses(torch, gate, experts, data, world: int, tokens: int) -> li
     losses = []
     for x, y in data:
         opt.zero_grad(set_to_none=True)
-        outs = [moe_reference(torch, gate, experts, x[q * tokens:(q + 1) * tokens])
-                for q in range(world)]
+        outs = [moe_reference(torch, gate, experts, x[q * tokens:(q + 1) * tokens]) for q in range(world)]
         loss = F.mse_loss(torch.cat(outs), y)
         loss.backward()
         opt.step()
@@ -105,8 +101,7 @@ def run_moe_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
     ref_experts = [e.to(device) for e in ref_experts]
     gate, expert = gate.to(device), experts[rank].to(device)
     delta = EXPERT_DELTA if training.fault_hits(faults, "moe-expert-perturb", rank) else 0.0
-    data = [(x.to(device), y.to(device)) for x, y in training.batches(
-        torch, seed, steps, tokens * world, DIM, DIM)]
+    data = [(x.to(device), y.to(device)) for x, y in training.batches(torch, seed, steps, tokens * world, DIM, DIM)]
     opt = torch.optim.SGD(list(gate.parameters()) + list(expert.parameters()), lr=training.LR)
     routed = [0.0] * world
 
@@ -129,14 +124,11 @@ def run_moe_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
     local_losses, wall = training.timed(torch, device, train)
     ref_losses = _reference_losses(torch, ref_gate, ref_experts, data, world, tokens)
     got = [training.local_tensor(p) for p in list(gate.parameters()) + list(expert.parameters())]
-    want = [p.detach().cpu()
-            for p in list(ref_gate.parameters()) + list(ref_experts[rank].parameters())]
-    ok, diff = training.compare_params(torch, got, want)
-    ok, diff, wall = training.agree(torch, dist, device, ok, diff, wall)
+    want = [p.detach().cpu() for p in list(ref_gate.parameters()) + list(ref_experts[rank].parameters())]
+    ok, diff, wall = training.agree(torch, dist, device, got, want, wall)
     losses = training.mean_over_ranks(torch, dist, device, local_losses)
     n = training.n_params(ref_gate) + sum(training.n_params(e) for e in ref_experts)
     return training.result(
         f"moe: gate {DIM:d}-{world:d}, {world:d} experts mlp {DIM:d}-{HIDDEN:d}-{DIM:d} ({n:,} parameters)",
-        losses, ref_losses, ok, diff, steps * tokens * world, wall, experts=world,
-        tokens_per_rank=tokens,
+        losses, ref_losses, ok, diff, steps * tokens * world, wall, experts=world, tokens_per_rank=tokens,
         routed=[int(v) for v in training.sum_over_ranks(torch, dist, device, routed)])

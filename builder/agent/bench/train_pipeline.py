@@ -1,8 +1,5 @@
-"""Pipeline-parallel check (``torch.distributed.pipelining``): a chain of ``world`` blocks,
-block r the stage on rank r, against the whole chain in one process.
-
-Stages get static example shapes, so neither shape inference nor numpy is needed.
-"""
+"""Pipeline-parallel check (``torch.distributed.pipelining``): a chain of ``world`` blocks, block r
+the stage on rank r, against the whole chain in one process; static example shapes (no numpy)."""
 
 from __future__ import annotations
 
@@ -52,9 +49,7 @@ def _step(sched, rank: int, world: int, x, y) -> list[float]:
 
 def run_pipeline_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
                        schedule: str = "gpipe", faults=()) -> dict[str, Any]:
-    """Train the chain with ``schedule`` (``"gpipe"`` or ``"1f1b"``); ValueError on another,
-    Unsupported without ``torch.distributed.pipelining``.
-    """
+    """Train the chain with ``schedule`` (:data:`SCHEDULES`); Unsupported without ``torch.distributed.pipelining``."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -92,12 +87,10 @@ def run_pipeline_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
     ref_losses = training.train_reference(torch, reference, data, F.mse_loss)
     got = [training.local_tensor(p) for p in stage_mod.parameters()]
     want = [p.detach().cpu() for p in reference[rank].parameters()]
-    ok, diff = training.compare_params(torch, got, want)
-    ok, diff, wall = training.agree(torch, dist, device, ok, diff, wall)
+    ok, diff, wall = training.agree(torch, dist, device, got, want, wall)
     # Only the last stage has losses; the others contribute 0 to the sum.
     losses = training.sum_over_ranks(torch, dist, device, local_losses)
     return training.result(
         f"chain of {world:d} x linear {WIDTH:d}-{WIDTH:d} + tanh ({training.n_params(reference):,} parameters)",
         losses, ref_losses, ok, diff, steps * MICROBATCHES * MICROBATCH_SIZE, wall,
-        schedule=schedule, stages=world, microbatches=MICROBATCHES,
-        microbatch_size=MICROBATCH_SIZE)
+        schedule=schedule, stages=world, microbatches=MICROBATCHES, microbatch_size=MICROBATCH_SIZE)

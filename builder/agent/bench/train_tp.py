@@ -1,7 +1,5 @@
-"""Tensor-parallel check: a two-layer MLP split Megatron-style (``ColwiseParallel`` then
-``RowwiseParallel``) over a 1-D mesh of all ranks, every rank on the whole batch, against
-a single-process reference.
-"""
+"""Tensor-parallel check: a two-layer MLP split Megatron-style (``ColwiseParallel`` then ``RowwiseParallel``)
+over a 1-D mesh of all ranks, every rank on the whole batch, against a single-process reference."""
 
 from __future__ import annotations
 
@@ -48,9 +46,7 @@ def run_tp_check(seed: int, device: str, steps: int = DEFAULT_STEPS,
     parallelize_module(model, mesh, {"0": Colwise(), "2": Rowwise()})
     if training.fault_hits(faults, "tp-shard-perturb", rank):
         perturb_first_shard(torch, model, SHARD_DELTA)
-    data = [(x.to(device), y.to(device))
-            for x, y in training.batches(torch, seed, steps, batch, IN_DIM, OUT_DIM)]
+    data = [(x.to(device), y.to(device)) for x, y in training.batches(torch, seed, steps, batch, IN_DIM, OUT_DIM)]
     losses, ref_losses, ok, diff, wall = training.run_mse(torch, dist, device, model, reference, data)
-    return training.result(
-        training.describe("mlp", sizes, training.n_params(reference)), losses, ref_losses, ok,
-        diff, steps * batch, wall, batch=batch, hidden=sizes[1])
+    return training.result(training.describe("mlp", sizes, training.n_params(reference)), losses, ref_losses, ok, diff,
+                           steps * batch, wall, batch=batch, hidden=sizes[1])

@@ -1,16 +1,14 @@
-"""Shared parts of the training checks: tolerance, result shape, torch helpers.
-
-Each check trains with one strategy and, on every rank, the same model in one process on
-the same global batch; it passes when every step's loss and every final parameter agree
-within ``|a - b| <= ATOL + RTOL * |b|`` (``torch.allclose``'s rule). The distributed sums
-run in another order, a few float32 roundings (eps 1.19e-7) apart: measured up to 1.5e-8
-(torch 2.13/gloo, 2-3 CPU ranks), so RTOL 1e-5 leaves 100x for other BLAS and reduction
-orders, while every injected fault moves some parameter by more than 1e-4.
-"""
+"""Shared parts of the training checks: tolerance, result shape, torch helpers. Each check trains with one strategy and,
+on every rank, the same model in one process on the same global batch; it passes when every step's loss and every final
+parameter agree within ``|a - b| <= ATOL + RTOL * |b|`` (``torch.allclose``'s rule). The distributed sums run in
+another order, a few float32 roundings (eps 1.19e-7) apart: measured up to 1.5e-8 (torch 2.13/gloo, 2-3 CPU ranks), so
+RTOL 1e-5 leaves 100x for other BLAS and reduction orders, while every injected fault moves some parameter by more than
+1e-4."""
 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from typing import Any, Callable
 
@@ -48,30 +46,18 @@ def close(a: float, b: float, rtol: float = RTOL, atol: float = ATOL) -> bool:
 
 
 def losses_match(distributed: list[float], reference: list[float]) -> bool:
-    return len(distributed) == len(reference) and all(
-        close(d, r) for d, r in zip(distributed, reference))
+    return len(distributed) == len(reference) and all(close(d, r) for d, r in zip(distributed, reference))
 
 
-def result(model: str, distributed: list[float], reference: list[float],
-           params_close: bool, max_param_diff: float, samples: int, wall_s: float,
-           **extra) -> dict[str, Any]:
+def result(model: str, distributed: list[float], reference: list[float], params_close: bool, max_param_diff: float,
+           samples: int, wall_s: float, **extra) -> dict[str, Any]:
     """The JSON-able result of a check, the same on every rank; ``wall_s``: the slowest rank's seconds."""
     lm = losses_match(distributed, reference)
-    out = {
-        "reference_match": bool(lm and params_close),
-        "losses_match": bool(lm),
-        "params_match": bool(params_close),
-        "tolerance": dict(TOLERANCE),
-        "losses": [_finite(x) for x in distributed],
-        "reference_losses": [_finite(x) for x in reference],
-        "max_param_diff": _finite(max_param_diff),
-        "samples_per_s": _finite(samples / wall_s) if wall_s > 0 else None,
-        "wall_s": _finite(wall_s),
-        "steps": len(distributed),
-        "model": model,
-    }
-    out.update(extra)
-    return out
+    return {"reference_match": bool(lm and params_close), "losses_match": bool(lm), "params_match": bool(params_close),
+            "tolerance": dict(TOLERANCE), "losses": [_finite(x) for x in distributed],
+            "reference_losses": [_finite(x) for x in reference], "max_param_diff": _finite(max_param_diff),
+            "samples_per_s": _finite(samples / wall_s) if wall_s > 0 else None, "wall_s": _finite(wall_s),
+            "steps": len(distributed), "model": model, **extra}
 
 
 def _finite(x):
@@ -80,9 +66,8 @@ def _finite(x):
 
 
 def guarded(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run a check; ``{"unsupported": reason}`` when it says something is not supported, any
-    other error propagates. Adds ``check_wall_s``.
-    """
+    """Run a check; ``{"unsupported": reason}`` when it says something is not supported (any other
+    error propagates), with ``check_wall_s``."""
     t0 = time.perf_counter()
     try:
         out = check()
@@ -104,12 +89,7 @@ def resolve(what: str, getter: Callable[[], object]):
     try:
         return getter()
     except (ImportError, AttributeError) as e:
-        try:
-            import torch
-
-            version = torch.__version__
-        except Exception:  # pragma: no cover - torch is there when a check runs
-            version = "?"
+        version = getattr(sys.modules.get("torch"), "__version__", "?")
         raise Unsupported(f"torch {version} has no {what} ({type(e).__name__}: {str(e)[:200]})") from e
 
 
@@ -199,30 +179,27 @@ def run_mse(torch, dist, device: str, model, reference, data, sl=slice(None), we
     ref_losses = train_reference(torch, reference, data, ref_loss)
     got = [local_tensor(p) for p in model.parameters()]
     want = [p.detach().cpu() for p in reference.parameters()]
-    ok, diff = compare_params(torch, got, want)
-    ok, diff, wall = agree(torch, dist, device, ok, diff, wall)
+    ok, diff, wall = agree(torch, dist, device, got, want, wall)
     return mean_over_ranks(torch, dist, device, local_losses), ref_losses, ok, diff, wall
 
 
-def agree(torch, dist, device: str, params_close: bool, max_diff: float, wall_s: float):
-    """Over all ranks: (all close, max diff, max wall_s) by one MAX all-reduce."""
-    t = torch.tensor([0.0 if params_close else 1.0, max_diff, wall_s], dtype=torch.float64,
-                     device=device)
+def agree(torch, dist, device: str, got: list, want: list, wall_s: float):
+    """:func:`compare_params` over all ranks: (all close, max diff, max wall_s) by one MAX all-reduce."""
+    params_close, max_diff = compare_params(torch, got, want)
+    t = torch.tensor([0.0 if params_close else 1.0, max_diff, wall_s], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     bad, diff, wall = t.cpu().tolist()
     return bad == 0.0, diff, wall
 
 
-def max_over_ranks(torch, dist, device: str, values: list[float]) -> list[float]:
+def max_over_ranks(torch, dist, device: str, values: list[float], op: str = "MAX") -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
     return t.cpu().tolist()
 
 
 def sum_over_ranks(torch, dist, device: str, values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return t.cpu().tolist()
+    return max_over_ranks(torch, dist, device, values, "SUM")
 
 
 def mean_over_ranks(torch, dist, device: str, values: list[float]) -> list[float]:

@@ -28,17 +28,12 @@ def shm_info() -> dict[str, Any]:
         st = os.statvfs(path)
     except OSError:
         return {"path": path, "size_bytes": None, "free_bytes": None}
-    return {"path": path, "size_bytes": st.f_frsize * st.f_blocks,
-            "free_bytes": st.f_frsize * st.f_bavail}
+    return {"path": path, "size_bytes": st.f_frsize * st.f_blocks, "free_bytes": st.f_frsize * st.f_bavail}
 
 
 def env_vars() -> dict[str, str]:
     """The variables that steer NCCL, gloo, torch and the image's CUDA requirement, by name."""
-    return {
-        k: v
-        for k, v in sorted(os.environ.items())
-        if k.startswith(ENV_PREFIXES) or k in ENV_NAMES
-    }
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
 
 
 def _nccl(errors: list[str]) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from typing import Any
 
@@ -16,21 +15,11 @@ def text(value: Any) -> str:
     return str(value)
 
 
-def which(name: str) -> str | None:
-    """The first executable ``name`` on ``$PATH`` (``os.defpath`` when unset), or None."""
-    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        path = os.path.join(d or ".", name)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
-
-
 def run_text(argv: list[str]) -> str | None:
     """stdout of argv, or None when it cannot run, fails or runs past :data:`COMMAND_TIMEOUT_S` seconds."""
     try:
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              stdin=subprocess.DEVNULL, timeout=COMMAND_TIMEOUT_S,
-                              text=True)
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                              timeout=COMMAND_TIMEOUT_S, text=True)
     except (OSError, subprocess.SubprocessError):
         return None
     return proc.stdout if proc.returncode == 0 else None

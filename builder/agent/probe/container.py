@@ -4,18 +4,15 @@ whoever starts the probe, through the ``ENVBUILD_IMAGE*`` variables)."""
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any
 
-from .common import run_text, which
+from .common import run_text
 
 # Container runtimes asked for their version when on PATH (the host side of a node).
-RUNTIME_COMMANDS = (
-    ("docker", ("docker", "--version")),
-    ("podman", ("podman", "--version")),
-    ("apptainer", ("apptainer", "--version")),
-    ("singularity", ("singularity", "--version")),
-    ("enroot", ("enroot", "version")),
-)
+RUNTIME_COMMANDS = (("docker", ("docker", "--version")), ("podman", ("podman", "--version")),
+                    ("apptainer", ("apptainer", "--version")), ("singularity", ("singularity", "--version")),
+                    ("enroot", ("enroot", "version")))
 
 
 def parse_version_output(text: str | None) -> str | None:
@@ -47,7 +44,7 @@ def _runtime() -> str | None:
 def container_info(errors: list[str]) -> dict[str, Any]:
     installed = {}
     for name, argv in RUNTIME_COMMANDS:
-        if which(argv[0]) is None:
+        if shutil.which(argv[0]) is None:
             continue
         version = parse_version_output(run_text(list(argv)))
         if version is None:
@@ -61,7 +58,5 @@ def container_info(errors: list[str]) -> dict[str, Any]:
 def image_info() -> dict[str, str | None]:
     """From the ``ENVBUILD_IMAGE*`` variables; ``ref`` falls back to ``$APPTAINER_CONTAINER``."""
     env = os.environ
-    ref = (env.get("ENVBUILD_IMAGE") or env.get("APPTAINER_CONTAINER")
-           or env.get("SINGULARITY_CONTAINER") or None)
-    return {"ref": ref, "digest": env.get("ENVBUILD_IMAGE_DIGEST") or None,
-            "id": env.get("ENVBUILD_IMAGE_ID") or None}
+    ref = (env.get("ENVBUILD_IMAGE") or env.get("APPTAINER_CONTAINER") or env.get("SINGULARITY_CONTAINER") or None)
+    return {"ref": ref, "digest": env.get("ENVBUILD_IMAGE_DIGEST") or None, "id": env.get("ENVBUILD_IMAGE_ID") or None}

@@ -5,6 +5,7 @@ holding a GPU exist, InfiniBand/RoCE ports from sysfs. Prints one JSON document;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
@@ -33,10 +34,8 @@ def _nvml_child(timeout_s: float) -> tuple[dict, list[str]]:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the driver: left behind, never waited on
             proc.wait(2)
-        except subprocess.TimeoutExpired:
-            pass  # stuck in the driver: left behind, never waited on
         return {"nvml": "timeout"}, [f"nvml: no answer within {timeout_s:g} s (a hung NVML call)"]
     try:
         doc = json.loads(out)

@@ -11,13 +11,8 @@ import sys
 from typing import Any
 
 # System locations of libnccl (Debian/Ubuntu multiarch, RHEL lib64, CUDA toolkits).
-SYSTEM_NCCL_DIRS = (
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib/aarch64-linux-gnu",
-    "/usr/lib64",
-    "/usr/lib",
-    "/usr/local/lib",
-)
+SYSTEM_NCCL_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
+                    "/usr/local/lib")
 CUDA_NCCL_GLOBS = ("/usr/local/cuda*/lib64", "/usr/local/cuda*/targets/*/lib")
 
 # Seconds allowed for one subprocess that loads a libnccl to ask its version.
@@ -137,12 +132,8 @@ def _nccl_version_in_subprocess(path: str) -> tuple[int | None, str | None]:
     if not exe:
         return None, "no sys.executable to start a subprocess"
     try:
-        proc = subprocess.run(
-            [exe, "-c", _NCCL_VERSION_SNIPPET, path],
-            capture_output=True,
-            timeout=NCCL_SUBPROCESS_TIMEOUT_S,
-            text=True,
-        )
+        proc = subprocess.run([exe, "-c", _NCCL_VERSION_SNIPPET, path], capture_output=True,
+                              timeout=NCCL_SUBPROCESS_TIMEOUT_S, text=True)
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"subprocess failed: {e}"
     if proc.returncode != 0:
@@ -187,9 +178,7 @@ def found_nccl(errors: list[str]) -> list[dict[str, Any]]:
                 err = str(e)
         if err:
             errors.append(f"nccl: {path}: {err}")
-        found.append(
-            {"path": path, "realpath": real, "version": version, "code": code, "error": err}
-        )
+        found.append({"path": path, "realpath": real, "version": version, "code": code, "error": err})
     found.sort(key=lambda item: item["path"])
     return found
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import socket
 from typing import Any
 
 from .common import read_text as _read
-from .common import run_text, which
+from .common import run_text
 
 # ioctl request numbers of <linux/sockios.h>.
 _SIOCGIFADDR = 0x8915
@@ -79,8 +81,7 @@ def parse_ip_json(text: str) -> list[dict[str, Any]]:
         addrs: list[dict[str, Any]] = []
         for a in item.get("addr_info") or []:
             if a.get("family") in ("inet", "inet6") and a.get("local"):
-                addrs.append({"family": a["family"], "address": a["local"],
-                              "prefixlen": a.get("prefixlen")})
+                addrs.append({"family": a["family"], "address": a["local"], "prefixlen": a.get("prefixlen")})
         out.append({
             "name": item.get("ifname"),
             "index": item.get("ifindex"),
@@ -120,16 +121,13 @@ def _interfaces_stdlib(errors: list[str]) -> list[dict[str, Any]]:
                 entry["loopback"] = bool(flags & _IFF_LOOPBACK)
             except (OSError, ValueError):
                 entry["loopback"] = name == "lo"
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 entry["mtu"] = int(_read(f"/sys/class/net/{name}/mtu").strip())
-            except (OSError, ValueError):
-                pass
             ifreq = struct.pack("256s", name.encode("utf-8")[:15])
             try:
                 addr = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, ifreq)[20:24])
                 try:
-                    mask = socket.inet_ntoa(
-                        fcntl.ioctl(sock.fileno(), _SIOCGIFNETMASK, ifreq)[20:24])
+                    mask = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), _SIOCGIFNETMASK, ifreq)[20:24])
                     plen = prefixlen_from_netmask(mask)
                 except OSError:
                     plen = None
@@ -150,7 +148,7 @@ USE_IP_COMMAND = True
 
 def network_info(errors: list[str]) -> dict[str, Any]:
     interfaces: list[dict[str, Any]] | None = None
-    if USE_IP_COMMAND and which("ip"):
+    if USE_IP_COMMAND and shutil.which("ip"):
         text = run_text(["ip", "-j", "addr"])
         if text:
             try:
@@ -173,11 +171,9 @@ def network_info(errors: list[str]) -> dict[str, Any]:
     except (OSError, UnicodeError) as e:
         errors.append(f"network: hostname does not resolve: {e}")
     port_range: list[int] | None = None
-    try:
+    with contextlib.suppress(OSError, ValueError):
         lo, hi = (int(x) for x in _read("/proc/sys/net/ipv4/ip_local_port_range").split())
         port_range = [lo, hi]
-    except (OSError, ValueError):
-        pass
     return {"interfaces": interfaces, "default_route_interface": default_if,
             "hostname_addresses": host_addrs, "ip_local_port_range": port_range}
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from typing import Any, Callable, Iterator
 
@@ -93,15 +94,12 @@ class Nvml:
         self.call("nvmlDeviceGetCount_v2", "nvmlDeviceGetCount", ctypes.byref(count))
         for i in range(count.value):
             h = ctypes.c_void_p()
-            self.call("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex", ctypes.c_uint(i),
-                      ctypes.byref(h))
+            self.call("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex", ctypes.c_uint(i), ctypes.byref(h))
             yield i, h
 
     def shutdown(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.lib.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def _open(errors: list[str]) -> Nvml | None:
@@ -141,11 +139,8 @@ def gpus_and_driver(errors: list[str]) -> tuple[list[dict], str | None]:
         finally:
             nvml.shutdown()
     if driver is None:
-        try:
-            with open("/proc/driver/nvidia/version") as f:
-                driver = parse_proc_driver_version(f.read())
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), open("/proc/driver/nvidia/version") as f:
+            driver = parse_proc_driver_version(f.read())
     return gpus, driver
 
 
@@ -256,27 +251,25 @@ def _readings(nvml: Nvml, h: Any) -> list[tuple[str, Callable[[], Any]]]:
     0 volatile, 1 aggregate; temperature sensor 0 GPU, threshold 1 slowdown."""
     v, ull = nvml.value, ctypes.c_ulonglong
     ecc = "nvmlDeviceGetTotalEccErrors"
-    return [
-        ("ecc_dbe_volatile", lambda: v(ecc, h, ctypes.c_int(1), ctypes.c_int(0), kind=ull)),
-        ("ecc_dbe_aggregate", lambda: v(ecc, h, ctypes.c_int(1), ctypes.c_int(1), kind=ull)),
-        ("ecc_sbe_volatile", lambda: v(ecc, h, ctypes.c_int(0), ctypes.c_int(0), kind=ull)),
-        ("ecc_sbe_aggregate", lambda: v(ecc, h, ctypes.c_int(0), ctypes.c_int(1), kind=ull)),
-        ("retired_sbe", lambda: _retired(nvml, h, 0)), ("retired_dbe", lambda: _retired(nvml, h, 1)),
-        ("retired_pending", lambda: v("nvmlDeviceGetRetiredPagesPendingStatus", h, kind=ctypes.c_int)),
-        ("remap", lambda: _remapped(nvml, h)),
-        ("throttle_reasons", lambda: v("nvmlDeviceGetCurrentClocksThrottleReasons", h, kind=ull)),
-        ("temperature_c", lambda: v("nvmlDeviceGetTemperature", h, ctypes.c_int(0))),
-        ("slowdown_c", lambda: v("nvmlDeviceGetTemperatureThreshold", h, ctypes.c_int(1))),
-        ("power_mw", lambda: v("nvmlDeviceGetPowerUsage", h)),
-        ("power_limit_mw", lambda: v("nvmlDeviceGetEnforcedPowerLimit", h)),
-        ("pcie_gen", lambda: v("nvmlDeviceGetCurrPcieLinkGeneration", h)),
-        ("pcie_gen_max", lambda: v("nvmlDeviceGetMaxPcieLinkGeneration", h)),
-        ("pcie_width", lambda: v("nvmlDeviceGetCurrPcieLinkWidth", h)),
-        ("pcie_width_max", lambda: v("nvmlDeviceGetMaxPcieLinkWidth", h)),
-        ("persistence", lambda: v("nvmlDeviceGetPersistenceMode", h, kind=ctypes.c_int)),
-        ("nvlinks", lambda: _nvlinks(nvml, h)), ("fabric", lambda: _fabric(nvml, h)),
-        ("pids", lambda: [p["pid"] for p in _processes(nvml, 0, h)]),
-    ]
+    return [("ecc_dbe_volatile", lambda: v(ecc, h, ctypes.c_int(1), ctypes.c_int(0), kind=ull)),
+            ("ecc_dbe_aggregate", lambda: v(ecc, h, ctypes.c_int(1), ctypes.c_int(1), kind=ull)),
+            ("ecc_sbe_volatile", lambda: v(ecc, h, ctypes.c_int(0), ctypes.c_int(0), kind=ull)),
+            ("ecc_sbe_aggregate", lambda: v(ecc, h, ctypes.c_int(0), ctypes.c_int(1), kind=ull)),
+            ("retired_sbe", lambda: _retired(nvml, h, 0)), ("retired_dbe", lambda: _retired(nvml, h, 1)),
+            ("retired_pending", lambda: v("nvmlDeviceGetRetiredPagesPendingStatus", h, kind=ctypes.c_int)),
+            ("remap", lambda: _remapped(nvml, h)),
+            ("throttle_reasons", lambda: v("nvmlDeviceGetCurrentClocksThrottleReasons", h, kind=ull)),
+            ("temperature_c", lambda: v("nvmlDeviceGetTemperature", h, ctypes.c_int(0))),
+            ("slowdown_c", lambda: v("nvmlDeviceGetTemperatureThreshold", h, ctypes.c_int(1))),
+            ("power_mw", lambda: v("nvmlDeviceGetPowerUsage", h)),
+            ("power_limit_mw", lambda: v("nvmlDeviceGetEnforcedPowerLimit", h)),
+            ("pcie_gen", lambda: v("nvmlDeviceGetCurrPcieLinkGeneration", h)),
+            ("pcie_gen_max", lambda: v("nvmlDeviceGetMaxPcieLinkGeneration", h)),
+            ("pcie_width", lambda: v("nvmlDeviceGetCurrPcieLinkWidth", h)),
+            ("pcie_width_max", lambda: v("nvmlDeviceGetMaxPcieLinkWidth", h)),
+            ("persistence", lambda: v("nvmlDeviceGetPersistenceMode", h, kind=ctypes.c_int)),
+            ("nvlinks", lambda: _nvlinks(nvml, h)), ("fabric", lambda: _fabric(nvml, h)),
+            ("pids", lambda: [p["pid"] for p in _processes(nvml, 0, h)])]
 
 
 def _event_xids(nvml: Nvml, handles: list[Any], errors: list[str], wait_ms: int) -> list[dict]:

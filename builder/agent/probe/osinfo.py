@@ -18,11 +18,7 @@ def parse_os_release(text: str) -> dict[str, str | None]:
         if len(val) >= 2 and val[0] == val[-1] and val[0] in "\"'":
             val = val[1:-1]
         values[key.strip()] = val
-    return {
-        "id": values.get("ID"),
-        "version_id": values.get("VERSION_ID"),
-        "pretty_name": values.get("PRETTY_NAME"),
-    }
+    return {"id": values.get("ID"), "version_id": values.get("VERSION_ID"), "pretty_name": values.get("PRETTY_NAME")}
 
 
 def os_release(errors: list[str]) -> dict[str, str | None]:

@@ -17,13 +17,8 @@ def torch_info(errors: list[str]) -> dict[str, Any] | None:
     except Exception as e:  # a broken install: report it, carry on
         errors.append(f"torch: import failed: {type(e).__name__}: {e}")
         return None
-    info: dict[str, Any] = {
-        "version": str(getattr(torch, "__version__", None)),
-        "cuda": None,
-        "cuda_available": False,
-        "cudnn": None,
-        "nccl_compiled": None,
-    }
+    info: dict[str, Any] = {"version": str(getattr(torch, "__version__", None)), "cuda": None, "cuda_available": False,
+                            "cudnn": None, "nccl_compiled": None}
     try:
         info["cuda"] = torch.version.cuda
     except Exception as e:

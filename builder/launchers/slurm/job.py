@@ -1,7 +1,6 @@
-"""Slurm's commands and their answers: submit, the job's state, cancel. The state is
-``squeue --json`` where it exists (checked on Slurm 22.05.8), else ``scontrol show job -o``,
-else ``sacct -P`` for a job the controller forgot (``MinJobAge``).
-"""
+"""Slurm's commands and their answers: submit, the job's state, cancel. The state is ``squeue --json`` where it exists
+(checked on Slurm 22.05.8), else ``scontrol show job -o``, else ``sacct -P`` for a job the controller forgot
+(``MinJobAge``)."""
 
 from __future__ import annotations
 
@@ -60,9 +59,7 @@ _JOBID_RE = re.compile(r"(\d+)(?:;\S+)?")
 
 
 def run_command(argv: Sequence[str], timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """Run a Slurm command; text output.
-
-    Raises Unreachable: (exit 3) not on PATH, or no answer within ``timeout_s``."""
+    """Run a Slurm command; text output. Raises Unreachable: (exit 3) not on PATH, or no answer within ``timeout_s``."""
     try:
         return process.run(argv, timeout_s)
     except Unreachable as e:
@@ -157,9 +154,8 @@ def _text_or_none(value: Any) -> str | None:
 
 
 def parse_squeue_json(text: str, job_id: str) -> JobInfo | None:
-    """The :class:`JobInfo` of job ``job_id`` in ``squeue --json`` output (``{"jobs": [...]}``;
-    the job picked by ``job_id``: Slurm 22.05 lists every job whatever ``-j`` says); None
-    when the job is not listed."""
+    """The :class:`JobInfo` of job ``job_id`` in ``squeue --json`` output (``{"jobs": [...]}``; the job picked by
+    ``job_id``: Slurm 22.05 lists every job whatever ``-j`` says); None when the job is not listed."""
     if len(text) > MAX_JSON_BYTES:
         raise ValueError(f"squeue --json: an answer over {MAX_JSON_BYTES} bytes")
     try:
@@ -249,10 +245,9 @@ def _from_sacct(job_id: str) -> JobInfo | None:
 
 
 def job_info(job_id: str) -> JobInfo:
-    """The job's state: ``squeue --json``, else ``scontrol`` (the controller keeps finished jobs for
-    ``MinJobAge``, 300 s by default), then ``sacct`` (needs accounting storage), else ``UNKNOWN``.
-    Raises ControllerError: squeue or scontrol did not reach the controller. Unreachable: (exit 3) the command is
-    missing or hangs."""
+    """The job's state: ``squeue --json``, else ``scontrol`` (the controller keeps finished jobs for ``MinJobAge``, 300
+    s by default), then ``sacct`` (needs accounting storage), else ``UNKNOWN``. Raises ControllerError: squeue or
+    scontrol did not reach the controller. Unreachable: (exit 3) the command is missing or hangs."""
     if _json_works:
         answered, info = _from_squeue_json(job_id)
         if answered:

@@ -205,8 +205,7 @@ class SlurmLauncher:
             return self._give_up(job_id, info, w.started_at, "running", w.t0, logs)
         return None
 
-    def _give_up(self, job_id: str, info: JobInfo, started_at: str, why: str, t0: float,
-                 logs: NodeLogs) -> Outcome:
+    def _give_up(self, job_id: str, info: JobInfo, started_at: str, why: str, t0: float, logs: NodeLogs) -> Outcome:
         progress = logs.tracker.snapshot()
         err = scancel(job_id)
         end = self._await_end(job_id, CANCEL_WAIT_S)
@@ -284,15 +283,13 @@ class SlurmLauncher:
         failed_nodes = [n for n, c in node_exit.items() if c not in (None, 0)]
         killed = [n for n, c in node_exit.items() if c is None]
         keep_results(folder / RESULTS_DIR, results, cleanup_errors)
-        return LaunchResult(
-            rank_results=results, node_logs=node_logs, node_exit_codes=node_exit, timed_out=timed_out,
-            missing_ranks=missing, started_at=outcome.started_at, finished_at=utc_stamp(),
-            rank_exit_codes=rank_exit, rank_problems=problems,
-            killed_after_s=0.0 if (failed_nodes and killed and not timed_out) else None,
-            cleanup_errors=cleanup_errors, notes=self._notes(folder, outcome, what), deadline_s=deadline_s,
-            progress=outcome.progress, socket_seen=dict(logs.tracker.socket),
-            interfaces_seen=dict(logs.tracker.interfaces), log_events=logs.events(),
-        )
+        return LaunchResult(rank_results=results, node_logs=node_logs, node_exit_codes=node_exit, timed_out=timed_out,
+                            missing_ranks=missing, started_at=outcome.started_at, finished_at=utc_stamp(),
+                            rank_exit_codes=rank_exit, rank_problems=problems,
+                            killed_after_s=0.0 if (failed_nodes and killed and not timed_out) else None,
+                            cleanup_errors=cleanup_errors, notes=self._notes(folder, outcome, what),
+                            deadline_s=deadline_s, progress=outcome.progress, socket_seen=dict(logs.tracker.socket),
+                            interfaces_seen=dict(logs.tracker.interfaces), log_events=logs.events())
 
     def _notes(self, folder: Path, outcome: Outcome, what: str) -> list[str]:
         """The job's note when it did not simply complete: its state, exit code and the
@@ -309,8 +306,7 @@ class SlurmLauncher:
 
     # -- cleanup
 
-    def _cleanup(self, spec: LaunchSpec, outcome: Outcome | None, errors: list[str],
-                 say: OnProgress) -> None:
+    def _cleanup(self, spec: LaunchSpec, outcome: Outcome | None, errors: list[str], say: OnProgress) -> None:
         """Cancel the job if it may still run; remove the run's docker containers."""
         info = outcome.info if outcome else None
         if self.job_id is None and self._submitting:

@@ -1,6 +1,5 @@
-"""The node logs of a Slurm run folder, read as they grow, at most :data:`READ_CHUNK` bytes a
-file and poll: the ranks' progress (with arrival time, to name a hang) and results.
-"""
+"""The node logs of a Slurm run folder, read as they grow, at most :data:`READ_CHUNK` bytes a file and poll: the ranks'
+progress (with arrival time, to name a hang) and results."""
 
 from __future__ import annotations
 
@@ -87,9 +86,8 @@ class NodeLogs:
         return out
 
     def problems(self) -> dict[int, str]:
-        """The problems of what the nodes printed, by rank (see
-        :func:`~builder.launchers.output.problems_by_rank`); the ranks of a node whose log
-        could not be read could not be checked."""
+        """The problems of what the nodes printed, by rank (see :func:`~builder.launchers.output.problems_by_rank`); the
+        ranks of a node whose log could not be read could not be checked."""
         results = self.results()
         problems = problems_by_rank(self.outputs, results, self.spec.world_size)
         for node, why in sorted(self._refused.items()):

@@ -128,9 +128,8 @@ def check_slurm_dir(path: object) -> str:
 
 
 def check_pending_timeout(seconds: object) -> float:
-    """``seconds`` as a float when it is a finite number in ``(0, MAX_PENDING_TIMEOUT_S]``.
-
-    Raises EnvbuildError: (exit 64, field ``--pending-timeout``) anything else."""
+    """``seconds`` as a float when it is a finite number in ``(0, MAX_PENDING_TIMEOUT_S]``. Raises EnvbuildError: (exit
+    64, field ``--pending-timeout``) anything else."""
     if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds) \
             and 0 < seconds <= MAX_PENDING_TIMEOUT_S:
         return float(seconds)
@@ -167,9 +166,8 @@ class SlurmOptions:
     user: str = RUN_USER
 
     def __post_init__(self) -> None:
-        """Check the values that need no spec (the rest: :func:`render_context`), each
-        whole (``fullmatch``): nothing with a newline or control character reaches the script.
-        Raises EnvbuildError (exit 64)."""
+        """Check the values that need no spec (the rest: :func:`render_context`), each whole (``fullmatch``): nothing
+        with a newline or control character reaches the script. Raises EnvbuildError (exit 64)."""
         if self.runtime not in RUNTIMES:
             raise UsageError(f"is not a container runtime ({', '.join(RUNTIMES)})",
                              field="--container-runtime", value=self.runtime)
@@ -196,10 +194,9 @@ class SlurmOptions:
 
 
 def parse_time_limit(text: object) -> int:
-    """Seconds of a Slurm time limit: ``"M"``, ``"M:S"``, ``"H:M:S"``, ``"D-H"``,
-    ``"D-H:M"``, ``"D-H:M:S"`` (``sbatch --time``), matched whole (no blanks, no newline).
-    Raises EnvbuildError: (exit 64, field ``--time-limit``) another format, zero (``0`` would mean no limit) or more
-    than :data:`MAX_TIME_LIMIT_S` (365 days)."""
+    """Seconds of a Slurm time limit: ``"M"``, ``"M:S"``, ``"H:M:S"``, ``"D-H"``, ``"D-H:M"``, ``"D-H:M:S"`` (``sbatch
+    --time``), matched whole (no blanks, no newline). Raises EnvbuildError: (exit 64, field ``--time-limit``) another
+    format, zero (``0`` would mean no limit) or more than :data:`MAX_TIME_LIMIT_S` (365 days)."""
     m = _TIME_RE.fullmatch(text) if _is_text(text, 40) else None
     if not m:
         raise UsageError("is not a Slurm time limit (M, M:S, H:M:S, D-H, D-H:M or D-H:M:S)",

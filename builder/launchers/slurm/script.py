@@ -1,7 +1,5 @@
-"""The batch script of a certification run (``templates/slurm/certify.sbatch.j2``) and its run
-folder; every value is checked whole first and refused again in the template if it holds a
-control character.
-"""
+"""The batch script of a certification run (``templates/slurm/certify.sbatch.j2``) and its run folder; every value is
+checked whole first and refused again in the template if it holds a control character."""
 
 from __future__ import annotations
 
@@ -58,11 +56,6 @@ CONTAINER_PREFIX = "envbuild-slurm"
 SLURM_JOB_LABEL = "envbuild.slurm-job"
 
 
-def container_name(job_id: str | int, node: int) -> str:
-    """Name of node ``node``'s docker container in job ``job_id``: ``envbuild-slurm-<job>-<node>``."""
-    return f"{CONTAINER_PREFIX}-{job_id}-{node}"
-
-
 def default_slurm_dir(images_dir: str | os.PathLike[str], recipe: str) -> Path:
     """Where run folders go by default: ``<images_dir>/<recipe>/certificates`` (next to the
     certificates; each run gets ``slurm-<run>/`` inside)."""
@@ -89,9 +82,8 @@ def _refuse_control(value: object, where: str) -> EnvbuildError:
 
 
 def sh(value: Any) -> str:
-    """One shell word: :class:`Raw` as is, anything else ``shlex.quote``-d.
-
-    Raises EnvbuildError: (exit 64) the value holds a newline or another control character."""
+    """One shell word: :class:`Raw` as is, anything else ``shlex.quote``-d. Raises EnvbuildError: (exit 64) the value
+    holds a newline or another control character."""
     text = str(value)
     if has_control(text):
         raise _refuse_control(text, "script")
@@ -141,10 +133,9 @@ def render_template(ctx: Mapping[str, Any]) -> str:
 
 
 def task_env(spec: LaunchSpec, options: SlurmOptions) -> dict[str, str]:
-    """Environment of every node: the launch env without ``ENVBUILD_NODE`` (set from
-    ``SLURM_PROCID``), the socket variables, then ``spec.env`` again (which wins).
-    Raises EnvbuildError: (exit 64) a name that is not an environment variable name, a value with a control character
-    (a newline) or over 4096 characters."""
+    """Environment of every node: the launch env without ``ENVBUILD_NODE`` (set from ``SLURM_PROCID``), the socket
+    variables, then ``spec.env`` again (which wins). Raises EnvbuildError: (exit 64) a name that is not an environment
+    variable name, a value with a control character (a newline) or over 4096 characters."""
     env = node_env(spec, 0)
     env.pop("ENVBUILD_NODE", None)
     sock = socket_env(options.socket_ifname or spec.socket_ifname)
@@ -183,10 +174,9 @@ def torchrun_words(spec: LaunchSpec, out: Any = RESULTS_MOUNT) -> list[Any]:
 
 def _check_spec(spec: LaunchSpec, options: SlurmOptions, folder: str,
                 environ: Mapping[str, str] | None) -> tuple[int, str, dict[str, str]]:
-    """``(Slurm nodes, the image the nodes run, docker labels)`` of ``spec``, each value
-    checked whole.
-    Raises EnvbuildError: (exit 64) a run id, folder, node count, port, timeout, Slurm node count, image, shm size or
-    label the script cannot carry."""
+    """``(Slurm nodes, the image the nodes run, docker labels)`` of ``spec``, each value checked whole. Raises
+    EnvbuildError: (exit 64) a run id, folder, node count, port, timeout, Slurm node count, image, shm size or label
+    the script cannot carry."""
     if not (_is_text(spec.run_id, 64) and _RUN_ID_RE.fullmatch(spec.run_id)):
         raise UsageError("is not a run id (1-64 letters, digits, ._-)", field="run_id", value=spec.run_id)
     check_slurm_dir(folder)
@@ -200,8 +190,7 @@ def _check_spec(spec: LaunchSpec, options: SlurmOptions, folder: str,
         raise UsageError("must be > 0", field="timeout_s", value=spec.timeout_s)
     slurm_nodes = spec.nodes if options.slurm_nodes is None else int(options.slurm_nodes)
     check_slurm_nodes(slurm_nodes, spec.nodes)
-    image = options.container_image or (f"docker-daemon:{spec.image}" if options.runtime == "apptainer"
-                                        else spec.image)
+    image = options.container_image or (f"docker-daemon:{spec.image}" if options.runtime == "apptainer" else spec.image)
     check_container_image(image, options.runtime)
     if spec.shm_size is not None and not _SHM_RE.fullmatch(str(spec.shm_size)):
         raise UsageError("is not a size (256m, 8g)", field="shm_size", value=spec.shm_size)
@@ -215,16 +204,14 @@ def _check_spec(spec: LaunchSpec, options: SlurmOptions, folder: str,
 
 def _node_command(spec: LaunchSpec, options: SlurmOptions, image: str, labels: Mapping[str, str],
                   env: Mapping[str, str], code_dir: str, results_dir: str) -> list[Any]:
-    """What each task runs, in groups of words (:func:`_words`): ``docker run ...``,
-    ``apptainer exec ...`` or torchrun itself (pyxis: srun runs it in the container; none: on
-    the node, results straight into the run folder)."""
+    """What each task runs, in groups of words (:func:`_words`): ``docker run ...``, ``apptainer exec ...`` or torchrun
+    itself (pyxis: srun runs it in the container; none: on the node, results straight into the run folder)."""
     if options.runtime == "docker":
         run: list[Any] = [("docker", "run", "--rm"), ("--name", Raw('"$name"'))]
         run += [("--label", f"{k}={v}") for k, v in labels.items()]
         run += [("--label", Raw('"envbuild.node=$node"')), ("--label", Raw(f'"{SLURM_JOB_LABEL}=$SLURM_JOB_ID"')),
-                ("--network", "host"), ("--user", options.user), "--read-only",
-                ("--tmpfs", "/tmp:rw,exec,mode=1777"), ("--tmpfs", f"{HOME}:rw,mode=1777"),
-                ("--tmpfs", f"{RESULTS_MOUNT}:rw,mode=1777"),
+                ("--network", "host"), ("--user", options.user), "--read-only", ("--tmpfs", "/tmp:rw,exec,mode=1777"),
+                ("--tmpfs", f"{HOME}:rw,mode=1777"), ("--tmpfs", f"{RESULTS_MOUNT}:rw,mode=1777"),
                 ("--cap-drop", "ALL"), ("--security-opt", "no-new-privileges")]
         if spec.shm_size:
             run.append(("--shm-size", spec.shm_size))
@@ -282,28 +269,12 @@ def render_context(spec: LaunchSpec, options: SlurmOptions, folder: str | os.Pat
         env["PYTHONPATH"] = code_dir
     run = _node_command(spec, options, image, labels, env, code_dir, results_dir)
 
-    return {
-        "run_id": spec.run_id,
-        "runtime": options.runtime,
-        "image": image,
-        "nodes": spec.nodes,
-        "nproc": spec.nproc_per_node,
-        "backend": spec.backend,
-        "slurm_nodes": slurm_nodes,
-        "folder": folder,
-        "script": f"{folder}/{SCRIPT_NAME}",
-        "results_dir": results_dir,
-        "logs_dir": f"{folder}/{LOGS_DIR}",
-        "code_dir": code_dir,
-        "port": spec.port,
-        "sbatch": sbatch,
-        "srun": srun,
-        "env": env,
-        "run": run,
-        "status_dir": RESULTS_MOUNT if options.runtime == "pyxis" else Raw('"$ENVBUILD_RESULTS"'),
-        "run_label": f"{engine.RUN_LABEL}={spec.run_id}",
-        "container_prefix": CONTAINER_PREFIX,
-    }
+    return {"run_id": spec.run_id, "runtime": options.runtime, "image": image, "nodes": spec.nodes,
+            "nproc": spec.nproc_per_node, "backend": spec.backend, "slurm_nodes": slurm_nodes, "folder": folder,
+            "script": f"{folder}/{SCRIPT_NAME}", "results_dir": results_dir, "logs_dir": f"{folder}/{LOGS_DIR}",
+            "code_dir": code_dir, "port": spec.port, "sbatch": sbatch, "srun": srun, "env": env, "run": run,
+            "status_dir": RESULTS_MOUNT if options.runtime == "pyxis" else Raw('"$ENVBUILD_RESULTS"'),
+            "run_label": f"{engine.RUN_LABEL}={spec.run_id}", "container_prefix": CONTAINER_PREFIX}
 
 
 def render_script(spec: LaunchSpec, options: SlurmOptions, folder: str | os.PathLike,

@@ -3,27 +3,11 @@
 
 from __future__ import annotations
 
-from .base import (
-                   ALL_CHECKS,
-                   DEFAULT_MIN_SHM,
-                   DEFAULT_PORT,
-                   DEFAULT_STALE_AFTER_S,
-                   DEFAULT_STRAGGLER_RATIO,
-                   FAIL,
-                   PASS,
-                   SKIP,
-                   UNKNOWN,
-                   WARN,
-                   Check,
-                   HealthOptions,
-                   Options,
-                   human_bytes,
-)
+from .base import ALL_CHECKS, FAIL, PASS, SKIP, WARN, Options
 from .gpu_health import health_options
 from .render import render
-from .runner import DoctorResult, doctor
+from .runner import doctor
 from .stale_containers import stale_containers
 
-__all__ = ["ALL_CHECKS", "DEFAULT_MIN_SHM", "DEFAULT_PORT", "DEFAULT_STALE_AFTER_S", "DEFAULT_STRAGGLER_RATIO",
-           "FAIL", "PASS", "SKIP", "UNKNOWN", "WARN", "Check", "DoctorResult", "HealthOptions", "Options", "doctor",
-           "health_options", "human_bytes", "render", "stale_containers"]
+__all__ = ["ALL_CHECKS", "FAIL", "PASS", "SKIP", "WARN", "Options", "doctor", "health_options", "render",
+           "stale_containers"]

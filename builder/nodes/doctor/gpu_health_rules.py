@@ -120,8 +120,7 @@ def _step(key: str) -> str:
     return str(table()["next"][key])
 
 
-def _f(status: str, where: str, what: str, value: object, threshold: object, cls: FailureClass,
-       step: str) -> Finding:
+def _f(status: str, where: str, what: str, value: object, threshold: object, cls: FailureClass, step: str) -> Finding:
     return Finding(status, where, what, one_line(value, 200), one_line(threshold, 200), cls, _step(step))
 
 
@@ -137,8 +136,7 @@ def _memory(g: GpuReading, t: Thresholds, at: str) -> list[Finding]:
             out.append(_f(r["status"], at, r["what"], value, f"<= {limit}", FailureClass(r["class"]), r["next"]))
     retired = (g.retired_sbe or 0) + (g.retired_dbe or 0)
     if retired > t.retired_pages_max:
-        out.append(_f(FAIL, at, "retired pages", retired, f"<= {t.retired_pages_max}", FailureClass.HARDWARE,
-                      "vendor"))
+        out.append(_f(FAIL, at, "retired pages", retired, f"<= {t.retired_pages_max}", FailureClass.HARDWARE, "vendor"))
     return out
 
 

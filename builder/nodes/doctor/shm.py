@@ -24,6 +24,5 @@ def check_shm(nodes: list[Node], min_bytes: int) -> Check:
     if small:
         return Check("shm", FAIL, "; ".join(small), fix, small)
     if unknown:
-        return Check("shm", SKIP, f"/dev/shm size not reported by {', '.join(unknown)}",
-                     checked=len(unknown) < len(ok))
+        return Check("shm", SKIP, f"/dev/shm size not reported by {', '.join(unknown)}", checked=len(unknown) < len(ok))
     return Check("shm", PASS, f"/dev/shm >= {human_bytes(min_bytes)} on every node")

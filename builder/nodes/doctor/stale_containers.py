@@ -61,8 +61,6 @@ def stale_containers(client: Any, labels: tuple[str, ...] = (), stale_after_s: f
     return sorted(stale, key=lambda c: c.name)
 
 
-
-
 def _remove(client: Any, stale: list[Any], labels: list[str], lines: list[str]) -> Check:
     """Remove ``stale``, then the stale networks (only once their containers are gone)."""
     from builder.image.engine import LABEL
@@ -95,8 +93,7 @@ def check_stale_containers(nodes: list[Node], opts: Options) -> Check:
         try:
             client = connect(timeout_s=30)
         except EnvbuildError as e:
-            return Check("stale-containers", SKIP, f"no Docker engine here ({e.message.split(';')[0]})",
-                         checked=False)
+            return Check("stale-containers", SKIP, f"no Docker engine here ({e.message.split(';')[0]})", checked=False)
     exclude = tuple(cid for n in nodes if (cid := getattr(n.target, "container_id", None)))
     stale = stale_containers(client, tuple(opts.labels), opts.stale_after_s, exclude)
     nets = [n["name"] for n in client.stale_networks(label_filter=list(opts.labels))]

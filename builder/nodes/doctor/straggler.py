@@ -1,6 +1,5 @@
-"""The ``straggler`` check: each node's compute alone and an all-reduce per node pair (Google
-cluster-health-scanner's pairwise test); a node slower than the median by ``--straggler-ratio``
-is named (NVIDIA/nccl#349, nccl-tests#106)."""
+"""The ``straggler`` check: each node's compute alone and an all-reduce per node pair (Google cluster-health-scanner's
+pairwise test); a node slower than the median by ``--straggler-ratio`` is named (NVIDIA/nccl#349, nccl-tests#106)."""
 
 from __future__ import annotations
 

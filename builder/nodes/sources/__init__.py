@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..report import Node
-from .base import DEFAULT_PYTHON, DEFAULT_TIMEOUT_S, check_path, check_python
+from .base import DEFAULT_PYTHON, DEFAULT_TIMEOUT_S, check_path, check_python, unique_names
 from .containers import check_container, check_label, from_containers
 from .files import from_files, report_paths
 from .slurm import check_partition, check_srun_arg, from_slurm
@@ -78,14 +78,7 @@ def gather(src: Sources) -> list[Node]:
         nodes += from_containers(client, src.images, src.containers, src.labels,
                                  None if src.slurm else src.nodes, src.timeout_s, src.python)
     if src.hosts:
-        nodes += from_ssh(src.hosts, src.ssh_config, src.ssh_options, src.timeout_s,
-                          src.connect_timeout_s, src.python)
+        nodes += from_ssh(src.hosts, src.ssh_config, src.ssh_options, src.timeout_s, src.connect_timeout_s, src.python)
     if src.slurm:
         nodes += from_slurm(src.nodes, src.partition, src.srun_args, src.timeout_s, src.python)
-    seen: dict[str, int] = {}
-    for n in nodes:
-        seen[n.name] = seen.get(n.name, 0) + 1
-    for n in nodes:
-        if seen[n.name] > 1:
-            n.name = f"{n.name} ({n.source})"
-    return nodes
+    return unique_names(nodes, lambda n: f"{n.name} ({n.source})")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import os
 import queue
@@ -9,7 +11,7 @@ import re
 import signal
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -62,6 +64,15 @@ def last_line(text: str) -> str:
     """The last non-blank line of ``text``, escaped (``"no output"`` when there is none)."""
     lines = [line for line in (text or "").strip().splitlines() if line.strip()]
     return one_line(lines[-1], 200) if lines else "no output"
+
+
+def unique_names(nodes: list[Node], rename: Callable[[Node], str]) -> list[Node]:
+    """``nodes`` with ``rename(node)`` as the name of every node whose name is repeated."""
+    counts = collections.Counter(n.name for n in nodes)
+    for n in nodes:
+        if counts[n.name] > 1:
+            n.name = rename(n)
+    return nodes
 
 
 def exit_status(rc: int | None) -> str:
@@ -155,9 +166,8 @@ class Running:
         return line
 
     def wait(self, timeout_s: float) -> Completed:
-        """Wait for the end; returns what it printed.
-        Raises Unreachable: (exit 3) still running after ``timeout_s`` (it is killed first). InvalidReport: (exit 3)
-        it printed more than ``max_stdout`` bytes."""
+        """Wait for the end; returns what it printed. Raises Unreachable: (exit 3) still running after ``timeout_s`` (it
+        is killed first). InvalidReport: (exit 3) it printed more than ``max_stdout`` bytes."""
         if not self._done.wait(max(0.0, timeout_s)):
             self.kill()
             raise Unreachable(f"no answer within {timeout_s:g} s", field=self.where)
@@ -175,13 +185,11 @@ class ProcessRunning(Running):
     """A local process (``ssh``, ``srun``) with ``stdin`` (the payload archive) on its
     stdin; its output read in binary chunks (bounded: see :class:`Running`)."""
 
-    def __init__(self, argv: Sequence[str], stdin: bytes, where: str,
-                 max_stdout: int = MAX_REPORT_BYTES) -> None:
+    def __init__(self, argv: Sequence[str], stdin: bytes, where: str, max_stdout: int = MAX_REPORT_BYTES) -> None:
         super().__init__(where, max_stdout)
         try:
-            self.proc = subprocess.Popen(
-                list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True)
+            self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True)
         except OSError as e:
             raise Unreachable(f"cannot run {argv[0]}: {e.strerror or e}", field=where) from None
         threading.Thread(target=self._feed, args=(stdin,), daemon=True).start()
@@ -190,19 +198,14 @@ class ProcessRunning(Running):
         threading.Thread(target=self._read_out, daemon=True).start()
 
     def _feed(self, data: bytes) -> None:
-        try:
-            assert self.proc.stdin is not None
+        assert self.proc.stdin is not None
+        with contextlib.suppress(OSError, ValueError):  # the process ended early; its exit status tells why
             self.proc.stdin.write(data)
             self.proc.stdin.close()
-        except (OSError, ValueError):
-            pass  # the process ended early; its exit status tells why
 
     def _read_err(self) -> None:
         assert self.proc.stderr is not None
-        while True:
-            chunk = os.read(self.proc.stderr.fileno(), 1 << 16)
-            if not chunk:
-                return
+        while chunk := os.read(self.proc.stderr.fileno(), 1 << 16):
             self._err_bytes(chunk)
 
     def _read_out(self) -> None:
@@ -221,15 +224,13 @@ class ProcessRunning(Running):
         """SIGTERM the process group (srun then cancels its step), SIGKILL after 5 s."""
         if self.proc.poll() is not None:
             return
-        try:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
 
 
 class Target:
@@ -251,9 +252,8 @@ class Target:
 
 
 def report_from_output(out: Completed, source: str) -> NodeReport:
-    """The node report a probe printed, validated.
-    Raises Unreachable: (exit 3) the probe exited non-zero (its last stderr line is named). InvalidReport: (exit 3)
-    it printed no valid report."""
+    """The node report a probe printed, validated. Raises Unreachable: (exit 3) the probe exited non-zero (its last
+    stderr line is named). InvalidReport: (exit 3) it printed no valid report."""
     if out.rc not in (0, None) or (out.rc is None and not out.stdout.strip()):
         raise Unreachable(f"probe {exit_status(out.rc)}: {last_line(out.stderr or out.stdout)}", file=source)
     return nodereport.parse(out.stdout, source)

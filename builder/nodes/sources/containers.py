@@ -169,10 +169,8 @@ def container_nodes(client: Engine, containers: Sequence[Container], python: str
 def from_containers(client: Engine, images: Sequence[str] = (), names: Sequence[str] = (),
                     labels: Sequence[str] = (), expect: int | None = None,
                     timeout_s: float = DEFAULT_TIMEOUT_S, python: str = DEFAULT_PYTHON) -> list[Node]:
-    """Probe running containers (see :func:`find_containers`); one node per container,
-    named by the container.
-    Raises Unreachable: (exit 3) no running container matches, or not ``expect`` of them (the message lists those
-    found)."""
+    """Probe running containers (see :func:`find_containers`); one node per container, named by the container. Raises
+    Unreachable: (exit 3) no running container matches, or not ``expect`` of them (the message lists those found)."""
     containers = find_containers(client, images, names, labels)
     what = ", ".join([*(f"image {i}" for i in images), *(f"container {n}" for n in names),
                       *(f"label {lab}" for lab in labels)])

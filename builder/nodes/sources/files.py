@@ -19,6 +19,7 @@ from builder.core.inputs import read_regular
 
 from .. import report as nodereport
 from ..report import InvalidReport, Node
+from .base import unique_names
 
 #: Most report files one command reads, however they are named (4 x the ranks of a run).
 MAX_REPORT_FILES = 1 << 18
@@ -55,11 +56,10 @@ def _listed(data: bytes, where: str) -> Iterator[str]:
 
 
 def report_paths(items: Iterable[str], stdin: BinaryIO | None = None) -> list[str]:
-    """The report files ``items`` name: a file, a directory (its ``*.json`` files, at most
-    :data:`MAX_DIR_DEPTH` levels down; one without any is named as a file), ``@FILE`` (one
-    path a line) or ``-`` (that list on stdin, read once). Raises Unreachable (exit 3) for a
-    list or directory that cannot be read, too deep, or more than :data:`MAX_REPORT_FILES`
-    files; a listed file that cannot be read is its node's error, as a named one."""
+    """The report files ``items`` name: a file, a directory (its ``*.json`` files, at most :data:`MAX_DIR_DEPTH` levels
+    down; one without any is named as a file), ``@FILE`` (one path a line) or ``-`` (that list on stdin, read once).
+    Raises Unreachable (exit 3) for a list or directory that cannot be read, too deep, or more than
+    :data:`MAX_REPORT_FILES` files; a listed file that cannot be read is its node's error, as a named one."""
     out: list[str] = []
     for item in items:
         if item == "-" or item.startswith("@"):
@@ -115,10 +115,4 @@ def from_files(paths: Iterable[str | Path]) -> list[Node]:
             nodes.append(Node(name=doc.hostname or Path(p).stem, source=p, report=doc))
         except InvalidReport as e:
             nodes.append(Node(name=Path(p).stem, source=p, error=e))
-    counts: dict[str, int] = {}
-    for n in nodes:
-        counts[n.name] = counts.get(n.name, 0) + 1
-    for n in nodes:
-        if counts[n.name] > 1:
-            n.name = n.source
-    return nodes
+    return unique_names(nodes, lambda n: n.source)

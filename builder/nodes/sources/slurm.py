@@ -22,6 +22,7 @@ from .base import (
     exit_status,
     last_line,
     payload_archive,
+    unique_names,
 )
 
 #: Bytes of stdout read from the one ``srun`` step that probes every node: each task's
@@ -94,8 +95,7 @@ def failed_tasks(stderr: str) -> dict[int, str]:
     return failed
 
 
-def srun_argv(nodes: int | None = None, partition: str | None = None,
-              extra: Sequence[str] = ()) -> list[str]:
+def srun_argv(nodes: int | None = None, partition: str | None = None, extra: Sequence[str] = ()) -> list[str]:
     """``srun`` arguments shared by every step envbuild starts. Raises UsageError (exit 64)."""
     argv = ["srun", "--job-name=envbuild"]
     if partition:
@@ -121,17 +121,6 @@ class SlurmTarget(Target):
         return ProcessRunning(argv, payload_archive(), self.where)
 
 
-def _unique_names(nodes: list[Node]) -> list[Node]:
-    """Make ``name`` unique: a repeated name gets ``@source`` appended."""
-    counts: dict[str, int] = {}
-    for n in nodes:
-        counts[n.name] = counts.get(n.name, 0) + 1
-    for n in nodes:
-        if counts[n.name] > 1:
-            n.name = f"{n.name}@{n.source.split(' ', 1)[-1]}"
-    return nodes
-
-
 def _task_node(task: int, tasks: dict[int, str], failed: dict[int, str], stderr: str,
                base: list[str], python: str) -> Node:
     """The node of one task: its report, or why it has none."""
@@ -151,12 +140,10 @@ def _task_node(task: int, tasks: dict[int, str], failed: dict[int, str], stderr:
     return node
 
 
-def from_slurm(nodes: int | None = None, partition: str | None = None,
-               extra: Sequence[str] = (), timeout_s: float = DEFAULT_TIMEOUT_S,
-               python: str = DEFAULT_PYTHON) -> list[Node]:
-    """Probe every node in one Slurm job step, one task per node, named by its hostname; output
-    bounded by :data:`MAX_SRUN_OUTPUT_BYTES`.
-    Raises Unreachable, InvalidReport (exit 3)."""
+def from_slurm(nodes: int | None = None, partition: str | None = None, extra: Sequence[str] = (),
+               timeout_s: float = DEFAULT_TIMEOUT_S, python: str = DEFAULT_PYTHON) -> list[Node]:
+    """Probe every node in one Slurm job step, one task per node, named by its hostname; output bounded by
+    :data:`MAX_SRUN_OUTPUT_BYTES`. Raises Unreachable, InvalidReport (exit 3)."""
     base = srun_argv(nodes, partition, extra)
     argv = [*base, "--ntasks-per-node=1", "--label", "--input=all",
             *payload.command(check_python(python), PROBE_MODULE, ["--host"])]
@@ -167,4 +154,4 @@ def from_slurm(nodes: int | None = None, partition: str | None = None,
         status = f"exit status {out.rc}" if out.rc is not None and out.rc >= 0 else exit_status(out.rc)
         raise Unreachable(f"srun gave no node reports ({status}): {last_line(out.stderr)}", field="slurm")
     result = [_task_node(task, tasks, failed, out.stderr, base, python) for task in sorted(set(tasks) | set(failed))]
-    return _unique_names(result)
+    return unique_names(result, lambda n: f"{n.name}@{n.source.split(' ', 1)[-1]}")

@@ -138,8 +138,7 @@ class SshTarget(Target):
 
 
 def ssh_nodes(hosts: Sequence[str], config: str | None = None, options: Sequence[str] = (),
-              connect_timeout_s: int = DEFAULT_CONNECT_TIMEOUT_S,
-              python: str = DEFAULT_PYTHON) -> list[Node]:
+              connect_timeout_s: int = DEFAULT_CONNECT_TIMEOUT_S, python: str = DEFAULT_PYTHON) -> list[Node]:
     """Nodes (without reports yet) for ssh hosts, named as given, with an :class:`SshTarget`;
     ``address`` is the host name ssh resolves (``ssh -G``), which peers connect to."""
     nodes = []
@@ -174,8 +173,7 @@ def _probe_one(node: Node, timeout_s: float) -> None:
 
 
 def from_ssh(hosts: Sequence[str], config: str | None = None, options: Sequence[str] = (),
-             timeout_s: float = DEFAULT_TIMEOUT_S,
-             connect_timeout_s: int = DEFAULT_CONNECT_TIMEOUT_S,
+             timeout_s: float = DEFAULT_TIMEOUT_S, connect_timeout_s: int = DEFAULT_CONNECT_TIMEOUT_S,
              python: str = DEFAULT_PYTHON) -> list[Node]:
     """Probe hosts over ssh, all at once, each within ``timeout_s`` seconds; an unreachable or
     silent host gets ``error`` (exit 3) with ssh's last stderr line."""

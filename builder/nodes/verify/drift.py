@@ -3,6 +3,7 @@ changed since the reference and since the previous report."""
 
 from __future__ import annotations
 
+import collections
 from typing import TYPE_CHECKING
 
 from builder.core.documents import NodeReport
@@ -33,9 +34,7 @@ def split_history(nodes: list[Node]) -> tuple[list[Node], dict[str, list[Node]]]
             series.setdefault(key, []).append(n)
     if not any(len(s) > 1 for s in series.values()):
         return nodes, {}
-    scopes: dict[str, int] = {}
-    for host, _ in series:
-        scopes[host] = scopes.get(host, 0) + 1
+    scopes = collections.Counter(host for host, _ in series)
     latest: dict[int, str] = {}
     histories: dict[str, list[Node]] = {}
     for (host, scope), members in series.items():

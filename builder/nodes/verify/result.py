@@ -125,17 +125,13 @@ def node_summary(n: Node) -> NodeSummary:
     pick = nccl_interface(r) if r is not None and r.network is not None else None
     loaded = r.nccl.loaded if r is not None else None
     image = r.image if r is not None else None
-    return NodeSummary(
-        name=n.name, source=n.source, ok=n.ok, error=str(n.error) if n.error else None,
-        hostname=r.hostname if r else None,
-        address=n.address or (pick.address if pick else None),
-        nccl_interface=pick.name if pick else None,
-        torch=r.torch.version if r and r.torch else None, nccl=loaded.version if loaded else None,
-        driver=r.driver if r else None, gpus=len(r.gpus) if r else 0,
-        image=(image.digest or image.id or image.ref) if image else None,
-        image_ref=image.ref if image else None,
-        runtime=r.container.runtime if r and r.container else None,
-        shm_bytes=r.shm.size_bytes if r and r.shm else None,
-        scope=r.scope if r else None, probed_at=r.probed_at if r else None,
-    )
+    return NodeSummary(name=n.name, source=n.source, ok=n.ok, error=str(n.error) if n.error else None,
+                       hostname=r.hostname if r else None, address=n.address or (pick.address if pick else None),
+                       nccl_interface=pick.name if pick else None, torch=r.torch.version if r and r.torch else None,
+                       nccl=loaded.version if loaded else None, driver=r.driver if r else None,
+                       gpus=len(r.gpus) if r else 0, image=(image.digest or image.id or image.ref) if image else None,
+                       image_ref=image.ref if image else None,
+                       runtime=r.container.runtime if r and r.container else None,
+                       shm_bytes=r.shm.size_bytes if r and r.shm else None, scope=r.scope if r else None,
+                       probed_at=r.probed_at if r else None)
 

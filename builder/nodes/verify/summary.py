@@ -51,9 +51,7 @@ def node_groups(result: VerifyResult) -> list[NodeGroup]:
     for name, devs in _deviations(result).items():
         key = tuple(devs)
         groups.setdefault(key, NodeGroup(key)).nodes.append(name)
-    ordered = list(groups.values())
-    ordered.sort(key=lambda g: (bool(g.deviations), -len(g.nodes)))  # stable: first-node order on ties
-    return ordered
+    return sorted(groups.values(), key=lambda g: (bool(g.deviations), -len(g.nodes)))  # stable: first-node order
 
 
 def names(nodes: list[str], limit: int = GROUP_NAMES) -> str:

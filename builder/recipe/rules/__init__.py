@@ -14,11 +14,10 @@ from . import base_image, driver, libraries, network, platform, release, stacks
 from .context import Ctx, derive_variant, variant_cuda
 
 #: The rules, in the order their findings are listed.
-RULES: tuple[Callable[[Ctx], None], ...] = (
-    release.release_variant, release.cuda, platform.python_os, libraries.nccl_cudnn, driver.driver,
-    base_image.base_image, release.backend, release.torch_index, network.socket_ifname, stacks.second_stack,
-    stacks.companions,
-)
+RULES: tuple[Callable[[Ctx], None], ...] = (release.release_variant, release.cuda, platform.python_os,
+                                            libraries.nccl_cudnn, driver.driver, base_image.base_image, release.backend,
+                                            release.torch_index, network.socket_ifname, stacks.second_stack,
+                                            stacks.companions)
 
 
 def check(loaded: Loaded) -> Spec:
@@ -30,23 +29,10 @@ def check(loaded: Loaded) -> Spec:
     c = Ctx(loaded=loaded, data=data, variant=variant, rel=rel, vcuda=variant_cuda(variant) if variant else None)
     for rule in RULES:
         rule(c)
-    return Spec(
-        name=loaded.name,
-        path=loaded.path,
-        recipe=r,
-        variant=variant or "",
-        torch_local=c.local,
-        cuda=c.vcuda,
-        nccl_package=c.nccl_pkg,
-        nccl=c.nccl,
-        cudnn=c.cudnn,
-        glibc=c.glibc or "",
-        driver_min=c.dmin,
-        driver_minor_compat_min=c.dcompat,
-        findings=tuple(c.findings),
-        torch_index_url=c.torch_index_url,
-        schema_errors=loaded.errors,
-    )
+    return Spec(name=loaded.name, path=loaded.path, recipe=r, variant=variant or "", torch_local=c.local, cuda=c.vcuda,
+                nccl_package=c.nccl_pkg, nccl=c.nccl, cudnn=c.cudnn, glibc=c.glibc or "", driver_min=c.dmin,
+                driver_minor_compat_min=c.dcompat, findings=tuple(c.findings), torch_index_url=c.torch_index_url,
+                schema_errors=loaded.errors)
 
 
 def require_ok(spec: Spec) -> Spec:

@@ -54,17 +54,14 @@ def base_tag(image: str) -> tuple[str, str | None]:
     """Split ``nvidia/cuda:12.8.1-base-ubuntu24.04@sha256:..`` into (repository, tag)."""
     ref = image.split("@", 1)[0]
     last = ref.rsplit("/", 1)[-1]
-    if ":" in last:
-        repo, tag = ref.rsplit(":", 1)
-        return repo, tag
-    return ref, None
+    repo, _, tag = ref.rpartition(":") if ":" in last else (ref, "", None)
+    return repo, tag
 
 
 @dataclass
 class Ctx:
-    """What every rule reads (recipe, facts, derived variant and its release row) and what the rules
-    resolve, with their findings.
-    """
+    """What every rule reads (recipe, facts, derived variant and its release row) and what the rules resolve, with
+    their findings."""
 
     loaded: Loaded
     data: Facts

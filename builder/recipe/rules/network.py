@@ -24,9 +24,8 @@ def socket_ifname(c: Ctx) -> None:
 
 
 def loopback_only(variable: str, value: str) -> bool:
-    """True when ``variable`` set to ``value`` selects only loopback (NCCL-ENV): NCCL reads name
-    prefixes (``^`` excludes, ``=`` exact), gloo exact names; an empty list is not loopback-only.
-    """
+    """True when ``variable`` set to ``value`` selects only loopback (NCCL-ENV): NCCL reads name prefixes (``^``
+    excludes, ``=`` exact), gloo exact names; an empty list is not loopback-only."""
     text = value.strip()
     if variable == "NCCL_SOCKET_IFNAME":
         if text.startswith("^"):

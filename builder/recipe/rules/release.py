@@ -68,9 +68,8 @@ PYPI_HOSTS = ("pypi.org", "pypi.python.org", "files.pythonhosted.org")
 
 
 def torch_index(c: Ctx) -> None:
-    """Where torch comes from: the variant's folder of the PyTorch index [PT-IDX]. Derived
-    when ``index.torch_url`` is omitted; one that names another variant, or PyPI (which has
-    no ``+cpu``/``+cuXYZ`` builds), is refused."""
+    """Where torch comes from: the variant's folder of the PyTorch index [PT-IDX]. Derived when ``index.torch_url`` is
+    omitted; one that names another variant, or PyPI (which has no ``+cpu``/``+cuXYZ`` builds), is refused."""
     given = c.r.index.torch_url
     if not (c.variant and c.valid("index.torch_url")):
         return

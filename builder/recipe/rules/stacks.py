@@ -1,6 +1,5 @@
-"""Rules on the extra packages: no second torch, CUDA, cuDNN, NCCL or driver beside the one
-torch brings, and torchvision/torchaudio releases that pair with the torch release
-[compat.md §5.3-5.4, §5.8; S1; S1-COMP; NV-CTK]."""
+"""Rules on the extra packages: no second torch, CUDA, cuDNN, NCCL or driver beside the one torch brings, and
+torchvision/torchaudio releases that pair with the torch release [compat.md §5.3-5.4, §5.8; S1; S1-COMP; NV-CTK]."""
 
 from __future__ import annotations
 
@@ -29,12 +28,9 @@ def _stack_reason(c: Ctx, stack: str) -> str:
     if c.variant == "cpu" and stack in _LIBRARY_NAMES:
         return (f"a CUDA library in a CPU image: a CPU build of torch ({c.local}) uses no "
                 f"{_LIBRARY_NAMES[stack]}")
-    values = {
-        "local": c.local,
-        "torch_text": f"torch {c.local}",
-        "nccl_text": f" ({c.nccl_pkg} {c.nccl})" if c.nccl_pkg and c.nccl else "",
-        "cudnn_text": f"cuDNN {c.cudnn}" if c.cudnn else "its cuDNN",
-    }
+    values = {"local": c.local, "torch_text": f"torch {c.local}",
+              "nccl_text": f" ({c.nccl_pkg} {c.nccl})" if c.nccl_pkg and c.nccl else "",
+              "cudnn_text": f"cuDNN {c.cudnn}" if c.cudnn else "its cuDNN"}
     return _STACK_REASONS[stack].format_map(values)
 
 
