@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The steps of envbuild's GitHub Action (action.yml at the repository root; docs/ci.md).
 
-    step.py check RECIPE|GLOB...   envbuild check each recipe: ::error/::warning at the field's line
+    step.py check RECIPE|GLOB...   envbuild check --json of each recipe: ::error/::warning at the field's line
     step.py audit FILE|GLOB...     envbuild audit --json: one annotation per finding
     step.py certify                envbuild make RECIPE, or envbuild certify IMAGE [--recipe RECIPE]
                                    (the inputs: ENVBUILD_ACTION_*), then as summary
@@ -38,9 +38,6 @@ from builder.core.certificate import Certificate, load_certificate
 from builder.core.errors import EnvbuildError, ExitCode
 from builder.core.inputs import MAX_RECIPE_BYTES, MAX_REPORT_BYTES, escape, read_json, read_text
 
-#: ``error: recipes/x.yaml: torch.version: '2.8;rm' is not a version`` (envbuild check's lines).
-CHECK_LINE = re.compile(r"(?P<level>error|warning): (?P<file>\S+?\.ya?ml): (?:(?P<field>[\w.\[\]-]{1,200}): )?"
-                        r"(?P<message>.+)")
 #: envbuild's error lines: ``error: ...``, and a usage error's ``envbuild certify: argument ...``.
 ERROR_LINE = re.compile(r"error: |envbuild [a-z0-9 -]{1,40}: ")
 PRINTED = re.compile(r"(?P<key>certificate|report): (?P<path>\S.*)")
@@ -141,35 +138,47 @@ def annotate_findings(command: str, findings: list[dict]) -> None:
                  str(f.get("message")))
 
 
+def run_json(argv: list[str]) -> tuple[int, dict]:
+    """Run ``envbuild ... --json``: its exit code and document (``{}`` when it printed none); what it
+    writes on stderr (its findings, as a terminal shows them) is passed through."""
+    proc = subprocess.run(envbuild() + [*argv, "--json"], capture_output=True, text=True, errors="replace")
+    print(proc.stderr, end="", flush=True)
+    try:
+        doc = json.loads(proc.stdout)
+    except ValueError:
+        doc = None
+    return proc.returncode, doc if isinstance(doc, dict) else {}
+
+
+def check_text(f: dict) -> str:
+    """A check finding's words as check prints them: ``torch.version: '2.13;rm' is not a version``."""
+    said = f"{f['value']!r} {f.get('message')}" if f.get("value") is not None else str(f.get("message"))
+    return f"{', '.join(f['fields'])}: {said}" if f.get("fields") else said
+
+
 def cmd_check(recipes: list[str]) -> int:
-    """``envbuild check`` of each recipe, its ``error:``/``warning:`` lines annotated."""
+    """``envbuild check --json`` of each recipe: its findings (or error) annotated at their field's line."""
     worst = 0
     for recipe in expand(recipes):
-        rc, lines = run(["check", recipe])
+        with commands_off():
+            rc, doc = run_json(["check", recipe])
+            if doc.get("ok"):
+                stack = doc.get("stack") or {}
+                print(escape(f"{doc.get('file')}: ok: " + ", ".join(f"{k} {v or 'none'}" for k, v in stack.items()),
+                             1000))
         worst = max(worst, rc)
-        annotate_findings("check", [
-            {"level": m["level"], "file": m["file"], "fields": [m["field"]],
-             "message": f"{m['field']}: {m['message']}" if m["field"] else m["message"]}
-            for m in filter(None, (CHECK_LINE.fullmatch(x) for x in lines))])
+        found = doc.get("findings") or doc.get("errors") or []
+        annotate_findings("check", [{**f, "message": check_text(f)} for f in found])
     return allowed(worst)
 
 
 def cmd_audit(files: list[str]) -> int:
     """``envbuild audit --json``: its findings shown as audit prints them, errors and warnings annotated."""
-    rc, lines = run(["audit", "--json", *expand(files)], echo=False)
-    try:
-        doc = json.loads("\n".join(lines))
-        found = [{"file": e.get("file"), **f} for e in doc["files"] for f in e["findings"]]
-    except (ValueError, TypeError, KeyError, AttributeError):
-        with commands_off():
-            print("\n".join(lines))  # a usage error: envbuild's line says why
-        return rc or ExitCode.UNREACHABLE
     with commands_off():
-        for f in found:
-            at = f" line {f['line']}:" if isinstance(f.get("line"), int) else ""
-            print(escape(f"{f['file']}:{at} {f.get('level')}: {f.get('message')}", 1000))
-    annotate_findings("audit", found)
-    return allowed(rc)
+        rc, doc = run_json(["audit", *expand(files)])
+    found = [{"file": e.get("file"), **f} for e in doc.get("files") or [] for f in e.get("findings") or []]
+    annotate_findings("audit", found + list(doc.get("errors") or []))
+    return allowed(rc) if doc else rc or ExitCode.UNREACHABLE
 
 
 def certify_argv(env: os._Environ[str] | dict[str, str]) -> list[str]:

@@ -193,8 +193,8 @@ def test_check_annotates_each_error_at_its_field(tmp_path):
         "error: bad.yaml: torch.version: '2.13;rm -rf /' is not a version",
         "error: bad.yaml: torch.varient: unknown key; did you mean 'variant'?"]
     assert after == [
-        "::error file=bad.yaml,line=9,title=envbuild check::torch.version: '2.13;rm -rf /' is not a version",
-        "::error file=bad.yaml,line=10,title=envbuild check::torch.varient: unknown key; did you mean 'variant'?"]
+        "::error file=bad.yaml,line=9,title=envbuild check%3A schema::torch.version: '2.13;rm -rf /' is not a version",
+        "::error file=bad.yaml,line=10,title=envbuild check%3A schema::torch.varient: unknown key; did you mean 'variant'?"]
     assert summary == ""
 
 
@@ -202,7 +202,7 @@ def test_check_annotates_a_missing_field_at_its_parent(tmp_path):
     (tmp_path / "bad.yaml").write_text(BAD_RECIPE.replace('  version: "12"\n', ""))
     res, _, _ = step(tmp_path, "check", "bad.yaml", cwd=tmp_path)
     assert res.returncode == 2
-    assert commands_off(res.stdout)[1][0] == "::error file=bad.yaml,line=4,title=envbuild check::os.version: is required"
+    assert commands_off(res.stdout)[1][0] == "::error file=bad.yaml,line=4,title=envbuild check%3A schema::os.version: is required"
 
 
 def test_check_of_good_recipes_annotates_nothing(tmp_path):
@@ -217,7 +217,7 @@ def test_audit_annotates_errors_and_warnings_at_their_lines(tmp_path):
     res, _, _ = step(tmp_path, "audit", "tests/audit/conflict.Dockerfile", "tests/audit/arg-pins*.Dockerfile")
     assert res.returncode == 3  # the malformed file: could not audit it
     shown, after = commands_off(res.stdout)
-    assert shown[0] == "tests/audit/conflict.Dockerfile: line 2: error: unresolved merge-conflict marker '<<<<<<< HEAD'"
+    assert shown[0] == "error: tests/audit/conflict.Dockerfile: line 2: unresolved merge-conflict marker '<<<<<<< HEAD'"
     assert after == [
         "::error file=tests/audit/conflict.Dockerfile,line=2,title=envbuild audit%3A malformed::unresolved "
         "merge-conflict marker '<<<<<<< HEAD'",
@@ -248,10 +248,10 @@ def test_annotation_properties_are_escaped(tmp_path):
     recipe.write_text("torch: {version: '1'}\n")
     res, _, _ = step(tmp_path, "check", str(recipe), cwd=tmp_path)
     assert res.returncode == 2
-    assert "\n::error file=a%2Cb%3Ac%25.yaml,line=1,title=envbuild check::" in res.stdout
+    assert "\n::error file=a%2Cb%3Ac%25.yaml,line=1,title=envbuild check%3A schema::" in res.stdout
 
 
 def test_annotations_name_files_outside_the_workspace_as_given(tmp_path):
     (tmp_path / "bad.yaml").write_text(BAD_RECIPE)
     res, _, _ = step(tmp_path, "check", str(tmp_path / "bad.yaml"))  # run from the repository root
-    assert f"\n::error file={tmp_path}/bad.yaml,line=9,title=envbuild check::torch.version: " in res.stdout
+    assert f"\n::error file={tmp_path}/bad.yaml,line=9,title=envbuild check%3A schema::torch.version: " in res.stdout
