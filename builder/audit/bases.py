@@ -19,7 +19,7 @@ from builder.recipe.rules.context import cuda_variant
 _CUDA_TAG = re.compile(r"(?P<cuda>[0-9]+\.[0-9]+(?:\.[0-9]+)?)-(?P<flavour>[a-z0-9-]+?)-"
                        r"(?P<os>ubuntu|rockylinux|ubi|centos)(?P<osver>[0-9.]+)")
 _NGC_TAG = re.compile(r"(?P<release>[0-9]{2}\.[0-9]{2})-py3(?:-[a-z0-9]+)?")
-_PT_TAG = re.compile(r"(?P<torch>[0-9]+\.[0-9]+\.[0-9]+)-cuda(?P<cuda>[0-9]+\.[0-9]+)-cudnn(?P<cudnn>[0-9]+)-"
+_PT_TAG = re.compile(r"(?P<torch>[0-9]+\.[0-9]+(?:\.[0-9]+)?)-cuda(?P<cuda>[0-9]+\.[0-9]+)-cudnn(?P<cudnn>[0-9.]+)-"
                      r"(?P<flavour>runtime|devel)")
 _PY_TAG = re.compile(r"(?P<py>3\.[0-9]{1,2})(?:\.[0-9]{1,3})?(?:-(?P<rest>[a-z0-9.-]+))?")
 _OS_WORD = re.compile(r"(?P<word>[a-z]+|[0-9]+(?:\.[0-9]+)?)(?:[.-].*)?")
@@ -115,7 +115,7 @@ def _ngc(ref: str, repo: str, tag: str | None) -> BaseInfo:
                         why=f"envbuild has no facts on {what}: its CUDA, OS, Python and PyTorch are not in the tag",
                         source="NGC-RN")
     return BaseInfo(ref, "ngc-pytorch", repo, tag, cuda=str(row["cuda"]), python=str(row["python"]),
-                    torch=str(row["torch"]), why="the NGC release notes name no OS release envbuild reads",
+                    torch=str(row["torch"]), os_id="ubuntu", os_version=str(row["ubuntu"]),
                     source=f"{row['source']} ({row['tag']})")
 
 
@@ -124,8 +124,9 @@ def _pytorch(ref: str, repo: str, tag: str | None) -> BaseInfo:
     if not m:
         return BaseInfo(ref, "pytorch", repo, tag, torch="(unknown)",
                         why=f"the tag {tag!r} names no torch and CUDA release (it moves)", source="PT-IMG")
-    cuda = m.group("cuda")
-    return BaseInfo(ref, "pytorch", repo, tag, cuda=cuda, flavour=m.group("flavour"), torch=m.group("torch"),
+    cuda, torch = m.group("cuda"), m.group("torch")
+    torch += ".0" if torch.count(".") == 1 else ""  # 1.3-cuda10.1-...: the X.Y tags are the X.Y.0 releases' images
+    return BaseInfo(ref, "pytorch", repo, tag, cuda=cuda, flavour=m.group("flavour"), torch=torch,
                     variant=cuda_variant(cuda), why="the OS and Python of pytorch/pytorch images are not in the tag",
                     source="PT-IMG")
 

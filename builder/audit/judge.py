@@ -8,8 +8,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, cast
 
+from packaging.version import Version
+
 from builder.recipe import load
 from builder.recipe import rules as recipe_rules
+from builder.recipe.facts import facts
 from builder.recipe.rules.network import SOCKET_VARIABLES
 from builder.recipe.spec import Finding as RuleFinding
 from builder.recipe.spec import Spec
@@ -92,7 +95,7 @@ def check_data(data: dict[str, Any], file: str, unknown: frozenset[str] = frozen
 
 
 def _applies(f: RuleFinding, p: Pins) -> bool:
-    if f.rule in ("torch-index", "cuda-minor"):
+    if f.rule in ("torch-index", "cuda-minor", "torch-floor"):  # a file's torch may be older than a recipe's
         return False
     if f.rule == "os-python" and p.python_from != "system":
         return False
@@ -122,7 +125,12 @@ def judge(p: Pins, driver: str | None = None) -> tuple[list[Finding], Spec]:
         out.add("note", "not-judged", origin, f"as the recipe field {e.field} it {e.message}; not judged by "
                 "envbuild's rules", "recipe schema", (e.field or "",))
     for f in spec.findings:
-        if _applies(f, p):
+        if f.rule == "torch-release":  # outside the facts: the release's rules skipped, never an error
+            known = sorted(facts().torch, key=Version)
+            out.add("warning", "torch-unknown", _origin(f.fields, at),
+                    f"cannot judge torch {data['torch']['version']}: envbuild's compatibility data holds {known[0]} "
+                    f"to {known[-1]}; the rules on its release are skipped", f.source, f.fields)
+        elif _applies(f, p):
             out.add(cast(Level, f.level), f.rule, _origin(f.fields, at), f.message, f.source, f.fields)
     return out.items, spec
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import cast
 
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from builder.recipe.facts import facts
-from builder.recipe.rules.context import cuda_variant
+from builder.recipe.rules.context import cuda_variant, severity, torch_index_for
 from builder.recipe.rules.network import SOCKET_VARIABLES, loopback_only
 from builder.recipe.spec import ERROR, NOTE, WARNING
 
@@ -31,6 +34,20 @@ class Out:
         self.items.append(Finding(level=level, rule=rule, file=self.file, line=item.line if item else None,
                                   value=cut(item.value) if item else None, via=item.via if item else None,
                                   message=message, source=source, fields=fields))
+
+
+def example(p: Pins) -> str:
+    """A pin for the fix text: the file's own release and build when known, else the newest verified release with a
+    build for the base image's CUDA (else that release's default build)."""
+    t, rows = p.torch, facts().torch
+    if t and t.version in rows and t.variant in (*rows[t.version].variants.list, "cpu"):
+        version, variant = t.version, t.variant
+    else:
+        rels = sorted(rows.items(), key=lambda kv: (kv[1].variants.tag == "V", Version(kv[0])), reverse=True)
+        want = t.variant if t and t.variant else cuda_variant(p.stack.base.cuda) if p.stack.base.cuda else None
+        version, rel = next(((v, r) for v, r in rels if want in (*r.variants.list, "cpu")), rels[0])
+        variant = want if want in (*rel.variants.list, "cpu") else rel.default
+    return f"torch=={version}+{variant} --index-url {torch_index_for(variant)}"
 
 
 def _what(t: TorchPin) -> str:
@@ -69,8 +86,8 @@ def _torch(p: Pins, out: Out) -> None:
     if t.version is None:
         out.add(ERROR, "torch-unpinned", t.item,
                 f"torch{t.spec or ''} is not pinned to one release: {tool} installs the newest matching one, and which "
-                f"CUDA build that is changes from release to release; pin torch==X.Y.Z+<variant> "
-                f"{'from the PyTorch index of the variant (--index-url)' if tool == 'pip' else ''}".rstrip(),
+                f"CUDA build that is changes from release to release; pin one release and its build"
+                f"{', e.g. ' + example(p) if tool == 'pip' else ' (e.g. pytorch==2.5.1 with pytorch-cuda=12.4)'}",
                 "compat.md §5.1 (V)")
     elif t.variant is None:
         out.add(WARNING, "variant-unknown", t.item,
@@ -88,13 +105,15 @@ def _pypi_wins(p: Pins, out: Out) -> None:
     rel = facts().torch.get(t.version or "")
     if (t.version and t.local) or (rel and t.version and rel.default == t.variant):
         return  # an exact +local pin; or PyPI's build of that release is the very variant
-    url, variant = t.index.url.value, t.index.variant or t.variant or "<variant>"
+    url, variant = t.index.url.value, t.index.variant or t.variant
     pypi = f"PyPI's torch {t.version} (its {rel.default} build)" if rel else "PyPI's torch"
     tool = "pip" if t.installer == "pip" else "uv with --index-strategy unsafe-best-match"
     out.add(WARNING, "pypi-wins", t.item,
             f"torch{t.spec} comes from {OPTION[t.index.role]} {url} with PyPI still read: {tool} takes the highest "
-            f"matching version of every index, so {pypi} can be installed instead of +{variant}; pin "
-            f"torch=={t.version or 'X.Y.Z'}+{variant} or use --index-url {url}", "compat.md §5.1 (V)")
+            f"matching version of every index, so {pypi} can be installed instead of "
+            f"{'+' + variant if variant else 'the build of ' + url}; "
+            f"{'pin torch==' + t.version + '+' + variant + ' or ' if t.version and variant else ''}use --index-url "
+            f"{url}", "compat.md §5.1 (V)")
 
 
 def _wheel_cuda(p: Pins, out: Out) -> None:
@@ -129,7 +148,7 @@ def _conda(p: Pins, out: Out) -> None:
         if t.channel == "pytorch" and version and Version(f"{version.major}.{version.minor}") > last:
             out.add(ERROR, "conda-torch", t.item,
                     f"the pytorch conda channel has no pytorch {t.version}: {row['version']} was the last release "
-                    "published there; install the wheel (pip install torch==X.Y.Z+<variant> --index-url https://download.pytorch.org/whl/<variant>)",
+                    f"published there; install the wheel (pip install {example(p)})",
                     f"{row['source']} ({row['tag']})")
         else:
             out.add(WARNING, "conda-torch", t.item,
@@ -180,9 +199,50 @@ def _not_followed(p: Pins, out: Out) -> None:
                 "not a requirement audit reads (a path, URL or editable install): not judged", "audit")
 
 
+def _companion_over_base(p: Pins, out: Out) -> None:
+    """An unpinned torchvision/torchaudio over a base's torch: pip installs the newest, whose wheel requires its own
+    torch release, so pip may replace the base's torch and its CUDA [S1-COMP, PT-IMG, NGC-RN]."""
+    b, rows = p.stack.base, facts().companions
+    if not (p.torch and p.torch.installer == "base"):
+        return
+    for item, req, _tool in p.pip:
+        name = canonicalize_name(req.name)
+        if name not in rows or any(s.operator in ("==", "===") for s in req.specifier):
+            continue
+        pair: list[str] = []
+        with contextlib.suppress(InvalidVersion):
+            pair = [v for v, row in rows[name].items() if SpecifierSet(row.torch).contains(b.torch or "", True)]
+        fix = f"pin {name}=={pair[-1]}" if pair else f"use the {name} the image ships, or pin the release of its torch"
+        out.add(WARNING, "companion-over-base", item,
+                f"{req} is not pinned over the base image's torch {b.torch}: pip installs the newest {name}, whose "
+                f"wheel requires its own torch release, and may replace the base's torch and its CUDA; {fix}",
+                f"S1-COMP, {b.source or 'audit'}")
+
+
+def base_driver(p: Pins, driver: str | None) -> list[Finding]:
+    """``--driver`` against the base image's own CUDA (the wheel's CUDA is a recipe rule) [NV-RN Table 3, NV-MVC]."""
+    out, b = Out(p.stack.file), p.stack.base
+    mm = ".".join((b.cuda or "").split(".")[:2])
+    if not (driver and mm) or (p.torch and variant_cuda(p.torch.variant) == mm):
+        return out.items
+    floor = facts().cuda_driver.get(mm)
+    if floor is None:
+        out.add(NOTE, "driver-unknown", p.stack.base_item, f"envbuild has no driver floor for CUDA {mm} of the "
+                "base image; --driver is not judged against it", "NV-RN (U)")
+    elif Version(driver) < Version(floor.minor_compat):
+        out.add(cast(Level, severity(floor.tag)), "driver-too-old", p.stack.base_item,
+                f"driver {driver} is below {floor.minor_compat}, the oldest that runs the base image's CUDA {b.cuda}",
+                f"NV-RN, NV-MVC ({floor.tag})")
+    elif Version(driver) < Version(floor.ga):
+        out.add(WARNING, "driver-minor-compat", p.stack.base_item,
+                f"driver {driver} is below {floor.ga} (CUDA {mm} GA), which the base image's CUDA {b.cuda} needs: it "
+                "runs only under minor-version compatibility (no PTX JIT, some APIs fail)", f"NV-MVC ({floor.tag})")
+    return out.items
+
+
 #: The audit-only rules, in the order their findings are listed.
 RULES: tuple[Callable[[Pins, Out], None], ...] = (_notes, _base, _torch, _pypi_wins, _wheel_cuda, _conda, _twice,
-                                                  _socket, _not_followed)
+                                                  _socket, _not_followed, _companion_over_base)
 
 
 def audit(p: Pins) -> list[Finding]:

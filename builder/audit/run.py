@@ -77,7 +77,7 @@ def audit_file(path: str, *, driver: str | None = None, build_args: dict[str, st
         return Audited(model.FileAudit(file=path, kind=kind, verdict="unreadable", exit_code=3, findings=(line,)))
     p = pins(extract(parsed))
     found, spec = judge.judge(p, driver)
-    found += rules.audit(p)
+    found += rules.audit(p) + rules.base_driver(p, driver)
     found.sort(key=lambda f: (f.line or 0, _LEVELS[f.level]))
     verdict, code = _verdict(found)
     result = model.FileAudit(file=path, kind=kind, verdict=verdict, exit_code=code, findings=tuple(found),

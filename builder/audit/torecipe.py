@@ -9,11 +9,13 @@ from pathlib import Path
 
 import yaml
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from builder.core import inputs
 from builder.core.errors import EnvbuildError
 from builder.core.files import write_atomic
 from builder.recipe.facts import facts
+from builder.recipe.rules.release import RECIPE_FLOOR
 
 from . import judge
 from .pins import ENVBUILD_APT, Pins, variant_cuda
@@ -112,6 +114,10 @@ def _leftovers(p: Pins, comments: list[tuple[int, str]]) -> None:
 def recipe_text(p: Pins, out: str, driver: str | None) -> tuple[str, dict]:
     """The recipe YAML (comments first) of ``p`` and its data; EnvbuildError (exit 2)."""
     t, os_ = p.torch, p.os
+    if t and t.release and Version(t.release) < RECIPE_FLOOR:
+        raise EnvbuildError(f"cannot write a recipe: recipes start at torch {RECIPE_FLOOR} and "
+                            f"{inputs.escape(p.stack.file, 200)} installs torch {t.release} (audit judges it)",
+                            file=out)
     missing = [what for what, ok in (("the OS of the base image", os_), ("a torch release", t and t.release),
                                      ("the torch build (its variant)", t and t.variant)) if not ok]
     if missing or t is None or os_ is None:  # (t and os_ are set when nothing is missing: for mypy)

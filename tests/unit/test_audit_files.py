@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -34,20 +35,27 @@ CASES = [
         "note: tests/audit/arg-pins.ok.Dockerfile: line 8: 'torch==2.4.0+cu121' (TORCH_VERSION: ARG at line 3, CUDA: ARG at line 2): cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
     ]),
     ("arguments.def", 2, [
-        "error: tests/audit/arguments.def: line 11: 'torch==2.1.2+cu118' (TORCH: %arguments at line 6, VARIANT: %arguments at line 7): torch variant cu118 is CUDA 11.8 but the recipe's CUDA is 12.1; the major versions must match (use cu121 or cuda 11.8) [compat.md §5.5 (V)]",
+        "error: tests/audit/arguments.def: line 11: 'torch==2.1.2+cu118' (TORCH: %arguments at line 6, VARIANT: %arguments at line 7): torch variant cu118 is CUDA 11.8 but the image's CUDA is 12.1; the major versions must match (use cu121 or CUDA 11.8) [compat.md §5.5 (V)]",
         "note: tests/audit/arguments.def: line 11: 'torch==2.1.2+cu118' (TORCH: %arguments at line 6, VARIANT: %arguments at line 7): cu118 needs driver >= 520.61.05 (CUDA 11.8 GA); >= 450.80.02 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
     ]),
     ("arguments.ok.def", 0, [
         "note: tests/audit/arguments.ok.def: line 11: 'torch==2.1.2+cu121' (TORCH: %arguments at line 6, VARIANT: %arguments at line 7): cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
     ]),
+    ("base-driver.Dockerfile", 1, [
+        "warning: tests/audit/base-driver.Dockerfile: line 3: 'nvcr.io/nvidia/pytorch:24.08-py3': driver 550.142 is below 560.28.03 (CUDA 12.6 GA), which the base image's CUDA 12.6.0 needs: it runs only under minor-version compatibility (no PTX JIT, some APIs fail) [NV-MVC (V)]",
+        "note: tests/audit/base-driver.Dockerfile: line 3: 'nvcr.io/nvidia/pytorch:24.08-py3': torch 2.5.0a0 comes with the base image (no pip or conda install of torch in this file) [NGC-RN rel-24-08 (U)]",
+    ]),
+    ("base-driver.ok.Dockerfile", 0, [
+        "note: tests/audit/base-driver.ok.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:24.05-py3': torch 2.4.0a0 comes with the base image (no pip or conda install of torch in this file) [NGC-RN rel-24-05 (U)]",
+    ]),
     ("conda-channel.Dockerfile", 2, [
-        "error: tests/audit/conda-channel.Dockerfile: line 3: 'pytorch=2.6.0': the pytorch conda channel has no pytorch 2.6.0: 2.5 was the last release published there; install the wheel (pip install torch==X.Y.Z+<variant> --index-url https://download.pytorch.org/whl/<variant>) [PT-CONDA (M)]",
+        "error: tests/audit/conda-channel.Dockerfile: line 3: 'pytorch=2.6.0': the pytorch conda channel has no pytorch 2.6.0: 2.5 was the last release published there; install the wheel (pip install torch==2.6.0+cpu --index-url https://download.pytorch.org/whl/cpu) [PT-CONDA (M)]",
     ]),
     ("conda-channel.ok.Dockerfile", 1, [
         "warning: tests/audit/conda-channel.ok.Dockerfile: line 2: 'pytorch=2.5.1': pytorch from conda (-c pytorch) is a conda build, not the wheel envbuild's rules and recipes pin; the pytorch channel publishes no release after 2.5; --to-recipe writes the wheel of the same release and variant [PT-CONDA (M)]",
     ]),
     ("conda.Dockerfile", 2, [
-        "error: tests/audit/conda.Dockerfile: line 3: 'pytorch==2.1.0': torch variant cu121 is CUDA 12.1 but the recipe's CUDA is 11.8; the major versions must match (use cu118 or cuda 12.1) [compat.md §5.5 (V)]",
+        "error: tests/audit/conda.Dockerfile: line 3: 'pytorch==2.1.0': torch variant cu121 is CUDA 12.1 but the image's CUDA is 11.8; the major versions must match (use cu118 or CUDA 12.1) [compat.md §5.5 (V)]",
         "warning: tests/audit/conda.Dockerfile: line 3: 'pytorch==2.1.0': pytorch from conda (-c pytorch) is a conda build, not the wheel envbuild's rules and recipes pin; the pytorch channel publishes no release after 2.5; --to-recipe writes the wheel of the same release and variant [PT-CONDA (M)]",
         "note: tests/audit/conda.Dockerfile: line 3: 'pytorch==2.1.0': cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
     ]),
@@ -67,6 +75,13 @@ CASES = [
     ]),
     ("cu-mismatch.ok.Dockerfile", 0, [
         "note: tests/audit/cu-mismatch.ok.Dockerfile: line 5: 'torch==2.5.1+cu124': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("cuda-two-part.Dockerfile", 2, [
+        "error: tests/audit/cuda-two-part.Dockerfile: line 4: 'torch==1.7.1+cu101': torch variant cu101 is CUDA 10.1 but the image's CUDA is 11.0; the major versions must match (use cu110 or CUDA 10.1) [compat.md §5.5 (V)]",
+        "note: tests/audit/cuda-two-part.Dockerfile: line 4: 'torch==1.7.1+cu101': cu101 needs driver >= 418.39 (CUDA 10.1 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
+    ]),
+    ("cuda-two-part.ok.Dockerfile", 0, [
+        "note: tests/audit/cuda-two-part.ok.Dockerfile: line 4: 'torch==1.7.1+cu110': cu110 needs driver >= 450.51.05 (CUDA 11.0 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
     ]),
     ("debootstrap.def", 2, [
         "error: tests/audit/debootstrap.def: line 1: 'ubuntu:focal': torch 2.6.0 has wheels for Python 3.9 to 3.13, not 3.8 [S1 (V)]",
@@ -104,7 +119,7 @@ CASES = [
     ]),
     ("localimage.def", 2, [
         "warning: tests/audit/localimage.def: line 2: '/shared/images/cuda-base.sif': base image: localimage '/shared/images/cuda-base.sif' is an image file: its CUDA, OS and Python are not in the definition; the rules on what it does not say are skipped [audit]",
-        "error: tests/audit/localimage.def: line 5: 'torch': torch is not pinned to one release: pip installs the newest matching one, and which CUDA build that is changes from release to release; pin torch==X.Y.Z+<variant> from the PyTorch index of the variant (--index-url) [compat.md §5.1 (V)]",
+        "error: tests/audit/localimage.def: line 5: 'torch': torch is not pinned to one release: pip installs the newest matching one, and which CUDA build that is changes from release to release; pin one release and its build, e.g. torch==2.14.1+cu130 --index-url https://download.pytorch.org/whl/cu130 [compat.md §5.1 (V)]",
     ]),
     ("localimage.ok.def", 1, [
         "warning: tests/audit/localimage.ok.def: line 2: '/shared/images/cuda-base.sif': base image: localimage '/shared/images/cuda-base.sif' is an image file: its CUDA, OS and Python are not in the definition; the rules on what it does not say are skipped [audit]",
@@ -132,14 +147,34 @@ CASES = [
     ("multistage.ok.def", 0, [
         "note: tests/audit/multistage.ok.def: line 8: 'torch==2.5.1': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
     ]),
+    ("ngc-2019.Dockerfile", 2, [
+        "error: tests/audit/ngc-2019.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:19.10-py3': base image nvcr.io/nvidia/pytorch:19.10-py3 already ships PyTorch: installing torch 1.3.0+cu101 makes a second one; start from its CUDA/OS base (e.g. nvidia/cuda:X.Y.Z-base-ubuntuVER or debian) [NGC PyTorch container release notes (PyTorch preinstalled) (V)]",
+        "note: tests/audit/ngc-2019.Dockerfile: line 3: 'torch==1.3.0': cu101 needs driver >= 418.39 (CUDA 10.1 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
+    ]),
+    ("ngc-2019.ok.Dockerfile", 0, [
+        "note: tests/audit/ngc-2019.ok.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:19.10-py3': torch 1.3.0a0 comes with the base image (no pip or conda install of torch in this file) [NGC-RN rel-19-10 (U)]",
+    ]),
+    ("ngc-companion.Dockerfile", 1, [
+        "note: tests/audit/ngc-companion.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:24.08-py3': torch 2.5.0a0 comes with the base image (no pip or conda install of torch in this file) [NGC-RN rel-24-08 (U)]",
+        "warning: tests/audit/ngc-companion.Dockerfile: line 3: 'torchaudio': torchaudio is not pinned over the base image's torch 2.5.0a0: pip installs the newest torchaudio, whose wheel requires its own torch release, and may replace the base's torch and its CUDA; use the torchaudio the image ships, or pin the release of its torch [S1-COMP, NGC-RN rel-24-08 (U)]",
+    ]),
+    ("ngc-companion.ok.Dockerfile", 0, [
+        "note: tests/audit/ngc-companion.ok.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:24.08-py3': torch 2.5.0a0 comes with the base image (no pip or conda install of torch in this file) [NGC-RN rel-24-08 (U)]",
+    ]),
+    ("ngc-old.Dockerfile", 2, [
+        "error: tests/audit/ngc-old.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:21.05-py3': base image nvcr.io/nvidia/pytorch:21.05-py3 already ships PyTorch: installing torch 1.8.1+cu102 makes a second one; start from its CUDA/OS base (e.g. nvidia/cuda:X.Y.Z-base-ubuntuVER or debian) [NGC PyTorch container release notes (PyTorch preinstalled) (V)]",
+        "error: tests/audit/ngc-old.Dockerfile: line 3: 'torch==1.8.1+cu102': torch variant cu102 is CUDA 10.2 but the image's CUDA is 11.3; the major versions must match (use cu111 or CUDA 10.2) [compat.md §5.5 (V)]",
+        "note: tests/audit/ngc-old.Dockerfile: line 3: 'torch==1.8.1+cu102': cu102 needs driver >= 440.33 (CUDA 10.2 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
+    ]),
+    ("ngc-old.ok.Dockerfile", 0, [
+        "note: tests/audit/ngc-old.ok.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:21.05-py3': torch 1.9.0a0 comes with the base image (no pip or conda install of torch in this file) [NGC-RN rel-21-05 (U)]",
+    ]),
     ("ngc.Dockerfile", 2, [
         "error: tests/audit/ngc.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:25.12-py3': base image nvcr.io/nvidia/pytorch:25.12-py3 already ships PyTorch: installing torch 2.10.0+cu130 makes a second one; start from its CUDA/OS base (e.g. nvidia/cuda:X.Y.Z-base-ubuntuVER or debian) [NGC PyTorch container release notes (PyTorch preinstalled) (V)]",
-        "note: tests/audit/ngc.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:25.12-py3': base image: the NGC release notes name no OS release envbuild reads; the rules on what it does not say are skipped [NGC-RN rel-25-12 (M)]",
         "error: tests/audit/ngc.Dockerfile: line 3: 'torch==2.10.0': torch 2.10.0+cu130 (from --index-url https://download.pytorch.org/whl/cu130) is built for CUDA 13.0 but the base image nvcr.io/nvidia/pytorch:25.12-py3 has CUDA 13.1.0: two CUDA runtimes in one image, and extensions built with the base's nvcc get a CUDA mismatch; use a CUDA 13.0 base (torch 2.10.0 has no cu131 build) [compat.md §5.5, NV-IMG (V)]",
         "note: tests/audit/ngc.Dockerfile: line 3: 'torch==2.10.0': cu130 needs driver >= 580.65.06 (CUDA 13.0 GA); >= 580 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
     ]),
     ("ngc.ok.Dockerfile", 0, [
-        "note: tests/audit/ngc.ok.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:25.12-py3': base image: the NGC release notes name no OS release envbuild reads; the rules on what it does not say are skipped [NGC-RN rel-25-12 (M)]",
         "note: tests/audit/ngc.ok.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:25.12-py3': torch 2.10.0a0+b4e4ee81d3 comes with the base image (no pip or conda install of torch in this file) [NGC-RN rel-25-12 (M)]",
     ]),
     ("no-build.Dockerfile", 2, [
@@ -153,6 +188,40 @@ CASES = [
         'error: tests/audit/no-from.Dockerfile: line 2: no FROM instruction; a Dockerfile starts its first stage with FROM',
     ]),
     ("no-from.ok.Dockerfile", 0, [
+    ]),
+    ("old-conda.Dockerfile", 2, [
+        "error: tests/audit/old-conda.Dockerfile: line 4: 'pytorch==1.10.1': torch variant cu102 is CUDA 10.2 but the image's CUDA is 11.3; the major versions must match (use cu111 or cu113 or CUDA 10.2) [compat.md §5.5 (V)]",
+        "warning: tests/audit/old-conda.Dockerfile: line 4: 'pytorch==1.10.1': pytorch from conda (-c pytorch) is a conda build, not the wheel envbuild's rules and recipes pin; the pytorch channel publishes no release after 2.5; --to-recipe writes the wheel of the same release and variant [PT-CONDA (M)]",
+        "note: tests/audit/old-conda.Dockerfile: line 4: 'pytorch==1.10.1': cu102 needs driver >= 440.33 (CUDA 10.2 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
+    ]),
+    ("old-conda.ok.Dockerfile", 1, [
+        "warning: tests/audit/old-conda.ok.Dockerfile: line 3: 'pytorch==1.10.1': pytorch from conda (-c pytorch) is a conda build, not the wheel envbuild's rules and recipes pin; the pytorch channel publishes no release after 2.5; --to-recipe writes the wheel of the same release and variant [PT-CONDA (M)]",
+        "note: tests/audit/old-conda.ok.Dockerfile: line 3: 'pytorch==1.10.1': cu113 needs driver >= 465.19.01 (CUDA 11.3 GA); >= 450.80.02 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (U)]",
+    ]),
+    ("old-minor.Dockerfile", 2, [
+        "error: tests/audit/old-minor.Dockerfile: line 4: 'torch==1.7.1+cu110': torch 1.7.1+cu110 (from the local version +cu110) is built for CUDA 11.0 but the base image nvidia/cuda:11.1.1-cudnn8-runtime-ubuntu20.04 has CUDA 11.1.1: two CUDA runtimes in one image, and extensions built with the base's nvcc get a CUDA mismatch; use a CUDA 11.0 base (torch 1.7.1 has no cu111 build) [compat.md §5.5, NV-IMG (V)]",
+        "note: tests/audit/old-minor.Dockerfile: line 4: 'torch==1.7.1+cu110': cu110 needs driver >= 450.51.05 (CUDA 11.0 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
+    ]),
+    ("old-minor.ok.Dockerfile", 0, [
+        "note: tests/audit/old-minor.ok.Dockerfile: line 4: 'torch==1.8.1+cu111': cu111 needs driver >= 455.23 (CUDA 11.1 GA); >= 450.80.02 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (U)]",
+    ]),
+    ("old-pytorch-tag.Dockerfile", 1, [
+        "warning: tests/audit/old-pytorch-tag.Dockerfile: line 2: 'pytorch/pytorch:1.3-cuda10.1-cudnn7-devel': base image: the OS and Python of pytorch/pytorch images are not in the tag; the rules on what it does not say are skipped [PT-IMG]",
+        "note: tests/audit/old-pytorch-tag.Dockerfile: line 2: 'pytorch/pytorch:1.3-cuda10.1-cudnn7-devel': cu101 needs driver >= 418.39 (CUDA 10.1 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
+        "note: tests/audit/old-pytorch-tag.Dockerfile: line 2: 'pytorch/pytorch:1.3-cuda10.1-cudnn7-devel': torch 1.3.0 comes with the base image (no pip or conda install of torch in this file) [PT-IMG]",
+        "warning: tests/audit/old-pytorch-tag.Dockerfile: line 3: 'torchvision==0.5.0': torchvision==0.5.0 does not pair with torch 1.3.0: torchvision 0.4.1 is the release for it (its wheel requires torch==1.3.0); use torchvision==0.4.1 [S1-COMP PT-PREV torch==1.3.0 torchvision==0.4.1 (U)]",
+    ]),
+    ("old-pytorch-tag.ok.Dockerfile", 1, [
+        "warning: tests/audit/old-pytorch-tag.ok.Dockerfile: line 2: 'pytorch/pytorch:1.3-cuda10.1-cudnn7-devel': base image: the OS and Python of pytorch/pytorch images are not in the tag; the rules on what it does not say are skipped [PT-IMG]",
+        "note: tests/audit/old-pytorch-tag.ok.Dockerfile: line 2: 'pytorch/pytorch:1.3-cuda10.1-cudnn7-devel': cu101 needs driver >= 418.39 (CUDA 10.1 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
+        "note: tests/audit/old-pytorch-tag.ok.Dockerfile: line 2: 'pytorch/pytorch:1.3-cuda10.1-cudnn7-devel': torch 1.3.0 comes with the base image (no pip or conda install of torch in this file) [PT-IMG]",
+    ]),
+    ("old-release.Dockerfile", 2, [
+        "error: tests/audit/old-release.Dockerfile: line 6: 'torch==1.6.0+cu101': torch variant cu101 is CUDA 10.1 but the image's CUDA is 11.0; the major versions must match (torch 1.6.0 has no CUDA 11 build; use CUDA 10.1) [compat.md §5.5 (V)]",
+        "note: tests/audit/old-release.Dockerfile: line 6: 'torch==1.6.0+cu101': cu101 needs driver >= 418.39 (CUDA 10.1 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
+    ]),
+    ("old-release.ok.Dockerfile", 0, [
+        "note: tests/audit/old-release.ok.Dockerfile: line 6: 'torch==1.6.0+cu101': cu101 needs driver >= 418.39 (CUDA 10.1 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
     ]),
     ("pypi-wins.Dockerfile", 1, [
         "warning: tests/audit/pypi-wins.Dockerfile: line 4: 'torch==2.1.0': torch==2.1.0 comes from --extra-index-url https://download.pytorch.org/whl/cu118 with PyPI still read: pip takes the highest matching version of every index, so PyPI's torch 2.1.0 (its cu121 build) can be installed instead of +cu118; pin torch==2.1.0+cu118 or use --index-url https://download.pytorch.org/whl/cu118 [compat.md §5.1 (V)]",
@@ -183,9 +252,20 @@ CASES = [
         "note: tests/audit/pytorch-base.ok.Dockerfile: line 1: 'pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime': torch 2.5.1 comes with the base image (no pip or conda install of torch in this file) [PT-IMG]",
         "note: tests/audit/pytorch-base.ok.Dockerfile: line 2: '/tmp/requirements.txt': a requirements file is not followed (audit reads this file only); the pins in it are not judged [audit]",
     ]),
+    ("pytorch-companion.Dockerfile", 1, [
+        "warning: tests/audit/pytorch-companion.Dockerfile: line 2: 'pytorch/pytorch:1.9.0-cuda10.2-cudnn7-runtime': base image: the OS and Python of pytorch/pytorch images are not in the tag; the rules on what it does not say are skipped [PT-IMG]",
+        "note: tests/audit/pytorch-companion.Dockerfile: line 2: 'pytorch/pytorch:1.9.0-cuda10.2-cudnn7-runtime': cu102 needs driver >= 440.33 (CUDA 10.2 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
+        "note: tests/audit/pytorch-companion.Dockerfile: line 2: 'pytorch/pytorch:1.9.0-cuda10.2-cudnn7-runtime': torch 1.9.0 comes with the base image (no pip or conda install of torch in this file) [PT-IMG]",
+        "warning: tests/audit/pytorch-companion.Dockerfile: line 3: 'torchaudio': torchaudio is not pinned over the base image's torch 1.9.0: pip installs the newest torchaudio, whose wheel requires its own torch release, and may replace the base's torch and its CUDA; pin torchaudio==0.9.0 [S1-COMP, PT-IMG]",
+    ]),
+    ("pytorch-companion.ok.Dockerfile", 1, [
+        "warning: tests/audit/pytorch-companion.ok.Dockerfile: line 2: 'pytorch/pytorch:1.9.0-cuda10.2-cudnn7-runtime': base image: the OS and Python of pytorch/pytorch images are not in the tag; the rules on what it does not say are skipped [PT-IMG]",
+        "note: tests/audit/pytorch-companion.ok.Dockerfile: line 2: 'pytorch/pytorch:1.9.0-cuda10.2-cudnn7-runtime': cu102 needs driver >= 440.33 (CUDA 10.2 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
+        "note: tests/audit/pytorch-companion.ok.Dockerfile: line 2: 'pytorch/pytorch:1.9.0-cuda10.2-cudnn7-runtime': torch 1.9.0 comes with the base image (no pip or conda install of torch in this file) [PT-IMG]",
+    ]),
     ("ranged.Dockerfile", 2, [
-        "error: tests/audit/ranged.Dockerfile: line 4: 'torch>=2.0': torch>=2.0 is not pinned to one release: pip installs the newest matching one, and which CUDA build that is changes from release to release; pin torch==X.Y.Z+<variant> from the PyTorch index of the variant (--index-url) [compat.md §5.1 (V)]",
-        "warning: tests/audit/ranged.Dockerfile: line 4: 'torch>=2.0': torch>=2.0 comes from --extra-index-url https://download.pytorch.org/whl/cpu with PyPI still read: pip takes the highest matching version of every index, so PyPI's torch can be installed instead of +cpu; pin torch==X.Y.Z+cpu or use --index-url https://download.pytorch.org/whl/cpu [compat.md §5.1 (V)]",
+        "error: tests/audit/ranged.Dockerfile: line 4: 'torch>=2.0': torch>=2.0 is not pinned to one release: pip installs the newest matching one, and which CUDA build that is changes from release to release; pin one release and its build, e.g. torch==2.14.1+cpu --index-url https://download.pytorch.org/whl/cpu [compat.md §5.1 (V)]",
+        "warning: tests/audit/ranged.Dockerfile: line 4: 'torch>=2.0': torch>=2.0 comes from --extra-index-url https://download.pytorch.org/whl/cpu with PyPI still read: pip takes the highest matching version of every index, so PyPI's torch can be installed instead of +cpu; use --index-url https://download.pytorch.org/whl/cpu [compat.md §5.1 (V)]",
     ]),
     ("ranged.ok.Dockerfile", 0, [
     ]),
@@ -218,8 +298,17 @@ CASES = [
     ("suffix-forms.ok.Dockerfile", 0, [
         "note: tests/audit/suffix-forms.ok.Dockerfile: line 7: 'torch==2.1.0': cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
     ]),
+    ("unknown-release.Dockerfile", 2, [
+        "error: tests/audit/unknown-release.Dockerfile: line 5: 'torch==0.4.1+cu92': torch variant cu92 is CUDA 9.2 but the image's CUDA is 10.0; the major versions must match (torch 0.4.1 has no CUDA 10 build; use CUDA 9.2) [compat.md §5.5 (V)]",
+        "warning: tests/audit/unknown-release.Dockerfile: line 5: 'torch==0.4.1+cu92': cannot judge torch 0.4.1: envbuild's compatibility data holds 1.0.0 to 2.15.0; the rules on its release are skipped [S2 (V)]",
+        "note: tests/audit/unknown-release.Dockerfile: line 5: 'torch==0.4.1+cu92': cu92 needs driver >= 396.26 (CUDA 9.2 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
+    ]),
+    ("unknown-release.ok.Dockerfile", 1, [
+        "warning: tests/audit/unknown-release.ok.Dockerfile: line 5: 'torch==0.4.1+cu92': cannot judge torch 0.4.1: envbuild's compatibility data holds 1.0.0 to 2.15.0; the rules on its release are skipped [S2 (V)]",
+        "note: tests/audit/unknown-release.ok.Dockerfile: line 5: 'torch==0.4.1+cu92': cu92 needs driver >= 396.26 (CUDA 9.2 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
+    ]),
     ("unpinned.Dockerfile", 2, [
-        "error: tests/audit/unpinned.Dockerfile: line 3: 'torch': torch is not pinned to one release: pip installs the newest matching one, and which CUDA build that is changes from release to release; pin torch==X.Y.Z+<variant> from the PyTorch index of the variant (--index-url) [compat.md §5.1 (V)]",
+        "error: tests/audit/unpinned.Dockerfile: line 3: 'torch': torch is not pinned to one release: pip installs the newest matching one, and which CUDA build that is changes from release to release; pin one release and its build, e.g. torch==2.5.1+cu121 --index-url https://download.pytorch.org/whl/cu121 [compat.md §5.1 (V)]",
     ]),
     ("unpinned.ok.Dockerfile", 0, [
         "note: tests/audit/unpinned.ok.Dockerfile: line 3: 'torch==2.1.0+cu121': cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
@@ -232,6 +321,10 @@ CASES = [
         "note: tests/audit/uv.ok.Dockerfile: line 3: 'torch==2.3.1': cu118 needs driver >= 520.61.05 (CUDA 11.8 GA); >= 450.80.02 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
     ]),
 ]
+
+
+#: Files audited with options (the hosts' driver of the pattern they follow).
+ARGS = {"base-driver.Dockerfile": ["--driver", "550.142"], "base-driver.ok.Dockerfile": ["--driver", "550.142"]}
 
 
 def _audit(*argv: str) -> tuple[int, str, str]:
@@ -251,10 +344,22 @@ def test_every_file_under_tests_audit_has_a_case_and_a_twin():
         assert twin in files, f"{name} has no twin {twin}"
 
 
+#: What no finding may say: a placeholder, or a recipe's own words (a file has no torch section).
+PLACEHOLDERS = re.compile(r"\bNone\b|\?\+\?|<variant>|X\.Y\.Z\+|torch \?|the recipe's|the torch section|a cuda section"
+                          r"|set cuda to|\(release unknown\)")
+
+
+def test_no_finding_of_the_corpus_says_a_placeholder_or_a_recipe_word():
+    said = [line for _name, _code, lines in CASES for line in lines if PLACEHOLDERS.search(line)]
+    assert said == []
+    assert PLACEHOLDERS.search("torch variant cu118 is CUDA 11.8 but the recipe's CUDA is 12.1")  # the broken twin
+    assert not PLACEHOLDERS.search("torch<2.1 is not pinned to one release")
+
+
 @pytest.mark.parametrize("name, code, lines", CASES, ids=[c[0] for c in CASES])
 def test_audit_gives_the_expected_verdict_and_lines(name, code, lines, monkeypatch):
     monkeypatch.chdir(ROOT)
-    got, out, err = _audit(f"{DIR}/{name}")
+    got, out, err = _audit(f"{DIR}/{name}", *ARGS.get(name, []))
     assert (got, err.splitlines()) == (code, lines)
     if code < 3:  # the summary line on stdout names the file and the count
         assert out.startswith(f"{DIR}/{name}: ")

@@ -147,8 +147,10 @@ env:
     ("tests/audit/conflict.Dockerfile", 3, "error: OUT: not written: tests/audit/conflict.Dockerfile has errors (fix them first)"),
     ("tests/audit/localimage.ok.def", 2, "error: OUT: cannot write a recipe: tests/audit/localimage.ok.def does not say the OS "
      "of the base image"),
-    ("tests/audit/ngc.ok.Dockerfile", 2, "error: OUT: cannot write a recipe: tests/audit/ngc.ok.Dockerfile does not say the OS "
-     "of the base image and a torch release and the torch build (its variant)"),
+    ("tests/audit/ngc.ok.Dockerfile", 2, "error: OUT: cannot write a recipe: tests/audit/ngc.ok.Dockerfile does not say "
+     "a torch release and the torch build (its variant)"),
+    ("tests/audit/old-release.ok.Dockerfile", 2, "error: OUT: cannot write a recipe: recipes start at torch 2.0.0 and "
+     "tests/audit/old-release.ok.Dockerfile installs torch 1.6.0 (audit judges it)"),
     ("tests/audit/glibc.ok.Dockerfile", 2, "error: OUT: not written: the recipe would fail envbuild check: python, "
      "torch.version: torch 2.7.0 has wheels for Python 3.9 to 3.13, not 3.8"),
 ])

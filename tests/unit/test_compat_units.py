@@ -29,6 +29,8 @@ def findings(tmp_path, data, rule):
 CASES = [
     ("torch-release", CPU, {"torch": {"version": "2.16.0"}}, {"torch": {"version": "2.13.0"}}, "error",
      "torch 2.16.0 is not in envbuild's compatibility data; known releases: 2.0.0, 2.0.1, 2.1.0, 2.1.1, 2.1.2, 2.2.0, 2.2.1, 2.2.2, 2.3.0, 2.3.1, 2.4.0, 2.4.1, 2.5.0, 2.5.1, 2.6.0, 2.7.0, 2.7.1, 2.8.0, 2.9.0, 2.9.1, 2.10.0, 2.11.0, 2.12.0, 2.12.1, 2.13.0, 2.14.0, 2.14.1, 2.15.0", "S2 (V)"),
+    ("torch-floor", CPU, {"torch": {"version": "1.13.1"}}, {}, "error",
+     "recipes start at torch 2.0.0: torch 1.13.1 is judged by envbuild audit only (its facts are kept for old files); use one of 2.0.0 to 2.15.0", "envbuild"),
     ("torch-variant",
      merge(CUDA, {"base": {"image": "nvidia/cuda:12.6.3-base-ubuntu24.04"}, "cuda": {"version": "12.6"}, "torch": {"variant": ...}, "nccl": ...}),
      {"torch": {"version": "2.5.1"}}, {"torch": {"version": "2.6.0"}}, "error",
@@ -37,11 +39,11 @@ CASES = [
      {"torch": {"variant": "cu130"}, "cuda": {"version": "13.0"}, "base": {"image": "nvidia/cuda:13.0.2-base-ubuntu24.04"}}, {}, "warning",
      "torch 2.15.0 has no cu130 build; builds exist for cu132", "S2 (U)"),
     ("cpu-with-cuda", CPU, {"cuda": {"version": "12.8"}}, {}, "error",
-     "torch variant cpu does not use CUDA 12.8; set cuda to null or use cu126", "S2 (V)"),
+     "torch variant cpu does not use the image's CUDA 12.8: drop the CUDA or use cu126", "S2 (V)"),
     ("cuda-major", CUDA, {"cuda": {"version": "13.0"}}, {}, "error",
-     "torch variant cu128 is CUDA 12.8 but the recipe's CUDA is 13.0; the major versions must match (torch 2.8.0 has no CUDA 13 build; use cuda 12.8)", "compat.md §5.5 (V)"),
+     "torch variant cu128 is CUDA 12.8 but the image's CUDA is 13.0; the major versions must match (torch 2.8.0 has no CUDA 13 build; use CUDA 12.8)", "compat.md §5.5 (V)"),
     ("cuda-minor", CUDA, {"torch": {"variant": "cu126"}}, {}, "warning",
-     "torch variant cu126 brings its own CUDA 12.6 runtime; the recipe's CUDA is 12.8 (minor versions differ)", "compat.md §5.5 (U)"),
+     "torch variant cu126 brings its own CUDA 12.6 runtime; the image's CUDA is 12.8 (minor versions differ)", "compat.md §5.5 (U)"),
     ("cuda-missing", CPU, {"torch": {"variant": "cu130"}}, {}, "error",
      "torch variant cu130 needs a cuda section (cuda.version: 13.0)", "S2 (V)"),
     ("python-wheel", CUDA, {"python": "3.14", "os": {"version": "24.04"}}, {}, "error",
@@ -205,7 +207,7 @@ def test_torch_index_of_another_variant_is_refused(tmp_path, url, rule, message)
     ("pip", "nvidia-nccl-cu12==2.26.2", "nvidia-nccl-cu12==2.26.2 is a second NCCL: torch 2.8.0+cu128 loads the NCCL of its own wheel (nvidia-nccl-cu12 2.27.3); remove it", "S1 (V)"),
     ("pip", "nvidia-cublas-cu12==12.8.4.1", "nvidia-cublas-cu12==12.8.4.1 is a second CUDA: torch 2.8.0+cu128 brings its CUDA runtime as the nvidia-* wheels it pins; remove it", "S1 (V)"),
     ("pip", "cuda-toolkit", "cuda-toolkit is a second CUDA: torch 2.8.0+cu128 brings its CUDA runtime as the nvidia-* wheels it pins; remove it", "S1 (V)"),
-    ("pip", "pytorch", "pytorch is a second PyTorch beside the torch section's torch 2.8.0+cu128; remove it", "S1 (V)"),
+    ("pip", "pytorch", "pytorch is a second PyTorch beside torch 2.8.0+cu128; remove it", "S1 (V)"),
 ])
 def test_second_stack_packages_are_refused(tmp_path, section, item, message, source):
     field = f"packages.{section}[0]"
@@ -260,7 +262,8 @@ def test_every_variant_of_every_release_has_a_driver_floor():
     variants = {v for rel in data.torch.values() for v in rel.variants.list}
     missing = sorted(v for v in variants if variant_cuda(v) not in data.cuda_driver)
     assert missing == []
-    assert {"cu117", "cu118", "cu121", "cu124", "cu126", "cu128", "cu129", "cu130", "cu132"} == variants
+    assert {"cu80", "cu90", "cu92", "cu100", "cu101", "cu102", "cu110", "cu111", "cu113", "cu115", "cu116",
+            "cu117", "cu118", "cu121", "cu124", "cu126", "cu128", "cu129", "cu130", "cu132"} == variants
 
 
 def test_cu117_driver_floor_is_a_warning_from_an_unverified_row(tmp_path):
@@ -279,7 +282,7 @@ def test_suggestions_name_only_variants_that_exist(tmp_path):
     data = merge(CUDA, {"torch": {"version": "2.1.0", "variant": "cu118"}, "cuda": {"version": "12.2"}, "python": "3.10",
                         "os": {"version": "22.04"}, "base": {"image": "nvidia/cuda:12.2.2-base-ubuntu22.04"}, "nccl": ...})
     assert [ln[3] for ln in rule_lines(tmp_path, data, "cuda-major")] == [
-        "torch variant cu118 is CUDA 11.8 but the recipe's CUDA is 12.2; the major versions must match (use cu121 or cuda 11.8)"]
+        "torch variant cu118 is CUDA 11.8 but the image's CUDA is 12.2; the major versions must match (use cu121 or CUDA 11.8)"]
 
 
 def test_schema_errors_do_not_stop_the_rules(tmp_path):

@@ -46,7 +46,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if spec.failed:
         return ExitCode.CHECK_FAILED
     output.put(f"{escape(spec.path)}: ok: torch {spec.torch_local}, python {spec.recipe.python}, "
-               f"cuda {spec.cuda or 'none'}, nccl {spec.nccl or 'none'}")
+               f"cuda {spec.cuda or 'none'}, nccl {spec.nccl or ('bundled in the wheel' if spec.cuda else 'none')}")
     return ExitCode.OK
 
 

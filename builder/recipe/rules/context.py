@@ -46,7 +46,7 @@ def severity(tag: str) -> str:
     return ERROR if tag in ("V", "M") else WARNING
 
 
-CUDA_TAG = re.compile(r"\A(?P<cuda>[0-9]+\.[0-9]+\.[0-9]+)-(?P<flavour>[a-z0-9-]+?)-"
+CUDA_TAG = re.compile(r"\A(?P<cuda>[0-9]+\.[0-9]+(?:\.[0-9]+)?)-(?P<flavour>[a-z0-9-]+?)-"
                       r"(?P<os>ubuntu|rockylinux|ubi)(?P<osver>[0-9.]+)\Z")
 
 
@@ -97,8 +97,8 @@ class Ctx:
 
     @property
     def local(self) -> str:
-        """The torch wheel version, ``2.8.0+cu128`` (``?`` for a part the recipe has invalid)."""
-        return f"{self.r.torch.version or '?'}+{self.variant or '?'}"
+        """The torch wheel version, ``2.8.0+cu128``; the part known alone when one is invalid or unknown."""
+        return "+".join(p for p in (self.r.torch.version, self.variant) if p) or "(release unknown)"
 
     def variant_list(self) -> list[str]:
         return list(self.rel.variants.list) if self.rel else []

@@ -18,16 +18,19 @@ def driver(c: Ctx) -> None:
         return
     tag = drv.tag
     c.dmin, c.dcompat = drv.ga, drv.minor_compat
-    c.add(NOTE, "driver-floor", ["torch.variant"],
-          f"{c.variant} needs driver >= {c.dmin} (CUDA {c.vcuda} GA); >= {c.dcompat} runs under minor-version "
-          "compatibility (no PTX JIT)", f"NV-RN, NV-MVC ({tag})")
+    compat = (f"; >= {c.dcompat} runs under minor-version compatibility (no PTX JIT)" if c.dcompat != c.dmin
+              else " (no lower floor under minor-version compatibility)")
+    c.add(NOTE, "driver-floor", ["torch.variant"], f"{c.variant} needs driver >= {c.dmin} (CUDA {c.vcuda} GA){compat}",
+          f"NV-RN, NV-MVC ({tag})")
     given = c.driver
     if not given:
         return
     if version(given) < version(c.dcompat):
+        tail = (f" even with minor-version compatibility; full support needs >= {c.dmin}" if c.dcompat != c.dmin
+                else "")
         c.add(severity(tag), "driver-too-old", ["cuda.driver"],
-              f"driver {given} is below {c.dcompat}, the oldest that runs CUDA {c.vcuda} ({c.variant}) even with "
-              f"minor-version compatibility; full support needs >= {c.dmin}", f"NV-MVC ({tag})")
+              f"driver {given} is below {c.dcompat}, the oldest that runs CUDA {c.vcuda} ({c.variant}){tail}",
+              f"NV-MVC ({tag})")
     elif version(given) < version(c.dmin):
         c.add(WARNING, "driver-minor-compat", ["cuda.driver"],
               f"driver {given} is below {c.dmin} (CUDA {c.vcuda} GA): runs only under minor-version compatibility "

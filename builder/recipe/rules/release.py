@@ -9,15 +9,22 @@ from ..fields import VARIANT
 from ..spec import ERROR, NOTE, WARNING
 from .context import Ctx, major_minor, severity, torch_index_for
 
+#: The oldest torch a recipe may pin: the 1.x facts serve ``envbuild audit`` of old files only.
+RECIPE_FLOOR = Version("2.0.0")
+
 
 def release_variant(c: Ctx) -> None:
     """The torch release and variant exist [S2]."""
     r = c.r
-    releases = c.data.torch
+    known = sorted((v for v in c.data.torch if Version(v) >= RECIPE_FLOOR), key=Version)
     if r.torch.version and c.rel is None:
-        known = ", ".join(sorted(releases, key=Version))
         c.add(ERROR, "torch-release", ["torch.version"],
-              f"torch {r.torch.version} is not in envbuild's compatibility data; known releases: {known}", "S2 (V)")
+              f"torch {r.torch.version} is not in envbuild's compatibility data; known releases: {', '.join(known)}",
+              "S2 (V)")
+    elif r.torch.version and Version(r.torch.version) < RECIPE_FLOOR:
+        c.add(ERROR, "torch-floor", ["torch.version"],
+              f"recipes start at torch {RECIPE_FLOOR}: torch {r.torch.version} is judged by envbuild audit only "
+              f"(its facts are kept for old files); use one of {known[0]} to {known[-1]}", "envbuild")
     if c.rel and c.variant:
         vlist = c.variant_list()
         tag = c.rel.variants.tag
@@ -29,28 +36,32 @@ def release_variant(c: Ctx) -> None:
     if c.variant == "cpu" and c.cuda and c.valid("cuda"):
         major = c.cuda.split(".")[0]
         alt = c.variants_for_major(major)
-        hint = f"use {' or '.join(alt)}" if alt else f"torch {r.torch.version} has no CUDA {major} build"
+        hint = f"or use {' or '.join(alt)}" if alt else f"({_named(c)} has no CUDA {major} build)"
         c.add(ERROR, "cpu-with-cuda", ["torch.variant", "cuda.version"],
-              f"torch variant cpu does not use CUDA {c.cuda}; set cuda to null or {hint}", "S2 (V)")
+              f"torch variant cpu does not use the image's CUDA {c.cuda}: drop the CUDA {hint}",
+              "S2 (V)")
+
+
+def _named(c: Ctx) -> str:
+    return f"torch {c.r.torch.version}" if c.r.torch.version else "this torch"
 
 
 def cuda(c: Ctx) -> None:
     """CUDA of the variant vs the recipe's CUDA [compat.md §5.5]."""
     if not (c.variant and c.valid("cuda")):
         return
-    version = c.r.torch.version
     if c.vcuda and c.cuda:
         if c.vcuda.split(".")[0] != c.cuda.split(".")[0]:
             major = c.cuda.split(".")[0]
             alt = c.variants_for_major(major)
-            hint = (f"use {' or '.join(alt)} or cuda {c.vcuda}" if alt else
-                    f"torch {version} has no CUDA {major} build; use cuda {c.vcuda}")
+            hint = (f"use {' or '.join(alt)} or CUDA {c.vcuda}" if alt else
+                    f"{_named(c)} has no CUDA {major} build; use CUDA {c.vcuda}")
             c.add(ERROR, "cuda-major", ["torch.variant", "cuda.version"],
-                  f"torch variant {c.variant} is CUDA {c.vcuda} but the recipe's CUDA is {c.cuda}; "
+                  f"torch variant {c.variant} is CUDA {c.vcuda} but the image's CUDA is {c.cuda}; "
                   f"the major versions must match ({hint})", "compat.md §5.5 (V)")
         elif c.vcuda != major_minor(c.cuda):
             c.add(WARNING, "cuda-minor", ["torch.variant", "cuda.version"],
-                  f"torch variant {c.variant} brings its own CUDA {c.vcuda} runtime; the recipe's CUDA is {c.cuda} "
+                  f"torch variant {c.variant} brings its own CUDA {c.vcuda} runtime; the image's CUDA is {c.cuda} "
                   "(minor versions differ)", "compat.md §5.5 (U)")
     if c.variant != "cpu" and not c.cuda:
         c.add(ERROR, "cuda-missing", ["torch.variant", "cuda"],

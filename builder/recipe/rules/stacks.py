@@ -19,7 +19,7 @@ _STACK_REASONS = {
     "cudnn": "a second cuDNN: {torch_text} brings {cudnn_text} as a wheel",
     "driver": "an NVIDIA driver package: the driver comes from the host (the container runtime mounts the host's "
               "driver libraries); one in the image shadows or mismatches it",
-    "torch": "a second PyTorch beside the torch section's torch {local}",
+    "torch": "a second PyTorch beside {torch_text}",
 }
 _LIBRARY_NAMES = {"nccl": "NCCL", "cuda": "CUDA", "cudnn": "cuDNN"}
 

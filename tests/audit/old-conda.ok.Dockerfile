@@ -1,0 +1,3 @@
+# Source pattern: conda-based Dockerfiles of 2021-2022 (pytorch==1.10.1 cudatoolkit=11.3 -c pytorch)
+FROM nvidia/cuda:11.3.1-cudnn8-runtime-ubuntu20.04
+RUN conda install -y -c pytorch pytorch==1.10.1 torchvision==0.11.2 cudatoolkit=11.3
