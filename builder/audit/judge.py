@@ -127,9 +127,12 @@ def judge(p: Pins, driver: str | None = None) -> tuple[list[Finding], Spec]:
     for f in spec.findings:
         if f.rule == "torch-release":  # outside the facts: the release's rules skipped, never an error
             known = sorted(facts().torch, key=Version)
-            out.add("warning", "torch-unknown", _origin(f.fields, at),
-                    f"cannot judge torch {data['torch']['version']}: envbuild's compatibility data holds {known[0]} "
-                    f"to {known[-1]}; the rules on its release are skipped", f.source, f.fields)
+            blind = not (p.torch and p.torch.variant) and not p.stack.base.cuda and not p.os
+            out.add("error" if blind else "warning", "nothing-judged" if blind else "torch-unknown",
+                    _origin(f.fields, at), f"cannot judge torch {data['torch']['version']}: envbuild's compatibility "
+                    f"data holds {known[0]} to {known[-1]}; "
+                    + ("neither its build nor the base image's CUDA and OS are known: nothing could be judged" if blind
+                       else "the rules on its release are skipped"), f.source, f.fields)
         elif _applies(f, p):
             out.add(cast(Level, f.level), f.rule, _origin(f.fields, at), f.message, f.source, f.fields)
     return out.items, spec

@@ -12,7 +12,7 @@ from builder.core.model import Model, json_schema
 SCHEMA: Final = "envbuild.audit/1"
 SCHEMA_ID = "https://envbuild.dev/schemas/audit.schema.json"
 Level = Literal["error", "warning", "note"]
-Verdict = Literal["clean", "warnings", "errors", "malformed", "unreadable"]
+Verdict = Literal["clean", "warnings", "errors", "malformed", "unreadable", "unjudged"]
 FileKind = Literal["dockerfile", "definition"]
 PipTool = Literal["pip", "uv"]
 Installer = Literal["pip", "uv", "conda", "base"]
@@ -106,7 +106,8 @@ class Stack(Model, kw_only=True, frozen=True):
 
 
 class FileAudit(Model, kw_only=True, frozen=True):
-    """The audit of one file; ``exit_code`` 0 clean, 1 warnings, 2 errors, 3 malformed or unreadable."""
+    """The audit of one file; ``exit_code`` 0 clean, 1 warnings, 2 errors, 3 malformed, unreadable or unjudged (a torch
+    outside the facts and nothing else of the stack known)."""
 
     file: Text
     kind: FileKind

@@ -17,6 +17,8 @@ from .pins import Pins, pins
 
 _DEF_NAME = re.compile(r"(?i)(?:.*\.def|singularity(?:\..*)?|apptainer(?:\..*)?|.*\.sdef)")
 _LEVELS = {"error": 0, "warning": 1, "note": 2}
+#: Names of the files a build reads, not a build file itself (a Dockerfile that pip installs one names it).
+_NOT_BUILD = re.compile(r"(?i).*\.(?:txt|in|ya?ml|toml|cfg|json|lock|py|sh)|environment|requirements")
 
 
 @dataclass
@@ -35,6 +37,8 @@ def kind_of(path: str) -> model.FileKind:
 
 def _verdict(findings: list[model.Finding]) -> tuple[model.Verdict, int]:
     levels = {f.level for f in findings}
+    if any(f.rule == "nothing-judged" for f in findings):
+        return "unjudged", int(ExitCode.UNREACHABLE)
     if "error" in levels:
         return "errors", int(ExitCode.CHECK_FAILED)
     if "warning" in levels:
@@ -65,6 +69,10 @@ def stack_model(p: Pins) -> model.Stack:
 def audit_file(path: str, *, driver: str | None = None, build_args: dict[str, str] | None = None) -> Audited:
     """The audit of the file at ``path``; never raises for a bad file (its verdict says)."""
     kind = kind_of(path)
+    if _NOT_BUILD.fullmatch(posixpath.basename(str(path))):
+        line = model.Finding(level="error", rule="not-a-build-file", file=path, message="not a Dockerfile or Apptainer "
+                             "definition by its name: audit the Dockerfile or definition that installs from it")
+        return Audited(model.FileAudit(file=path, kind=kind, verdict="unreadable", exit_code=3, findings=(line,)))
     parser = definition if kind == "definition" else dockerfile
     try:
         parsed = parser.parse(path, build_args)

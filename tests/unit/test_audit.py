@@ -282,6 +282,40 @@ def test_kind_of_file_by_name():
         "definition", "definition"]
 
 
+@pytest.mark.parametrize("name, code", [("requirements.txt", 3), ("environment.yml", 3), ("env.yaml", 3),
+                                        ("requirements", 3), ("Dockerfile", 0), ("train.Dockerfile", 0)])
+def test_a_file_the_build_reads_is_not_audited_as_a_dockerfile(tmp_path, name, code):
+    path = tmp_path / name
+    path.write_text("FROM nvidia/cuda:12.4.1-base-ubuntu22.04\n"
+                    "RUN pip install torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124\n")
+    got, out, err = _audit("audit", str(path))
+    assert got == code
+    assert err.splitlines()[0] == (f"error: {path}: not a Dockerfile or Apptainer definition by its name: audit the "
+                                   "Dockerfile or definition that installs from it" if code else
+                                   f"note: {path}: line 2: 'torch==2.5.1': cu124 needs driver >= 550.54.14 (CUDA 12.4 "
+                                   "GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) "
+                                   "[NV-RN, NV-MVC (V)]")
+
+
+@pytest.mark.parametrize("release, driver, code, line", [
+    ("24.08", "550.142", 1, "warning: FILE: line 1: 'nvcr.io/nvidia/pytorch:24.08-py3': driver 550.142 is below 560.28.03 "
+     "(CUDA 12.6 GA), which the base image's CUDA 12.6.0 needs: it runs only under minor-version compatibility (no PTX "
+     "JIT, some APIs fail) [NV-MVC (V)]"),
+    ("24.08", "470.82.01", 2, "error: FILE: line 1: 'nvcr.io/nvidia/pytorch:24.08-py3': driver 470.82.01 is below "
+     "525.60.13, the oldest that runs the base image's CUDA 12.6.0 [NV-RN, NV-MVC (V)]"),
+    ("24.08", "560.35.03", 0, None),
+    ("24.05", "550.142", 0, None),  # CUDA 12.4.1: 550.54.14
+    ("19.10", "410.48", 1, "warning: FILE: line 1: 'nvcr.io/nvidia/pytorch:19.10-py3': driver 410.48 is below 418.39, "
+     "the oldest that runs the base image's CUDA 10.1.243 [NV-RN, NV-MVC (U)]"),
+])
+def test_driver_floor_of_the_base_image_s_cuda(tmp_path, release, driver, code, line):
+    path = tmp_path / "Dockerfile"
+    path.write_text(f"FROM nvcr.io/nvidia/pytorch:{release}-py3\nRUN pip install --no-cache-dir fastapi==0.112.0\n")
+    got, _out, err = _audit("audit", str(path), "--driver", driver)
+    floor = [ln for ln in err.splitlines() if "is below" in ln]
+    assert (got, floor) == (code, [line.replace("FILE", str(path))] if line else [])
+
+
 @pytest.mark.parametrize("install, variant, variant_from, python", [
     ("pip install torch==2.5.1+cu121", "cu121", "the local version +cu121", "3.10"),
     ("pip install torch==2.5.1 --index-url https://download.pytorch.org/whl/cu118/", "cu118",

@@ -405,3 +405,34 @@ def test_unknown_report_key_is_refused(tmp_path):
     assert (code, _unknown_messages(doc)) == (3, [f"{paths[0]}: gpus[0].vendor: unknown key; allowed keys: index, "
                                                   "name, uuid, pci_bus_id, memory_total_bytes, pci_id"])
 
+
+
+# --- NVIDIA_REQUIRE_CUDA's brand conditions, read from the GPUs' names ---------------------------
+
+REQUIRE_BRAND = "cuda>=12.6 brand=tesla,driver>=470,driver<471 brand=tesla,driver>=535,driver<536"
+
+
+@pytest.mark.parametrize(("gpus", "level"), [
+    ((), "warn"),  # no GPU named: the brand is unknown
+    (("NVIDIA H100 80GB HBM3",), "warn"),  # an NVIDIA-branded name: unknown
+    (("Tesla V100-SXM2-16GB", "Tesla V100-SXM2-16GB"), None),  # accepted as brand=tesla
+    (("Tesla V100-SXM2-16GB", "Quadro P4000"), "warn"),  # mixed: unknown
+    (("NVIDIA GeForce RTX 3090",), "fail"),  # geforcertx: no alternative holds
+])
+def test_brand_conditions_are_read_from_the_gpu_names(gpus, level):
+    from builder.nodes.verify.floor import CudaRequirement, default_floors, requirement_finding
+
+    req = CudaRequirement(torch_cuda="12.6", require=REQUIRE_BRAND, source="env")
+    got = requirement_finding("node-1", "535.183.01", req, default_floors(), gpus)
+    assert (got.level if got else None) == level
+    if level == "warn":
+        assert got.message.endswith("accepts it only as brand=tesla,driver>=535,driver<536: a report cannot tell "
+                                    "the GPU brand")
+    assert requirement_finding("node-1", "560.35.03", req, default_floors(), gpus) is None  # the twin: above the floor
+
+
+def test_gpu_brand_of_names():
+    from builder.nodes.verify.floor import gpu_brand
+
+    assert [gpu_brand(n) for n in (["Tesla T4"], ["Quadro RTX 6000"], ["NVIDIA TITAN RTX"], ["NVIDIA A100-SXM4-80GB"],
+                                   [])] == ["tesla", "quadrortx", "titanrtx", None, None]

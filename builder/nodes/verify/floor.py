@@ -20,6 +20,15 @@ SRC_REQUIRE = "NVIDIA container toolkit: NVIDIA_REQUIRE_CUDA (libnvidia-containe
 MAX_ALTERNATIVES = 256
 _COND = re.compile(r"(cuda|driver|brand|arch)(>=|<=|==|=|<|>)([A-Za-z0-9._-]{1,32})")
 Condition = tuple[str, str, str]
+#: The brand NVIDIA_REQUIRE_CUDA names, from the words of a GPU's NVML name ("Tesla V100-SXM2-16GB": tesla); names
+#: without one of these words (the NVIDIA-branded data-center GPUs) leave the brand unknown [SRC_REQUIRE].
+_BRAND = re.compile(r"\b(Tesla|Quadro|GeForce|TITAN)\b(?: (RTX)\b)?")
+
+
+def gpu_brand(names: list[str]) -> str | None:
+    """The brand all GPUs of ``names`` say (``tesla``, ``quadrortx``); None when unknown or mixed."""
+    brands = {(m.group(1) + (m.group(2) or "")).lower() if m else None for m in map(_BRAND.search, names)}
+    return next(iter(brands)) if len(brands) == 1 else None
 
 
 @dataclass(frozen=True)
@@ -82,10 +91,12 @@ def _compare(have: _Version, op: str, want: _Version) -> bool:
             "=": have == want, "==": have == want}[op]
 
 
-def _holds(cond: Condition, driver: _Version, floors: dict[str, dict]) -> bool | None:
-    """Whether one condition holds for ``driver``; None when a report cannot tell."""
+def _holds(cond: Condition, driver: _Version, floors: dict[str, dict], brand: str | None = None) -> bool | None:
+    """Whether one condition holds for ``driver`` (and the GPUs' ``brand``); None when a report cannot tell."""
     key, op, value = cond
     want = _version(value)
+    if key == "brand" and brand and op in ("=", "=="):
+        return value.lower() == brand
     if key in ("brand", "arch") or want is None:
         return None
     if key == "driver":
@@ -116,14 +127,16 @@ def hard_floor(req: CudaRequirement, floors: dict[str, dict]) -> tuple[str | Non
     return (needed if _version(needed) else None), [u for u in unless if u]
 
 
-def requirement_finding(name: str, driver: str, req: CudaRequirement, floors: dict[str, dict]) -> Finding | None:
+def requirement_finding(name: str, driver: str, req: CudaRequirement, floors: dict[str, dict],
+                        gpus: tuple[str, ...] = ()) -> Finding | None:
     """The hard-floor finding of one node's ``driver`` under ``req.require``: fail when no
     alternative holds, warn when one holds but for ``brand``/``arch``, else None."""
     have = _version(driver)
     if not req.require or req.disabled or have is None:
         return None
     alternatives, _ = parse_require(req.require)
-    verdicts = [[_holds(c, have, floors) for c in alt] for alt in alternatives]
+    brand = gpu_brand(list(gpus))
+    verdicts = [[_holds(c, have, floors, brand) for c in alt] for alt in alternatives]
     if not alternatives or any(all(v is True for v in vs) for vs in verdicts):
         return None
     shown = req.require if len(req.require) <= 120 else req.require[:117] + "..."
@@ -166,7 +179,7 @@ def variant_finding(name: str, driver: str, cuda: str, torch: str | None, floors
 def _node_findings(n: Node, r: NodeReport, floors: dict[str, dict], req: CudaRequirement | None) -> list[Finding]:
     if not r.driver:
         return []
-    hard = requirement_finding(n.name, r.driver, req, floors) if req else None
+    hard = requirement_finding(n.name, r.driver, req, floors, tuple(g.name for g in r.gpus)) if req else None
     cuda = (req.torch_cuda if req and req.torch_cuda else None) or (r.torch.cuda if r.torch else None)
     torch = (req.torch if req and req.torch_cuda else None) or (r.torch.version if r.torch else None)
     soft = variant_finding(n.name, r.driver, cuda, torch, floors) if cuda else None
