@@ -14,6 +14,7 @@ from packaging.version import InvalidVersion, Version
 from builder.recipe.facts import facts
 from builder.recipe.rules.context import cuda_variant, severity, torch_index_for
 from builder.recipe.rules.network import SOCKET_VARIABLES, loopback_only
+from builder.recipe.rules.release import RECIPE_FLOOR
 from builder.recipe.spec import ERROR, NOTE, WARNING
 
 from . import bases
@@ -154,7 +155,9 @@ def _conda(p: Pins, out: Out) -> None:
             out.add(WARNING, "conda-torch", t.item,
                     f"pytorch from conda{' (-c ' + t.channel + ')' if t.channel else ''} is a conda build, not the "
                     "wheel envbuild's rules and recipes pin; the pytorch channel publishes no release after "
-                    f"{row['version']}; --to-recipe writes the wheel of the same release and variant",
+                    f"{row['version']}; " + ("--to-recipe writes the wheel of the same release and variant"
+                                             if not version or version >= RECIPE_FLOOR else "it is judged as the wheel "
+                                             f"of the same release (recipes start at torch {RECIPE_FLOOR})"),
                     f"{row['source']} ({row['tag']})")
 
 

@@ -191,11 +191,11 @@ CASES = [
     ]),
     ("old-conda.Dockerfile", 2, [
         "error: tests/audit/old-conda.Dockerfile: line 4: 'pytorch==1.10.1': torch variant cu102 is CUDA 10.2 but the image's CUDA is 11.3; the major versions must match (use cu111 or cu113 or CUDA 10.2) [compat.md §5.5 (V)]",
-        "warning: tests/audit/old-conda.Dockerfile: line 4: 'pytorch==1.10.1': pytorch from conda (-c pytorch) is a conda build, not the wheel envbuild's rules and recipes pin; the pytorch channel publishes no release after 2.5; --to-recipe writes the wheel of the same release and variant [PT-CONDA (M)]",
+        "warning: tests/audit/old-conda.Dockerfile: line 4: 'pytorch==1.10.1': pytorch from conda (-c pytorch) is a conda build, not the wheel envbuild's rules and recipes pin; the pytorch channel publishes no release after 2.5; it is judged as the wheel of the same release (recipes start at torch 2.0.0) [PT-CONDA (M)]",
         "note: tests/audit/old-conda.Dockerfile: line 4: 'pytorch==1.10.1': cu102 needs driver >= 440.33 (CUDA 10.2 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
     ]),
     ("old-conda.ok.Dockerfile", 1, [
-        "warning: tests/audit/old-conda.ok.Dockerfile: line 3: 'pytorch==1.10.1': pytorch from conda (-c pytorch) is a conda build, not the wheel envbuild's rules and recipes pin; the pytorch channel publishes no release after 2.5; --to-recipe writes the wheel of the same release and variant [PT-CONDA (M)]",
+        "warning: tests/audit/old-conda.ok.Dockerfile: line 3: 'pytorch==1.10.1': pytorch from conda (-c pytorch) is a conda build, not the wheel envbuild's rules and recipes pin; the pytorch channel publishes no release after 2.5; it is judged as the wheel of the same release (recipes start at torch 2.0.0) [PT-CONDA (M)]",
         "note: tests/audit/old-conda.ok.Dockerfile: line 3: 'pytorch==1.10.1': cu113 needs driver >= 465.19.01 (CUDA 11.3 GA); >= 450.80.02 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (U)]",
     ]),
     ("old-minor.Dockerfile", 2, [
