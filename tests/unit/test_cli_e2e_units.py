@@ -52,6 +52,19 @@ def test_good_recipe_check_passes():
     assert res.stdout.strip() == "recipes/cpu-torch2.yaml: ok: torch 2.13.0+cpu, python 3.11, cuda none, nccl none"
 
 
+def test_a_bundled_nccl_is_said_so_not_none(tmp_path):
+    from helpers import CUDA, merge, write_recipe
+
+    data = merge(CUDA, {"base": {"image": "nvidia/cuda:11.8.0-base-ubuntu22.04"}, "os": {"version": "22.04"},
+                        "python": "3.10", "cuda": {"version": "11.8"}, "torch": {"version": "2.0.1", "variant": "cu118"},
+                        "nccl": ...})
+    res = envbuild("check", str(write_recipe(tmp_path, data)), cwd=tmp_path)
+    assert res.stdout.strip().endswith(": ok: torch 2.0.1+cu118, python 3.10, cuda 11.8, nccl bundled in the wheel")
+    res = envbuild("check", str(write_recipe(tmp_path, merge(data, {"torch": {"variant": "cu117"},
+                                                                     "cuda": {"version": "11.7"}}), "u")), cwd=tmp_path)
+    assert res.stdout.strip().endswith(": ok: torch 2.0.1+cu117, python 3.10, cuda 11.7, nccl 2.14.3"), res.stderr
+
+
 def test_usage_error_exits_64():
     res = envbuild("frobnicate")
     assert res.returncode == 64 and "invalid choice: 'frobnicate'" in res.stderr
