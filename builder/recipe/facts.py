@@ -43,6 +43,7 @@ class TorchRelease(Model, frozen=True):
     default: str
     python: tuple[str, str]
     manylinux: str
+    python_tag: Tag = "V"
     manylinux_by_variant: dict[str, str] = {}
     nccl: dict[str, NcclPin] = {}
     cudnn: dict[str, CudnnPin] = {}

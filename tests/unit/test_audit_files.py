@@ -205,6 +205,13 @@ CASES = [
     ("old-minor.ok.Dockerfile", 0, [
         "note: tests/audit/old-minor.ok.Dockerfile: line 4: 'torch==1.8.1+cu111': cu111 needs driver >= 455.23 (CUDA 11.1 GA); >= 450.80.02 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (U)]",
     ]),
+    ("old-python.Dockerfile", 1, [
+        "warning: tests/audit/old-python.Dockerfile: line 3: 'python:3.9-slim-bullseye': torch 1.4.0 has wheels for Python 3.5 to 3.8, not 3.9 [S1 (U)]",
+        "note: tests/audit/old-python.Dockerfile: line 4: 'torch==1.4.0': cu101 needs driver >= 418.39 (CUDA 10.1 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
+    ]),
+    ("old-python.ok.Dockerfile", 0, [
+        "note: tests/audit/old-python.ok.Dockerfile: line 3: 'torch==1.4.0': cu101 needs driver >= 418.39 (CUDA 10.1 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
+    ]),
     ("old-pytorch-tag.Dockerfile", 1, [
         "warning: tests/audit/old-pytorch-tag.Dockerfile: line 2: 'pytorch/pytorch:1.3-cuda10.1-cudnn7-devel': base image: the OS and Python of pytorch/pytorch images are not in the tag; the rules on what it does not say are skipped [PT-IMG]",
         "note: tests/audit/old-pytorch-tag.Dockerfile: line 2: 'pytorch/pytorch:1.3-cuda10.1-cudnn7-devel': cu101 needs driver >= 418.39 (CUDA 10.1 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",

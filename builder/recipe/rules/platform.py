@@ -4,7 +4,7 @@ that Python, and its glibc runs the wheels [S1, DISTRO, pytorch#141565]."""
 from __future__ import annotations
 
 from ..spec import ERROR
-from .context import Ctx, version
+from .context import Ctx, severity, version
 
 
 def python_os(c: Ctx) -> None:
@@ -14,8 +14,9 @@ def python_os(c: Ctx) -> None:
     if c.rel and r.python:
         lo, hi = c.rel.python
         if not (version(lo) <= version(r.python) <= version(hi)):
-            c.add(ERROR, "python-wheel", ["python", "torch.version"],
-                  f"torch {r.torch.version} has wheels for Python {lo} to {hi}, not {r.python}", "S1 (V)")
+            c.add(severity(c.rel.python_tag), "python-wheel", ["python", "torch.version"],
+                  f"torch {r.torch.version} has wheels for Python {lo} to {hi}, not {r.python}",
+                  f"S1 ({c.rel.python_tag})")
     if not (r.os.id and r.os.version):
         return
     osrel = c.data.os.get(r.os.id, {}).get(r.os.version)
