@@ -11,15 +11,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .flow import Flow
+
 #: Longest expanded value, in characters.
 MAX_VALUE = 65536
 #: Deepest ``${...}`` nesting expanded.
 MAX_DEPTH = 16
 #: Longest value ``#``/``%`` pattern removal runs on (it is quadratic in the value).
 MAX_PATTERN_VALUE = 1024
-#: Words ``sh`` reads as reserved at the start of a command; dropped before the command name.
-RESERVED = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "for", "case",
-                      "esac", "!", "{", "}", "in"})
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN = re.compile(r"\A([A-Za-z_][A-Za-z0-9_]*)=")
 _PLAIN_SHELL = re.compile(r"[^\s\\'\"$`;&|()<>#]+")
@@ -63,6 +62,9 @@ class Command:
     line: int
     assigns: dict[str, Var] = field(default_factory=dict)
     lookup: Lookup = lambda name: None
+    cwd: str = "/"
+    #: the condition audit cannot decide under which it runs (``case $CUDA in 12*)``); None: it runs
+    alternative: str | None = None
 
 
 class Source:
@@ -179,6 +181,7 @@ class Scanner:
         if templates is not None:  # Apptainer build arguments: {{ NAME }}
             self.plain = re.compile(self.plain.pattern.replace("]+", "{]+"))
         self.heredocs: list[tuple[str, bool]] = []
+        self.flow = Flow()
 
     # ------------------------------------------------------------------ lookups
     def lookup(self, name: str) -> Var | None:
@@ -470,9 +473,10 @@ class Scanner:
                 self.i = self.n if j < 0 else j
                 continue
             if c in "\n;&|()":
-                self._end(words, out)
+                op = s[self.i: self.i + 2] if s[self.i: self.i + 2] in ("&&", "||", ";;") else c
+                self._end(words, out, op)
                 words = []
-                self.i += 2 if s[self.i: self.i + 2] in ("&&", "||", ";;") else 1
+                self.i += len(op)
                 if c == "\n":
                     self._skip_heredocs()
                 continue
@@ -483,7 +487,7 @@ class Scanner:
             if self.i < self.n and s[self.i] in "<>" and got and got[0].raw.isdigit():
                 continue  # a file descriptor number before a redirection
             words.extend(got)
-        self._end(words, out)
+        self._end(words, out, ";")
         return out
 
     def _redirect(self) -> None:
@@ -510,17 +514,20 @@ class Scanner:
                 if (line.lstrip("\t") if tabs else line) == delim:
                     break
 
-    def _end(self, words: list[Word], out: list[Command]) -> None:
-        if not words:
-            return
+    def _end(self, words: list[Word], out: list[Command], op: str) -> None:
+        rest = self.flow.reserved(words, op)
         assigns: dict[str, Var] = {}
         k = 0
-        while k < len(words) and (m := _ASSIGN.match(words[k].raw)):
-            assigns[m.group(1)] = self._assigned(m.group(1), words[k])
+        while rest is not None and k < len(rest) and (m := _ASSIGN.match(rest[k].raw)):
+            assigns[m.group(1)] = self._assigned(m.group(1), rest[k])
             k += 1
-        rest = words[k:]
-        while rest and rest[0].text in RESERVED:
-            rest = rest[1:]
+        why = self.flow.runs(rest[k:]) if rest is not None else None
+        if rest is None or why is None:
+            return
+        rest = rest[k:]
+        if why:
+            assigns = {n: Var(None, v.line, "shell", f"${n} is set at line {v.line} depending on {why}: audit "
+                              "cannot tell whether it is", n) for n, v in assigns.items()}
         if not rest:
             self.local.update(assigns)
             return
@@ -540,7 +547,7 @@ class Scanner:
         def lookup(name: str, _local=local, _assigns=assigns) -> Var | None:
             return _assigns.get(name) or _local.get(name) or file_lookup(name)
 
-        out.append(Command(rest, rest[0].line, assigns, lookup))
+        out.append(Command(rest, rest[0].line, assigns, lookup, alternative=why or None))
 
     @staticmethod
     def _assigned(name: str, word: Word) -> Var:
