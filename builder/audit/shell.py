@@ -7,6 +7,7 @@ linear."""
 from __future__ import annotations
 
 import bisect
+import fnmatch
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -114,40 +115,9 @@ def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _glob_regex(pattern: str) -> re.Pattern:
-    """A shell glob (``*``, ``?``, ``[...]``, ``[!...]``, ``\\x``) as a regex matching it whole."""
-    out, i, n = [], 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if c == "*":
-            out.append(".*")
-        elif c == "?":
-            out.append(".")
-        elif c == "\\" and i + 1 < n:
-            i += 1
-            out.append(re.escape(pattern[i]))
-        elif c == "[":
-            j = pattern.find("]", i + 2 if pattern[i + 1: i + 2] in ("!", "^", "]") else i + 1)
-            if j < 0:
-                out.append(re.escape(c))
-            else:
-                body = pattern[i + 1: j]
-                neg = body[:1] in ("!", "^")
-                body = body[1:] if neg else body
-                out.append("[" + ("^" if neg else "") + body.replace("\\", "\\\\") + "]")
-                i = j
-        else:
-            out.append(re.escape(c))
-        i += 1
-    try:
-        return re.compile("".join(out), re.S)
-    except re.error:
-        return re.compile(re.escape(pattern), re.S)
-
-
 def remove_pattern(value: str, op: str, pattern: str) -> str:
     """sh's ``${V#p}``, ``##``, ``%``, ``%%`` with glob ``pattern``; ``value`` already bounded by the caller."""
-    rx = _glob_regex(pattern)
+    rx = re.compile(fnmatch.translate(pattern))  # sh's glob: *, ?, [...], [!...]
     n = len(value)
     if op in ("#", "##"):
         order = range(0, n + 1) if op == "#" else range(n, -1, -1)
