@@ -365,7 +365,7 @@ def apt_install(cmd: Command) -> list[AptPackage]:
         if text is not None and (deb := _deb(w)) is not None:
             out.append(deb)
             continue
-        if text is None or text.startswith("-") or "/" in text.split("=", 1)[0]:
+        if text is None or text.startswith("-") or "/" in text.split("=", 1)[0] or text.endswith(".deb"):
             if text in ("-o", "-t", "-c", "--target-release"):
                 k += 1
             continue
