@@ -4,6 +4,7 @@ line numbers, drops a command in the header, merges duplicate sections and takes
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass, field
 
@@ -46,6 +47,8 @@ def _blocks(file: str, lines: list[str]) -> list[_Block]:
                 raise Malformed(file, n, f"section %{name} before the header; a definition starts with Bootstrap:")
             args = (sec.group(2) or "").strip()
             ident = f"{name} {args.split()[0]}" if name.startswith("app") and args else name
+            if name == "files":  # Apptainer takes any number of %files sections, each maybe "from STAGE"
+                ident = f"files {n}"
             if ident in blocks[-1].sections:
                 first = blocks[-1].sections[ident][0]
                 raise Malformed(file, n, f"duplicate section %{ident} (first at line {first})")
@@ -100,11 +103,17 @@ def _stage(file: str, b: _Block, index: int, names: dict[str, int], templates) -
     header = {k: v for k, (_n, v) in b.header.items() if k not in ("bootstrap", "from")}
     name = header.get("stage", "").lower() or None
     stage = Stage(index, name, b.line, Base(word, line, agent, None, header))
-    if "files" in b.sections:
-        n, args, _body = b.sections["files"]
+    for n, args, body in (v for k, v in b.sections.items() if k.startswith("files ")):
         m = re.fullmatch(r"from[ \t]+(\S+)", args, re.I)
-        if m and m.group(1).lower() in names:
+        if m and m.group(1).lower() not in names:
+            raise Malformed(file, n, f"%files from {m.group(1)[:60]}: no earlier stage has Stage: {m.group(1)[:60]}")
+        if m:
             stage.copies.append((names[m.group(1).lower()], n))
+            continue
+        for _n, text in body:  # "SRC [DEST]": DEST defaults to SRC (Apptainer docs, "%files")
+            parts = text.split()
+            if parts and not parts[0].startswith("#"):
+                stage.files.append((posixpath.normpath(posixpath.join("/", parts[-1])), parts[0], False))
     if "post" in b.sections:
         n, _args, body = b.sections["post"]
         stage.commands = Scanner(Source(body), lambda _n: None, shell=True, templates=templates).commands()
@@ -132,5 +141,5 @@ def parse(file: str, build_args: dict[str, str] | None = None) -> Parsed:
         stages.append(st)
         for ident, (n, sec_args, body) in b.sections.items():
             if ident not in ("post", "environment", "arguments") and any(t.strip() for _l, t in body):
-                others.append((n, f"%{ident} {sec_args}".strip()))
+                others.append((n, f"%{ident.split()[0] if ident.startswith('files') else ident} {sec_args}".strip()))
     return Parsed(file, "definition", stages, others=others)

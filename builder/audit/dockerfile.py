@@ -5,8 +5,10 @@ and FROM interact"); what the base image sets is unknown, so a variable this fil
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import posixpath
 import re
 from dataclasses import dataclass, field
 
@@ -22,6 +24,7 @@ INSTRUCTIONS = frozenset({"FROM", "RUN", "CMD", "LABEL", "MAINTAINER", "EXPOSE",
 _KEYWORD = re.compile(r"\A\s*([A-Za-z]+)")
 _HEREDOC = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
 _SHELLS = frozenset({"sh", "bash", "/bin/sh", "/bin/bash", "/usr/bin/bash", "/usr/bin/env"})
+_DIRECTIVE = re.compile(r"#[ \t]*([A-Za-z][A-Za-z0-9_-]*)[ \t]*=[ \t]*(.*?)[ \t]*")
 _NO_DEFAULT = "ARG {name} (line {line}) has no default: its value is given with --build-arg"
 
 
@@ -90,6 +93,7 @@ class _Reader:
         self.args: dict[str, Var] = {}
         self.env: dict[str, Var] = {}
         self.env_by_stage: list[dict[str, Var]] = []
+        self.workdir = "/"
 
     # --------------------------------------------------------------- helpers
     def source(self, item: dict, keyword: bool = True) -> Source:
@@ -189,6 +193,7 @@ class _Reader:
             self.note_unknown(image, "the base image")
         parent = self.stage_index(image.text) if image.text is not None else None
         self.args = {}
+        self.workdir = "/"
         self.env = dict(self.env_by_stage[parent]) if parent is not None else {}
         stage = Stage(len(self.stages), name, line, Base(image, line, "docker", platform), parent)
         self.stages.append(stage)
@@ -208,14 +213,20 @@ class _Reader:
         return None
 
     def copy(self, item: dict) -> None:
-        for w in self.words(item, self.lookup_stage):
-            text = w.text or ""
+        words = [w.text for w in self.words(item, self.lookup_stage)]
+        while words and (words[0] or "").startswith("--"):
+            text = words.pop(0) or ""
             if text.startswith("--from="):
                 src = self.stage_index(text.split("=", 1)[1])
                 if src is not None:
                     self.stages[-1].copies.append((src, item["startline"] + 1))
-            elif not text.startswith("--"):
-                break
+                return
+        if len(words) < 2 or None in words or (words[0] or "").startswith("["):
+            return
+        *sources, dest = [w for w in words if w is not None]
+        into = posixpath.normpath(posixpath.join(self.workdir, dest))
+        many = len(sources) > 1 or dest.endswith("/") or posixpath.basename(dest) in (".", "..")
+        self.stages[-1].files.extend((into, src, many) for src in sources if "://" not in src)
 
     def run(self, item: dict, heredoc: _Heredoc | None) -> None:
         src = self.source(item)
@@ -237,7 +248,8 @@ class _Reader:
             self.stages[-1].commands.extend(self.exec_form(rest, start_line, lookup))
             return
         body = Source(self.heredoc_pieces(rest, start_line, heredoc)) if heredoc is not None else _slice(src, i)
-        self.stages[-1].commands.extend(Scanner(body, lookup, shell=True).commands())
+        cmds = Scanner(body, lookup, shell=True).commands()
+        self.stages[-1].commands += [dataclasses.replace(c, cwd=self.workdir) for c in cmds]
 
     @staticmethod
     def heredoc_pieces(rest: str, line: int, heredoc: _Heredoc) -> list[tuple[int, str]]:
@@ -278,10 +290,30 @@ def _slice(src: Source, offset: int) -> Source:
     return Source(pieces)
 
 
+def _directives(file: str, lines: list[str]) -> list[str]:
+    """``lines`` after the parser directives (Dockerfile reference, "Parser directives"); with ``# escape=``` a
+    backtick ends a continued line and a backslash is plain text."""
+    escape, out = "\\", list(lines)
+    for n, line in enumerate(lines):
+        m = _DIRECTIVE.fullmatch(line.strip())
+        if m is None or m.group(1).lower() not in ("syntax", "escape", "check"):
+            break
+        out[n] = "#"
+        if m.group(1).lower() == "escape":
+            if m.group(2) not in ("\\", "`"):
+                raise Malformed(file, n + 1, f"invalid escape token {m.group(2)[:20]!r}: Docker takes only \\ or `")
+            escape = m.group(2)
+    if escape == "`":
+        for n, line in enumerate(out):
+            text = line.rstrip()
+            out[n] = text[:-1] + "\\" if text.endswith("`") else text[:-1] if text.endswith("\\") else line
+    return out
+
+
 def parse(file: str, build_args: dict[str, str] | None = None) -> Parsed:
     """The :class:`~.parsed.Parsed` stages of the Dockerfile at ``file``. Raises Unreachable (exit 3) when unreadable,
     Malformed (exit 3) naming the line."""
-    lines = read_lines(file)
+    lines = _directives(file, read_lines(file))
     feed, heredocs = _prepare(file, lines)
     parser = DockerfileParser(fileobj=io.BytesIO("\n".join(feed).encode("utf-8")))
     reader = _Reader(file, lines, dict(build_args or {}))
@@ -309,6 +341,8 @@ def parse(file: str, build_args: dict[str, str] | None = None) -> Parsed:
         else:
             if name in ("COPY", "ADD"):
                 reader.copy(item)
+            elif name == "WORKDIR" and (words := reader.words(item, reader.lookup_stage)) and words[0].text:
+                reader.workdir = posixpath.join(reader.workdir, words[0].text)
             text = " ".join(lines[line - 1: min(item["endline"] + 1, line + 3)])
             reader.others.append((line, " ".join(text.split())[:300]))
     return Parsed(file, "dockerfile", reader.stages, reader.notes, reader.others)

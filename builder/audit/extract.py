@@ -1,6 +1,6 @@
 """The stack of a parsed file: base, Python, torch, packages and environment, each with its line. Read in the stages the
-final image depends on: pip (and uv pip) installs with their indexes, conda installs with their channels, apt installs,
-and the image's environment; requirement files are noted, not followed."""
+final image depends on: pip (and uv pip) installs with their indexes, conda installs with their channels, apt and dpkg
+installs (a ``.deb`` by its file name), and the image's environment; :mod:`.follow` reads the files they name."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ _PIP_VALUE = frozenset({"-t", "--target", "--prefix", "--root", "--src", "--upgr
                         "--report", "--root-user-action", "--keyring-provider", "--python", "-p", "--index-strategy",
                         "--default-index", "--index", "--install-option", "--build-option"})
 _PIP_ROLE = {"-i": "index", "--index-url": "index", "--extra-index-url": "extra", "-f": "find", "--find-links": "find",
-             "-r": "file", "--requirement": "file", "-c": "file", "--constraint": "file", "-e": "editable",
+             "-r": "file", "--requirement": "file", "-c": "constraint", "--constraint": "constraint", "-e": "editable",
              "--editable": "editable"}
 #: The pip option that names an index of each role (how a finding names where torch comes from).
 OPTION = {"index": "--index-url", "extra": "--extra-index-url", "find": "--find-links"}
@@ -42,6 +42,8 @@ _CONDA_VALUE = frozenset({"-n", "--name", "-p", "--prefix", "--solver", "--repod
                           "--subdir", "--channel-alias"})
 _CONDA_SPEC = re.compile(r"(?:(?P<channel>[A-Za-z0-9_.-]+)::)?(?P<name>[A-Za-z0-9_.-]+)"
                          r"(?:(?P<op>==|>=|<=|!=|~=|=|<|>)(?P<version>[^=\s]+)(?:=(?P<build>\S+))?)?")
+#: A Debian package file: ``name_version_arch.deb`` (Debian policy §4.1; ``*`` stands for any version).
+_DEB = re.compile(r"(?P<name>[a-z0-9][a-z0-9+.-]+)_(?P<version>[A-Za-z0-9.+~:%*-]+?)(?:_[a-z0-9*]+)?\.deb")
 _WHEEL_URL = re.compile(r"(?:\A|/)torch-(?P<version>[0-9][0-9a-z.]*)(?:%2B|\+)(?P<local>[a-z0-9]+)-cp")
 
 
@@ -94,6 +96,7 @@ class PipInstall:
     indexes: list[Index]
     requirements: list[tuple[Item, Requirement | None]] = field(default_factory=list)
     files: list[Item] = field(default_factory=list)
+    constraints: list[Item] = field(default_factory=list)
     python: Item | None = None
     no_index: bool = False
     strategy: str | None = None
@@ -263,8 +266,8 @@ def pip_install(cmd: Command, stage: int, notes: list[Note]) -> PipInstall | Non
                 value, w = vw.text, vw
             if role in ("index", "extra", "find"):
                 own.append(index_of(role, Item.of(w, value)))
-            elif role == "file":
-                got.files.append(Item.of(w, value))
+            elif role in ("file", "constraint"):
+                (got.files if role == "file" else got.constraints).append(Item.of(w, value))
             elif role == "editable":
                 got.requirements.append((Item.of(w, value), None))
             elif opt == "--index-strategy":
@@ -306,10 +309,11 @@ def conda_install(cmd: Command, stage: int) -> CondaInstall | None:
         return None
     name, k = found
     words = cmd.words
-    if k >= len(words) or words[k].text not in ("install", "create"):
+    env = k + 1 < len(words) and words[k].text == "env" and words[k + 1].text in ("create", "update")
+    if not env and (k >= len(words) or words[k].text not in ("install", "create", "update")):
         return None
     got = CondaInstall(cmd.line, stage, name)
-    k += 1
+    k += 2 if env else 1
     while k < len(words):
         w = words[k]
         k += 1
@@ -321,8 +325,10 @@ def conda_install(cmd: Command, stage: int) -> CondaInstall | None:
             k += 1
         elif text.startswith("--channel="):
             got.channels.append(text.split("=", 1)[1])
-        elif text in _CONDA_VALUE and k < len(words):
-            if text == "--file":
+        elif text.startswith("--file="):
+            got.files.append(Item.of(w, text.split("=", 1)[1]))
+        elif (text in _CONDA_VALUE or text == "-f" and (env or name == "micromamba")) and k < len(words):
+            if text in ("--file", "-f"):
                 got.files.append(Item.of(words[k]))
             k += 1
         elif text.startswith("-"):
@@ -338,12 +344,14 @@ def conda_install(cmd: Command, stage: int) -> CondaInstall | None:
 
 
 def apt_install(cmd: Command) -> list[AptPackage]:
-    """The packages an apt install ``cmd`` installs (none for any other command)."""
+    """The packages an apt install or ``dpkg -i`` of ``cmd`` installs (none for any other command)."""
     found = _command(cmd.words)
-    if found is None or found[0] not in _APT:
+    if found is None or found[0] not in _APT and found[0] != "dpkg":
         return []
-    _name, k = found
+    prog, k = found
     words = cmd.words
+    if prog == "dpkg":
+        return [d for w in words[k:] if (d := _deb(w))] if {"-i", "--install"} & {w.text for w in words[k:]} else []
     while k < len(words) and (words[k].text or "").startswith("-"):
         k += 2 if words[k].text in ("-o", "-t", "-c", "--target-release") else 1
     if k >= len(words) or words[k].text != "install":
@@ -354,6 +362,9 @@ def apt_install(cmd: Command) -> list[AptPackage]:
         w = words[k]
         k += 1
         text = w.text
+        if text is not None and (deb := _deb(w)) is not None:
+            out.append(deb)
+            continue
         if text is None or text.startswith("-") or "/" in text.split("=", 1)[0] or text.endswith(".deb"):
             if text in ("-o", "-t", "-c", "--target-release"):
                 k += 1
@@ -363,11 +374,18 @@ def apt_install(cmd: Command) -> list[AptPackage]:
     return out
 
 
+def _deb(w: Word) -> AptPackage | None:
+    """The package of a ``.deb`` file argument (``./libnccl2_2.6.4-1+cuda9.1_amd64.deb``), by its file name."""
+    if (m := _DEB.fullmatch(posixpath.basename(w.text or ""))) is None:
+        return None
+    return AptPackage(Item.of(w), m["name"], None if "*" in m["version"] else m["version"].replace("%3a", ":"))
+
+
 #: Programs whose commands are housekeeping of an image build (no trace in a recipe).
 HOUSEKEEPING = frozenset({"apt-get", "apt", "rm", "mkdir", "ln", "echo", "true", "cd", "set", ":", "test", "[",
                           "[[", "chmod", "chown", "export", "unset", "printf", "ldconfig", "apt-key",
                           "update-ca-certificates", "dpkg-reconfigure", "locale-gen", "useradd", "groupadd", "exit",
-                          "sleep", "touch", "cp", "mv"})
+                          "sleep", "touch", "cp", "mv", "dpkg"})
 
 
 def _housekeeping(cmd: Command) -> bool:
@@ -396,6 +414,13 @@ def extract(parsed: Parsed) -> Stack:
     stack = Stack(parsed.file, parsed.kind, info, base_item, used, notes=list(parsed.notes))
     for st in used:
         for cmd in st.commands:
+            if cmd.alternative is not None:
+                if _pip_start(cmd.words) or conda_install(cmd, 0) or apt_install(cmd):
+                    text = " ".join(w.text if w.text is not None else w.raw for w in cmd.words)
+                    stack.notes.append(Note("warning", "cannot-tell", cmd.line, text[:300], f"runs depending on "
+                                            f"{cmd.alternative}: audit cannot tell whether it does; audited "
+                                            "without it"))
+                continue
             pip = pip_install(cmd, st.index, stack.notes)
             if pip is not None:
                 stack.pip.append(pip)

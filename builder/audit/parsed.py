@@ -72,6 +72,9 @@ class Stage:
     base: Base
     parent: int | None = None
     copies: list[tuple[int, int]] = field(default_factory=list)
+    #: ``(path in the image, path in the build context, into)`` of what COPY/ADD or ``%files`` brings in, in file
+    #: order; ``into``: the image path is a folder a file source goes into (a folder source's content always does)
+    files: list[tuple[str, str, bool]] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
     env: list[EnvSet] = field(default_factory=list)
 

@@ -12,6 +12,7 @@ from builder.recipe.spec import Spec
 
 from . import definition, dockerfile, judge, model, rules
 from .extract import extract
+from .follow import follow
 from .parsed import Malformed
 from .pins import Pins, pins
 
@@ -66,8 +67,9 @@ def stack_model(p: Pins) -> model.Stack:
                        cudnn=p.cudnn[1] if p.cudnn else None, packages=tuple(packages), env=tuple(env))
 
 
-def audit_file(path: str, *, driver: str | None = None, build_args: dict[str, str] | None = None) -> Audited:
-    """The audit of the file at ``path``; never raises for a bad file (its verdict says)."""
+def audit_file(path: str, *, driver: str | None = None, build_args: dict[str, str] | None = None,
+               context: str | None = None) -> Audited:
+    """The audit of the file at ``path``, build ``context`` by default its folder; never raises (its verdict says)."""
     kind = kind_of(path)
     if _NOT_BUILD.fullmatch(posixpath.basename(str(path))):
         line = model.Finding(level="error", rule="not-a-build-file", file=path, message="not a Dockerfile or Apptainer "
@@ -83,7 +85,9 @@ def audit_file(path: str, *, driver: str | None = None, build_args: dict[str, st
     except EnvbuildError as e:  # unreadable: missing, a FIFO, a directory, too large
         line = model.Finding(level="error", rule="unreadable", file=path, message=e.message)
         return Audited(model.FileAudit(file=path, kind=kind, verdict="unreadable", exit_code=3, findings=(line,)))
-    p = pins(extract(parsed))
+    stack = extract(parsed)
+    follow(parsed, stack, context if context is not None else posixpath.dirname(path) or ".")
+    p = pins(stack)
     found, spec = judge.judge(p, driver)
     found += rules.audit(p) + rules.base_driver(p, driver)
     found.sort(key=lambda f: (f.line or 0, _LEVELS[f.level]))
@@ -93,10 +97,10 @@ def audit_file(path: str, *, driver: str | None = None, build_args: dict[str, st
     return Audited(result, p, spec)
 
 
-def audit(paths: list[str], *, driver: str | None = None,
-          build_args: dict[str, str] | None = None) -> tuple[model.Report, list[Audited]]:
+def audit(paths: list[str], *, driver: str | None = None, build_args: dict[str, str] | None = None,
+          context: str | None = None) -> tuple[model.Report, list[Audited]]:
     """Audit every file of ``paths``: the :class:`~.model.Report` (exit code the worst)."""
-    done = [audit_file(p, driver=driver, build_args=build_args) for p in paths]
+    done = [audit_file(p, driver=driver, build_args=build_args, context=context) for p in paths]
     worst = max((a.result.exit_code for a in done), default=0)
     return model.Report(exit_code=worst, files=tuple(a.result for a in done)), done
 

@@ -7,9 +7,12 @@ linear."""
 from __future__ import annotations
 
 import bisect
+import fnmatch
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from .flow import Flow
 
 #: Longest expanded value, in characters.
 MAX_VALUE = 65536
@@ -17,9 +20,6 @@ MAX_VALUE = 65536
 MAX_DEPTH = 16
 #: Longest value ``#``/``%`` pattern removal runs on (it is quadratic in the value).
 MAX_PATTERN_VALUE = 1024
-#: Words ``sh`` reads as reserved at the start of a command; dropped before the command name.
-RESERVED = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "for", "case",
-                      "esac", "!", "{", "}", "in"})
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN = re.compile(r"\A([A-Za-z_][A-Za-z0-9_]*)=")
 _PLAIN_SHELL = re.compile(r"[^\s\\'\"$`;&|()<>#]+")
@@ -63,6 +63,9 @@ class Command:
     line: int
     assigns: dict[str, Var] = field(default_factory=dict)
     lookup: Lookup = lambda name: None
+    cwd: str = "/"
+    #: the condition audit cannot decide under which it runs (``case $CUDA in 12*)``); None: it runs
+    alternative: str | None = None
 
 
 class Source:
@@ -112,40 +115,9 @@ def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _glob_regex(pattern: str) -> re.Pattern:
-    """A shell glob (``*``, ``?``, ``[...]``, ``[!...]``, ``\\x``) as a regex matching it whole."""
-    out, i, n = [], 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if c == "*":
-            out.append(".*")
-        elif c == "?":
-            out.append(".")
-        elif c == "\\" and i + 1 < n:
-            i += 1
-            out.append(re.escape(pattern[i]))
-        elif c == "[":
-            j = pattern.find("]", i + 2 if pattern[i + 1: i + 2] in ("!", "^", "]") else i + 1)
-            if j < 0:
-                out.append(re.escape(c))
-            else:
-                body = pattern[i + 1: j]
-                neg = body[:1] in ("!", "^")
-                body = body[1:] if neg else body
-                out.append("[" + ("^" if neg else "") + body.replace("\\", "\\\\") + "]")
-                i = j
-        else:
-            out.append(re.escape(c))
-        i += 1
-    try:
-        return re.compile("".join(out), re.S)
-    except re.error:
-        return re.compile(re.escape(pattern), re.S)
-
-
 def remove_pattern(value: str, op: str, pattern: str) -> str:
     """sh's ``${V#p}``, ``##``, ``%``, ``%%`` with glob ``pattern``; ``value`` already bounded by the caller."""
-    rx = _glob_regex(pattern)
+    rx = re.compile(fnmatch.translate(pattern))  # sh's glob: *, ?, [...], [!...]
     n = len(value)
     if op in ("#", "##"):
         order = range(0, n + 1) if op == "#" else range(n, -1, -1)
@@ -179,6 +151,7 @@ class Scanner:
         if templates is not None:  # Apptainer build arguments: {{ NAME }}
             self.plain = re.compile(self.plain.pattern.replace("]+", "{]+"))
         self.heredocs: list[tuple[str, bool]] = []
+        self.flow = Flow()
 
     # ------------------------------------------------------------------ lookups
     def lookup(self, name: str) -> Var | None:
@@ -470,9 +443,10 @@ class Scanner:
                 self.i = self.n if j < 0 else j
                 continue
             if c in "\n;&|()":
-                self._end(words, out)
+                op = s[self.i: self.i + 2] if s[self.i: self.i + 2] in ("&&", "||", ";;") else c
+                self._end(words, out, op)
                 words = []
-                self.i += 2 if s[self.i: self.i + 2] in ("&&", "||", ";;") else 1
+                self.i += len(op)
                 if c == "\n":
                     self._skip_heredocs()
                 continue
@@ -483,7 +457,7 @@ class Scanner:
             if self.i < self.n and s[self.i] in "<>" and got and got[0].raw.isdigit():
                 continue  # a file descriptor number before a redirection
             words.extend(got)
-        self._end(words, out)
+        self._end(words, out, ";")
         return out
 
     def _redirect(self) -> None:
@@ -510,17 +484,20 @@ class Scanner:
                 if (line.lstrip("\t") if tabs else line) == delim:
                     break
 
-    def _end(self, words: list[Word], out: list[Command]) -> None:
-        if not words:
-            return
+    def _end(self, words: list[Word], out: list[Command], op: str) -> None:
+        rest = self.flow.reserved(words, op)
         assigns: dict[str, Var] = {}
         k = 0
-        while k < len(words) and (m := _ASSIGN.match(words[k].raw)):
-            assigns[m.group(1)] = self._assigned(m.group(1), words[k])
+        while rest is not None and k < len(rest) and (m := _ASSIGN.match(rest[k].raw)):
+            assigns[m.group(1)] = self._assigned(m.group(1), rest[k])
             k += 1
-        rest = words[k:]
-        while rest and rest[0].text in RESERVED:
-            rest = rest[1:]
+        why = self.flow.runs(rest[k:]) if rest is not None else None
+        if rest is None or why is None:
+            return
+        rest = rest[k:]
+        if why:
+            assigns = {n: Var(None, v.line, "shell", f"${n} is set at line {v.line} depending on {why}: audit "
+                              "cannot tell whether it is", n) for n, v in assigns.items()}
         if not rest:
             self.local.update(assigns)
             return
@@ -540,7 +517,7 @@ class Scanner:
         def lookup(name: str, _local=local, _assigns=assigns) -> Var | None:
             return _assigns.get(name) or _local.get(name) or file_lookup(name)
 
-        out.append(Command(rest, rest[0].line, assigns, lookup))
+        out.append(Command(rest, rest[0].line, assigns, lookup, alternative=why or None))
 
     @staticmethod
     def _assigned(name: str, word: Word) -> Var:

@@ -106,6 +106,8 @@ def _audit(au: argparse.ArgumentParser) -> None:
                     help="the cluster's NVIDIA driver: check the floors of the wheel's CUDA")
     au.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE", type=t.build_arg,
                     help="a build argument, as docker build --build-arg (or apptainer build --build-arg)")
+    au.add_argument("--context", metavar="DIR", type=t.path("a folder"),
+                    help="the build context COPY and %%files read from (default: each FILE's folder)")
 
 
 def _render(r: argparse.ArgumentParser) -> None:

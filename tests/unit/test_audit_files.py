@@ -6,9 +6,11 @@ The files are modelled on public patterns: multi-stage builds (COPY --from, %fil
 ARG-driven pins (quoted defaults, ARG before FROM, re-declared after it, ${A%.*} forms),
 conda installs, NGC and pytorch/pytorch bases, localimage/debootstrap/library bootstraps,
 an extra index that lets PyPI win, a CUDA mismatch between the wheel and the base, a
-second NCCL from apt, loopback socket interfaces, BuildKit here-documents, Apptainer
-%arguments, and the malformed cases (merge conflict, no FROM, a command in a definition's
-header, a duplicate section).
+second NCCL from apt or a .deb, loopback socket interfaces, BuildKit here-documents, Apptainer
+%arguments and several %files, requirement, constraint and conda environment files read from
+the build context, the escape directive, &&/||/if/case decided or "cannot tell", and the
+malformed cases (merge conflict, no FROM, a command in a definition's header, a duplicate
+section, a bad escape token, %files from an unknown stage).
 """
 
 from __future__ import annotations
@@ -336,6 +338,96 @@ CASES = [
     ("uv.ok.Dockerfile", 0, [
         "note: tests/audit/uv.ok.Dockerfile: line 3: 'torch==2.3.1': cu118 needs driver >= 520.61.05 (CUDA 11.8 GA); >= 450.80.02 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
     ]),
+    # followed files (context/ holds what they COPY), .deb installs, parser directives, shell logic, %files
+    ("case-cuda.Dockerfile", 1, [
+        "warning: tests/audit/case-cuda.Dockerfile: line 3: 'nvidia/cuda:12.4.1-base-ubuntu22.04': no torch install found in the stages the final image uses (audit reads pip, uv and conda installs; requirement files are not followed) [audit]",
+        'warning: tests/audit/case-cuda.Dockerfile: line 7: \'pip install torch==2.5.1+cu124 --index-url https://download.pytorch.org/whl/cu124\': runs depending on case "$CUDA" (line 6): audit cannot tell whether it does; audited without it [audit]',
+        'warning: tests/audit/case-cuda.Dockerfile: line 8: \'pip install torch==2.5.1+cu118 --index-url https://download.pytorch.org/whl/cu118\': runs depending on case "$CUDA" (line 6): audit cannot tell whether it does; audited without it [audit]',
+    ]),
+    ("case-cuda.ok.Dockerfile", 0, [
+        "note: tests/audit/case-cuda.ok.Dockerfile: line 6: 'torch==2.5.1+cu124': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("conda-env.Dockerfile", 2, [
+        "error: tests/audit/conda-env.Dockerfile: line 4: 'pytorch==2.1.0' (context/environment-cu121.yml: line 8): torch variant cu121 is CUDA 12.1 but the recipe's CUDA is 11.8; the major versions must match (use cu118 or cuda 12.1) [compat.md §5.5 (V)]",
+        "warning: tests/audit/conda-env.Dockerfile: line 4: 'pytorch==2.1.0' (context/environment-cu121.yml: line 8): pytorch from conda (-c pytorch) is a conda build, not the wheel envbuild's rules and recipes pin; the pytorch channel publishes no release after 2.5; --to-recipe writes the wheel of the same release and variant [PT-CONDA (M)]",
+        "note: tests/audit/conda-env.Dockerfile: line 4: 'pytorch==2.1.0' (context/environment-cu121.yml: line 8): cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("conda-env.ok.Dockerfile", 1, [
+        "warning: tests/audit/conda-env.ok.Dockerfile: line 4: 'pytorch==2.1.0' (context/environment-cu118.yml: line 8): pytorch from conda (-c pytorch) is a conda build, not the wheel envbuild's rules and recipes pin; the pytorch channel publishes no release after 2.5; --to-recipe writes the wheel of the same release and variant [PT-CONDA (M)]",
+        "note: tests/audit/conda-env.ok.Dockerfile: line 4: 'pytorch==2.1.0' (context/environment-cu118.yml: line 8): cu118 needs driver >= 520.61.05 (CUDA 11.8 GA); >= 450.80.02 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("constraints.Dockerfile", 2, [
+        "error: tests/audit/constraints.Dockerfile: line 5: 'torch==2.5.1+cu121' (context/constraints-cu121.txt: line 1): torch 2.5.1+cu121 (from the local version +cu121) is built for CUDA 12.1 but the base image nvidia/cuda:12.4.1-base-ubuntu22.04 has CUDA 12.4.1: two CUDA runtimes in one image, and extensions built with the base's nvcc get a CUDA mismatch; use torch +cu124 or a CUDA 12.1 base [compat.md §5.5, NV-IMG (V)]",
+        "note: tests/audit/constraints.Dockerfile: line 5: 'torch==2.5.1+cu121' (context/constraints-cu121.txt: line 1): cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("constraints.ok.Dockerfile", 0, [
+        "note: tests/audit/constraints.ok.Dockerfile: line 5: 'torch==2.5.1+cu124' (context/constraints-cu124.txt: line 1): cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("deb-nccl.Dockerfile", 2, [
+        "error: tests/audit/deb-nccl.Dockerfile: line 4: './libnccl2_2.6.4-1+cuda9.1_amd64.deb': libnccl2=2.6.4-1+cuda9.1 is a second NCCL: torch 2.7.1+cu128 loads the NCCL of its own wheel (nvidia-nccl-cu12 2.26.2); remove it [compat.md §5.3 (V)]",
+        "note: tests/audit/deb-nccl.Dockerfile: line 5: 'torch==2.7.1+cu128': cu128 needs driver >= 570.26 (CUDA 12.8 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("deb-nccl.ok.Dockerfile", 0, [
+        "note: tests/audit/deb-nccl.ok.Dockerfile: line 5: 'torch==2.7.1+cu128': cu128 needs driver >= 570.26 (CUDA 12.8 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("dpkg-nccl.Dockerfile", 2, [
+        "error: tests/audit/dpkg-nccl.Dockerfile: line 4: '/tmp/nccl/libnccl2_*.deb': libnccl2 is a second NCCL: torch 2.7.1+cu128 loads the NCCL of its own wheel (nvidia-nccl-cu12 2.26.2); remove it [compat.md §5.3 (V)]",
+        "error: tests/audit/dpkg-nccl.Dockerfile: line 4: '/tmp/nccl/libnccl-dev_*.deb': libnccl-dev is a second NCCL: torch 2.7.1+cu128 loads the NCCL of its own wheel (nvidia-nccl-cu12 2.26.2); remove it [compat.md §5.3 (V)]",
+        "note: tests/audit/dpkg-nccl.Dockerfile: line 5: 'torch==2.7.1+cu128': cu128 needs driver >= 570.26 (CUDA 12.8 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("dpkg-nccl.ok.Dockerfile", 0, [
+        "note: tests/audit/dpkg-nccl.ok.Dockerfile: line 5: 'torch==2.7.1+cu128': cu128 needs driver >= 570.26 (CUDA 12.8 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("escape.Dockerfile", 2, [
+        "error: tests/audit/escape.Dockerfile: line 6: 'torch==2.5.1+cu121': torch 2.5.1+cu121 (from the local version +cu121) is built for CUDA 12.1 but the base image nvidia/cuda:12.4.1-base-ubuntu22.04 has CUDA 12.4.1: two CUDA runtimes in one image, and extensions built with the base's nvcc get a CUDA mismatch; use torch +cu124 or a CUDA 12.1 base [compat.md §5.5, NV-IMG (V)]",
+        "note: tests/audit/escape.Dockerfile: line 6: 'torch==2.5.1+cu121': cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("escape.ok.Dockerfile", 0, [
+        "note: tests/audit/escape.ok.Dockerfile: line 6: 'torch==2.5.1+cu124': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("escape-token.Dockerfile", 3, [
+        "error: tests/audit/escape-token.Dockerfile: line 2: invalid escape token 'x': Docker takes only \\ or `",
+    ]),
+    ("escape-token.ok.Dockerfile", 0, [
+        "note: tests/audit/escape-token.ok.Dockerfile: line 6: 'torch==2.5.1+cu124': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("files-from.def", 3, [
+        "error: tests/audit/files-from.def: line 11: %files from devel: no earlier stage has Stage: devel",
+    ]),
+    ("files-from.ok.def", 0, [
+        "note: tests/audit/files-from.ok.def: line 17: 'torch==2.5.1+cu124': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("if-cpu.def", 2, [
+        "error: tests/audit/if-cpu.def: line 13: 'torch==2.5.1+cu121': torch 2.5.1+cu121 (from the local version +cu121) is built for CUDA 12.1 but the base image nvidia/cuda:12.4.1-base-ubuntu22.04 has CUDA 12.4.1: two CUDA runtimes in one image, and extensions built with the base's nvcc get a CUDA mismatch; use torch +cu124 or a CUDA 12.1 base [compat.md §5.5, NV-IMG (V)]",
+        "note: tests/audit/if-cpu.def: line 13: 'torch==2.5.1+cu121': cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("if-cpu.ok.def", 0, [
+        "note: tests/audit/if-cpu.ok.def: line 13: 'torch==2.5.1+cu124': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("requirements.Dockerfile", 2, [
+        "error: tests/audit/requirements.Dockerfile: line 3: 'nvcr.io/nvidia/pytorch:25.12-py3': base image nvcr.io/nvidia/pytorch:25.12-py3 already ships PyTorch: installing torch 2.10.0+cu128 makes a second one; start from its CUDA/OS base (e.g. nvidia/cuda:X.Y.Z-base-ubuntuVER or debian) [NGC PyTorch container release notes (PyTorch preinstalled) (V)]",
+        "note: tests/audit/requirements.Dockerfile: line 3: 'nvcr.io/nvidia/pytorch:25.12-py3': base image: the NGC release notes name no OS release envbuild reads; the rules on what it does not say are skipped [NGC-RN rel-25-12 (M)]",
+        "error: tests/audit/requirements.Dockerfile: line 6: 'torch==2.10.0' (context/requirements-train.txt: line 3): torch variant cu128 is CUDA 12.8 but the recipe's CUDA is 13.1; the major versions must match (use cu130 or cuda 12.8) [compat.md §5.5 (V)]",
+        "note: tests/audit/requirements.Dockerfile: line 6: 'torch==2.10.0' (context/requirements-train.txt: line 3): cu128 needs driver >= 570.26 (CUDA 12.8 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("requirements.ok.Dockerfile", 0, [
+        "note: tests/audit/requirements.ok.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:25.12-py3': base image: the NGC release notes name no OS release envbuild reads; the rules on what it does not say are skipped [NGC-RN rel-25-12 (M)]",
+        "note: tests/audit/requirements.ok.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:25.12-py3': torch 2.10.0a0+b4e4ee81d3 comes with the base image (no pip or conda install of torch in this file) [NGC-RN rel-25-12 (M)]",
+    ]),
+    ("shell-test.Dockerfile", 2, [
+        "error: tests/audit/shell-test.Dockerfile: line 7: 'torch==2.5.1+cu121': torch 2.5.1+cu121 (from the local version +cu121) is built for CUDA 12.1 but the base image nvidia/cuda:12.4.1-base-ubuntu22.04 has CUDA 12.4.1: two CUDA runtimes in one image, and extensions built with the base's nvcc get a CUDA mismatch; use torch +cu124 or a CUDA 12.1 base [compat.md §5.5, NV-IMG (V)]",
+        "note: tests/audit/shell-test.Dockerfile: line 7: 'torch==2.5.1+cu121': cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("shell-test.ok.Dockerfile", 0, [
+        "note: tests/audit/shell-test.ok.Dockerfile: line 7: 'torch==2.5.1+cu124': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("two-files.def", 2, [
+        "error: tests/audit/two-files.def: line 13: 'torch==2.5.1+cu121' (context/requirements-cu121.txt: line 2): torch 2.5.1+cu121 (from the local version +cu121) is built for CUDA 12.1 but the base image nvidia/cuda:12.4.1-base-ubuntu22.04 has CUDA 12.4.1: two CUDA runtimes in one image, and extensions built with the base's nvcc get a CUDA mismatch; use torch +cu124 or a CUDA 12.1 base [compat.md §5.5, NV-IMG (V)]",
+        "note: tests/audit/two-files.def: line 13: 'torch==2.5.1+cu121' (context/requirements-cu121.txt: line 2): cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
+    ("two-files.ok.def", 0, [
+        "note: tests/audit/two-files.ok.def: line 13: 'torch==2.5.1+cu124' (context/requirements-cu124.txt: line 2): cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+    ]),
 ]
 
 
@@ -351,7 +443,7 @@ def _audit(*argv: str) -> tuple[int, str, str]:
 
 
 def test_every_file_under_tests_audit_has_a_case_and_a_twin():
-    files = sorted(p.name for p in (ROOT / DIR).iterdir())
+    files = sorted(p.name for p in (ROOT / DIR).iterdir() if p.is_file())  # context/: what the files COPY
     assert sorted(name for name, _code, _lines in CASES) == files
     assert len(files) >= 40
     for name in files:

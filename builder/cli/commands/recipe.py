@@ -4,13 +4,14 @@ files and its resolved pins."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder.cli import output
 from builder.cli.documents import Render, check_document
 from builder.cli.output import console, out
-from builder.core.errors import EnvbuildError, ExitCode, UsageError
+from builder.core.errors import EnvbuildError, ExitCode, Unreachable, UsageError
 
 if TYPE_CHECKING:
     from builder.recipe.spec import Spec
@@ -72,7 +73,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.to_recipe is not None:
         _check_to_recipe(args)
     build_args = dict(item.split("=", 1) for item in args.build_arg)
-    report, done = run.audit(args.files, driver=args.driver, build_args=build_args)
+    if args.context is not None and not os.path.isdir(args.context):
+        raise Unreachable("is not a folder: --context names the build context", file=args.context)
+    report, done = run.audit(args.files, driver=args.driver, build_args=build_args, context=args.context)
     from rich.text import Text
 
     for result in report.files:
