@@ -45,12 +45,15 @@ def set_mode(progress: str, verbose: bool, json: bool = False) -> None:
 
 
 def emit(doc: object) -> None:
-    """With ``--json``: ``doc`` (a Model) as the run's one JSON document on stdout, the raw strings."""
+    """With ``--json``: ``doc`` (a Model) as the run's one JSON document on stdout, the strings whole with
+    every non-ASCII character as a ``\\uXXXX`` escape (no bidi override or control reaches a terminal raw)."""
+    import json
+
     import msgspec
 
     if mode[2] is True:  # once: an error after the document (a metrics file) adds none
         mode[2] = "sent"
-        _write(sys.stdout, msgspec.json.format(msgspec.json.encode(doc), indent=2).decode())
+        _write(sys.stdout, json.dumps(msgspec.to_builtins(doc), indent=2))
 
 
 @functools.cache

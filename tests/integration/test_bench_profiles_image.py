@@ -210,8 +210,9 @@ def test_scaling_and_timing(runs):
     assert s["world_size"] == 2 and s["throughput_1"] > 0 and s["throughput_n"] > 0
     assert s["efficiency"] == pytest.approx(s["throughput_n"] / (2 * s["throughput_1"]))
     assert 0 < s["efficiency"] < 2
-    assert res["wall_s"]["total"] < 60
     assert set(res["wall_s"]["training"]) == set(TRAINING)
+    # the total holds each check's time (how fast is benchmarks/' business, not a test's)
+    assert res["wall_s"]["total"] >= sum(res["wall_s"]["training"].values()) > 0
 
 
 def test_without_numpy_what_needs_it_is_unsupported(nonumpy_run):

@@ -390,7 +390,8 @@ def test_failed_run_prints_and_reports_no_placeholder(client, lo_foreign_image, 
         assert len(re.findall(r"<td\b", table)) > 0, table
     assert "no recipe lock, and no rank&#39;s probe reported a stack" in page
     assert "no rank&#39;s probe reported: 0 of 2 rank(s) reported a result" in page
-    assert "This certificate holds no collective results: 0 of 2 rank(s) reported a result." in page
+    assert ("This certificate holds no collective results: 0 of 2 rank(s) reported a result "
+            "(see the failures).") in page
     assert "no result; last in init process group (gloo)" in page
     case = f"envbuild.test-case={labels['envbuild.test-case']}"
     assert _leftovers(client, case) == []

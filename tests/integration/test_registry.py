@@ -438,7 +438,7 @@ def test_a_hostile_recipe_in_a_published_certificate_reaches_no_terminal_or_path
     pushed = pushing.push(docker_client, "cpu-torch2", registry.host, images_dir=img.images_dir,
                           namespace=namespace, fs_hash=False)
     # push refuses such a certificate: whoever can write to the registry publishes it by hand
-    client, repo = oci.RegistryClient(registry.host), f"{namespace}/cpu-torch2"
+    client, repo = oci.RegistryClient(registry.host, credentials=docker_login(registry.host)), f"{namespace}/cpu-torch2"
     _body, subject = client.get_manifest(repo, pushed.digest)
     stmt = attest.statement(subject_name=pushed.repository, subject_digest=pushed.digest,
                             certificate={**img.cert, "recipe": "../../cpu-torch2\nverdict: PASSED\x1b[2J"})

@@ -357,6 +357,20 @@ def test_time_limit_verdict_comes_from_the_job_state_not_a_log_line(tmp_path):
         "rank 0 did not finish within 60 s (timeout)", "rank 1 did not finish within 60 s (timeout)"]}
 
 
+def test_ranks_ended_by_a_lost_node_are_could_not_check(tmp_path):
+    """NODE_FAIL: the surviving node's rank exited 1 when its peer vanished (gloo saw it before
+    Slurm's signal did): a consequence of the lost node, so the verdict is "could not check" (3);
+    the twin below blames a rank exit of a job that completed (2)."""
+    exited_1 = TORCHRUN_SIGTERM.replace("rank      : 1", "rank      : 0").replace("-15 (pid: 9)", "1 (pid: 9)")
+    launch, v = collect(tmp_path, "NODE_FAIL", "NodeDown", job_log="", logs={0: exited_1}, exits=("1", ""))
+    assert launch.rank_exit_codes == {}
+    assert v["exit_code"] == 3 and v["failures"][1:] == [
+        "rank 0: exited with 1 after Slurm job 21 ended NODE_FAIL (NodeDown)",
+        "rank 1: Slurm job 21 ended NODE_FAIL (NodeDown) before this rank reported"], v
+    launch, v = collect(tmp_path / "done", "COMPLETED", None, job_log="", logs={0: exited_1}, exits=("1", "0"))
+    assert launch.rank_exit_codes == {0: 1} and v["exit_code"] == 2, v
+
+
 def test_a_time_limit_log_line_without_the_state_is_no_timeout_twin(tmp_path):
     """The fault the other way round: a COMPLETED job whose log happens to hold the line is
     not a timeout, and a rank that torchrun saw killed on a node that exited by itself is

@@ -276,6 +276,9 @@ class SlurmLauncher:
                    if c in STOP_STATUSES and node_exit.get(spec.node_of_rank(r), 0) is None]
         for r in stopped:
             del rank_exit[r]
+        if not outcome.gave_up and outcome.info.state == "NODE_FAIL":  # a lost peer ends the others' ranks
+            for r in [r for r in missing if r in rank_exit]:
+                problems.setdefault(r, f"exited with {rank_exit.pop(r)} after Slurm job {self.job_id} {what}")
         if outcome.gave_up == "pending" or (not outcome.gave_up and outcome.info.state in INTERRUPTED_STATES):
             for r in missing:
                 if r not in rank_exit:
