@@ -14,7 +14,7 @@ from typing import Any
 from builder.core.errors import UsageError
 
 from . import objects as pod
-from . import placement as place
+from . import options as place
 from .objects import CodeData, code_data
 from .options import Placement, check_labels, check_namespace, require_digest
 
@@ -149,7 +149,7 @@ def _container(ctx: GateContext) -> dict[str, Any]:
 
 
 def _pod_spec(pod_spec: dict[str, Any], placement: Placement) -> dict[str, Any]:
-    """``pod_spec`` placed: :data:`~.placement.GATE_TOLERATIONS` unless tolerations are given
+    """``pod_spec`` placed: :data:`~.options.GATE_TOLERATIONS` unless tolerations are given
     (then its own taint first, so that a node it tainted is checked again)."""
     own = ([{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}] if placement.tolerations
            else [place.toleration(t) for t in place.GATE_TOLERATIONS])

@@ -14,7 +14,7 @@ from builder.agent.payload import MOUNT_POINT
 from builder.core.errors import EnvbuildError, UsageError
 
 from ..base import LaunchSpec, socket_env
-from . import placement as place
+from . import options as place
 from .options import (
     DEFAULT_OPTIONS,
     TRAINJOB_API,
