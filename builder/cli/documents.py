@@ -98,21 +98,6 @@ class Doctor(Model, frozen=True, tag_field="schema", tag="envbuild.doctor/1"):
     checks: tuple[DoctorCheck, ...]
 
 
-class Push(Model, frozen=True, tag_field="schema", tag="envbuild.push/1"):
-    """``certificate_path``: the file pushed as the ``attestation`` manifest, found by ``referrers``."""
-
-    repository: str
-    digest: str
-    tags: tuple[str, ...]
-    image_id: str
-    certificate_path: str
-    attestation: str
-    referrers: str
-    signed_by: str | None
-    filesystem: dict[str, Any] | None
-    warnings: tuple[str, ...]
-
-
 class Pull(Model, frozen=True, tag_field="schema", tag="envbuild.pull/1"):
     """``image_id``/``local_tags``: the pulled image (docker); ``sif_command``: ``--format sif``'s."""
 
@@ -165,6 +150,7 @@ def build_document(recipe: str, r: BuildResult) -> Build:
 def schemas() -> dict[str, tuple[type[Any], str, str]]:
     """``{file stem: (model, $id, title)}`` of these documents and the gate's (``schemas/``)."""
     from builder.nodes.gate import GateResult
+    from builder.publish.push import Push
 
     models = {"error": Error, "check": Check, "render": Render, "build": Build, "certify": Certify, "make": Make,
               "report": Report, "doctor": Doctor, "gate": GateResult, "push": Push, "pull": Pull}

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from builder.cli import output
-from builder.cli.documents import Pull, Push
+from builder.cli.documents import Pull
 from builder.cli.output import out
 from builder.core.errors import ExitCode
 from builder.core.inputs import escape
@@ -33,7 +33,7 @@ def cmd_push(args: argparse.Namespace) -> int:
                        on_progress=output.progress, **registry_opts(args))
     for w in result.warnings:
         output.warn(w)
-    output.emit(Push(**{**vars(result), "certificate_path": str(result.certificate_path)}))
+    output.emit(result)
     out().print(f"pushed {result.repository}@{result.digest}", markup=False, soft_wrap=True)
     out().print(f"  tags: {', '.join(result.tags)}; image {result.image_id}", markup=False, soft_wrap=True)
     out().print(f"  certificate {result.certificate_path} -> attestation {result.attestation} "
