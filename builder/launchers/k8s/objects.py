@@ -13,7 +13,7 @@ from typing import Any
 from builder.agent.payload import MOUNT_POINT
 from builder.core.errors import EnvbuildError, UsageError
 
-from ..base import LaunchSpec, socket_env
+from ..base import HOME, RESULTS_MOUNT, LaunchSpec, socket_env
 from . import options as place
 from .options import (
     DEFAULT_OPTIONS,
@@ -92,10 +92,6 @@ def code_data(code: Mapping[str, str] | None = None) -> CodeData:
 
 #: Where the in-image code is mounted (read-only); also ``PYTHONPATH``.
 CODE_MOUNT = MOUNT_POINT
-#: Where each rank writes ``rank-<r>.json`` inside a pod (an emptyDir).
-RESULTS_MOUNT = "/results"
-#: ``HOME`` inside each pod (an emptyDir).
-HOME = "/tmp/home"
 #: The arbitrary UID and GID the pods run as (no passwd entry in the image).
 RUN_UID = 12345
 #: Name of the container in each pod (Kubeflow's runtimes name theirs ``node`` as well).
@@ -334,24 +330,32 @@ def render_context(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, code
                          code=data, env=env, args=args, shm_limit=shm, resources=res, rdma=rdma)
 
 
-def _metadata(ctx: RenderContext, name: str, annotations: Mapping[str, str] | None) -> dict[str, Any]:
+def metadata(name: str, labels: Mapping[str, str], namespace: str | None = None,
+             annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """An object's ``metadata`` (``namespace`` None: the context's, or a cluster-scoped object)."""
     meta: dict[str, Any] = {"name": name}
-    if ctx.options.namespace:
-        meta["namespace"] = ctx.options.namespace
-    meta["labels"] = dict(ctx.labels)
+    if namespace:
+        meta["namespace"] = namespace
+    meta["labels"] = dict(labels)
     if annotations is not None:
         meta["annotations"] = dict(annotations)
     return meta
 
 
+def _metadata(ctx: RenderContext, name: str, annotations: Mapping[str, str] | None) -> dict[str, Any]:
+    return metadata(name, ctx.labels, ctx.options.namespace, annotations)
+
+
+def code_configmap(name: str, labels: Mapping[str, str], namespace: str | None, code: CodeData) -> dict[str, Any]:
+    """The immutable ConfigMap ``name`` holding ``code`` (a run's in-image code, or the gate's)."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": metadata(name, labels, namespace, {"envbuild.code-sha256": code.sha256}),
+            "immutable": True, "data": dict(code.data)}
+
+
 def configmap(ctx: RenderContext) -> dict[str, Any]:
-    """The immutable ConfigMap ``envbuild-<run>-code`` holding the in-image code."""
-    return {
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": _metadata(ctx, ctx.configmap_name, {"envbuild.code-sha256": ctx.code.sha256}),
-        "immutable": True,
-        "data": dict(ctx.code.data),
-    }
+    """The ConfigMap ``envbuild-<run>-code`` holding the in-image code."""
+    return code_configmap(ctx.configmap_name, ctx.labels, ctx.options.namespace, ctx.code)
 
 
 def service(ctx: RenderContext) -> dict[str, Any]:

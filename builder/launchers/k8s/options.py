@@ -63,17 +63,10 @@ def check_labels(labels: Mapping[str, str], what: str = "label") -> dict[str, st
 def manifest_labels(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Labels of every object; envbuild's own win over ``spec.labels`` and ``$ENVBUILD_EXTRA_LABELS``.
     Raises EnvbuildError: (exit 64) an invalid label; (exit 2) a malformed ``$ENVBUILD_EXTRA_LABELS``."""
-    from builder.image import engine
+    from ..base import labels_for
 
-    from ..base import extra_labels_from_env
-
-    return check_labels({
-        **extra_labels_from_env(environ),
-        **spec.labels,
-        "app.kubernetes.io/name": "envbuild",
-        "app.kubernetes.io/managed-by": "envbuild",
-        **engine.run_labels(spec.run_id),
-    })
+    return check_labels({**labels_for(spec, environ), "app.kubernetes.io/name": "envbuild",
+                         "app.kubernetes.io/managed-by": "envbuild"})
 
 
 def require_digest(text: str, allow_tag: bool = False, candidates: Sequence[str] = ()) -> str:
