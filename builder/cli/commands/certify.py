@@ -211,7 +211,7 @@ def _k8s_source(args: argparse.Namespace) -> tuple[str, Lock, dict[str, str], st
 
 def _k8s_options(args: argparse.Namespace) -> tuple[K8sOptions, dict[str, str]]:
     """The K8sOptions of the command line, checked (exit 64) before anything is contacted."""
-    from builder.launchers.k8s import K8sOptions, check_options, check_run_id
+    from builder.launchers.k8s import K8sOptions, check_options
 
     if args.apply and args.kubeflow:
         raise UsageError(
@@ -220,9 +220,7 @@ def _k8s_options(args: argparse.Namespace) -> tuple[K8sOptions, dict[str, str]]:
     opts = K8sOptions(kubeflow=args.kubeflow, runtime=args.runtime, allow_tag=args.allow_tag, ttl_s=args.ttl,
                       spread=args.spread, socket_ifname=args.socket_ifname, placement=placement(args),
                       namespace=args.namespace, rdma=args.rdma, rdma_network=args.rdma_network)
-    check_options(opts)
-    if args.run_id:
-        check_run_id(args.run_id)
+    check_options(opts)  # the run id: checks.check_args
     return opts, env
 
 
