@@ -13,7 +13,7 @@ from typing import Any
 from builder.agent.payload import MOUNT_POINT
 from builder.core.errors import EnvbuildError, UsageError
 
-from ..base import HOME, RESULTS_MOUNT, LaunchSpec, socket_env
+from ..base import HOME, RESULTS_MOUNT, LaunchSpec, socket_env, torchrun_argv
 from . import options as place
 from .options import (
     DEFAULT_OPTIONS,
@@ -143,20 +143,6 @@ def shm_quantity(size: str | None) -> str | None:
         raise UsageError("is not a size (e.g. 256m, 8g)", field="shm_size", value=size)
     number, unit = m.group(1), m.group(2).lower()
     return number if unit in ("", "b") else f"{number}{unit.upper()}i"
-
-
-def torchrun_args(spec: LaunchSpec, kubeflow: bool = False) -> list[str]:
-    """The container ``args``: torchrun running the bench."""
-    head = ["python3", "-m", "torch.distributed.run"]
-    if not kubeflow:
-        head += [
-            "--nnodes", str(spec.nodes),
-            "--nproc-per-node", str(spec.nproc_per_node),
-            "--node-rank", "$(JOB_COMPLETION_INDEX)",
-            "--master-addr", master_addr(spec.run_id),
-            "--master-port", str(spec.port),
-        ]
-    return [*head, "--max-restarts", "0", "-m", "bench", "--out", RESULTS_MOUNT, *spec.bench_args]
 
 
 def base_env() -> list[dict[str, Any]]:
@@ -320,7 +306,8 @@ def render_context(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, code
     name = object_name(spec.run_id)
     annotations = check_labels({"envbuild.image": image, **options.annotations}, what="annotation")
     _check_kubeflow(options)
-    args = torchrun_args(spec, options.kubeflow)
+    args = torchrun_argv(spec, "$(JOB_COMPLETION_INDEX)", master_addr=master_addr(spec.run_id),
+                         topology=not options.kubeflow, to_stdout=False)
     env = pod_env(spec, options.socket_ifname)
     shm = shm_quantity(spec.shm_size)
     rdma = place.check_rdma(options.rdma, options.rdma_network)
