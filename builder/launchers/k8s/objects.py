@@ -287,13 +287,6 @@ def _check_spec(spec: LaunchSpec) -> None:
     check_ifname(spec.socket_ifname)
 
 
-def _check_kubeflow(options: K8sOptions) -> None:
-    """Raises UsageError (exit 64) for options a TrainJob cannot carry (its runtime sets them)."""
-    for flag, value in (("--rdma", options.rdma), ("--priority-class", options.placement.priority_class)):
-        if options.kubeflow and value is not None:
-            raise UsageError("is set by the TrainJob's runtime; render the Indexed Job for it", field=flag, value=value)
-
-
 def render_context(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, code: Mapping[str, str] | None = None,
                    environ: Mapping[str, str] | None = None) -> RenderContext:
     """Check ``spec`` and ``options`` into a :class:`RenderContext`. Arguments and errors
@@ -305,7 +298,9 @@ def render_context(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, code
     labels = manifest_labels(spec, environ)
     name = object_name(spec.run_id)
     annotations = check_labels({"envbuild.image": image, **options.annotations}, what="annotation")
-    _check_kubeflow(options)
+    for flag, value in (("--rdma", options.rdma), ("--priority-class", options.placement.priority_class)):
+        if options.kubeflow and value is not None:  # a TrainJob's runtime sets them
+            raise UsageError("is set by the TrainJob's runtime; render the Indexed Job for it", field=flag, value=value)
     args = torchrun_argv(spec, "$(JOB_COMPLETION_INDEX)", master_addr=master_addr(spec.run_id),
                          topology=not options.kubeflow, to_stdout=False)
     env = pod_env(spec, options.socket_ifname)
