@@ -98,38 +98,6 @@ class Doctor(Model, frozen=True, tag_field="schema", tag="envbuild.doctor/1"):
     checks: tuple[DoctorCheck, ...]
 
 
-class Push(Model, frozen=True, tag_field="schema", tag="envbuild.push/1"):
-    """``certificate_path``: the file pushed as the ``attestation`` manifest, found by ``referrers``."""
-
-    repository: str
-    digest: str
-    tags: tuple[str, ...]
-    image_id: str
-    certificate_path: str
-    attestation: str
-    referrers: str
-    signed_by: str | None
-    filesystem: dict[str, Any] | None
-    warnings: tuple[str, ...]
-
-
-class Pull(Model, frozen=True, tag_field="schema", tag="envbuild.pull/1"):
-    """``image_id``/``local_tags``: the pulled image (docker); ``sif_command``: ``--format sif``'s."""
-
-    reference: str
-    digest: str
-    attestation: str
-    found_by: str
-    signer: str | None
-    signed: bool
-    image_id: str | None
-    local_tags: tuple[str, ...]
-    sif_command: tuple[str, ...] | None
-    sif_ran: bool
-    warnings: tuple[str, ...]
-    certificate: dict[str, Any]
-
-
 def _finding(e: BaseException, rule: str = "") -> Finding:
     """An error as a finding: its file, field, value and message (bounded as the schema says)."""
     from builder.core import errors
@@ -165,6 +133,8 @@ def build_document(recipe: str, r: BuildResult) -> Build:
 def schemas() -> dict[str, tuple[type[Any], str, str]]:
     """``{file stem: (model, $id, title)}`` of these documents and the gate's (``schemas/``)."""
     from builder.nodes.gate import GateResult
+    from builder.publish.pull import Pull
+    from builder.publish.push import Push
 
     models = {"error": Error, "check": Check, "render": Render, "build": Build, "certify": Certify, "make": Make,
               "report": Report, "doctor": Doctor, "gate": GateResult, "push": Push, "pull": Pull}

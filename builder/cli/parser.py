@@ -225,7 +225,7 @@ def _k8s(k: argparse.ArgumentParser) -> None:
 
 
 def add_placement_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("placement (docs/kubernetes.md; defaults: builder/launchers/k8s/placement.py)")
+    g = p.add_argument_group("placement (docs/kubernetes.md; defaults: builder/launchers/k8s/options.py)")
     g.add_argument("--requests", metavar="cpu=Q,memory=Q", type=t.k8s_pairs, default={},
                    help="container requests per pod (default per rank: cpu=1,memory=2Gi; gate cpu=50m,memory=256Mi)")
     g.add_argument("--limits", metavar="cpu=Q,memory=Q", type=t.k8s_pairs, default={},

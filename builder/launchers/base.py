@@ -137,18 +137,20 @@ def agent_dir() -> Path:
 
 
 def torchrun_argv(spec: LaunchSpec, node: Any, *, master_addr: Any = "node-0", master_port: Any = None,
-                  out: Any = RESULTS_MOUNT) -> list[Any]:
-    """Node ``node``'s torchrun command; ``node``, the master and ``out`` may be shell words filled in later."""
+                  out: Any = RESULTS_MOUNT, topology: bool = True, to_stdout: bool = True) -> list[Any]:
+    """Node ``node``'s torchrun command; ``node``, the master and ``out`` may be shell words filled in later.
+    Without ``topology`` the environment gives it (a Kubeflow runtime's ``PET_*``); without ``to_stdout``
+    the results stay in their files (a pod prints them)."""
     return [
         "python3", "-m", "torch.distributed.run",
-        "--nnodes", str(spec.nodes),
-        "--nproc-per-node", str(spec.nproc_per_node),
-        "--node-rank", node if not isinstance(node, int) else str(node),
-        "--master-addr", master_addr,
-        "--master-port", str(spec.port) if master_port is None else master_port,
+        *(("--nnodes", str(spec.nodes),
+           "--nproc-per-node", str(spec.nproc_per_node),
+           "--node-rank", node if not isinstance(node, int) else str(node),
+           "--master-addr", master_addr,
+           "--master-port", str(spec.port) if master_port is None else master_port) if topology else ()),
         "--max-restarts", "0",
         "-m", "bench", "--out", out,
-        *spec.bench_args, "--result-to-stdout",
+        *spec.bench_args, *(("--result-to-stdout",) if to_stdout else ()),
     ]
 
 

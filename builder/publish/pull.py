@@ -6,11 +6,12 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from builder.core import process
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable, UsageError
+from builder.core.model import Model
 from builder.image.engine import Engine, Image, PullFailed, docker_login
 from builder.oci import referrers
 from builder.oci.client import RegistryClient
@@ -162,18 +163,21 @@ def find_attestation(reg: RegistryClient, ref: ImageRef, public_key: PublicKey |
     raise Refused(f"refused: no valid certificate for {ref.name}@{digest}: {' | '.join(errors)}")
 
 
-@dataclass
-class PullResult:
-    """Outcome of :func:`pull`; ``warnings``: hardware not covered, accepted with ``allow_uncertified_hw``."""
+class Pull(Model, frozen=True, tag_field="schema", tag="envbuild.pull/1"):
+    """``image_id``/``local_tags``: the pulled image (docker); ``sif_command``: ``--format sif``'s."""
 
     reference: str
     digest: str
-    attestation: Attestation
-    image_id: str | None = None
-    local_tags: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    sif_command: list[str] | None = None
-    sif_ran: bool = False
+    attestation: str
+    found_by: str
+    signer: str | None
+    signed: bool
+    image_id: str | None
+    local_tags: tuple[str, ...]
+    sif_command: tuple[str, ...] | None
+    sif_ran: bool
+    warnings: tuple[str, ...]
+    certificate: dict[str, Any]
 
 
 def sif_command(ref: ImageRef, digest: str, output: str, plain_http: bool) -> list[str]:
@@ -189,21 +193,21 @@ def sif_name(ref: ImageRef, cert: Mapping[str, Any]) -> str:
     return f"{ref.path.rsplit('/', 1)[-1]}_{lock12(cert.get('lock_hash'))}.sif"
 
 
-def _pull_sif(reg: RegistryClient, ref: ImageRef, result: PullResult, output: str | None, run_apptainer: bool,
-              say: Callable[[str], None]) -> PullResult:
-    out = output or sif_name(ref, result.attestation.certificate)
-    result.sif_command = sif_command(ref, result.digest, out, reg.scheme == "http")
+def _pull_sif(reg: RegistryClient, ref: ImageRef, att: Attestation, output: str | None, run_apptainer: bool,
+              say: Callable[[str], None]) -> tuple[list[str], bool]:
+    """The ``apptainer pull`` command, and whether it ran."""
+    command = sif_command(ref, att.digest, output or sif_name(ref, att.certificate), reg.scheme == "http")
     if run_apptainer and shutil.which("apptainer"):
         env = dict(os.environ)
         if reg.credentials:
             env["APPTAINER_DOCKER_USERNAME"] = reg.credentials.username
             env["APPTAINER_DOCKER_PASSWORD"] = reg.credentials.password
-        say(" ".join(result.sif_command))
-        rc = process.run(result.sif_command, APPTAINER_TIMEOUT_S, env=env, capture=False).returncode
+        say(" ".join(command))
+        rc = process.run(command, APPTAINER_TIMEOUT_S, env=env, capture=False).returncode
         if rc != 0:
-            raise Unreachable(f"apptainer pull exited with {rc}", field="reference", value=result.reference)
-        result.sif_ran = True
-    return result
+            raise Unreachable(f"apptainer pull exited with {rc}", field="reference", value=f"{ref.name}@{att.digest}")
+        return command, True
+    return command, False
 
 
 def _engine_pull(client: Engine, reg: RegistryClient, ref: ImageRef, digest: str) -> Image:
@@ -220,10 +224,10 @@ def _engine_pull(client: Engine, reg: RegistryClient, ref: ImageRef, digest: str
     return client.image(image_id)
 
 
-def _pull_docker(client: Engine, reg: RegistryClient, ref: ImageRef, result: PullResult,
-                 say: Callable[[str], None]) -> PullResult:
-    """Pull by digest, check the image against the certificate, tag it; undo on refusal."""
-    att, digest, by_digest = result.attestation, result.digest, result.reference
+def _pull_docker(client: Engine, reg: RegistryClient, ref: ImageRef, att: Attestation,
+                 say: Callable[[str], None]) -> tuple[str, list[str]]:
+    """Pull by digest, check the image against the certificate, tag it: ``(image ID, tags)``; undo on refusal."""
+    digest, by_digest = att.digest, f"{ref.name}@{att.digest}"
     cert = att.certificate
     certified_id = (att.predicate.get("image") or {}).get("id") or (cert.get("image") or {}).get("id")
     pre = client.inspect_image(by_digest)
@@ -240,10 +244,8 @@ def _pull_docker(client: Engine, reg: RegistryClient, ref: ImageRef, result: Pul
         for t in dict.fromkeys([t for t in (ref.tag, lock12(cert.get("lock_hash"))) if t]):
             client.tag(img.id, ref.name, t)
             added.append(f"{ref.name}:{t}")
-        result.image_id = img.id
-        result.local_tags = added
         ok = True
-        return result
+        return img.id, added
     finally:
         if not ok:
             for t in added:
@@ -256,7 +258,7 @@ def pull(client: Engine | None, target: str, registry: str | None = None, *,
          namespace: str = DEFAULT_NAMESPACE, public_key: PublicKey | None = None, key_name: str = "the key",
          allow_uncertified_hw: bool = False, fmt: str = "docker", host_report: Mapping[str, Any] | None = None,
          plain_http: bool | None = None, ca_cert: str | None = None, sif_output: str | None = None,
-         run_apptainer: bool = True, on_progress: Callable[[str], None] | None = None) -> PullResult:
+         run_apptainer: bool = True, on_progress: Callable[[str], None] | None = None) -> Pull:
     """Pull a certified image by digest onto this node, or refuse.
     Raises Refused (exit 2) when no valid certificate covers this node or the pulled image
     differs from it, Unreachable (exit 3) when the registry, engine or apptainer fails."""
@@ -272,11 +274,18 @@ def pull(client: Engine | None, target: str, registry: str | None = None, *,
     if issues and not allow_uncertified_hw:
         raise Refused("refused: this node is not covered by the certificate: " + "; ".join(issues)
                       + " (--allow-uncertified-hw to pull anyway)")
-    result = PullResult(reference=f"{ref.name}@{att.digest}", digest=att.digest, attestation=att, warnings=list(issues))
     lock12(att.certificate.get("lock_hash"))  # a certificate without a lock hash is refused before pulling
+    image_id: str | None = None
+    tags: list[str] = []
+    command, ran = None, False
     if fmt == "sif":
-        return _pull_sif(reg, ref, result, sif_output, run_apptainer, say)
-    if fmt != "docker":
+        command, ran = _pull_sif(reg, ref, att, sif_output, run_apptainer, say)
+    elif fmt != "docker":
         raise UsageError("is not docker or sif", field="--format", value=fmt)
-    assert client is not None
-    return _pull_docker(client, reg, ref, result, say)
+    else:
+        assert client is not None
+        image_id, tags = _pull_docker(client, reg, ref, att, say)
+    return Pull(reference=f"{ref.name}@{att.digest}", digest=att.digest, attestation=att.manifest,
+                found_by=att.found_by, signer=att.signer, signed=att.signed, image_id=image_id, local_tags=tuple(tags),
+                sif_command=None if command is None else tuple(command), sif_ran=ran, warnings=tuple(issues),
+                certificate=dict(att.certificate))

@@ -6,12 +6,11 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from builder.core import inputs
 from builder.core.errors import Unreachable
+from builder.core.model import Model
 from builder.core.paths import image_dir
 from builder.image.engine import Engine, docker_login
 from builder.oci import referrers
@@ -48,20 +47,19 @@ def engine_push(client: Engine, image_id: str, name: str, tag: str, credentials:
     return digest
 
 
-@dataclass
-class PushResult:
-    """Outcome of :func:`push`; ``digest`` is the image manifest digest in the registry."""
+class Push(Model, frozen=True, tag_field="schema", tag="envbuild.push/1"):
+    """``certificate_path``: the file pushed as the ``attestation`` manifest, found by ``referrers``."""
 
     repository: str
     digest: str
-    tags: list[str]
+    tags: tuple[str, ...]
     image_id: str
-    certificate_path: Path
+    certificate_path: str
     attestation: str
     referrers: str
     signed_by: str | None
     filesystem: dict[str, Any] | None
-    warnings: list[str] = field(default_factory=list)
+    warnings: tuple[str, ...]
 
 
 def _filesystem(client: Engine, img: Any, cert: Mapping[str, Any], labels: Mapping[str, str] | None,
@@ -95,7 +93,7 @@ def _stale_lock_warnings(images_dir: str | os.PathLike[str], recipe: str, cert: 
 def push(client: Engine, recipe: str, registry: str, *, images_dir: str | os.PathLike[str] = "images",
          image: str | None = None, namespace: str = DEFAULT_NAMESPACE, sign_key: PrivateKey | None = None,
          plain_http: bool | None = None, ca_cert: str | None = None, fs_hash: bool = True,
-         labels: Mapping[str, str] | None = None, on_progress: Callable[[str], None] | None = None) -> PushResult:
+         labels: Mapping[str, str] | None = None, on_progress: Callable[[str], None] | None = None) -> Push:
     """Publish a certified image and its certificate. Raises EnvbuildError (exit 2) without a passing certificate for
     the image, Unreachable (exit 3) when the registry or engine fails."""
     say = on_progress or (lambda _msg: None)
@@ -128,7 +126,7 @@ def push(client: Engine, recipe: str, registry: str, *, images_dir: str | os.Pat
     # move `certified` only now that the certificate is published; its pointer last
     reg.put_manifest(repository, CERTIFIED_TAG, manifest_bytes, subject.media_type)
     reg.put_manifest(repository, CERTIFIED_TAG + CERT_TAG_SUFFIX, att_body, MT_OCI_MANIFEST)
-    return PushResult(repository=name, digest=digest, tags=[first, CERTIFIED_TAG], image_id=img.id,
-                      certificate_path=cert_path, attestation=att.digest, referrers=how,
-                      signed_by=attest.key_id(sign_key) if sign_key is not None else None,
-                      filesystem=fs, warnings=warnings)
+    return Push(repository=name, digest=digest, tags=(first, CERTIFIED_TAG), image_id=img.id,
+                certificate_path=str(cert_path), attestation=att.digest, referrers=how,
+                signed_by=attest.key_id(sign_key) if sign_key is not None else None,
+                filesystem=fs, warnings=tuple(warnings))

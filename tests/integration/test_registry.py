@@ -376,7 +376,7 @@ def test_node_hardware_is_checked_against_the_certificate(registry, namespace, m
 
     result = pull({"driver": "575.57.08", "gpus": [a100]}, allow_uncertified_hw=True)
     assert result.warnings and result.image_id == img.id
-    assert pull({"driver": "575.57.08", "gpus": [GPU]}).warnings == []
+    assert pull({"driver": "575.57.08", "gpus": [GPU]}).warnings == ()
 
 
 def test_push_and_pull_with_warnings_only_exit_1(registry, namespace, make_certified, docker_client, capsys):
@@ -531,10 +531,10 @@ def test_real_certificate_of_the_torch_image_is_published_and_pulled(registry, n
                           image=torch_image, namespace=namespace, fs_hash=False)
         result = pulling.pull(docker_client, "cpu-torch2", registry.host, namespace=namespace,
                               host_report=no_gpu_host())
-        added = result.local_tags + [result.reference]
+        added = [*result.local_tags, result.reference]
         assert result.image_id == docker_client.sdk.images.get(torch_image).id == cert["image"]["id"]
-        assert result.attestation.certificate == json.loads(path.read_text())
-        probe = result.attestation.certificate["probe"]["0"]
+        assert result.certificate == json.loads(path.read_text())
+        probe = result.certificate["probe"]["0"]
         assert probe["torch"]["version"] == cert["lock"]["torch"]["local"]
         assert pushed.digest == result.digest
     finally:

@@ -1,4 +1,4 @@
-"""The manifests an admin applies (builder/launchers/k8s/placement.py, objects.py, gate.py):
+"""The manifests an admin applies (builder/launchers/k8s/options.py, objects.py, gate.py):
 requests and limits, node selector, tolerations, node affinity, priority class, namespace and
 ``--rdma`` on the certify Job, each present and absent; the gate in envbuild-system; every
 variant validated against two Kubernetes releases; the Pod Security Standard each pod meets,
@@ -19,7 +19,7 @@ import yaml
 from test_k8s_units import IMAGES, ROOT, STUB_CODE, small_spec, spec_for
 
 from builder.core.errors import ExitCode, Unreachable, UsageError
-from builder.launchers.k8s import placement as place
+from builder.launchers.k8s import options as place
 from builder.launchers.k8s.gate import GateSpec
 from builder.launchers.k8s.launcher import K8sLauncher
 from builder.launchers.k8s.manifests import load_objects, render_gate_manifests, render_manifests

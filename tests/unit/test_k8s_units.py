@@ -23,6 +23,7 @@ from referencing import Registry, Resource
 
 from builder.certify import settings as certify_settings
 from builder.certify import verdict as certify_verdict
+from builder.certify.source import recipe_lock
 from builder.core.documents import RankResult
 from builder.core.errors import EnvbuildError, ExitCode, Unreachable
 from builder.core.model import convert
@@ -39,9 +40,9 @@ from builder.launchers.k8s.objects import (
     pod_env,
     shm_quantity,
 )
-from builder.launchers.k8s.options import K8S_VERSIONS, K8sOptions, lock_from_file, manifest_labels
+from builder.launchers.k8s.options import K8S_VERSIONS, K8sOptions, manifest_labels
 from builder.oci import reference
-from builder.recipe.lock import validate_lock
+from builder.recipe.lock import lock_hash
 
 from factories import lock_of, rank_result
 
@@ -67,8 +68,9 @@ STUB_CODE = {path: f"# {path}: stand-in for envbuild's in-image code\n" for path
 
 def spec_for(recipe: str, image: str | None = None, run_id: str = RUN_ID, env=None) -> tuple[LaunchSpec, dict]:
     """The LaunchSpec `envbuild k8s render RECIPE --image ...` builds (same steps as cli.py)."""
-    lock, labels = lock_from_file(ROOT / "images", recipe)
-    s = certify_settings.resolve(validate_lock(lock, recipe), gpu_visible=True, recipe_backend=labels.get("envbuild.backend"))
+    lock = recipe_lock(ROOT / "images", recipe)[1]
+    labels = {"envbuild.recipe": lock.recipe, "envbuild.lock-hash": lock_hash(lock)}
+    s = certify_settings.resolve(lock, gpu_visible=True, recipe_backend=lock.certify.backend)
     spec = LaunchSpec(image=image or IMAGES[recipe], nodes=s.nodes, gpus_per_node=s.gpus_per_node,
                       backend=s.backend, port=s.port, shm_size=s.shm_size, timeout_s=s.timeout_s,
                       bench_args=s.bench_args(), env=dict(env or {}), run_id=run_id,

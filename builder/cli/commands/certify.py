@@ -180,9 +180,10 @@ def _k8s_source(args: argparse.Namespace) -> tuple[str, Lock, dict[str, str], st
     ``--image``) or of an image on this engine (its labels and ``Env``)."""
     import re
 
+    from builder.certify.source import recipe_lock
     from builder.core.paths import image_dir
-    from builder.launchers.k8s import lock_from_file, require_digest
-    from builder.recipe.lock import validate_lock
+    from builder.launchers.k8s import require_digest
+    from builder.recipe.lock import lock_hash
 
     name = args.source
     if re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name) and image_dir(args.images_dir, name).lock.is_file():
@@ -190,8 +191,9 @@ def _k8s_source(args: argparse.Namespace) -> tuple[str, Lock, dict[str, str], st
             raise UsageError(
                 f"envbuild k8s render: recipe {name} needs --image REPO@sha256:DIGEST (the image the pods run)")
         ref = require_digest(args.image, args.allow_tag)
-        raw, labels = lock_from_file(args.images_dir, name)
-        lock = validate_lock(raw, str(image_dir(args.images_dir, name).lock))
+        lock = recipe_lock(args.images_dir, name)[1]
+        labels = {"envbuild.recipe": lock.recipe, "envbuild.lock-hash": lock_hash(lock),
+                  "envbuild.backend": lock.certify.backend}  # type: ignore[attr-defined]
         return ref, lock, labels, None, dict(lock.env)
     if args.image:
         raise UsageError(f"envbuild k8s render: --image goes with a recipe name; {name!r} is read as an image")
@@ -209,7 +211,7 @@ def _k8s_source(args: argparse.Namespace) -> tuple[str, Lock, dict[str, str], st
 
 def _k8s_options(args: argparse.Namespace) -> tuple[K8sOptions, dict[str, str]]:
     """The K8sOptions of the command line, checked (exit 64) before anything is contacted."""
-    from builder.launchers.k8s import K8sOptions, check_options, check_run_id
+    from builder.launchers.k8s import K8sOptions, check_options
 
     if args.apply and args.kubeflow:
         raise UsageError(
@@ -218,9 +220,7 @@ def _k8s_options(args: argparse.Namespace) -> tuple[K8sOptions, dict[str, str]]:
     opts = K8sOptions(kubeflow=args.kubeflow, runtime=args.runtime, allow_tag=args.allow_tag, ttl_s=args.ttl,
                       spread=args.spread, socket_ifname=args.socket_ifname, placement=placement(args),
                       namespace=args.namespace, rdma=args.rdma, rdma_network=args.rdma_network)
-    check_options(opts)
-    if args.run_id:
-        check_run_id(args.run_id)
+    check_options(opts)  # the run id: checks.check_args
     return opts, env
 
 

@@ -8,7 +8,6 @@ import os
 from typing import Any
 
 from builder.cli import output
-from builder.cli.documents import Pull, Push
 from builder.cli.output import out
 from builder.core.errors import ExitCode
 from builder.core.inputs import escape
@@ -33,7 +32,7 @@ def cmd_push(args: argparse.Namespace) -> int:
                        on_progress=output.progress, **registry_opts(args))
     for w in result.warnings:
         output.warn(w)
-    output.emit(Push(**{**vars(result), "certificate_path": str(result.certificate_path)}))
+    output.emit(result)
     out().print(f"pushed {result.repository}@{result.digest}", markup=False, soft_wrap=True)
     out().print(f"  tags: {', '.join(result.tags)}; image {result.image_id}", markup=False, soft_wrap=True)
     out().print(f"  certificate {result.certificate_path} -> attestation {result.attestation} "
@@ -59,17 +58,15 @@ def cmd_pull(args: argparse.Namespace) -> int:
                        allow_uncertified_hw=args.allow_uncertified_hw, fmt=args.format,
                        sif_output=args.output, run_apptainer=not args.print_only,
                        on_progress=output.progress, **registry_opts(args))
-    att = result.attestation
-    cert = att.certificate
+    cert = result.certificate
     for w in result.warnings:
         output.warn(f"uncertified hardware: {w}")
-    output.emit(Pull(**{**vars(result), "attestation": att.manifest}, found_by=att.found_by, signer=att.signer,
-                     signed=att.signed, certificate=dict(cert)))
-    sig = (f"signature verified ({att.signer})" if att.signer else
-           "signed, signature not checked (no public key configured)" if att.signed else "unsigned")
+    output.emit(result)
+    sig = (f"signature verified ({result.signer})" if result.signer else
+           "signed, signature not checked (no public key configured)" if result.signed else "unsigned")
     out().print(f"certified {escape(result.reference)}: recipe {escape(cert.get('recipe'), 80)}, lock "
                 f"{escape(cert.get('lock_hash'), 80)}, verdict passed at {escape(cert.get('finished_at'), 40)}; "
-                f"{escape(sig)}; certificate {escape(att.manifest)} ({escape(att.found_by)})",
+                f"{escape(sig)}; certificate {escape(result.attestation)} ({escape(result.found_by)})",
                 markup=False, soft_wrap=True)
     if result.sif_command is not None:
         command = " ".join(result.sif_command)

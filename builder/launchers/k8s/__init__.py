@@ -6,8 +6,8 @@ from .api import find_kubeconfig
 from .gate import GateSpec, gate_context
 from .launcher import K8sLauncher
 from .manifests import render_gate_manifests, render_manifests, write_manifests
-from .options import K8sOptions, Placement, check_options, check_run_id, lock_from_file, require_digest
+from .options import K8sOptions, Placement, check_options, check_run_id, require_digest
 
 __all__ = ["GateSpec", "K8sLauncher", "K8sOptions", "Placement", "check_options", "check_run_id", "find_kubeconfig",
-           "gate_context", "lock_from_file", "render_gate_manifests", "render_manifests", "require_digest",
+           "gate_context", "render_gate_manifests", "render_manifests", "require_digest",
            "write_manifests"]

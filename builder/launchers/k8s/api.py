@@ -378,7 +378,8 @@ class _Watcher(threading.Thread):
                     if not isinstance(obj, dict):
                         continue
                     seen += 1
-                    version = _resource_version(obj) or version
+                    seen_version = _text(_dict(obj.get("metadata")).get("resourceVersion"))
+                    version = seen_version if seen_version and len(seen_version) <= 64 else version
                     if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
                         self.events.put(self.convert(obj, deleted=event["type"] == "DELETED"))
             except Exception as e:  # noqa: BLE001 - reported to the launcher
@@ -391,9 +392,3 @@ class _Watcher(threading.Thread):
                 return
             if not seen and time.monotonic() - began < 1.0:
                 self._stopped.wait(1.0)  # a server that ends watches at once: not in a tight loop
-
-
-def _resource_version(obj: Mapping[str, Any]) -> str | None:
-    meta = obj.get("metadata")
-    version = meta.get("resourceVersion") if isinstance(meta, dict) else None
-    return version if isinstance(version, str) and 0 < len(version) <= 64 else None

@@ -14,7 +14,7 @@ from typing import Any
 from builder.core.errors import UsageError
 
 from . import objects as pod
-from . import placement as place
+from . import options as place
 from .objects import CodeData, code_data
 from .options import Placement, check_labels, check_namespace, require_digest
 
@@ -83,11 +83,7 @@ def gate_context(gate: GateSpec) -> GateContext:
 
 
 def _meta(ctx: GateContext, name: str, namespaced: bool = True) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name}
-    if namespaced:
-        meta["namespace"] = ctx.gate.namespace
-    meta["labels"] = dict(ctx.labels)
-    return meta
+    return pod.metadata(name, ctx.labels, ctx.gate.namespace if namespaced else None)
 
 
 def service_account(ctx: GateContext) -> dict[str, Any]:
@@ -121,10 +117,7 @@ def cluster_role_binding(ctx: GateContext) -> dict[str, Any]:
 
 def configmap(ctx: GateContext) -> dict[str, Any]:
     """The immutable ConfigMap with the in-image code and the gate spec."""
-    meta = _meta(ctx, ctx.configmap_name)
-    meta["annotations"] = {"envbuild.code-sha256": ctx.code.sha256}
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "immutable": True,
-            "data": dict(ctx.code.data)}
+    return pod.code_configmap(ctx.configmap_name, ctx.labels, ctx.gate.namespace, ctx.code)
 
 
 def _container(ctx: GateContext) -> dict[str, Any]:
@@ -149,7 +142,7 @@ def _container(ctx: GateContext) -> dict[str, Any]:
 
 
 def _pod_spec(pod_spec: dict[str, Any], placement: Placement) -> dict[str, Any]:
-    """``pod_spec`` placed: :data:`~.placement.GATE_TOLERATIONS` unless tolerations are given
+    """``pod_spec`` placed: :data:`~.options.GATE_TOLERATIONS` unless tolerations are given
     (then its own taint first, so that a node it tainted is checked again)."""
     own = ([{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}] if placement.tolerations
            else [place.toleration(t) for t in place.GATE_TOLERATIONS])

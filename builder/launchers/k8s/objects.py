@@ -13,8 +13,8 @@ from typing import Any
 from builder.agent.payload import MOUNT_POINT
 from builder.core.errors import EnvbuildError, UsageError
 
-from ..base import LaunchSpec, socket_env
-from . import placement as place
+from ..base import HOME, RESULTS_MOUNT, LaunchSpec, socket_env, torchrun_argv
+from . import options as place
 from .options import (
     DEFAULT_OPTIONS,
     TRAINJOB_API,
@@ -92,10 +92,6 @@ def code_data(code: Mapping[str, str] | None = None) -> CodeData:
 
 #: Where the in-image code is mounted (read-only); also ``PYTHONPATH``.
 CODE_MOUNT = MOUNT_POINT
-#: Where each rank writes ``rank-<r>.json`` inside a pod (an emptyDir).
-RESULTS_MOUNT = "/results"
-#: ``HOME`` inside each pod (an emptyDir).
-HOME = "/tmp/home"
 #: The arbitrary UID and GID the pods run as (no passwd entry in the image).
 RUN_UID = 12345
 #: Name of the container in each pod (Kubeflow's runtimes name theirs ``node`` as well).
@@ -147,20 +143,6 @@ def shm_quantity(size: str | None) -> str | None:
         raise UsageError("is not a size (e.g. 256m, 8g)", field="shm_size", value=size)
     number, unit = m.group(1), m.group(2).lower()
     return number if unit in ("", "b") else f"{number}{unit.upper()}i"
-
-
-def torchrun_args(spec: LaunchSpec, kubeflow: bool = False) -> list[str]:
-    """The container ``args``: torchrun running the bench."""
-    head = ["python3", "-m", "torch.distributed.run"]
-    if not kubeflow:
-        head += [
-            "--nnodes", str(spec.nodes),
-            "--nproc-per-node", str(spec.nproc_per_node),
-            "--node-rank", "$(JOB_COMPLETION_INDEX)",
-            "--master-addr", master_addr(spec.run_id),
-            "--master-port", str(spec.port),
-        ]
-    return [*head, "--max-restarts", "0", "-m", "bench", "--out", RESULTS_MOUNT, *spec.bench_args]
 
 
 def base_env() -> list[dict[str, Any]]:
@@ -305,13 +287,6 @@ def _check_spec(spec: LaunchSpec) -> None:
     check_ifname(spec.socket_ifname)
 
 
-def _check_kubeflow(options: K8sOptions) -> None:
-    """Raises UsageError (exit 64) for options a TrainJob cannot carry (its runtime sets them)."""
-    for flag, value in (("--rdma", options.rdma), ("--priority-class", options.placement.priority_class)):
-        if options.kubeflow and value is not None:
-            raise UsageError("is set by the TrainJob's runtime; render the Indexed Job for it", field=flag, value=value)
-
-
 def render_context(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, code: Mapping[str, str] | None = None,
                    environ: Mapping[str, str] | None = None) -> RenderContext:
     """Check ``spec`` and ``options`` into a :class:`RenderContext`. Arguments and errors
@@ -323,8 +298,11 @@ def render_context(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, code
     labels = manifest_labels(spec, environ)
     name = object_name(spec.run_id)
     annotations = check_labels({"envbuild.image": image, **options.annotations}, what="annotation")
-    _check_kubeflow(options)
-    args = torchrun_args(spec, options.kubeflow)
+    for flag, value in (("--rdma", options.rdma), ("--priority-class", options.placement.priority_class)):
+        if options.kubeflow and value is not None:  # a TrainJob's runtime sets them
+            raise UsageError("is set by the TrainJob's runtime; render the Indexed Job for it", field=flag, value=value)
+    args = torchrun_argv(spec, "$(JOB_COMPLETION_INDEX)", master_addr=master_addr(spec.run_id),
+                         topology=not options.kubeflow, to_stdout=False)
     env = pod_env(spec, options.socket_ifname)
     shm = shm_quantity(spec.shm_size)
     rdma = place.check_rdma(options.rdma, options.rdma_network)
@@ -334,24 +312,32 @@ def render_context(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, code
                          code=data, env=env, args=args, shm_limit=shm, resources=res, rdma=rdma)
 
 
-def _metadata(ctx: RenderContext, name: str, annotations: Mapping[str, str] | None) -> dict[str, Any]:
+def metadata(name: str, labels: Mapping[str, str], namespace: str | None = None,
+             annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """An object's ``metadata`` (``namespace`` None: the context's, or a cluster-scoped object)."""
     meta: dict[str, Any] = {"name": name}
-    if ctx.options.namespace:
-        meta["namespace"] = ctx.options.namespace
-    meta["labels"] = dict(ctx.labels)
+    if namespace:
+        meta["namespace"] = namespace
+    meta["labels"] = dict(labels)
     if annotations is not None:
         meta["annotations"] = dict(annotations)
     return meta
 
 
+def _metadata(ctx: RenderContext, name: str, annotations: Mapping[str, str] | None) -> dict[str, Any]:
+    return metadata(name, ctx.labels, ctx.options.namespace, annotations)
+
+
+def code_configmap(name: str, labels: Mapping[str, str], namespace: str | None, code: CodeData) -> dict[str, Any]:
+    """The immutable ConfigMap ``name`` holding ``code`` (a run's in-image code, or the gate's)."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": metadata(name, labels, namespace, {"envbuild.code-sha256": code.sha256}),
+            "immutable": True, "data": dict(code.data)}
+
+
 def configmap(ctx: RenderContext) -> dict[str, Any]:
-    """The immutable ConfigMap ``envbuild-<run>-code`` holding the in-image code."""
-    return {
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": _metadata(ctx, ctx.configmap_name, {"envbuild.code-sha256": ctx.code.sha256}),
-        "immutable": True,
-        "data": dict(ctx.code.data),
-    }
+    """The ConfigMap ``envbuild-<run>-code`` holding the in-image code."""
+    return code_configmap(ctx.configmap_name, ctx.labels, ctx.options.namespace, ctx.code)
 
 
 def service(ctx: RenderContext) -> dict[str, Any]:
