@@ -21,27 +21,17 @@ from builder.core.inputs import escape, one_line
 
 #: What each command runs: ``command [sub-command]`` -> (module of :mod:`builder.cli.commands`,
 #: function). The module is imported when its command runs, not before.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "check": ("recipe", "cmd_check"),
-    "audit": ("recipe", "cmd_audit"),
-    "render": ("recipe", "cmd_render"),
-    "lock": ("recipe", "cmd_lock"),
-    "build": ("image", "cmd_build"),
-    "base bootstrap": ("image", "cmd_base"),
-    "certify": ("certify", "cmd_certify"),
-    "make": ("certify", "cmd_make"),
-    "report": ("certify", "cmd_report"),
-    "k8s render": ("certify", "cmd_k8s_render"),
-    "k8s gate": ("gate", "cmd_k8s_gate"),
-    "probe": ("nodes", "cmd_probe"),
-    "verify": ("nodes", "cmd_verify"),
-    "doctor": ("nodes", "cmd_doctor"),
-    "gate": ("gate", "cmd_gate"),
-    "push": ("publish", "cmd_push"),
-    "pull": ("publish", "cmd_pull"),
-    "config": ("publish", "cmd_config"),
-    "completion": ("publish", "cmd_completion"),
-}
+COMMANDS: dict[str, tuple[str, str]] = {"check": ("recipe", "cmd_check"), "audit": ("recipe", "cmd_audit"),
+                                        "render": ("recipe", "cmd_render"), "lock": ("recipe", "cmd_lock"),
+                                        "build": ("image", "cmd_build"), "base bootstrap": ("image", "cmd_base"),
+                                        "certify": ("certify", "cmd_certify"), "make": ("certify", "cmd_make"),
+                                        "report": ("certify", "cmd_report"),
+                                        "k8s render": ("certify", "cmd_k8s_render"),
+                                        "k8s gate": ("gate", "cmd_k8s_gate"), "probe": ("nodes", "cmd_probe"),
+                                        "verify": ("nodes", "cmd_verify"), "doctor": ("nodes", "cmd_doctor"),
+                                        "gate": ("gate", "cmd_gate"), "push": ("publish", "cmd_push"),
+                                        "pull": ("publish", "cmd_pull"), "config": ("publish", "cmd_config"),
+                                        "completion": ("publish", "cmd_completion")}
 
 
 def command_of(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:

@@ -77,17 +77,10 @@ class RunSettings(Model, Ranks, frozen=True):
 
     def bench_args(self) -> list[str]:
         """Arguments of ``python3 -m bench`` after ``--out``."""
-        return [
-            "--backend", self.backend,
-            "--sizes", ",".join(str(s) for s in self.sizes),
-            "--iters", str(self.iters),
-            "--warmup", str(self.warmup),
-            "--ddp-steps", str(self.ddp_steps),
-            "--ddp-batch", str(self.ddp_batch),
-            "--ddp-image-size", str(self.ddp_image_size),
-            "--pg-timeout-s", f"{float(self.timeout_s):g}",
-            "--profiles", ",".join(self.profiles), "--dtypes", ",".join(self.dtypes),
-        ]
+        return ["--backend", self.backend, "--sizes", ",".join(str(s) for s in self.sizes), "--iters", str(self.iters),
+                "--warmup", str(self.warmup), "--ddp-steps", str(self.ddp_steps), "--ddp-batch", str(self.ddp_batch),
+                "--ddp-image-size", str(self.ddp_image_size), "--pg-timeout-s", f"{float(self.timeout_s):g}",
+                "--profiles", ",".join(self.profiles), "--dtypes", ",".join(self.dtypes)]
 
 
 class Verdict(Model, frozen=True):
@@ -284,8 +277,7 @@ def upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def load_certificate(data: Any, file: str | None = None, exit_code: ExitCode = ExitCode.CHECK_FAILED
-                     ) -> Certificate:
+def load_certificate(data: Any, file: str | None = None, exit_code: ExitCode = ExitCode.CHECK_FAILED) -> Certificate:
     """``data`` (a parsed certificate document, ``/1`` or ``/2``) as a :class:`Certificate`.
     Raises ManyErrors: (``exit_code``) every violation, with its field path and value."""
     schema = data.get("schema") if isinstance(data, dict) else None

@@ -234,14 +234,8 @@ def template_environment(filters: Mapping[str, Callable[..., Any]] | None = None
     ``finalize`` checks every substituted value."""
     import jinja2
 
-    env = jinja2.Environment(
-        finalize=finalize,
-        loader=jinja2.PackageLoader(package, "templates"),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
+    env = jinja2.Environment(finalize=finalize, loader=jinja2.PackageLoader(package, "templates"),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True, autoescape=False)
     env.filters.update(filters or {})
     return env

@@ -98,36 +98,16 @@ def node_argv(spec: LaunchSpec, node: int) -> list[str]:
             *torchrun_argv(spec, node, master_addr=node_host(0))]
 
 
-def container_kwargs(
-    spec: LaunchSpec,
-    node: int,
-    *,
-    network: str,
-    labels: Mapping[str, str],
-    code_dir: Path,
-    user: str = RUN_USER,
-    memory: str | None = None,
-) -> dict[str, Any]:
+def container_kwargs(spec: LaunchSpec, node: int, *, network: str, labels: Mapping[str, str], code_dir: Path,
+                     user: str = RUN_USER, memory: str | None = None) -> dict[str, Any]:
     """Keyword arguments of :meth:`~builder.image.engine.Engine.create_container` for node ``node``."""
-    kw: dict[str, Any] = dict(
-        image=spec.image,
-        command=node_argv(spec, node),
-        name=node_name(spec.run_id, node),
-        hostname=node_host(node),
-        environment=node_env(spec, node),
-        labels={**labels, "envbuild.node": str(node)},
-        user=user,
-        read_only=True,
-        tmpfs={"/tmp": "rw,exec,mode=1777", HOME: "rw,mode=1777", RESULTS_MOUNT: "rw,mode=1777"},
-        volumes={str(code_dir): {"bind": MOUNT_POINT, "mode": "ro"}},
-        cap_drop=["ALL"],
-        security_opt=["no-new-privileges"],
-        network=network,
-        aliases=[node_host(node)],
-        auto_remove=True,
-        detach=True,
-        gpus=gpu_ids(spec, node),
-    )
+    kw: dict[str, Any] = dict(image=spec.image, command=node_argv(spec, node), name=node_name(spec.run_id, node),
+                              hostname=node_host(node), environment=node_env(spec, node),
+                              labels={**labels, "envbuild.node": str(node)}, user=user, read_only=True,
+                              tmpfs={"/tmp": "rw,exec,mode=1777", HOME: "rw,mode=1777", RESULTS_MOUNT: "rw,mode=1777"},
+                              volumes={str(code_dir): {"bind": MOUNT_POINT, "mode": "ro"}}, cap_drop=["ALL"],
+                              security_opt=["no-new-privileges"], network=network, aliases=[node_host(node)],
+                              auto_remove=True, detach=True, gpus=gpu_ids(spec, node))
     if spec.shm_size:
         kw["shm_size"] = spec.shm_size
     if memory:
@@ -217,17 +197,9 @@ def check_capacity(nodes: int, nproc_per_node: int, info: Mapping[str, Any]) -> 
 class LocalDockerLauncher:
     """Runs each simulated node as a container on the local Docker engine."""
 
-    def __init__(
-        self,
-        client: engine.Engine,
-        *,
-        grace_s: float = DEFAULT_GRACE_S,
-        poll_s: float = POLL_S,
-        user: str = RUN_USER,
-        memory: str | None = None,
-        machines: list[int] | None = None,
-        node_options: Mapping[int, Mapping[str, Any]] | None = None,
-    ) -> None:
+    def __init__(self, client: engine.Engine, *, grace_s: float = DEFAULT_GRACE_S, poll_s: float = POLL_S,
+                 user: str = RUN_USER, memory: str | None = None, machines: list[int] | None = None,
+                 node_options: Mapping[int, Mapping[str, Any]] | None = None) -> None:
         self.client = client
         self.grace_s = grace_s
         self.poll_s = poll_s
@@ -431,8 +403,7 @@ class LocalDockerLauncher:
                 reaper.kill()
                 reaper.wait()
 
-    def _remove_all(self, spec: LaunchSpec, watches: list[NodeWatch], state: dict[str, Any],
-                    errors: list[str]) -> None:
+    def _remove_all(self, spec: LaunchSpec, watches: list[NodeWatch], state: dict[str, Any], errors: list[str]) -> None:
         for w in watches:
             try:
                 self.client.remove_container(w.id)

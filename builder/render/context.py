@@ -41,12 +41,8 @@ def _finalize(value: Any) -> Any:
 
 def image_env(spec: Spec) -> list[tuple[str, str]]:
     """The image's environment, in order: the venv first, then the recipe's ``env`` by name."""
-    env = [
-        ("VIRTUAL_ENV", VENV),
-        ("PATH", f"{VENV}/bin:$PATH"),
-        ("PYTHONDONTWRITEBYTECODE", "1"),
-        ("PYTHONUNBUFFERED", "1"),
-    ]
+    env = [("VIRTUAL_ENV", VENV), ("PATH", f"{VENV}/bin:$PATH"), ("PYTHONDONTWRITEBYTECODE", "1"),
+           ("PYTHONUNBUFFERED", "1")]
     env.extend(sorted(spec.recipe.env.items()))
     return env
 
@@ -55,23 +51,14 @@ def labels(spec: Spec, lock: Lock) -> list[tuple[str, str]]:
     """Image labels, sorted; ``envbuild.lock`` holds the whole lock so checks can read it from the image alone."""
     r = spec.recipe
     digest = lock_hash(lock)
-    out = {
-        "org.opencontainers.image.title": f"envbuild/{spec.name}",
-        "org.opencontainers.image.description": r.description or f"envbuild recipe {spec.name}",
-        "org.opencontainers.image.base.name": r.base.image,
-        "org.opencontainers.image.version": digest.split(":", 1)[1][:12],
-        "envbuild.recipe": spec.name,
-        "envbuild.lock-hash": digest,
-        "envbuild.lock": lock_label(lock),
-        "envbuild.os": f"{r.os.id} {r.os.version}",
-        "envbuild.python": r.python,
-        "envbuild.torch": spec.torch_local,
-        "envbuild.cuda": spec.cuda or "none",
-        "envbuild.nccl": spec.nccl or "none",
-        "envbuild.cudnn": spec.cudnn or "none",
-        "envbuild.backend": r.certify.backend,
-        "envbuild.driver.min": spec.driver_min or "none",
-    }
+    out = {"org.opencontainers.image.title": f"envbuild/{spec.name}",
+           "org.opencontainers.image.description": r.description or f"envbuild recipe {spec.name}",
+           "org.opencontainers.image.base.name": r.base.image,
+           "org.opencontainers.image.version": digest.split(":", 1)[1][:12], "envbuild.recipe": spec.name,
+           "envbuild.lock-hash": digest, "envbuild.lock": lock_label(lock), "envbuild.os": f"{r.os.id} {r.os.version}",
+           "envbuild.python": r.python, "envbuild.torch": spec.torch_local, "envbuild.cuda": spec.cuda or "none",
+           "envbuild.nccl": spec.nccl or "none", "envbuild.cudnn": spec.cudnn or "none",
+           "envbuild.backend": r.certify.backend, "envbuild.driver.min": spec.driver_min or "none"}
     if isinstance(lock.resolved, LockResolved) and lock.resolved.base.digest:
         out["org.opencontainers.image.base.digest"] = lock.resolved.base.digest
     return sorted(out.items())

@@ -97,8 +97,7 @@ def _file_digests(folder: Path) -> dict[str, str] | None:
 def record(name_or_path: str, recipes_dir: str | os.PathLike[str], images_dir: str | os.PathLike[str],
            recipe: str, files: Mapping[str, bytes], cache: Path | None = None) -> Path | None:
     """Write the stamp of ``files`` just compared with or written to disk; None when it cannot be written."""
-    doc = {"format": FORMAT, "recipe": recipe,
-           "inputs": inputs_digest(name_or_path, recipes_dir, images_dir, recipe),
+    doc = {"format": FORMAT, "recipe": recipe, "inputs": inputs_digest(name_or_path, recipes_dir, images_dir, recipe),
            "files": {n: hashlib.sha256(files[n]).hexdigest() for n in RENDERED_FILES}}
     path = _stamp_path(name_or_path, recipes_dir, images_dir, cache)
     try:

@@ -55,9 +55,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
     client = engine.connect() if args.format == "docker" else None
     result = pull.pull(client, args.target, args.registry, namespace=args.namespace, public_key=key,
                        key_name=str(key_path) if key_path else "the key",
-                       allow_uncertified_hw=args.allow_uncertified_hw, fmt=args.format,
-                       sif_output=args.output, run_apptainer=not args.print_only,
-                       on_progress=output.progress, **registry_opts(args))
+                       allow_uncertified_hw=args.allow_uncertified_hw, fmt=args.format, sif_output=args.output,
+                       run_apptainer=not args.print_only, on_progress=output.progress, **registry_opts(args))
     cert = result.certificate
     for w in result.warnings:
         output.warn(f"uncertified hardware: {w}")

@@ -165,8 +165,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
         except EnvbuildError as e:
             output.warn(str(e))
     result = lock.lock(spec, args.images_dir, site_options(args), client, base=not args.no_base, pip=not args.no_pip,
-                       apt=not args.no_apt, base_mode=args.base_mode, registry=RegistryClient,
-                       say=output.progress)
+                       apt=not args.no_apt, base_mode=args.base_mode, registry=RegistryClient, say=output.progress)
     doc = result.resolved
     output.emit(doc)
     out().print(f"wrote {result.path}", markup=False)

@@ -9,5 +9,4 @@ from .manifests import render_gate_manifests, render_manifests, write_manifests
 from .options import K8sOptions, Placement, check_options, check_run_id, require_digest
 
 __all__ = ["GateSpec", "K8sLauncher", "K8sOptions", "Placement", "check_options", "check_run_id", "find_kubeconfig",
-           "gate_context", "render_gate_manifests", "render_manifests", "require_digest",
-           "write_manifests"]
+           "gate_context", "render_gate_manifests", "render_manifests", "require_digest", "write_manifests"]

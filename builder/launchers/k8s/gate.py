@@ -121,13 +121,10 @@ def configmap(ctx: GateContext) -> dict[str, Any]:
 
 
 def _container(ctx: GateContext) -> dict[str, Any]:
-    env = [
-        *pod.base_env(),
-        {"name": "ENVBUILD_IMAGE", "value": ctx.image},
-        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-        {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility,compute"},
-    ]
+    env = [*pod.base_env(), {"name": "ENVBUILD_IMAGE", "value": ctx.image},
+           {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+           {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+           {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility,compute"}]
     return {
         "name": CONTAINER, "image": ctx.image, "imagePullPolicy": "IfNotPresent",
         "command": ["python3", "-m", "nodegate", SPEC_PATH, "--interval", str(ctx.gate.interval_s),
@@ -158,10 +155,7 @@ def daemonset(ctx: GateContext) -> dict[str, Any]:
         "terminationGracePeriodSeconds": 10, "securityContext": pod.pod_security_context(),
     }, ctx.gate.placement)
     pod_spec["containers"] = [_container(ctx)]
-    pod_spec["volumes"] = [
-        pod.code_volume(ctx.configmap_name, ctx.code.items),
-        {"name": "tmp", "emptyDir": {}},
-    ]
+    pod_spec["volumes"] = [pod.code_volume(ctx.configmap_name, ctx.code.items), {"name": "tmp", "emptyDir": {}}]
     meta = _meta(ctx, NAME)
     meta["annotations"] = place.pss_annotations("restricted")
     scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": "/metrics"}

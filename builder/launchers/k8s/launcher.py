@@ -59,8 +59,7 @@ def parse_result_blocks(log: str, run_id: str | None = None, world_size: int | N
     return results, problems
 
 
-def _result_of_block(text: str, rank: int, run_id: str | None, world_size: int | None
-                     ) -> tuple[Any, str | None]:
+def _result_of_block(text: str, rank: int, run_id: str | None, world_size: int | None) -> tuple[Any, str | None]:
     """``(document, None)`` or ``(None, reason)`` for the body of one result block."""
     if len(text) > MAX_RESULT_BYTES:
         return None, f"result in the pod log is over {MAX_RESULT_BYTES} bytes"

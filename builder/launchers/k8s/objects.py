@@ -190,13 +190,9 @@ def pod_env(spec: LaunchSpec, socket_ifname: str | None = None) -> list[dict[str
 
 def volume_mounts() -> list[dict[str, Any]]:
     """The container's ``volumeMounts`` (the volumes of :func:`volumes`)."""
-    return [
-        {"name": CODE_VOLUME, "mountPath": CODE_MOUNT, "readOnly": True},
-        {"name": "dshm", "mountPath": "/dev/shm"},
-        {"name": "tmp", "mountPath": "/tmp"},
-        {"name": "home", "mountPath": HOME},
-        {"name": "results", "mountPath": RESULTS_MOUNT},
-    ]
+    return [{"name": CODE_VOLUME, "mountPath": CODE_MOUNT, "readOnly": True}, {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "tmp", "mountPath": "/tmp"}, {"name": "home", "mountPath": HOME},
+            {"name": "results", "mountPath": RESULTS_MOUNT}]
 
 
 class FileMode(int):
@@ -208,13 +204,8 @@ def volumes(configmap: str, items: list[dict[str, str]], shm_limit: str | None) 
     shm: dict[str, Any] = {"medium": "Memory"}
     if shm_limit:
         shm["sizeLimit"] = shm_limit
-    return [
-        code_volume(configmap, items),
-        {"name": "dshm", "emptyDir": shm},
-        {"name": "tmp", "emptyDir": {}},
-        {"name": "home", "emptyDir": {}},
-        {"name": "results", "emptyDir": {}},
-    ]
+    return [code_volume(configmap, items), {"name": "dshm", "emptyDir": shm}, {"name": "tmp", "emptyDir": {}},
+            {"name": "home", "emptyDir": {}}, {"name": "results", "emptyDir": {}}]
 
 
 def pod_security_context(root: bool = False) -> dict[str, Any]:
@@ -357,11 +348,9 @@ def service(ctx: RenderContext) -> dict[str, Any]:
 
 def _container(ctx: RenderContext) -> dict[str, Any]:
     """The one container of each Job pod."""
-    c: dict[str, Any] = {
-        "name": CONTAINER_NAME, "image": ctx.image, "imagePullPolicy": "IfNotPresent",
-        "command": list(COMMAND), "args": list(ctx.args), "env": list(ctx.env),
-        "ports": [{"name": PORT_NAME, "containerPort": ctx.spec.port, "protocol": "TCP"}],
-    }
+    c: dict[str, Any] = {"name": CONTAINER_NAME, "image": ctx.image, "imagePullPolicy": "IfNotPresent",
+                         "command": list(COMMAND), "args": list(ctx.args), "env": list(ctx.env),
+                         "ports": [{"name": PORT_NAME, "containerPort": ctx.spec.port, "protocol": "TCP"}]}
     c["resources"] = ctx.resources
     c["securityContext"] = container_security_context(("IPC_LOCK",) if ctx.rdma else ())
     c["volumeMounts"] = volume_mounts()
@@ -372,11 +361,10 @@ def job(ctx: RenderContext) -> dict[str, Any]:
     """The Indexed Job ``envbuild-<run>``: pod i is node rank i; ``backoffLimit: 0`` (a failed node
     fails the run)."""
     spec = ctx.spec
-    pod_spec: dict[str, Any] = {
-        "subdomain": ctx.name, "restartPolicy": "Never", "terminationGracePeriodSeconds": GRACE_PERIOD_S,
-        "enableServiceLinks": False, "automountServiceAccountToken": False,
-        "securityContext": pod_security_context(root=ctx.rdma is not None),
-    }
+    pod_spec: dict[str, Any] = {"subdomain": ctx.name, "restartPolicy": "Never",
+                                "terminationGracePeriodSeconds": GRACE_PERIOD_S, "enableServiceLinks": False,
+                                "automountServiceAccountToken": False,
+                                "securityContext": pod_security_context(root=ctx.rdma is not None)}
     host = ctx.options.rdma_network == "host"
     if host:
         pod_spec.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
@@ -402,10 +390,9 @@ def job(ctx: RenderContext) -> dict[str, Any]:
 def trainjob(ctx: RenderContext) -> dict[str, Any]:
     """The Kubeflow Trainer v2 TrainJob ``envbuild-<run>`` (Trainer v2.1 field names) on the
     ``ClusterTrainingRuntime`` of the options; the runtime sets the ``PET_*`` topology."""
-    trainer: dict[str, Any] = {
-        "image": ctx.image, "command": list(COMMAND), "args": list(ctx.args), "env": list(ctx.env),
-        "numNodes": ctx.spec.nodes, "numProcPerNode": ctx.spec.nproc_per_node,
-    }
+    trainer: dict[str, Any] = {"image": ctx.image, "command": list(COMMAND), "args": list(ctx.args),
+                               "env": list(ctx.env), "numNodes": ctx.spec.nodes,
+                               "numProcPerNode": ctx.spec.nproc_per_node}
     trainer["resourcesPerNode"] = ctx.resources
     override: dict[str, Any] = {}
     place.place(override, ctx.options.placement)
