@@ -348,7 +348,7 @@ CASES = [
         "note: tests/audit/case-cuda.ok.Dockerfile: line 6: 'torch==2.5.1+cu124': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
     ]),
     ("conda-env.Dockerfile", 2, [
-        "error: tests/audit/conda-env.Dockerfile: line 4: 'pytorch==2.1.0' (context/environment-cu121.yml: line 8): torch variant cu121 is CUDA 12.1 but the recipe's CUDA is 11.8; the major versions must match (use cu118 or cuda 12.1) [compat.md §5.5 (V)]",
+        "error: tests/audit/conda-env.Dockerfile: line 4: 'pytorch==2.1.0' (context/environment-cu121.yml: line 8): torch variant cu121 is CUDA 12.1 but the image's CUDA is 11.8; the major versions must match (use cu118 or CUDA 12.1) [compat.md §5.5 (V)]",
         "warning: tests/audit/conda-env.Dockerfile: line 4: 'pytorch==2.1.0' (context/environment-cu121.yml: line 8): pytorch from conda (-c pytorch) is a conda build, not the wheel envbuild's rules and recipes pin; the pytorch channel publishes no release after 2.5; --to-recipe writes the wheel of the same release and variant [PT-CONDA (M)]",
         "note: tests/audit/conda-env.Dockerfile: line 4: 'pytorch==2.1.0' (context/environment-cu121.yml: line 8): cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
     ]),
@@ -406,12 +406,10 @@ CASES = [
     ]),
     ("requirements.Dockerfile", 2, [
         "error: tests/audit/requirements.Dockerfile: line 3: 'nvcr.io/nvidia/pytorch:25.12-py3': base image nvcr.io/nvidia/pytorch:25.12-py3 already ships PyTorch: installing torch 2.10.0+cu128 makes a second one; start from its CUDA/OS base (e.g. nvidia/cuda:X.Y.Z-base-ubuntuVER or debian) [NGC PyTorch container release notes (PyTorch preinstalled) (V)]",
-        "note: tests/audit/requirements.Dockerfile: line 3: 'nvcr.io/nvidia/pytorch:25.12-py3': base image: the NGC release notes name no OS release envbuild reads; the rules on what it does not say are skipped [NGC-RN rel-25-12 (M)]",
-        "error: tests/audit/requirements.Dockerfile: line 6: 'torch==2.10.0' (context/requirements-train.txt: line 3): torch variant cu128 is CUDA 12.8 but the recipe's CUDA is 13.1; the major versions must match (use cu130 or cuda 12.8) [compat.md §5.5 (V)]",
+        "error: tests/audit/requirements.Dockerfile: line 6: 'torch==2.10.0' (context/requirements-train.txt: line 3): torch variant cu128 is CUDA 12.8 but the image's CUDA is 13.1; the major versions must match (use cu130 or CUDA 12.8) [compat.md §5.5 (V)]",
         "note: tests/audit/requirements.Dockerfile: line 6: 'torch==2.10.0' (context/requirements-train.txt: line 3): cu128 needs driver >= 570.26 (CUDA 12.8 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
     ]),
     ("requirements.ok.Dockerfile", 0, [
-        "note: tests/audit/requirements.ok.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:25.12-py3': base image: the NGC release notes name no OS release envbuild reads; the rules on what it does not say are skipped [NGC-RN rel-25-12 (M)]",
         "note: tests/audit/requirements.ok.Dockerfile: line 2: 'nvcr.io/nvidia/pytorch:25.12-py3': torch 2.10.0a0+b4e4ee81d3 comes with the base image (no pip or conda install of torch in this file) [NGC-RN rel-25-12 (M)]",
     ]),
     ("shell-test.Dockerfile", 2, [
