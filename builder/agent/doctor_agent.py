@@ -293,10 +293,9 @@ def pairs(opts: dict[str, str]) -> int:
             peer = b if index == a else a
             entry: dict[str, Any] = {"peer": peer, "round": rnd, "seconds": None, "error": None}
             try:
-                dist.init_process_group(
-                    backend, init_method=f"tcp://{addrs[a]}:{port_base + rnd}",
-                    rank=0 if index == a else 1, world_size=2,
-                    timeout=datetime.timedelta(seconds=timeout_s))
+                dist.init_process_group(backend, init_method=f"tcp://{addrs[a]}:{port_base + rnd}",
+                                        rank=0 if index == a else 1, world_size=2,
+                                        timeout=datetime.timedelta(seconds=timeout_s))
                 try:
                     t = torch.ones(numel, device=device)
                     for _ in range(2):

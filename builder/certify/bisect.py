@@ -152,8 +152,7 @@ def search(nodes: list[int], trial: Callable[[list[int]], Trial]) -> tuple[list[
     return out, unresolved, trials, rounds
 
 
-def runner(p: Plan, launcher: SubsetLauncher, settings: RunSettings,
-           lock: Lock | None) -> Callable[[list[int]], Trial]:
+def runner(p: Plan, launcher: SubsetLauncher, settings: RunSettings, lock: Lock | None) -> Callable[[list[int]], Trial]:
     """A ``trial`` of :func:`search`: ``settings`` certified over the given machines (no
     certificate written)."""
     def run_on(machines: list[int]) -> Trial:

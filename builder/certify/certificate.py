@@ -56,8 +56,7 @@ def log_tail(text: str) -> list[str]:
     return [one_line(line, 2000) for line in plain_lines(text)[-LOG_TAIL_LINES:]]
 
 
-def _nccl_sections(s: RunSettings, launch: LaunchResult) -> tuple[dict[str, list[str] | None] | None,
-                                                                    NcclInfo | None]:
+def _nccl_sections(s: RunSettings, launch: LaunchResult) -> tuple[dict[str, list[str] | None] | None, NcclInfo | None]:
     """``(transports, nccl)`` of the certificate from the NCCL INFO lines (None on gloo)."""
     if s.backend != "nccl":
         return None, None
@@ -77,8 +76,7 @@ def _rank_entries(s: RunSettings, launch: LaunchResult, lock: Lock | None) -> di
         kw: dict[str, Any] = {"node": s.node_of_rank(r), "reported": doc is not None}
         if doc is not None:
             kw.update(hostname=doc.hostname, device=doc.device, elapsed_s=doc.elapsed_s, errors=list(doc.errors),
-                      fault=doc.fault,
-                      lock_mismatches=launch.lock_mismatches.get(r) if lock is not None else None)
+                      fault=doc.fault, lock_mismatches=launch.lock_mismatches.get(r) if lock is not None else None)
         else:
             kw["exit_code"] = launch.rank_exit_codes.get(r)
             if r in launch.rank_problems:
@@ -112,10 +110,9 @@ def _stack(image: ImageFacts, results: Mapping[int, RankResult]) -> Stack:
     loaded = p.nccl.loaded if p is not None else None
     os_text = (" ".join(str(x) for x in (p.os.id, p.os.version_id) if x) or None) if p is not None else None
     return Stack(source=image.reference, recipe=image.recipe or image.labels.get("envbuild.recipe"),
-                 reference_rank=ref if image.reference == "probe" else None,
-                 python=text(p and p.python.version), torch=text(torch and torch.version),
-                 cuda=text(torch and torch.cuda), nccl=text(loaded and loaded.version), glibc=text(p and p.glibc),
-                 os=os_text)
+                 reference_rank=ref if image.reference == "probe" else None, python=text(p and p.python.version),
+                 torch=text(torch and torch.version), cuda=text(torch and torch.cuda),
+                 nccl=text(loaded and loaded.version), glibc=text(p and p.glibc), os=os_text)
 
 
 def build_certificate(*, image: ImageFacts, settings: RunSettings, launch: LaunchResult, verdict: Verdict,

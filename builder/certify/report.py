@@ -216,8 +216,7 @@ def _run(cert: Certificate, source: str) -> dict[str, Any]:
                                     f"(+{s.warmup} warmup) per size; timeout {s.timeout_s:g} s"),
             ("phases", phases_line(cert).removeprefix("phases: ") if cert.phases else None)]
     return {"image": _t(cert.image.ref, 200), "envbuild": _t(cert.envbuild_version, 80),
-            "rows": [(k, _t(v)) for k, v in rows if v is not None],
-            "source": one_line(source, 400) or "(in memory)"}
+            "rows": [(k, _t(v)) for k, v in rows if v is not None], "source": one_line(source, 400) or "(in memory)"}
 
 
 def _probe_values(p: NodeReport, nccl: str | None) -> tuple[Any, ...]:

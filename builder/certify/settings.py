@@ -159,28 +159,25 @@ def resolve(lock: Lock | None, overrides: Overrides | None = None, *, gpu_visibl
     if used not in ("gloo", "nccl"):
         raise UsageError("is not a backend (gloo or nccl)", field="backend", value=used)
     warnings: list[str] = []
-    values: dict[str, Any] = {
-        "nodes": int(o.nodes if o.nodes is not None else c.nodes),
-        "gpus": _gpus(o, c, used, gpu_visible, warnings),
-        "port": int(o.port if o.port is not None else c.port),
-        "timeout": float(o.timeout_s if o.timeout_s is not None else c.timeout_s),
-        "sizes": [int(x) for x in (o.sizes if o.sizes is not None else c.allreduce.sizes)],
-    }
+    values: dict[str, Any] = {"nodes": int(o.nodes if o.nodes is not None else c.nodes),
+                              "gpus": _gpus(o, c, used, gpu_visible, warnings),
+                              "port": int(o.port if o.port is not None else c.port),
+                              "timeout": float(o.timeout_s if o.timeout_s is not None else c.timeout_s),
+                              "sizes": [int(x) for x in (o.sizes if o.sizes is not None else c.allreduce.sizes)]}
     _check(values, o, used, gpu_visible)
     floor, source, gate_size, sizes = _busbw_gate(o, c, used, values["sizes"], warnings)
     names, dtypes = _profile_settings(o, used)
     recipe_floor = c.thresholds.min_busbw_gbps
-    return RunSettings(
-        recipe=lock.recipe if lock else "unknown", recipe_backend=rec_backend, backend=used,
-        nodes=values["nodes"], gpus_per_node=values["gpus"], port=values["port"], shm_size=c.shm_size,
-        timeout_s=values["timeout"], sizes=sizes, iters=int(o.iters if o.iters is not None else c.allreduce.iters),
-        warmup=int(o.warmup if o.warmup is not None else c.allreduce.warmup), ddp_steps=c.ddp.steps,
-        ddp_batch=c.ddp.batch_size, ddp_image_size=c.ddp.image_size, min_busbw_gbps=floor,
-        busbw_size=gate_size, busbw_source=source,
-        recipe_min_busbw_gbps=None if recipe_floor is None else float(recipe_floor),
-        profiles=names, dtypes=dtypes, min_scaling_efficiency=o.min_scaling_efficiency, warnings=warnings,
-        overrides={k: v for k, v in o.to_dict().items() if v is not None},
-    )
+    return RunSettings(recipe=lock.recipe if lock else "unknown", recipe_backend=rec_backend, backend=used,
+                       nodes=values["nodes"], gpus_per_node=values["gpus"], port=values["port"], shm_size=c.shm_size,
+                       timeout_s=values["timeout"], sizes=sizes,
+                       iters=int(o.iters if o.iters is not None else c.allreduce.iters),
+                       warmup=int(o.warmup if o.warmup is not None else c.allreduce.warmup), ddp_steps=c.ddp.steps,
+                       ddp_batch=c.ddp.batch_size, ddp_image_size=c.ddp.image_size, min_busbw_gbps=floor,
+                       busbw_size=gate_size, busbw_source=source,
+                       recipe_min_busbw_gbps=None if recipe_floor is None else float(recipe_floor), profiles=names,
+                       dtypes=dtypes, min_scaling_efficiency=o.min_scaling_efficiency, warnings=warnings,
+                       overrides={k: v for k, v in o.to_dict().items() if v is not None})
 
 
 def _profile_settings(o: Overrides, used: str) -> tuple[list[str], list[str]]:

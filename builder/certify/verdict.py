@@ -254,8 +254,7 @@ def _warnings(s: RunSettings, launch: LaunchResult, report_warnings: list[str]) 
     return warnings
 
 
-def judge(s: RunSettings, launch: LaunchResult, lock: Lock | None,
-          sock: SocketSetting | None = None) -> Verdict:
+def judge(s: RunSettings, launch: LaunchResult, lock: Lock | None, sock: SocketSetting | None = None) -> Verdict:
     """Judge a launch. ``lock`` None: a
     foreign image, whose ranks must all match the reference rank's probe. ``sock``: the
     run's socket setting (:func:`~builder.certify.settings.socket_settings`; None: not

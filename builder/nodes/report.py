@@ -46,9 +46,8 @@ def validate(doc: Any, source: str | None = None) -> NodeReport:
                             value=type(doc).__name__)
     schema = doc.get("schema")
     if schema not in SUPPORTED_SCHEMAS:
-        raise InvalidReport(
-            f"is not a node-report schema this envbuild reads ({', '.join(SUPPORTED_SCHEMAS)})",
-            file=source, field="schema", value=schema)
+        raise InvalidReport(f"is not a node-report schema this envbuild reads ({', '.join(SUPPORTED_SCHEMAS)})",
+                            file=source, field="schema", value=schema)
     try:
         report = convert(doc, NodeReport, file=source, exit_code=ExitCode.UNREACHABLE)
     except ManyErrors as e:

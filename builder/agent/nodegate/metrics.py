@@ -10,13 +10,11 @@ import re
 import threading
 from typing import Any, Iterable, Mapping, Tuple
 
-HELP = {
-    "envbuild_gate_passed": "1 when the gate passed (exit 0 or 1), else 0",
-    "envbuild_gate_exit_code": "exit code of the gate",
-    "envbuild_certificate_age_seconds": "seconds since the certificate was finished",
-    "envbuild_check_status": "a check's status: 0 pass or skip, 1 warn, 2 fail, 3 unknown",
-    "envbuild_last_run_timestamp_seconds": "when this file was written, Unix seconds",
-}
+HELP = {"envbuild_gate_passed": "1 when the gate passed (exit 0 or 1), else 0",
+        "envbuild_gate_exit_code": "exit code of the gate",
+        "envbuild_certificate_age_seconds": "seconds since the certificate was finished",
+        "envbuild_check_status": "a check's status: 0 pass or skip, 1 warn, 2 fail, 3 unknown",
+        "envbuild_last_run_timestamp_seconds": "when this file was written, Unix seconds"}
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 Sample = Tuple[str, Mapping[str, str], float]
 

@@ -38,8 +38,7 @@ def release_variant(c: Ctx) -> None:
         alt = c.variants_for_major(major)
         hint = f"or use {' or '.join(alt)}" if alt else f"({_named(c)} has no CUDA {major} build)"
         c.add(ERROR, "cpu-with-cuda", ["torch.variant", "cuda.version"],
-              f"torch variant cpu does not use the image's CUDA {c.cuda}: drop the CUDA {hint}",
-              "S2 (V)")
+              f"torch variant cpu does not use the image's CUDA {c.cuda}: drop the CUDA {hint}", "S2 (V)")
 
 
 def _named(c: Ctx) -> str:
