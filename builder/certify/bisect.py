@@ -11,11 +11,12 @@ import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 import msgspec
 
 from builder.core.certificate import RunSettings, Verdict
+from builder.core.errors import FailureClass, next_step, with_step
 from builder.core.files import write_atomic
 from builder.core.inputs import one_line
 from builder.core.model import Model
@@ -23,12 +24,10 @@ from builder.image import engine
 from builder.launchers.base import Launcher, LaunchResult
 from builder.recipe.model import Lock
 
-from .profiles import check_profiles
 from .run import Plan
-from .verdict import _check_busbw, check_results, judge
+from .verdict import check_results, judge
 
 SCHEMA = "envbuild.bisect/1"
-Reason = Literal["hardware", "threshold", "workload", "network"]
 #: Failure lines kept as the evidence of one run.
 MAX_EVIDENCE = 6
 #: Most nodes a bisection searches (each run is a certification of part of them).
@@ -40,7 +39,7 @@ class Trial(Model, frozen=True):
 
     nodes: list[int]
     passed: bool
-    reason: Reason | None
+    reason: FailureClass | None
     evidence: list[str]
     run_id: str
     seconds: float
@@ -48,7 +47,8 @@ class Trial(Model, frozen=True):
 
 class BadNode(Model, frozen=True):
     node: int
-    reason: Reason
+    reason: FailureClass
+    next_step: str
     evidence: list[str]
     run_id: str
 
@@ -58,7 +58,7 @@ class Bisection(Model, frozen=True):
 
     run_id: str
     nodes: list[int]
-    reason: Reason
+    reason: FailureClass
     bad: list[BadNode]
     unresolved: list[int]
     rounds: int
@@ -70,30 +70,10 @@ class SubsetLauncher(Launcher, Protocol):
     def on(self, machines: list[int]) -> Launcher: ...
 
 
-def classify(s: RunSettings, launch: LaunchResult, verdict: Verdict) -> Reason:
-    """The class of a failed run, from what the launch and the checks found (not from text):
-    ``hardware`` a rank killed by a signal or the OOM killer, a probe off the lock; ``network``
-    a timeout, a hang, a rank that could not report, a socket setting off the run's (failure or
-    warning); ``threshold`` a floor
-    missed with correct results; ``workload`` the rest (wrong results, a rank's own error)."""
-    killed = any(c < 0 or c >= 128 for c in launch.rank_exit_codes.values())
-    if launch.oom_killed or killed or any(launch.lock_mismatches.values()):
-        return "hardware"
-    if launch.timed_out or launch.rank_problems or any("SOCKET_IFNAME" in f for f in verdict.failures
-                                                       + verdict.warnings):
-        return "network"
-    results = launch.rank_results
-    if len(results) == s.world_size and not launch.rank_exit_codes:
-        floors = _check_busbw(s, results) + [f for f in check_profiles(s, results)[0] if f.startswith("scaling")]
-        if floors and len(floors) == len(verdict.failures):
-            return "threshold"
-    return "workload"
-
-
-def cheapest(s: RunSettings, reason: Reason) -> RunSettings:
+def cheapest(s: RunSettings, reason: FailureClass) -> RunSettings:
     """The settings of the runs over part of the nodes: a busbw floor missed needs its gate size
     only; every other check runs as it did."""
-    if reason == "threshold" and s.min_busbw_gbps is not None and s.min_scaling_efficiency is None:
+    if reason == FailureClass.THRESHOLD and s.min_busbw_gbps is not None and s.min_scaling_efficiency is None:
         return msgspec.structs.replace(s, sizes=[s.busbw_size])
     return s
 
@@ -147,7 +127,8 @@ def search(nodes: list[int], trial: Callable[[list[int]], Trial]) -> tuple[list[
             t = test([n])
             if not t.passed:
                 bad[n] = t
-    out = [BadNode(node=n, reason=t.reason or "workload", evidence=t.evidence, run_id=t.run_id)
+    out = [BadNode(node=n, reason=t.reason or FailureClass.WORKLOAD,
+                   next_step=next_step(t.reason or FailureClass.WORKLOAD), evidence=t.evidence, run_id=t.run_id)
            for n, t in sorted(bad.items())]
     return out, unresolved, trials, rounds
 
@@ -162,9 +143,8 @@ def runner(p: Plan, launcher: SubsetLauncher, settings: RunSettings, lock: Lock 
         launch = launcher.on(machines).run(spec)
         check_results(launch, spec)
         verdict = judge(s, launch, lock, p.socket)
-        reason = None if verdict.passed else classify(s, launch, verdict)
         where = f"nodes {','.join(map(str, machines))} as ranks 0..{spec.world_size - 1}: "
-        return Trial(nodes=list(machines), passed=verdict.passed, reason=reason,
+        return Trial(nodes=list(machines), passed=verdict.passed, reason=verdict.failure_class,
                      evidence=[one_line(where + f, 400) for f in verdict.failures[:MAX_EVIDENCE]],
                      run_id=spec.run_id, seconds=round(time.monotonic() - t0, 2))
     return run_on
@@ -172,7 +152,7 @@ def runner(p: Plan, launcher: SubsetLauncher, settings: RunSettings, lock: Lock 
 
 def bisect(p: Plan, launch: LaunchResult, verdict: Verdict, launcher: SubsetLauncher) -> Bisection:
     """Bisect the nodes of the failed run ``launch`` of plan ``p`` (its ``verdict``)."""
-    reason = classify(p.settings, launch, verdict)
+    reason = verdict.failure_class or FailureClass.WORKLOAD
     lock = None if p.image.reference == "probe" else p.image.lock
     nodes = list(range(min(p.settings.nodes, MAX_NODES)))
     bad, unresolved, trials, rounds = search(nodes, runner(p, launcher, cheapest(p.settings, reason), lock))
@@ -189,8 +169,8 @@ def write_bisection(doc: Bisection, cert_path: str | Path) -> Path:
 
 def lines(doc: Bisection) -> list[str]:
     """What the command line prints: one line per bad node, the unresolved ones, the cost."""
-    out = [f"bisect: node {b.node}: {b.reason}: {b.evidence[0] if b.evidence else 'failed'} (run {b.run_id})"
-           for b in doc.bad]
+    out = [with_step(f"bisect: node {b.node}: {b.evidence[0] if b.evidence else 'failed'} (run {b.run_id})",
+                     b.reason, b.next_step) for b in doc.bad]
     if doc.unresolved:
         out.append(f"bisect: nodes {','.join(map(str, doc.unresolved))} fail only together ({doc.reason}): "
                    "no node alone is at fault")

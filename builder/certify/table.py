@@ -207,6 +207,8 @@ def print_table(cert: Certificate, console: Any, path: str | os.PathLike[str] | 
         console.print(Text(f"verdict: FAILED (exit {v.exit_code})", style="bold red"))
     for f in v.failures:
         console.print(Text("  fail: ", style="red") + Text(f), soft_wrap=True)
+    if v.failure_class and v.next_step:
+        console.print(Text(f"  next: {v.next_step} [{v.failure_class.value}]"), soft_wrap=True)
     for w in v.warnings:
         console.print(Text("  warning: ", style="yellow") + Text(w), soft_wrap=True)
     if not v.passed:

@@ -9,7 +9,7 @@ from typing import Any
 from builder.certify import nccl_log
 from builder.core.certificate import RunSettings, SocketSetting, Verdict
 from builder.core.documents import NodeReport, RankResult
-from builder.core.errors import ExitCode
+from builder.core.errors import ExitCode, FailureClass, next_step
 from builder.core.inputs import one_line, show
 from builder.core.netif import match_nccl_ifname
 from builder.image import probecheck
@@ -283,11 +283,35 @@ def judge(s: RunSettings, launch: LaunchResult, lock: Lock | None, sock: SocketS
         failures[:0] = notes
     else:
         warnings.extend(notes)
+    cls = classify(s, launch, failures, warnings) if failures else None
     if not failures:
         code = ExitCode.OK
     elif definite or not cannot_check:
         code = ExitCode.CHECK_FAILED
     else:
         code = ExitCode.UNREACHABLE
-    return Verdict(passed=not failures, exit_code=int(code), failures=failures, warnings=warnings)
+    return Verdict(passed=not failures, exit_code=int(code), failures=failures, warnings=warnings,
+                   failure_class=cls, next_step=cls and next_step(cls))
+
+
+def classify(s: RunSettings, launch: LaunchResult, failures: list[str], warnings: list[str]) -> FailureClass:
+    """The class of a failed run, from what the launch and the checks found (not from text):
+    ``hardware`` a rank killed by a signal or the OOM killer; ``image`` a probe off the lock; ``network``
+    a timeout, a hang, a rank that could not report, a socket setting off the run's (failure or
+    warning); ``threshold`` a floor missed with correct results; ``workload`` the rest (wrong results,
+    a rank's own error)."""
+    from .profiles import check_profiles
+
+    if launch.oom_killed or any(c < 0 or c >= 128 for c in launch.rank_exit_codes.values()):
+        return FailureClass.HARDWARE
+    if any(launch.lock_mismatches.values()):
+        return FailureClass.IMAGE
+    if launch.timed_out or launch.rank_problems or any("SOCKET_IFNAME" in f for f in failures + warnings):
+        return FailureClass.NETWORK
+    results = launch.rank_results
+    if len(results) == s.world_size and not launch.rank_exit_codes:
+        floors = _check_busbw(s, results) + [f for f in check_profiles(s, results)[0] if f.startswith("scaling")]
+        if floors and len(floors) == len(failures):
+            return FailureClass.THRESHOLD
+    return FailureClass.WORKLOAD
 

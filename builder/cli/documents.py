@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from builder.audit.model import Finding
 from builder.core.certificate import Certificate
-from builder.core.errors import ManyErrors
+from builder.core.errors import FailureClass, ManyErrors
 from builder.core.model import Model
 from builder.nodes.verify.result import NodeSummary
 
@@ -90,6 +90,8 @@ class DoctorCheck(Model, frozen=True):
     details: tuple[str, ...]
     data: dict[str, Any]
     checked: bool
+    cls: FailureClass | None
+    next_step: str | None
 
 
 class Doctor(Model, frozen=True, tag_field="schema", tag="envbuild.doctor/1"):

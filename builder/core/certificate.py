@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from msgspec import UNSET, Meta, UnsetType
 
 from .documents import CollectiveRow, Features, NodeReport, Scaling, TrainingCheck, Unsupported
-from .errors import EnvbuildError, ExitCode
+from .errors import EnvbuildError, ExitCode, FailureClass
 from .inputs import one_line
 from .model import Model, convert
 
@@ -91,6 +91,8 @@ class Verdict(Model, frozen=True):
     exit_code: Annotated[int, Meta(ge=0, le=255)]
     failures: Lines
     warnings: Lines
+    failure_class: FailureClass | None = None
+    next_step: Line | None = None
 
 
 class ImageInfo(Model, frozen=True):

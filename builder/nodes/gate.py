@@ -20,7 +20,7 @@ from builder.agent import payload
 from builder.core import inputs, process, retention
 from builder.core.clock import utc_stamp
 from builder.core.documents import NodeReport
-from builder.core.errors import EnvbuildError, ExitCode, Unreachable, UsageError
+from builder.core.errors import EnvbuildError, ExitCode, FailureClass, Unreachable, UsageError, with_step
 from builder.core.files import write_atomic
 from builder.core.inputs import one_line
 from builder.core.model import Model, convert
@@ -80,11 +80,13 @@ class GateOptions:
 
 
 class GateCheck(Model, frozen=True):
-    """One local check: doctor's name, status and one-line finding."""
+    """One local check: doctor's name, status, one-line finding, and class and next step when it is not passing."""
 
     name: str
     status: str
     message: str
+    cls: FailureClass | None = None
+    next_step: str | None = None
 
 
 class GateResult(Model, frozen=True):
@@ -178,8 +180,10 @@ def local_checks(host: Node, opts: GateOptions, client: Any) -> list[doctor_base
 
 def gate_lines(result: VerifyResult, checks: list[doctor_base.Check]) -> list[str]:
     """One line per failure and warning: the findings (failures first), then the checks."""
-    lines = [f"{f.level}: {f.rule}: {one_line(f.message, 600)}" for f in result.findings]
-    lines += [f"{c.status}: {c.name}: {one_line(c.message, 600)}" for c in checks if c.status in _STATUS_LEVEL]
+    lines = [with_step(f"{f.level}: {f.rule}: {one_line(f.message, 600)}", f.cls, f.next_step)
+             for f in result.findings]
+    lines += [with_step(f"{c.status}: {c.name}: {one_line(c.message, 600)}", c.cls, c.next_step) for c in checks
+              if c.status in _STATUS_LEVEL]
     return lines
 
 
@@ -203,10 +207,11 @@ def first_failure(result: VerifyResult, checks: list[doctor_base.Check], lines: 
         for f in result.findings:
             if f.level == level:
                 value = next((g.value for g in f.groups if g.value != f.reference), None) if f.reference else None
-                return _head(f.field or f.rule, value), f"{f.level}: {f.rule}: {f.message}"
+                return _head(f.field or f.rule, value), with_step(f"{f.level}: {f.rule}: {f.message}", f.cls,
+                                                                  f.next_step)
         for c in checks:
             if _STATUS_LEVEL.get(c.status) == level:
-                return _head(c.name, None), f"{level}: {c.name}: {c.message}"
+                return _head(c.name, None), with_step(f"{level}: {c.name}: {c.message}", c.cls, c.next_step)
     return "gate", lines[0] if lines else "could not check"
 
 
@@ -351,5 +356,6 @@ def gate(opts: GateOptions, reference: Reference | None = None) -> GateResult:
         lines.append(f"unknown: {'drain' if e.field == '--drain' else 'resume'}: {e}")
         code = int(ExitCode.UNREACHABLE)
     return GateResult(schema="envbuild.gate/1", node=node.name, exit_code=code, lines=lines, verify=result,
-                      checks=[GateCheck(name=c.name, status=c.status, message=c.message) for c in checks],
+                      checks=[GateCheck(name=c.name, status=c.status, message=c.message, cls=c.cls,
+                                        next_step=c.next_step) for c in checks],
                       history=history, drained=drained, resumed=resumed)

@@ -32,16 +32,21 @@ def certify(client, image, labels, images_dir, launcher):
     return p, cert, path, judged
 
 
+NETCONFIG = "fix the network config (the interface NCCL/gloo use, its MTU, the firewall between the nodes)"
+
+
 def test_healthy_nodes_pass(docker_client, torch_image, test_labels, tmp_path):
     _, cert, _, _ = certify(docker_client, torch_image, test_labels, tmp_path,
                             LocalDockerLauncher(docker_client, grace_s=GRACE_S))
     assert cert.verdict.passed and cert.world_size == 3, cert.verdict.failures
+    assert (cert.verdict.failure_class, cert.verdict.next_step) == (None, None)  # the passing twin has none
 
 
 def test_bisection_names_the_node_with_the_broken_socket_setting(docker_client, torch_image, test_labels, tmp_path):
     launcher = LocalDockerLauncher(docker_client, grace_s=GRACE_S, node_options=BROKEN)
     p, cert, path, judged = certify(docker_client, torch_image, test_labels, tmp_path, launcher)
     assert not cert.verdict.passed and cert.verdict.exit_code == 2, cert.verdict
+    assert (cert.verdict.failure_class, cert.verdict.next_step) == ("network", NETCONFIG)
     doc = bisect.bisect(p, judged[0], judged[1], launcher)
     assert (doc.reason, doc.unresolved, doc.rounds) == ("network", [], 1)
     assert [(t.nodes, t.passed, t.reason) for t in doc.trials] == [([0, 1], True, None), ([2, 0], False, "network")]
@@ -49,7 +54,7 @@ def test_bisection_names_the_node_with_the_broken_socket_setting(docker_client, 
     assert doc.bad[0].evidence[0].startswith("nodes 2,0 as ranks 0..1: rank 0 exited with 1"), doc.bad[0].evidence
     written = bisect.write_bisection(doc, path)
     assert written.name == path.stem + ".bisect.json"
-    assert json.loads(written.read_text())["bad"][0] == {"node": 2, "reason": "network",
+    assert json.loads(written.read_text())["bad"][0] == {"node": 2, "reason": "network", "next_step": NETCONFIG,
                                                          "evidence": doc.bad[0].evidence,
                                                          "run_id": doc.trials[1].run_id}
     assert docker_client.sdk.api.containers(all=True, filters={"label": f"envbuild.run={doc.trials[1].run_id}"}) == []

@@ -183,7 +183,31 @@ def test_sizes_without_blanks_twin():
 
 def test_judge_pass():
     v = judge(settings(), launch([rank_doc(0), rank_doc(1)]), CPU_LOCK)
-    assert v == {"passed": True, "exit_code": 0, "failures": [], "warnings": []}
+    assert v == {"passed": True, "exit_code": 0, "failures": [], "warnings": [], "failure_class": None,
+                 "next_step": None}  # the passing twin: no class, no next step
+
+
+def _other_torch():
+    other = copy.deepcopy(PROBE)
+    other["torch"]["version"] = "2.12.0+cpu"
+    return other
+
+
+@pytest.mark.parametrize(("res", "kw", "cls", "step"), [
+    (lambda: launch([rank_doc(0)], node_exit_codes={0: 0, 1: None}, rank_exit_codes={1: -9}), {}, "hardware",
+     "drain the node and open a vendor case (attach nvidia-bug-report.sh output)"),
+    (lambda: launch([rank_doc(0), rank_doc(1, probe=_other_torch())]), {}, "image",
+     "fix the image (or the node image) and run again"),
+    (lambda: launch([], timed_out=True, node_exit_codes={0: None, 1: None}), {}, "network",
+     "fix the network config (the interface NCCL/gloo use, its MTU, the firewall between the nodes)"),
+    (lambda: launch([rank_doc(0), rank_doc(1)]), {"min_busbw_gbps": 100.0}, "threshold",
+     "raise the threshold if the value is expected (--gpu-thresholds, the recipe's certify floors)"),
+    (lambda: launch([rank_doc(0), rank_doc(1, wrong=1)]), {}, "workload",
+     "look at the job that ran (an application fault); the GPU stays usable"),
+])
+def test_a_failing_verdict_has_its_class_and_next_step(res, kw, cls, step):
+    v = verdict.judge(settings(**kw), res(), typed(CPU_LOCK))
+    assert (v.passed, v.failure_class, v.next_step) == (False, cls, step)
 
 
 def test_judge_wrong_allreduce_names_rank_and_sizes():
@@ -262,7 +286,7 @@ def test_judge_foreign_image_ranks_must_match_the_reference_probe():
     # the twin: the same stack everywhere passes, whatever a lock would have said
     assert judge(settings(lock={}, sizes=[8, 1024, 65536]), launch([rank_doc(0, probe=other), rank_doc(1, probe=other)]),
                  None) == {
-        "passed": True, "exit_code": 0, "failures": [], "warnings": []}
+        "passed": True, "exit_code": 0, "failures": [], "warnings": [], "failure_class": None, "next_step": None}
 
 
 def test_judge_missing_probe():
@@ -597,6 +621,7 @@ def test_failing_verdict_shows_each_failing_node_log():
         "verdict: FAILED (exit 2)",
         "  fail: rank 0 exited with 1",
         "  fail: rank 1 did not finish: killed 0 s after another node failed",
+        "  next: look at the job that ran (an application fault); the GPU stays usable [workload]",
         "  node 0 log: [rank0]: OverflowError: cannot convert float infinity to integer",
         "  (full tail: node_status.0.log_tail in the certificate images/c.json)",
         "  node 1 log (last 5 lines):",
@@ -616,6 +641,7 @@ def test_failing_verdict_without_failing_nodes_shows_no_log():
         "verdict: FAILED (exit 2)",
         "  fail: collective all_reduce wrong at 8 B float32 (1 wrong element on rank 1), 1024 B float32 (1 "
         "wrong element on rank 1), 65536 B float32 (1 wrong element on rank 1)",
+        "  next: look at the job that ran (an application fault); the GPU stays usable [workload]",
     ]
 
 

@@ -56,3 +56,33 @@ def test_agent_output_is_checked_before_use(line, spec, message):
     assert agent_output.last_json('{"deep": ' + "[" * 5000 + "]" * 5000 + "}", model, "n") is None
 
 
+
+
+@pytest.mark.parametrize(("name", "status", "cls", "step"), [
+    ("port", "fail", "network", "fix the network config (the interface NCCL/gloo use, its MTU, the firewall between "
+                                "the nodes)"),
+    ("shm", "warn", "image", "fix the image (or the node image) and run again"),
+    ("gpu-processes", "fail", "workload", "look at the job that ran (an application fault); the GPU stays usable"),
+    ("straggler", "fail", "hardware", "drain the node and open a vendor case (attach nvidia-bug-report.sh output)"),
+    ("shm", "pass", None, None), ("port", "unknown", None, None), ("straggler", "skip", None, None),
+])
+def test_a_failing_check_carries_its_class_and_next_step(name, status, cls, step):
+    from builder.cli.documents import DoctorCheck
+    from builder.nodes.doctor.base import Check
+
+    c = Check(name, status, "m")
+    assert (c.cls, c.next_step) == (cls, step)
+    doc = DoctorCheck(**vars(c)).to_dict()
+    assert (doc["cls"], doc["next_step"]) == (cls, step)
+
+
+@pytest.mark.parametrize(("level", "rule", "field", "cls"), [
+    ("fail", "interface", "env.NCCL_SOCKET_IFNAME", "network"), ("warn", "must-match", "gpu.models", "hardware"),
+    ("fail", "must-match", "torch.version", "image"), ("unknown", "unreachable", None, None),
+])
+def test_a_verify_finding_carries_its_class(level, rule, field, cls):
+    from builder.core.errors import next_step
+    from builder.nodes.verify.result import Finding, classified
+
+    f = classified(Finding(level=level, rule=rule, field=field, message="m"))
+    assert (f.cls, f.next_step) == (cls, cls and next_step(cls))

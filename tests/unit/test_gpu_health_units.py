@@ -131,7 +131,7 @@ def test_each_fault_fails_and_its_twin_passes(fake_lib, env, expected_finding, t
     c = judged(fake_lib, expected=2, **env)
     assert findings(c) == [expected_finding]
     assert c.status == expected_finding[0]
-    assert c.fix == c.data["findings"][0]["next_step"] and c.fix.startswith(("drain the node", "fix the node image",
+    assert c.next_step == c.data["findings"][0]["next_step"] and c.next_step.startswith(("drain the node", "fix the node image",
                                                                                 "look ", "raise the threshold"))
     assert c.details[0].startswith(f"n1 {expected_finding[1]}: {expected_finding[2]} {expected_finding[3]} (threshold ")
     assert judged(fake_lib, expected=2, **twin).status == PASS
@@ -165,7 +165,7 @@ def test_repeated_xid_lines_are_one_workload_finding(fake_lib):
     c = judged(fake_lib, "--kernel-log", str(LOGS / "xid13.log"))
     assert [f[:3] + f[4:] for f in findings(c)] == [
         (WARN, GPU0, "XID 13 (graphics engine exception) in the kernel log", "workload")]
-    assert c.fix == "look at the job that ran (an application fault); the GPU stays usable"
+    assert c.next_step == "look at the job that ran (an application fault); the GPU stays usable"
 
 
 def test_unreadable_kernel_log_is_a_note_not_a_failure(fake_lib, tmp_path):
@@ -182,7 +182,7 @@ def test_unreadable_kernel_log_is_a_note_not_a_failure(fake_lib, tmp_path):
 def test_infiniband_ports_from_sysfs(fake_lib, tree, expected_finding):
     c = judged(fake_lib, "--ib-root", str(IB / tree))
     assert findings(c) == [expected_finding]
-    assert c.fix == "drain the node; check the port's cable, transceiver and switch port"
+    assert c.next_step == "drain the node; check the port's cable, transceiver and switch port"
     assert judged(fake_lib, "--ib-root", str(IB / "healthy")).status == PASS  # 200 Gb/s RoCE beside 400 Gb/s IB
 
 
@@ -220,7 +220,7 @@ def test_a_hanging_nvml_call_is_bounded_by_the_timeout(fake_lib):
     took = time.monotonic() - t0
     assert findings(c) == [(FAIL, "NVML", "did not answer", "nvml: no answer within 2 s (a hung NVML call)",
                             "hardware")]
-    assert c.fix == "drain the node and reboot it"
+    assert c.next_step == "drain the node and reboot it"
     assert took < 20, f"took {took:.1f} s"
 
 
@@ -272,6 +272,9 @@ def envbuild(lib: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+RESET = "drain the node and reset the GPU (nvidia-smi -r -i INDEX with no process on it)"
+
+
 def test_gate_runs_gpu_health_and_drains_on_it(fake_lib, tmp_path):
     """``envbuild gate`` on this host with the stand-in library: the host matches its own report, so only
     gpu-health decides; the next step is in the line."""
@@ -281,16 +284,17 @@ def test_gate_runs_gpu_health_and_drains_on_it(fake_lib, tmp_path):
     proc = envbuild(fake_lib, *gate, FAKE_NVML_RETIRED_PENDING_1="1")
     doc = json.loads(proc.stdout)
     assert proc.returncode == 2
-    assert doc["checks"] == [{"name": "gpu-health", "status": "fail", "message": doc["checks"][0]["message"]}]
+    assert doc["checks"] == [{"name": "gpu-health", "status": "fail", "message": doc["checks"][0]["message"],
+                              "cls": "hardware", "next_step": RESET}]
     assert doc["lines"] == [f"fail: gpu-health: {doc['node']} {GPU1}: page retirements pending 1 (threshold <= "
-                            "0) [hardware] next: drain the node and reset the GPU (nvidia-smi -r -i INDEX with "
-                            "no process on it)"]
+                            f"0) [hardware] next: {RESET}"]
     proc = envbuild(fake_lib, *gate, "--gpus", "3")
     assert (proc.returncode, json.loads(proc.stdout)["lines"]) == (2, [
         f"fail: gpu-health: {json.loads(proc.stdout)['node']} node: GPU count 2 (threshold 3 expected) [hardware] "
         "next: drain the node and reboot it"])
     proc = envbuild(fake_lib, *gate, "--gpus", "2")  # the passing twin
-    assert (proc.returncode, json.loads(proc.stdout)["checks"][0]["status"]) == (0, "pass")
+    assert (proc.returncode, json.loads(proc.stdout)["checks"][0]) == (0, {  # no class, no next step
+        "name": "gpu-health", "status": "pass", "message": "2 GPUs healthy on 1 node(s)", "cls": None, "next_step": None})
 
 
 def test_gate_usage_of_the_health_options(fake_lib, tmp_path):
@@ -324,13 +328,13 @@ def test_gate_expects_the_certificates_gpu_count(fake_lib, tmp_path, gpus_per_no
 
 
 def test_the_table_names_only_readings_thresholds_classes_and_steps_that_exist():
-    from builder.core.errors import FailureClass
+    from builder.core.errors import NEXT_STEPS, FailureClass
     from builder.nodes.doctor.agent_output import GpuReading
     from builder.nodes.doctor.gpu_health_rules import Thresholds, table
 
     t = table()
     rows = t["counters"] + list(t["throttle"].values()) + list(t["xids"].values())
-    assert {r["next"] for r in rows} <= set(t["next"])
+    assert {r["next"] for r in rows} <= set(NEXT_STEPS)
     assert {r["class"] for r in rows} <= {c.value for c in FailureClass}
     assert {r["status"] for r in rows} == {FAIL, WARN}
     assert {r["reading"] for r in t["counters"]} <= set(GpuReading.__struct_fields__)

@@ -356,7 +356,8 @@ def test_report_strings_print_literally_and_escaped(tmp_path):
     assert "should-match kernel [/] node-1" in rows
     assert "should-match glibc \\x1b[2J2.39 node-1" in rows
     assert "should-match env.NCCL_DEBUG INFO\\u202eOFNI node-1" in rows
-    assert "warn: probe-errors: node-1: probe: [/]probe \\x1b]0;title\\x07 failed" in rows
+    assert ("warn: probe-errors: node-1: probe: [/]probe \\x1b]0;title\\x07 failed [image] next: fix the image (or the "
+            "node image) and run again") in rows
     assert f"unknown: invalid: {tmp_path}/[red]gone.json: not valid JSON: Expecting property name enclosed in " \
            "double quotes: line 1 column 2 (char 1)" in " ".join(rows)
     # --json is exact JSON: the raw strings, escaped by JSON itself

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.core.errors import EnvbuildError, ExitCode
+from builder.core.errors import EnvbuildError, ExitCode, FailureClass, next_step
 
 from ..report import Node
 from ..sources.base import AGENT_MODULE, Running
@@ -18,6 +18,12 @@ STATUS_CODE = {PASS: ExitCode.OK, SKIP: ExitCode.OK, WARN: ExitCode.WARNINGS,
 
 ALL_CHECKS = ("nodes", "port", "interface", "shm", "gpu-uuid", "gpu-processes", "gpu-health",
               "stale-containers", "straggler")
+
+_N, _W = FailureClass.NETWORK, FailureClass.WORKLOAD
+#: The class of each check (doctor's and the gate's) that fails or warns; gpu-health's comes with its finding.
+CHECK_CLASS = {"nodes": _N, "port": _N, "interface": _N, "shm": FailureClass.IMAGE, "gpu-uuid": FailureClass.IMAGE,
+               "gpu-processes": _W, "stale-containers": _W, "straggler": FailureClass.HARDWARE,
+               "image-ref": FailureClass.IMAGE, "epilog": _W}
 
 #: torchrun's static rendezvous port (``--master-port`` default).
 DEFAULT_PORT = 29500
@@ -53,6 +59,16 @@ class Check:
     details: list[str] = field(default_factory=list)
     data: dict = field(default_factory=dict)
     checked: bool = True
+    cls: FailureClass | None = None
+    next_step: str | None = None
+
+    def __post_init__(self) -> None:
+        """A failing or warning check gets its class (:data:`CHECK_CLASS`) and that class's next step."""
+        if self.status in (FAIL, WARN):
+            self.cls = self.cls or CHECK_CLASS[self.name]
+            self.next_step = self.next_step or next_step(self.cls)
+        else:
+            self.cls = self.next_step = None
 
 
 @dataclass(frozen=True)

@@ -70,14 +70,15 @@ def health_check(docs: dict[str, GpuHealth | EnvbuildError], lim: Limits, expect
 
 
 def _worst(name: str, findings: list[tuple[str, Finding]], more: list[str]) -> Check | None:
-    """The check of the worst finding (its next step the fix), or None when there is none."""
+    """The check of the worst finding (its class and next step), or None when there is none."""
     lines = [f.line(node) for node, f in findings]
     worst = next((s for s in (FAIL, WARN) if any(f.status == s for _, f in findings)), None)
     if worst is None:
         return None
     first = next(f for _, f in findings if f.status == worst)
     return Check(name, worst, "; ".join(lines[:3]) + (f" (+{len(lines) - 3} more)" if len(lines) > 3 else ""),
-                 first.next_step, lines + more, {"findings": [{"node": node, **f.to_json()} for node, f in findings]})
+                 None, lines + more, {"findings": [{"node": node, **f.to_json()} for node, f in findings]},
+                 cls=first.cls, next_step=first.next_step)
 
 
 def check_gpu_health(nodes: list[Node], opts: Options) -> Check:

@@ -13,7 +13,7 @@ import yaml
 from msgspec import Meta
 
 from builder.core import inputs
-from builder.core.errors import EnvbuildError, FailureClass, ManyErrors
+from builder.core.errors import EnvbuildError, FailureClass, ManyErrors, next_step, with_step
 from builder.core.inputs import one_line
 from builder.core.model import Model, convert
 
@@ -57,8 +57,8 @@ class Finding:
     next_step: str
 
     def line(self, node: str) -> str:
-        return (f"{node} {self.where}: {self.what} {self.value} (threshold {self.threshold}) "
-                f"[{self.cls.value}] next: {self.next_step}")
+        return with_step(f"{node} {self.where}: {self.what} {self.value} (threshold {self.threshold})", self.cls,
+                         self.next_step)
 
     def to_json(self) -> dict:
         return {**asdict(self), "cls": self.cls.value}
@@ -116,12 +116,8 @@ def limits(path: str | None = None) -> Limits:
                   {n: _merge(base, over, "gpu_health.yaml", f"skus.{n}") for n, over in skus.items()})
 
 
-def _step(key: str) -> str:
-    return str(table()["next"][key])
-
-
 def _f(status: str, where: str, what: str, value: object, threshold: object, cls: FailureClass, step: str) -> Finding:
-    return Finding(status, where, what, one_line(value, 200), one_line(threshold, 200), cls, _step(step))
+    return Finding(status, where, what, one_line(value, 200), one_line(threshold, 200), cls, next_step(cls, step))
 
 
 def gpu_label(g: GpuReading) -> str:

@@ -13,7 +13,7 @@ from .drift import drift, split_history
 from .floor import driver_floor_findings
 from .interfaces import nccl_interface
 from .render import render
-from .result import FAIL, UNKNOWN, WARN, Finding, VerifyResult, exit_code, node_summary
+from .result import FAIL, UNKNOWN, WARN, Finding, VerifyResult, classified, exit_code, node_summary
 
 if TYPE_CHECKING:
     from ..reference import Reference
@@ -53,7 +53,7 @@ def verify(nodes: list[Node], floors: dict[str, dict] | None = None, reference: 
     order = {FAIL: 0, WARN: 1, UNKNOWN: 2}
     findings.sort(key=lambda f: order[f.level])  # stable: rule order kept within a level
     return VerifyResult(schema="envbuild.verify/1", exit_code=int(exit_code(findings)),
-                        nodes=[node_summary(n) for n in nodes], findings=findings,
+                        nodes=[node_summary(n) for n in nodes], findings=[classified(f) for f in findings],
                         reference=reference.summary(now) if reference else None,
                         drift=drift(histories, reference) if reference else [],
                         notes=scope_notes(nodes, reference) if reference else [])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from builder.core.errors import with_step
 from builder.core.inputs import one_line
 
 from .against import duration_text
@@ -168,8 +169,8 @@ def render(result: VerifyResult, console: Any, all_rows: bool = False) -> None:
     else:
         _print_summary(result, console)
     shown_as_diff = _print_differences(result, console)
-    lines = [f"{f.level}: {f.rule}: {one_line(f.message, LINE_LIMIT)}" for f in result.findings
-             if id(f) not in shown_as_diff]
+    lines = [with_step(f"{f.level}: {f.rule}: {one_line(f.message, LINE_LIMIT)}", f.cls, f.next_step)
+             for f in result.findings if id(f) not in shown_as_diff]
     _plain(console, lines)
     _print_drift(result, console)
     _plain(console, [f"note: {one_line(n, LINE_LIMIT)}" for n in result.notes])

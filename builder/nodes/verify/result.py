@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from builder.core.errors import ExitCode
+import msgspec
+
+from builder.core.errors import ExitCode, FailureClass, next_step
 from builder.core.model import Model
 
 from ..report import Node
@@ -35,6 +37,21 @@ class Finding(Model, frozen=True):
     source: str = ""
     groups: list[Group] = []
     reference: str | None = None
+    cls: FailureClass | None = None
+    next_step: str | None = None
+
+
+#: Compared fields that are the fabric's configuration or the hardware; every other one is the image's.
+_FIELD_CLASS = {"env.NCCL_SOCKET_IFNAME": FailureClass.NETWORK, "env.GLOO_SOCKET_IFNAME": FailureClass.NETWORK,
+                "gpu.models": FailureClass.HARDWARE}
+
+
+def classified(f: Finding) -> Finding:
+    """``f`` with its class and next step when it fails or warns (an unknown one checked nothing)."""
+    if f.level == UNKNOWN:
+        return f
+    cls = FailureClass.NETWORK if f.rule == "interface" else _FIELD_CLASS.get(f.field or "", FailureClass.IMAGE)
+    return msgspec.structs.replace(f, cls=cls, next_step=next_step(cls))
 
 
 class NodeSummary(Model, frozen=True):
