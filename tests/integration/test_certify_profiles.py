@@ -134,7 +134,8 @@ def test_foreign_image_with_every_profile(tmp_path, docker_client, foreign_image
     assert certs[0].name.startswith(safe + "-")
     assert f"{foreign_image}: no recipe lock (reference: rank 0's probe: torch 2.13.0+cpu" in res.stdout
     cert = json.loads(certs[0].read_text())
-    assert cert["verdict"] == {"passed": True, "exit_code": 0, "failures": [], "warnings": [NUMPY_WARNING]}
+    assert cert["verdict"] == {"passed": True, "exit_code": 0, "failures": [], "warnings": [NUMPY_WARNING],
+                               "failure_class": None, "next_step": None}
     assert (cert["lock"], cert["lock_hash"], cert["recipe"]) == (None, None, None)
     assert cert["stack"] == {"source": "probe", "recipe": None, "reference_rank": 0, "python": "3.11.2",
                              "torch": "2.13.0+cpu", "cuda": None, "nccl": None, "glibc": "2.36", "os": "debian 12"}
@@ -155,12 +156,13 @@ def test_foreign_image_with_every_profile(tmp_path, docker_client, foreign_image
     sc = cert["scaling"]
     assert sc["world_size"] == 2 and sc["efficiency"] == pytest.approx(sc["throughput_n"] / (2 * sc["throughput_1"]))
     assert cert["features"]["numpy"]["available"] is False
-    _assert_metrics_and_events(prom, log, cert, foreign_image)
+    _assert_metrics_and_events(prom, log, cert, foreign_image, res.stdout)
     print(f"foreign --profile all: {elapsed:.1f} s")
 
 
-def _assert_metrics_and_events(prom: Path, log: Path, cert: dict, image: str) -> None:
-    """``--metrics-file`` (promtool accepts it) and ``--log-json`` (the published schema) of a passed run."""
+def _assert_metrics_and_events(prom: Path, log: Path, cert: dict, image: str, stdout: str) -> None:
+    """``--metrics-file`` (promtool accepts it) and ``--log-json`` (the published schema) of a passed run; the
+    plain phases line and the JSON phase events name the same phases, from the one list of the certificate."""
     lines = prom.read_text().splitlines()
     run = f'image="{image}",run="{cert["run_id"]}"'
     assert f"envbuild_certify_passed{{{run}}} 1.0" in lines
@@ -175,6 +177,10 @@ def _assert_metrics_and_events(prom: Path, log: Path, cert: dict, image: str) ->
         ("rank-result", 0, "reported"), ("rank-result", 1, "reported"), ("finding", None, NUMPY_WARNING),
         ("run-end", None, f"certify {image}: passed")]
     assert {e["run"] for e in events} == {cert["run_id"]}
+    names = [p["name"] for p in cert["phases"]]
+    assert len(names) >= 3 and [e["msg"].rsplit(": ", 1)[0] for e in events if e["event"] == "phase"] == names
+    [plain] = [ln for ln in stdout.splitlines() if ln.startswith("phases: ")]
+    assert re.findall(r"(?:phases: |, )(.+?) \d+\.\d s", plain) == names
 
 
 def test_every_fault_fails_the_verdict_naming_it(tmp_path, docker_client, foreign_image, test_labels):

@@ -44,7 +44,8 @@ def test_make_cpu_torch2_end_to_end(tmp_path, docker_client, torch_image, test_l
     assert cert["world_size"] == 2 and cert["nodes"] == 2
     assert cert["backend"]["used"] == "gloo"
     # the default profile (ddp) runs the numpy features too; the recipe pins numpy
-    assert cert["verdict"] == {"passed": True, "exit_code": 0, "failures": [], "warnings": []}
+    assert cert["verdict"] == {"passed": True, "exit_code": 0, "failures": [], "warnings": [], "failure_class": None,
+                               "next_step": None}
     assert cert["profiles"] == ["ddp"] and cert["training"]["ddp"]["reference_match"] is True
     sizes = [row["size_bytes"] for row in cert["collectives"]["all_reduce"]]
     assert sizes == [8, 1024, 65536, 1048576, 4194304]

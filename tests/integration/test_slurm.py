@@ -125,7 +125,8 @@ def test_cli_certify_through_slurm_passes_with_the_local_shape(slurm_node, docke
     assert "slurm: job " in proc.stdout and str(folder) in proc.stdout.replace("\n", "")
     assert (folder / "certify.sbatch").is_file() and sorted(p.name for p in (folder / "results").glob("rank-*")) == \
         ["rank-0.json", "rank-1.json"]
-    assert cert["verdict"] == {"passed": True, "exit_code": 0, "failures": [], "warnings": []}
+    assert cert["verdict"] == {"passed": True, "exit_code": 0, "failures": [], "warnings": [], "failure_class": None,
+                               "next_step": None}
     assert cert["world_size"] == 2 and cert["node_status"] == {"0": {"name": "node-0", "exit_code": 0},
                                                                "1": {"name": "node-1", "exit_code": 0}}
     assert containers(docker_client, f"envbuild.test-case={case_labels['envbuild.test-case']}") == []

@@ -351,7 +351,8 @@ def test_time_limit_verdict_comes_from_the_job_state_not_a_log_line(tmp_path):
     summary blaming rank 1 for the SIGTERM that ended the job (a race with docker rm)."""
     launch, v = collect(tmp_path, "TIMEOUT", "TimeLimit", job_log="", logs={1: TORCHRUN_SIGTERM})
     assert launch.timed_out and launch.rank_exit_codes == {}
-    assert v == {"passed": False, "exit_code": 3, "warnings": [], "failures": [
+    assert v == {"passed": False, "exit_code": 3, "warnings": [], "failure_class": "network", "next_step": (
+        "fix the network config (the interface NCCL/gloo use, its MTU, the firewall between the nodes)"), "failures": [
         f"Slurm job 21 ended TIMEOUT (TimeLimit): cancelled by Slurm at its time limit (--time=1), exit code 0:15; "
         f"{tmp_path}/slurm-{RUN_ID}/job.log is empty",
         "rank 0 did not finish within 60 s (timeout)", "rank 1 did not finish within 60 s (timeout)"]}
