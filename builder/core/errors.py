@@ -31,12 +31,13 @@ class FailureClass(StrEnum):
     IMAGE = "image"
 
 
-#: The one table of what an operator does next about a failing check, by step name.
+#: The one table of what an operator does next about a failing check, by step name; a class's value names the
+#: step of a failing check of that class that names none of its own.
 NEXT_STEPS = {
     "reset": "drain the node and reset the GPU (nvidia-smi -r -i INDEX with no process on it)",
     "reboot": "drain the node and reboot it",
     "reseat": "drain the node; reseat or replace the GPU, cable or riser",
-    "vendor": "drain the node and open a vendor case (attach nvidia-bug-report.sh output)",
+    "hardware": "drain the node and open a vendor case (attach nvidia-bug-report.sh output)",
     "image": "fix the image (or the node image) and run again",
     "persistence": "fix the node image: enable nvidia-persistenced",
     "fabric": "fix the node image: start nvidia-fabricmanager (its version must match the driver), then reset the GPUs",
@@ -44,25 +45,22 @@ NEXT_STEPS = {
     "power": "drain the node and check its power supplies",
     "workload": "look at the job that ran (an application fault); the GPU stays usable",
     "lookup": "look the XID up in NVIDIA's catalogue (docs.nvidia.com/deploy/xid-errors)",
-    "network": "drain the node; check the port's cable, transceiver and switch port",
-    "netconfig": "fix the network config (the interface NCCL/gloo use, its MTU, the firewall between the nodes)",
-    "tune": "raise the threshold if the value is expected (--gpu-thresholds, the recipe's certify floors)",
+    "cable": "drain the node; check the port's cable, transceiver and switch port",
+    "network": "fix the network config (the interface NCCL/gloo use, its MTU, the firewall between the nodes)",
+    "threshold": "raise the threshold if the value is expected (--gpu-thresholds, the recipe's certify floors)",
 }
-#: The step of a failing check of each class that names none of its own.
-CLASS_STEP = {FailureClass.HARDWARE: "vendor", FailureClass.THRESHOLD: "tune", FailureClass.WORKLOAD: "workload",
-              FailureClass.NETWORK: "netconfig", FailureClass.IMAGE: "image"}
 
 
 def next_step(cls: FailureClass, step: str | None = None) -> str:
     """The text of ``step`` (a :data:`NEXT_STEPS` key), or of ``cls``'s default step."""
-    return NEXT_STEPS[step or CLASS_STEP[cls]]
+    return NEXT_STEPS[step or str(cls)]
 
 
 def with_step(line: str, cls: FailureClass | None, step: str | None) -> str:
     """``line`` ending in its class and next step, once (a line that names its step already stays)."""
     if cls is None or step is None or f"next: {step}" in line:
         return line
-    return f"{line} [{cls.value}] next: {step}"
+    return f"{line} [{cls}] next: {step}"
 
 
 _UNSET = object()

@@ -207,11 +207,10 @@ def first_failure(result: VerifyResult, checks: list[doctor_base.Check], lines: 
         for f in result.findings:
             if f.level == level:
                 value = next((g.value for g in f.groups if g.value != f.reference), None) if f.reference else None
-                return _head(f.field or f.rule, value), with_step(f"{f.level}: {f.rule}: {f.message}", f.cls,
-                                                                  f.next_step)
+                return _head(f.field or f.rule, value), f"{f.level}: {f.rule}: {f.message}"
         for c in checks:
             if _STATUS_LEVEL.get(c.status) == level:
-                return _head(c.name, None), with_step(f"{level}: {c.name}: {c.message}", c.cls, c.next_step)
+                return _head(c.name, None), f"{level}: {c.name}: {c.message}"
     return "gate", lines[0] if lines else "could not check"
 
 

@@ -27,6 +27,10 @@ pytest_plugins = ["fixtures_gate", "fixtures_nodes"]  # the certificate, nodes_f
 
 HOST = socket.gethostname()
 
+#: The class and next step ending a failing line (builder/core/errors.py NEXT_STEPS).
+IMAGE = " [image] next: fix the image (or the node image) and run again"
+WORKLOAD = " [workload] next: look at the job that ran (an application fault); the GPU stays usable"
+
 
 def last_line(proc: subprocess.CompletedProcess) -> str:
     return proc.stdout.strip().splitlines()[-1]
@@ -58,7 +62,7 @@ def test_gate_image_drifted_from_its_certificate_fails(certificate, tmp_path, to
     drifted = write_cert(tmp_path, cert, **{"probe.0.torch.version": "2.5.1+cpu"})
     proc = gate("--against", drifted, "--image", cert["image"]["id"], "--no-history", session=test_session_id)
     assert proc.returncode == 2
-    assert proc.stdout.splitlines()[0] == f"fail: must-match: torch.version: certified 2.5.1+cpu; {torch} on {HOST}"
+    assert proc.stdout.splitlines()[0] == f"fail: must-match: torch.version: certified 2.5.1+cpu; {torch} on {HOST}{IMAGE}"
     assert last_line(proc) == f"gate: {HOST} against {drifted}: 1 failed, 0 warnings -> exit 2"
 
 
@@ -80,12 +84,12 @@ def test_gate_refuses_another_image_than_certified(certificate, relabelled_torch
     proc = gate("--against", str(path), "--image", other, "--no-history", session=test_session_id)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[0] == (f"fail: must-match: image.id: certified {cert['image']['id']}; "
-                                           f"{other} on {HOST}")
+                                           f"{other} on {HOST}{IMAGE}")
     # a plain tag of the certified image passes but warns that a tag moves
     proc = gate("--against", str(path), "--image", torch_image, "--no-history", session=test_session_id)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[0] == (f"warn: image-ref: --image {torch_image} is a plain tag, which moves: "
-                                           "pin it as REF@sha256:DIGEST (or the image ID) in the job and the gate")
+                                           "pin it as REF@sha256:DIGEST (or the image ID) in the job and the gate" + IMAGE)
     # a plain tag of another image is refused
     proc = gate("--against", str(path), "--image", relabelled_torch_image, "--no-history", session=test_session_id)
     assert proc.returncode == 2, proc.stdout
@@ -107,12 +111,13 @@ def test_gate_keeps_the_image_probe_per_image_id(certificate, relabelled_torch_i
     entry.write_text(json.dumps(doc))
     proc = gate("--against", str(path), "--image", image_id, "--no-history", session=test_session_id, env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stdout.splitlines()[0] == f"fail: must-match: torch.version: certified {torch}; 9.9.9+kept on {HOST}"
+    assert proc.stdout.splitlines()[0] == (f"fail: must-match: torch.version: certified {torch}; 9.9.9+kept on {HOST}"
+                                           + IMAGE)
     # another image ID is probed anew: its own entry, its true torch version
     other = docker_client.image(relabelled_torch_image).id
     proc = gate("--against", str(path), "--image", other, "--no-history", session=test_session_id, env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stdout.splitlines()[:-1] == [f"fail: must-match: image.id: certified {image_id}; {other} on {HOST}"]
+    assert proc.stdout.splitlines()[:-1] == [f"fail: must-match: image.id: certified {image_id}; {other} on {HOST}{IMAGE}"]
     kept = json.loads((tmp_path / "cache" / "probes" / f"{other.removeprefix('sha256:')}.json").read_text())
     assert kept["probe"]["torch"]["version"] == torch
 
@@ -136,7 +141,7 @@ def test_gate_without_an_engine_warns_that_a_check_did_not_run(certificate, test
     proc = gate("--against", str(path), "--no-history", session=test_session_id,
                 env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert proc.stdout.splitlines()[0] == "warn: stale-containers: not checked: no Docker engine here"
+    assert proc.stdout.splitlines()[0] == "warn: stale-containers: not checked: no Docker engine here" + WORKLOAD
 
 
 def test_gate_json_prints_only_its_document(certificate, test_session_id):
@@ -156,7 +161,7 @@ def test_gate_shm_check_fails_below_the_floor(certificate, test_session_id):
                 session=test_session_id)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[0].startswith(f"fail: shm: {HOST}: /dev/shm is ")
-    assert proc.stdout.splitlines()[0].endswith(", below 97.7 TiB")
+    assert proc.stdout.splitlines()[0].endswith(", below 97.7 TiB" + IMAGE)
 
 
 def test_gate_finds_a_stale_envbuild_container(certificate, torch_image, nodes_factory, test_session_id):
@@ -166,7 +171,7 @@ def test_gate_finds_a_stale_envbuild_container(certificate, torch_image, nodes_f
     proc = gate("--against", str(path), "--no-history", "--checks", "stale-containers", "--stale-after", "1s",
                 session=test_session_id)
     assert proc.returncode == 2, proc.stdout
-    assert proc.stdout.splitlines()[0] == f"fail: stale-containers: 1 stale envbuild containers: {c.name}"
+    assert proc.stdout.splitlines()[0] == f"fail: stale-containers: 1 stale envbuild containers: {c.name}{WORKLOAD}"
     proc = gate("--against", str(path), "--no-history", "--checks", "stale-containers", "--stale-after", "1h",
                 session=test_session_id)  # its twin: the same container, young enough
     assert proc.returncode == 0, proc.stdout

@@ -63,12 +63,10 @@ class Check:
     next_step: str | None = None
 
     def __post_init__(self) -> None:
-        """A failing or warning check gets its class (:data:`CHECK_CLASS`) and that class's next step."""
+        """A failing or warning check gets its class (:data:`CHECK_CLASS`) and that class's next step; others none."""
         if self.status in (FAIL, WARN):
             self.cls = self.cls or CHECK_CLASS[self.name]
             self.next_step = self.next_step or next_step(self.cls)
-        else:
-            self.cls = self.next_step = None
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,8 @@ def limits(path: str | None = None) -> Limits:
                   {n: _merge(base, over, "gpu_health.yaml", f"skus.{n}") for n, over in skus.items()})
 
 
-def _f(status: str, where: str, what: str, value: object, threshold: object, cls: FailureClass, step: str) -> Finding:
+def _f(status: str, where: str, what: str, value: object, threshold: object, cls: FailureClass,
+       step: str | None = None) -> Finding:
     return Finding(status, where, what, one_line(value, 200), one_line(threshold, 200), cls, next_step(cls, step))
 
 
@@ -132,7 +133,7 @@ def _memory(g: GpuReading, t: Thresholds, at: str) -> list[Finding]:
             out.append(_f(r["status"], at, r["what"], value, f"<= {limit}", FailureClass(r["class"]), r["next"]))
     retired = (g.retired_sbe or 0) + (g.retired_dbe or 0)
     if retired > t.retired_pages_max:
-        out.append(_f(FAIL, at, "retired pages", retired, f"<= {t.retired_pages_max}", FailureClass.HARDWARE, "vendor"))
+        out.append(_f(FAIL, at, "retired pages", retired, f"<= {t.retired_pages_max}", FailureClass.HARDWARE))
     return out
 
 
@@ -149,7 +150,7 @@ def _clocks(g: GpuReading, t: Thresholds, at: str) -> list[Finding]:
     if g.power_mw is not None and g.power_limit_mw and g.power_mw > g.power_limit_mw * t.power_ratio_max:
         out.append(_f(WARN, at, "power", f"{g.power_mw / 1000:.0f} W",
                       f"<= {t.power_ratio_max:g} x {g.power_limit_mw / 1000:.0f} W limit", FailureClass.THRESHOLD,
-                      "tune"))
+                      "threshold"))
     return out
 
 
@@ -216,10 +217,10 @@ def _ports(doc: GpuHealth, t: Thresholds) -> list[Finding]:
     for p in doc.ib_ports:
         at = f"{one_line(p.device, 64)} port {one_line(p.port, 8)} ({one_line(p.link_layer, 20)})"
         if not p.state.endswith("ACTIVE"):
-            out.append(_f(FAIL, at, "port state", p.state or "unknown", "4: ACTIVE", net, "network"))
+            out.append(_f(FAIL, at, "port state", p.state or "unknown", "4: ACTIVE", net, "cable"))
         elif (p.rate_gbps or 0) < max(t.ib_rate_min_gbps, fastest[p.link_layer]):
             out.append(_f(WARN, at, "port rate", f"{p.rate_gbps} Gb/s",
-                          f">= {max(t.ib_rate_min_gbps, fastest[p.link_layer]):g} Gb/s", net, "network"))
+                          f">= {max(t.ib_rate_min_gbps, fastest[p.link_layer]):g} Gb/s", net, "cable"))
     return out
 
 

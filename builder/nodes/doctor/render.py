@@ -33,11 +33,8 @@ def render(result: DoctorResult, console: Any) -> None:
         console.print(Text.assemble((c.name, style[c.status]), ":"), highlight=False)
         for line in c.details:
             console.print(Text("  " + one_line(line, LINE_LIMIT)), highlight=False, soft_wrap=True)
-        if c.fix:
-            console.print(Text("  fix: " + one_line(c.fix, LINE_LIMIT)), highlight=False, soft_wrap=True)
-        if c.cls and c.next_step:
-            console.print(Text(f"  next: {one_line(c.next_step, LINE_LIMIT)} [{c.cls.value}]"), highlight=False,
-                          soft_wrap=True)
+        for line in ([f"fix: {c.fix}"] if c.fix else []) + ([f"next: {c.next_step} [{c.cls}]"] if c.cls else []):
+            console.print(Text("  " + one_line(line, LINE_LIMIT)), highlight=False, soft_wrap=True)
     counts = {s: sum(1 for c in result.checks if c.status == s) for s in style}
     console.print(f"doctor: {counts[PASS]} passed, {counts[WARN]} warnings, {counts[FAIL]} failed, "
                   f"{counts[UNKNOWN]} not checked, {counts[SKIP]} skipped -> exit {int(result.exit_code)}",
