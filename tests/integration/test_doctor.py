@@ -51,6 +51,8 @@ def test_blocked_rendezvous_port_is_named_with_the_host_pair(torch_image, nodes_
     assert port["details"] == [f"{n1.name} -> {n0.name} ({ip0}) port 29500/tcp: timeout (no answer within 3 s)"]
     assert port["message"].startswith(f"firewall: {n1.name} -> {n0.name}")
     assert "open TCP 29500 (rendezvous) on " + n0.name in port["fix"]
+    assert (port["cls"], port["next_step"]) == (
+        "network", "fix the network config (the interface NCCL/gloo use, its MTU, the firewall between the nodes)")
     assert took < 45, f"doctor took {took:.0f} s"
 
     # the passing twin: the same nodes once the rule is gone (the listener of the first
@@ -180,6 +182,8 @@ def test_fix_removes_the_leftover_and_nothing_else(docker_client, torch_image, n
     stale = check(doc, "stale-containers")
     assert stale["data"]["stale"] == sorted([exited.name, leftover.name])
     assert stale["fix"] == "`envbuild doctor --fix` removes them (only containers and networks labelled envbuild)"
+    assert (stale["cls"], stale["next_step"]) == (
+        "workload", "look at the job that ran (an application fault); the GPU stays usable")
 
     code, doc, _ = doctor_json(*args, "--fix")
     assert code == 0

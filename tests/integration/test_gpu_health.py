@@ -42,12 +42,14 @@ def test_doctor_names_the_sick_gpu_of_the_sick_node(torch_image, nodes_factory, 
         "node": sick.name, "status": "fail", "where": GPU1, "what": "volatile double-bit ECC errors", "value": "3",
         "threshold": "<= 0", "cls": "hardware",
         "next_step": "drain the node and reset the GPU (nvidia-smi -r -i INDEX with no process on it)"}]
-    assert health["fix"] == "drain the node and reset the GPU (nvidia-smi -r -i INDEX with no process on it)"
+    assert (health["fix"], health["cls"], health["next_step"]) == (
+        None, "hardware", "drain the node and reset the GPU (nvidia-smi -r -i INDEX with no process on it)")
 
     # the passing twin: the healthy node alone
     code, doc = run_json("doctor", "--container", healthy.name, "--checks", "gpu-health", "--gpus", "2")
     assert (code, check(doc, "gpu-health")["status"], check(doc, "gpu-health")["message"]) == (
         0, "pass", "2 GPUs healthy on 1 node(s)")
+    assert (check(doc, "gpu-health")["cls"], check(doc, "gpu-health")["next_step"]) == (None, None)
 
 
 def test_doctor_with_a_gpu_health_warning_only_exits_1(torch_image, nodes_factory, fake_lib):
