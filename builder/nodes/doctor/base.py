@@ -20,10 +20,10 @@ ALL_CHECKS = ("nodes", "port", "interface", "shm", "gpu-uuid", "gpu-processes", 
               "stale-containers", "straggler")
 
 _N, _W = FailureClass.NETWORK, FailureClass.WORKLOAD
-#: The class of each check (doctor's and the gate's) that fails or warns; gpu-health's comes with its finding.
+#: The class of each check (doctor's and the gate's) that fails or warns; gpu-health's worst finding names its own.
 CHECK_CLASS = {"nodes": _N, "port": _N, "interface": _N, "shm": FailureClass.IMAGE, "gpu-uuid": FailureClass.IMAGE,
                "gpu-processes": _W, "stale-containers": _W, "straggler": FailureClass.HARDWARE,
-               "image-ref": FailureClass.IMAGE, "epilog": _W}
+               "image-ref": FailureClass.IMAGE, "epilog": _W, "gpu-health": FailureClass.HARDWARE}
 
 #: torchrun's static rendezvous port (``--master-port`` default).
 DEFAULT_PORT = 29500
