@@ -1,5 +1,5 @@
 """The gate spec of the Kubernetes DaemonSet (``envbuild.gate-spec/1``): what the in-pod gate
-compares, taken from a reference by the same rules as ``verify``."""
+compares, taken from a reference by the same rules as ``verify``, and each failure's class and next step."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from typing import Any
 
 from packaging.version import Version
 
-from builder.core.errors import Unreachable
+from builder.core.errors import FailureClass, Unreachable, next_step
 
+from .doctor.base import CHECK_CLASS
 from .reference import Reference
 from .verify.against import DEFAULT_MAX_AGE_S
 from .verify.floor import default_floors, hard_floor
+from .verify.result import FIELD_CLASS
 from .verify.rules import ENV_MUST_MATCH, MUST_MATCH, env_rule
 
 SPEC_SCHEMA = "envbuild.gate-spec/1"
@@ -62,7 +64,9 @@ def gate_spec(ref: Reference, max_age_s: float = DEFAULT_MAX_AGE_S,
                 continue
             want = plugin.sha256
         fields.append({"field": rule.name, "path": list(rule.path or ()), "want": want})
-    run = ref.run
+    run, keys = ref.run, [f["field"] for f in fields] + ["driver", *POD_CHECKS]
+    classes = {k: CHECK_CLASS.get(k) or FIELD_CLASS.get(k, FailureClass.IMAGE) for k in keys}
     return {"schema": SPEC_SCHEMA, "certificate": ref.name, "made_at": ref.made_at, "max_age_s": max_age_s,
             "envbuild_version": run.envbuild_version if run else None, "label_value": lock_label(ref),
-            "fields": fields, "driver": _driver(ref, floors), "checks": list(POD_CHECKS)}
+            "fields": fields, "driver": _driver(ref, floors), "checks": list(POD_CHECKS),
+            "next_steps": {k: [str(c), next_step(c)] for k, c in classes.items()}}

@@ -3,7 +3,8 @@ certificate validate against the Kubernetes schemas (and broken twins do not); a
 stand-in for a cluster (an HTTPS API server in this process holding two Node objects, one container
 per node run from the DaemonSet's pod template) a passing node gets the label
 ``envbuild.dev/certified=<lock hash 12>``, a node that holds another image under the certified tag
-gets the taint ``envbuild.dev/uncertified=<reason>:NoSchedule`` and loses it once repaired, and
+gets the taint ``envbuild.dev/uncertified=<reason>:NoSchedule`` and the condition ``EnvbuildUncertified``
+(reason its class, message the finding and its next step) and loses both once repaired, and
 each pod serves its gauges on the annotated port (checked by promtool)."""
 
 from __future__ import annotations
@@ -312,12 +313,12 @@ def test_stand_in_labels_a_passing_node_taints_a_failing_one_until_repaired(
             {"key": "envbuild.dev/uncertified", "value": "torch.version", "effect": "NoSchedule"}]
         log = pods["node-fail"].logs().decode()
         torch = cert["probe"]["0"]["torch"]["version"]
-        assert f"fail: torch.version: certified {torch}, this node 2.13.1+cpu" in log
+        finding = f"torch.version: certified {torch}, this node 2.13.1+cpu [image] next: fix the image (or the node image) and run again"
+        assert f"fail: {finding}\n" in log
         assert {n: conditions(api, n) for n in ("node-pass", "node-fail")} == {
             "node-pass": [{"type": "EnvbuildUncertified", "status": "False", "reason": "Certified",
                            "message": f"matches the certificate of lock {lock12}"}],
-            "node-fail": [{"type": "EnvbuildUncertified", "status": "True", "reason": "torch.version",
-                           "message": f"torch.version: certified {torch}, this node 2.13.1+cpu"}]}
+            "node-fail": [{"type": "EnvbuildUncertified", "status": "True", "reason": "image", "message": finding}]}
         for node, passed, status in (("node-pass", "1.0", "0.0"), ("node-fail", "0.0", "2.0")):
             wait_for(lambda n=node: scrape(pods[n], network, port))
             got = gauges(scrape(pods[node], network, port), node, torch_image)

@@ -1,7 +1,7 @@
 """The gate's and verify's rules that need no engine: loopback socket settings, another image
 ID against a certificate, the age wording, the drain reason's head, plain tags, a path-like
-``--against``, the k8s gate's lock hash and the in-pod gate's age warning. Each refusal has a
-passing twin."""
+``--against``, the k8s gate's lock hash, the in-pod gate's age warning and its failures' class and
+next step. Each refusal has a passing twin."""
 
 from __future__ import annotations
 
@@ -132,3 +132,17 @@ def test_pod_gate_warns_on_an_old_certificate():
         "certificate: no valid made_at ((absent)): its age is unknown"]
     _, warnings = podcheck.evaluate(spec, {}, MADE + datetime.timedelta(minutes=36))
     assert warnings == podcheck.age_warnings(spec, MADE + datetime.timedelta(minutes=36))
+
+
+def test_pod_gate_failure_carries_its_class_and_next_step():
+    ref = reference.from_certificate(str(CERT))
+    spec = gatespec.gate_spec(ref)
+    step = "fix the image (or the node image) and run again"
+    assert spec["next_steps"]["torch.version"] == spec["next_steps"]["driver"] == ["image", step]
+    probe = msgspec.to_builtins(ref.report)
+    assert podcheck.evaluate(spec, probe, MADE)[0] == []  # the twin
+    failures, _ = podcheck.evaluate(spec, {**probe, "torch": {**probe["torch"], "version": "2.13.1+cpu"}}, MADE)
+    assert failures == [("torch.version", f"torch.version: certified {probe['torch']['version']}, this node "
+                                          f"2.13.1+cpu [image] next: {step}")]
+    bare = podcheck.evaluate({**spec, "next_steps": {}}, {**probe, "torch": None}, MADE)[0]
+    assert bare == [("torch.version", f"torch.version: certified {probe['torch']['version']}, this node (absent)")]

@@ -44,9 +44,12 @@ def _check(spec: dict[str, Any], node: str | None) -> tuple[int, list[tuple[str,
     if node:
         try:
             if failures:
-                kube.mark_node(node, None, check.label_value(failures[0][0]), failures[0][1])
+                key, line = failures[0]
+                cls = ((spec.get("next_steps") or {}).get(key) or ["image"])[0]
+                kube.mark_node(node, None, check.label_value(key), str(cls), line)
             else:
-                kube.mark_node(node, check.label_value(label), None, f"matches the certificate of lock {label}")
+                kube.mark_node(node, check.label_value(label), None, "Certified",
+                               f"matches the certificate of lock {label}")
         except (kube.KubeError, OSError) as e:
             print(f"error: cannot mark node {node}: {e}", flush=True)
             return 3, failures, warnings

@@ -108,7 +108,8 @@ def statuses(spec: dict[str, Any], failures: list[tuple[str, str]], warnings: li
 
 def evaluate(spec: dict[str, Any], doc: dict[str, Any],
              now: datetime.datetime | None = None) -> tuple[list[tuple[str, str]], list[str]]:
-    """``(failures as (reason for the taint, line), warnings)`` of probe ``doc`` under ``spec``."""
+    """``(failures as (reason for the taint, line ending in its class and next step), warnings)`` of probe ``doc``
+    under ``spec``."""
     failures: list[tuple[str, str]] = []
     for f in spec.get("fields") or []:
         have = value_at(doc, f.get("path") or [])
@@ -120,7 +121,8 @@ def evaluate(spec: dict[str, Any], doc: dict[str, Any],
     warnings += age_warnings(spec, now)
     for err in (doc.get("errors") or [])[:3]:
         warnings.append(f"probe: {str(err)[:300]}")
-    return failures, warnings
+    steps = spec.get("next_steps") or {}
+    return [(k, "{} [{}] next: {}".format(line, *steps[k]) if k in steps else line) for k, line in failures], warnings
 
 
 def _shown(value: Any) -> str:

@@ -69,8 +69,9 @@ def condition_patch(node: dict[str, Any], reason: str, message: str, failed: boo
                                        "lastHeartbeatTime": now, "lastTransitionTime": since or now}]}}
 
 
-def mark_node(name: str, label_value: str | None, taint_value: str | None, message: str = "") -> None:
-    """Label (pass) or taint (fail) node ``name``, then set its condition; KubeError otherwise."""
+def mark_node(name: str, label_value: str | None, taint_value: str | None, reason: str, message: str) -> None:
+    """Label (pass) or taint (fail) node ``name``, then set its condition (``reason``: the failure's class, or
+    ``Certified``); KubeError otherwise."""
     import datetime
 
     path = "/api/v1/nodes/" + urllib.parse.quote(name, safe="")
@@ -83,7 +84,7 @@ def mark_node(name: str, label_value: str | None, taint_value: str | None, messa
                 raise
             continue
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        patch = condition_patch(node, taint_value or "Certified", message[:1024], taint_value is not None, now)
+        patch = condition_patch(node, reason, message[:1024], taint_value is not None, now)
         _request("PATCH", path + "/status", patch, "application/strategic-merge-patch+json")
         return
     raise KubeError(f"PATCH {path}: still in conflict after {ATTEMPTS} attempts")

@@ -42,7 +42,7 @@ class Finding(Model, frozen=True):
 
 
 #: Compared fields that are the fabric's configuration or the hardware; every other one is the image's.
-_FIELD_CLASS = {"env.NCCL_SOCKET_IFNAME": FailureClass.NETWORK, "env.GLOO_SOCKET_IFNAME": FailureClass.NETWORK,
+FIELD_CLASS = {"env.NCCL_SOCKET_IFNAME": FailureClass.NETWORK, "env.GLOO_SOCKET_IFNAME": FailureClass.NETWORK,
                 "gpu.models": FailureClass.HARDWARE}
 
 
@@ -50,7 +50,7 @@ def classified(f: Finding) -> Finding:
     """``f`` with its class and next step when it fails or warns (an unknown one checked nothing)."""
     if f.level == UNKNOWN:
         return f
-    cls = FailureClass.NETWORK if f.rule == "interface" else _FIELD_CLASS.get(f.field or "", FailureClass.IMAGE)
+    cls = FailureClass.NETWORK if f.rule == "interface" else FIELD_CLASS.get(f.field or "", FailureClass.IMAGE)
     return msgspec.structs.replace(f, cls=cls, next_step=next_step(cls))
 
 
