@@ -479,9 +479,8 @@ def _environment() -> Any:
 
 
 def prewarm() -> None:
-    """Import matplotlib, load its font and jinja2 now: certify calls it in a thread while the
-    ranks run, which takes about 0.9 s of the 1.2 s a report costs off the wall time. A failure
-    is left to the real drawing to report."""
+    """Import matplotlib, load its font and jinja2 now: certify calls it in a thread while the ranks run, which takes
+    about 0.9 s of the 1.2 s a report costs off the wall time. A failure is left to the real drawing to report."""
     try:
         with _DRAW_LOCK:
             draw_losses({"warm": [1.0, 0.5]})

@@ -123,9 +123,8 @@ def _launch(launcher: Launcher, p: Plan, console: Any) -> LaunchResult:
 
 
 def plain_lines(console: Any) -> Callable[[str], None]:
-    """Progress without a terminal: a ``HH:MM:SS +S s`` line when a message changes in more
-    than its running seconds (a phase, a node, a rank result), as it happens; every message with
-    ``console.every_line`` (``--verbose``)."""
+    """Progress without a terminal: a ``HH:MM:SS +S s`` line when a message changes in more than its running seconds (a
+    phase, a node, a rank result), as it happens; every message with ``console.every_line`` (``--verbose``)."""
     import re
 
     t0, last = time.monotonic(), [""]

@@ -79,8 +79,7 @@ class ImageSource(Protocol):
 
 
 class EngineImage:
-    """An image on a Docker engine, read once (:meth:`read`); the default launcher runs the nodes on
-    the same engine."""
+    """An image on a Docker engine, read once (:meth:`read`); the default launcher runs the nodes on the same engine."""
 
     def __init__(self, client: engine.Engine, ref: str, *, recipe: tuple[str, Lock] | None = None) -> None:
         self.client = client
@@ -196,10 +195,9 @@ def label_subset(labels: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(labels.items()) if k.startswith(LABEL_PREFIXES) and k != "envbuild.lock"}
 
 
-#: What :func:`check_foreign` runs in the image: prints one JSON line, exits 0. It finds
-#: torch without importing it (seconds on a loaded machine): the module's spec, and its
-#: version from the installed distribution's metadata (``torch.version`` read as a file
-#: when there is none); the ranks import it for real.
+#: What :func:`check_foreign` runs in the image: prints one JSON line, exits 0. It finds torch without importing it
+#: (seconds on a loaded machine): the module's spec, and its version from the installed distribution's metadata
+#: (``torch.version`` read as a file when there is none); the ranks import it for real.
 _FOREIGN_CHECK = (
     "import json, sys\n"
     "out = {'python': list(sys.version_info[:3]), 'torch': None, 'error': None}\n"

@@ -1,7 +1,6 @@
-"""The certificate on a terminal: the all-reduce sweep in nccl-tests columns (with the
-min and median time over ranks and the slowest rank), the profiles,
-NCCL transports, the verdict with its reasons, and for a failing verdict the log excerpt of
-each failing node."""
+"""The certificate on a terminal: the all-reduce sweep in nccl-tests columns (with the min and median time over ranks
+and the slowest rank), the profiles, NCCL transports, the verdict with its reasons, and for a failing verdict the log
+excerpt of each failing node."""
 
 from __future__ import annotations
 
@@ -26,9 +25,8 @@ def _fmt(x: float | None, spec: str) -> str:
 
 
 def log_excerpt(tail: Sequence[str]) -> list[str]:
-    """The lines of a node's log tail worth showing: the last Python exception line
-    (``OverflowError: ...``; not torchrun's ``ChildFailedError`` wrapper), else the last
-    :data:`LOG_SHOW_LINES` non-blank lines."""
+    """The lines of a node's log tail worth showing: the last Python exception line (``OverflowError: ...``; not
+    torchrun's ``ChildFailedError`` wrapper), else the last :data:`LOG_SHOW_LINES` non-blank lines."""
     lines = [line.rstrip() for line in tail if line.strip()]
     for line in reversed(lines):
         if _ERROR_LINE_RE.match(line.strip()) and "ChildFailedError" not in line:
@@ -187,10 +185,9 @@ def phases_line(cert: Certificate) -> str:
 
 def print_table(cert: Certificate, console: Any, path: str | os.PathLike[str] | None = None,
                 written: bool = True) -> None:
-    """Print the certificate: the all-reduce table (nccl-tests columns), the profiles, NCCL
-    transports, and the verdict with its reasons (rich tables). A failing
-    verdict is followed by each failing node's log excerpt (:func:`log_excerpt`) and where
-    its full tail is (``node_status.<n>.log_tail`` of the certificate at ``path``; not
+    """Print the certificate: the all-reduce table (nccl-tests columns), the profiles, NCCL transports, and the verdict
+    with its reasons (rich tables). A failing verdict is followed by each failing node's log excerpt
+    (:func:`log_excerpt`) and where its full tail is (``node_status.<n>.log_tail`` of the certificate at ``path``; not
     said when the certificate was not ``written``)."""
     from rich.text import Text
 

@@ -29,9 +29,8 @@ _SAME_EVERYWHERE: tuple[tuple[str, Callable[[NodeReport], Any]], ...] = (
 
 
 def signal_text(code: int) -> str:
-    """How a process ended, for a status: ``-9`` (torchrun's way) or ``137`` (a
-    container's: 128 + N) -> ``"killed by SIGKILL (exit 137)"``; the watchdog's
-    ``124`` -> ``"ended by its watchdog at the deadline (exit 124)"``; else
+    """How a process ended, for a status: ``-9`` (torchrun's way) or ``137`` (a container's: 128 + N) -> ``"killed by
+    SIGKILL (exit 137)"``; the watchdog's ``124`` -> ``"ended by its watchdog at the deadline (exit 124)"``; else
     ``"exited with N"``."""
     from builder.agent.bench.node import EXIT_DEADLINE
 
@@ -58,12 +57,10 @@ def oom_text(launch: LaunchResult, node: int) -> str | None:
 
 
 def check_results(launch: LaunchResult, spec: LaunchSpec) -> None:
-    """Refuse (in place) every rank result of ``launch`` that is not of this run: another
-    schema, rank, world size or run id, or a document that breaks the
-    :class:`~builder.core.documents.RankResult` model
-    (:func:`~builder.launchers.output.check_result`): it moves to ``rank_problems`` (named
-    there), whatever launcher read it. A launcher that handed plain documents gets them as
-    models."""
+    """Refuse (in place) every rank result of ``launch`` that is not of this run: another schema, rank, world size or
+    run id, or a document that breaks the :class:`~builder.core.documents.RankResult` model
+    (:func:`~builder.launchers.output.check_result`): it moves to ``rank_problems`` (named there), whatever launcher
+    read it. A launcher that handed plain documents gets them as models."""
     for rank, doc in sorted(launch.rank_results.items()):
         result, why = check_result(doc, rank, "result", run_id=spec.run_id, world_size=spec.world_size)
         if result is None:
@@ -255,10 +252,9 @@ def _warnings(s: RunSettings, launch: LaunchResult, report_warnings: list[str]) 
 
 
 def judge(s: RunSettings, launch: LaunchResult, lock: Lock | None, sock: SocketSetting | None = None) -> Verdict:
-    """Judge a launch. ``lock`` None: a
-    foreign image, whose ranks must all match the reference rank's probe. ``sock``: the
-    run's socket setting (:func:`~builder.certify.settings.socket_settings`; None: not
-    known), for :func:`socket_findings`."""
+    """Judge a launch. ``lock`` None: a foreign image, whose ranks must all match the reference rank's probe. ``sock``:
+    the run's socket setting (:func:`~builder.certify.settings.socket_settings`; None: not known), for
+    :func:`socket_findings`."""
     from .profiles import check_profiles
 
     results = launch.rank_results
@@ -295,11 +291,10 @@ def judge(s: RunSettings, launch: LaunchResult, lock: Lock | None, sock: SocketS
 
 
 def classify(s: RunSettings, launch: LaunchResult, failures: list[str], warnings: list[str]) -> FailureClass:
-    """The class of a failed run, from what the launch and the checks found (not from text):
-    ``hardware`` a rank killed by a signal or the OOM killer; ``image`` a probe off the lock; ``network``
-    a timeout, a hang, a rank that could not report, a socket setting off the run's (failure or
-    warning); ``threshold`` a floor missed with correct results; ``workload`` the rest (wrong results,
-    a rank's own error)."""
+    """The class of a failed run, from what the launch and the checks found (not from text): ``hardware`` a rank killed
+    by a signal or the OOM killer; ``image`` a probe off the lock; ``network`` a timeout, a hang, a rank that could not
+    report, a socket setting off the run's (failure or warning); ``threshold`` a floor missed with correct results;
+    ``workload`` the rest (wrong results, a rank's own error)."""
     from .profiles import check_profiles
 
     if launch.oom_killed or any(c < 0 or c >= 128 for c in launch.rank_exit_codes.values()):

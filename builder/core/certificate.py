@@ -159,8 +159,7 @@ class NodeStatus(Model, frozen=True):
 
 
 class Host(Model, frozen=True):
-    """Where envbuild ran: the host and, per source and launcher, the engine's version or
-    the cluster's namespace."""
+    """Where envbuild ran: the host and, per source and launcher, the engine's version or the cluster's namespace."""
 
     hostname: Name
     docker_server_version: Name | None | UnsetType = UNSET

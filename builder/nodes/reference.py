@@ -136,8 +136,7 @@ class Reference:
 
 
 def parse_time(text: str | None) -> datetime.datetime | None:
-    """``2025-06-01T12:00:00Z`` (or with fractions, or ``+00:00``) as an aware UTC time; None
-    when it is not one."""
+    """``2025-06-01T12:00:00Z`` (or with fractions, or ``+00:00``) as an aware UTC time; None when it is not one."""
     if not text or len(text) > 64:
         return None
     try:

@@ -60,8 +60,7 @@ def node_patch(node: dict[str, Any], label_value: str | None, taint_value: str |
 
 
 def condition_patch(node: dict[str, Any], reason: str, message: str, failed: bool, now: str) -> dict[str, Any]:
-    """The strategic merge patch of :data:`CONDITION`; ``lastTransitionTime`` moves only when the
-    status changes."""
+    """The strategic merge patch of :data:`CONDITION`; ``lastTransitionTime`` moves only when the status changes."""
     status = "True" if failed else "False"
     old = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == CONDITION]
     since = old[0].get("lastTransitionTime") if old and old[0].get("status") == status else now

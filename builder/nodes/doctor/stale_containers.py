@@ -11,8 +11,7 @@ from builder.core.errors import EnvbuildError
 from ..report import Node
 from .base import DEFAULT_STALE_AFTER_S, FAIL, PASS, SKIP, Check, Options
 
-#: Seconds a stopped run must have been stopped before it counts as stale (its launcher
-#: may still be reading its logs).
+#: Seconds a stopped run must have been stopped before it counts as stale (its launcher may still be reading its logs).
 STOPPED_GRACE_S = 60.0
 
 

@@ -20,10 +20,9 @@ ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_")
 ENV_MUST_MATCH = ("NCCL_NET", "NCCL_NET_PLUGIN", "NCCL_IB_DISABLE")
 #: Other variables compared (should-match): which libraries a process loads.
 ENV_OTHER = ("LD_LIBRARY_PATH",)
-#: Variables torchrun sets for its workers (torch ``distributed/elastic/agent/server/
-#: local_elastic_agent.py``): a certified rank has them, a probe at job start does not yet.
-#: Not compared against a reference (``--against``), where one side is a rank and the other
-#: a probe; between nodes they are compared as any other.
+#: Variables torchrun sets for its workers (torch ``distributed/elastic/agent/server/local_elastic_agent.py``): a
+#: certified rank has them, a probe at job start does not yet. Not compared against a reference (``--against``), where
+#: one side is a rank and the other a probe; between nodes they are compared as any other.
 TORCHRUN_ENV = ("TORCH_NCCL_ASYNC_ERROR_HANDLING",)
 
 SRC_NCCL_MISMATCH = "NVIDIA/nccl src/init.cc (>= 2.23.4), NVIDIA/nccl#1267, #1328"
@@ -156,8 +155,7 @@ def compare(nodes: list[Node], rule: Rule, kind: str) -> list[Finding]:
 
 
 def env_rule(var: str) -> Rule:
-    """The rule of one environment variable: must-match for :data:`ENV_MUST_MATCH`, else
-    should-match."""
+    """The rule of one environment variable: must-match for :data:`ENV_MUST_MATCH`, else should-match."""
     level: Level = FAIL if var in ENV_MUST_MATCH else WARN
     source = (SRC_PLUGIN if var in ENV_MUST_MATCH else
               "which libraries load" if var in ENV_OTHER else
