@@ -186,18 +186,13 @@ class CertificateNotWritten(Unreachable):
 MAX_NAME_TRIES = 1000
 
 
-def certificate_bytes(cert: Certificate) -> bytes:
-    """The certificate as written: JSON, 2-space indent, keys in the model's order, newline."""
-    return (json.dumps(cert.to_dict(), indent=2, sort_keys=False) + "\n").encode()
-
-
 def write_certificate(cert: Certificate, images_dir: str | os.PathLike[str]) -> Path:
     """Create the certificate file, never replacing one (a taken name gets ``-2``, ``-3``...); its path.
     Raises CertificateNotWritten (exit 3), naming the file; nothing half-written remains."""
     path = certificate_path(images_dir, cert)
     names = [path.name] + [f"{path.stem}-{n}.json" for n in range(2, MAX_NAME_TRIES + 1)]
     try:
-        written = write_new(path.parent, names, certificate_bytes(cert))
+        written = write_new(path.parent, names, (json.dumps(cert.to_dict(), indent=2, sort_keys=False) + "\n").encode())
     except EnvbuildError as e:
         reason = e.message.removeprefix("cannot write: ")
         raise CertificateNotWritten(f"cannot write the certificate: {reason}", certificate=cert,

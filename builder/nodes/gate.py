@@ -180,18 +180,9 @@ def local_checks(host: Node, opts: GateOptions, client: Any) -> list[doctor_base
 
 def gate_lines(result: VerifyResult, checks: list[doctor_base.Check]) -> list[str]:
     """One line per failure and warning: the findings (failures first), then the checks."""
-    lines = [with_step(f"{f.level}: {f.rule}: {one_line(f.message, 600)}", f.cls, f.next_step)
-             for f in result.findings]
-    lines += [with_step(f"{c.status}: {c.name}: {one_line(c.message, 600)}", c.cls, c.next_step) for c in checks
-              if c.status in _STATUS_LEVEL]
-    return lines
-
-
-def exit_code_of(result: VerifyResult, checks: list[doctor_base.Check]) -> int:
-    """The worst of verify's exit code and the checks' statuses."""
-    codes = [int(result.exit_code)] + [int(_LEVEL_CODE[_STATUS_LEVEL[c.status]]) for c in checks
-                                       if c.status in _STATUS_LEVEL]
-    return max(codes)
+    lines = [with_step(f"{f.level}: {f.rule}: {one_line(f.message, 600)}", f.cls, f.next_step) for f in result.findings]
+    return lines + [with_step(f"{c.status}: {c.name}: {one_line(c.message, 600)}", c.cls, c.next_step) for c in checks
+                    if c.status in _STATUS_LEVEL]
 
 
 def _head(name: str, value: object) -> str:
@@ -335,7 +326,8 @@ def gate(opts: GateOptions, reference: Reference | None = None) -> GateResult:
         checks.append(health_check)
     checks += [_job_end(opts, node.name, health)] if opts.epilog and health else []  # no reading: gpu-health says
     lines = gate_lines(result, checks)
-    code = exit_code_of(result, checks)
+    code = max([int(result.exit_code)] + [int(_LEVEL_CODE[_STATUS_LEVEL[c.status]]) for c in checks
+                                          if c.status in _STATUS_LEVEL])  # the worst of verify's and the checks'
     history = None
     if opts.keep_history and not opts.epilog:  # an Epilog compares with the Prolog's record, and adds none
         try:

@@ -64,7 +64,7 @@ def gate_spec(ref: Reference, max_age_s: float = DEFAULT_MAX_AGE_S,
                 continue
             want = plugin.sha256
         fields.append({"field": rule.name, "path": list(rule.path or ()), "want": want})
-    run, keys = ref.run, [f["field"] for f in fields] + ["driver", *POD_CHECKS]
+    run, keys = ref.run, [str(f["field"]) for f in fields] + ["driver", *POD_CHECKS]
     classes = {k: CHECK_CLASS.get(k) or FIELD_CLASS.get(k, FailureClass.IMAGE) for k in keys}
     return {"schema": SPEC_SCHEMA, "certificate": ref.name, "made_at": ref.made_at, "max_age_s": max_age_s,
             "envbuild_version": run.envbuild_version if run else None, "label_value": lock_label(ref),

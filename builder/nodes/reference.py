@@ -135,23 +135,16 @@ class Reference:
                                 cuda_requirement=shown, passed=run.passed if run else None)
 
 
-def parse_time(text: str | None) -> datetime.datetime | None:
-    """``2025-06-01T12:00:00Z`` (or with fractions, or ``+00:00``) as an aware UTC time; None when it is not one."""
-    if not text or len(text) > 64:
+def age_s(made_at: str | None, now: datetime.datetime | None = None) -> float | None:
+    """Seconds from ``made_at`` (``2025-06-01T12:00:00Z``, or with fractions, or ``+00:00``) to ``now`` (default: this
+    moment); None when it is no zoned time."""
+    if not made_at or len(made_at) > 64:
         return None
     try:
-        t = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        t = datetime.datetime.fromisoformat(made_at.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return t.astimezone(datetime.UTC) if t.tzinfo else None
-
-
-def age_s(made_at: str | None, now: datetime.datetime | None = None) -> float | None:
-    """Seconds from ``made_at`` to ``now`` (default: this moment), or None."""
-    t = parse_time(made_at)
-    if t is None:
-        return None
-    return ((now or datetime.datetime.now(datetime.UTC)) - t).total_seconds()
+    return ((now or datetime.datetime.now(datetime.UTC)) - t).total_seconds() if t.tzinfo else None
 
 
 def from_certificate(path: str) -> Reference:
@@ -168,19 +161,13 @@ def from_certificate(path: str) -> Reference:
                      requirement=req, made_at=run.finished_at, run=run)
 
 
-def report_requirement(r: NodeReport, source: str) -> CudaRequirement:
-    """The requirement a report shows: its torch CUDA and the ``NVIDIA_REQUIRE_CUDA`` it saw."""
-    return CudaRequirement(torch_cuda=r.torch.cuda if r.torch else None, torch=r.torch.version if r.torch else None,
-                           require=r.env.get("NVIDIA_REQUIRE_CUDA"), source=source,
-                           disabled=is_true(r.env.get("NVIDIA_DISABLE_REQUIRE")))
-
-
 def from_report(path: str) -> Reference:
     """The reference of a node report file. Raises InvalidReport (exit 3)."""
     r = nodereport.load_file(path)
-    return Reference(kind="report", name=path, report=r,
-                     requirement=report_requirement(r, f"NVIDIA_REQUIRE_CUDA in the report {path}"),
-                     made_at=r.probed_at)
+    req = CudaRequirement(torch_cuda=r.torch.cuda if r.torch else None, torch=r.torch.version if r.torch else None,
+                          require=r.env.get("NVIDIA_REQUIRE_CUDA"), source=f"NVIDIA_REQUIRE_CUDA in the report {path}",
+                          disabled=is_true(r.env.get("NVIDIA_DISABLE_REQUIRE")))
+    return Reference(kind="report", name=path, report=r, requirement=req, made_at=r.probed_at)
 
 
 def from_image(image: str, client: Any = None, gpus: bool = False) -> Reference:
@@ -201,18 +188,14 @@ def from_image(image: str, client: Any = None, gpus: bool = False) -> Reference:
     return Reference(kind="image", name=image, report=r, requirement=req, made_at=r.probed_at)
 
 
-def sniff(path: str) -> str | None:
-    """The ``schema`` of the JSON document at ``path`` (bounded read), or None."""
-    doc = inputs.read_json(path, MAX_CERTIFICATE_BYTES, "certificate or node report", exit_code=ExitCode.UNREACHABLE)
-    return doc.get("schema") if isinstance(doc, dict) and isinstance(doc.get("schema"), str) else None
-
-
 def load_reference(ref: str, client: Any = None, gpus: bool = False) -> Reference:
     """``--against REF``: a certificate or node report file (told apart by its ``schema``),
     else an image on this engine.
     Raises EnvbuildError (exit 3)."""
     if os.path.exists(ref) or ref.endswith(".json") or ref.startswith(("/", "./", "../")):  # no image ref starts so
-        schema = sniff(ref)
+        doc = inputs.read_json(ref, MAX_CERTIFICATE_BYTES, "certificate or node report",
+                               exit_code=ExitCode.UNREACHABLE)
+        schema = doc.get("schema") if isinstance(doc, dict) and isinstance(doc.get("schema"), str) else None
         if schema in CERT_SCHEMAS:
             return from_certificate(ref)
         if schema in nodereport.SUPPORTED_SCHEMAS:

@@ -40,12 +40,6 @@ def parse(done: Completed, where: str) -> GpuHealth:
     return doc
 
 
-def read_host(python: str, o: HealthOptions) -> GpuHealth:
-    """This host's readings (the payload run by ``python``)."""
-    run = ProcessRunning(payload.command(python, HEALTH_MODULE, agent_args(o)), payload_archive(), "gpu health")
-    return parse(run.wait(o.nvml_timeout_s + _SLACK_S), "gpu health")
-
-
 def health_check(docs: dict[str, GpuHealth | EnvbuildError], lim: Limits, expected: int | None) -> Check:
     """One check over the nodes' readings: the worst finding's status; its next step is the fix."""
     findings: list[tuple[str, Finding]] = []
@@ -106,7 +100,8 @@ def check_host_health(node: str, python: str, o: HealthOptions, certified_gpus: 
     """``gate``: this host's GPUs (expected: ``o.expected_gpus``, else the certificate's), readings (None: unread)."""
     lim = limits(o.thresholds_file)
     try:
-        doc: GpuHealth | EnvbuildError = read_host(python, o)
+        run = ProcessRunning(payload.command(python, HEALTH_MODULE, agent_args(o)), payload_archive(), "gpu health")
+        doc: GpuHealth | EnvbuildError = parse(run.wait(o.nvml_timeout_s + _SLACK_S), "gpu health")
     except EnvbuildError as e:
         doc = e
     expected = o.expected_gpus if o.expected_gpus is not None else certified_gpus or None

@@ -17,11 +17,6 @@ FIX = ("check the named nodes: CPU/GPU clocks and thermal throttling, cgroup CPU
        "jobs on the node, NIC link speed (NVIDIA/nccl#349, nccl-tests#106)")
 
 
-def _machine(n: Node) -> str:
-    """Nodes sharing a machine are timed one after the other so they do not slow each other down."""
-    return getattr(n.target, "machine", None) or n.name
-
-
 def _compute_once(n: Node, opts: Options, backend: str) -> ComputeTiming:
     """The agent's ``compute`` on ``n``; EnvbuildError (exit 3) when it gives no result."""
     assert n.target is not None
@@ -53,7 +48,7 @@ def time_compute(nodes: list[Node], opts: Options, backend: str, timings: dict[s
 
     groups: dict[str, list[Node]] = {}
     for n in nodes:
-        groups.setdefault(_machine(n), []).append(n)
+        groups.setdefault(getattr(n.target, "machine", None) or n.name, []).append(n)  # one at a time per machine
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(groups)))) as pool:
         list(pool.map(time_machine, groups.values()))
 

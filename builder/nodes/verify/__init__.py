@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..report import Node
@@ -19,16 +18,6 @@ if TYPE_CHECKING:
     from ..reference import Reference
 
 __all__ = ["DEFAULT_MAX_AGE_S", "VerifyResult", "nccl_interface", "render", "verify"]
-
-
-def _env_findings(nodes: list[Node], cmp: Callable[[rules.Rule, str], list[Finding]],
-                  reference: Reference | None) -> list[Finding]:
-    reports = [n.report for n in nodes if n.ok and n.report is not None] + ([reference.report] if reference else [])
-    out: list[Finding] = []
-    for var in rules.env_names(reports, rules.TORCHRUN_ENV if reference else ()):
-        rule = rules.env_rule(var)
-        out += cmp(rule, "must-match" if rule.level == FAIL else "should-match")
-    return out
 
 
 def verify(nodes: list[Node], floors: dict[str, dict] | None = None, reference: Reference | None = None,
@@ -47,7 +36,10 @@ def verify(nodes: list[Node], floors: dict[str, dict] | None = None, reference: 
     findings += rules.interface_findings(nodes, several=reference is not None or len(nodes) > 1)
     for rule in rules.SHOULD_MATCH:
         findings += cmp(rule, "should-match")
-    findings += _env_findings(nodes, cmp, reference)
+    reports = [n.report for n in nodes if n.ok and n.report is not None] + ([reference.report] if reference else [])
+    for var in rules.env_names(reports, rules.TORCHRUN_ENV if reference else ()):
+        rule = rules.env_rule(var)
+        findings += cmp(rule, "must-match" if rule.level == FAIL else "should-match")
     findings += rules.nccl_copies_findings(nodes) + rules.cuda_runtime_findings(nodes)
     findings += rules.probe_error_findings(nodes) + rules.unreachable_findings(nodes)
     order = {FAIL: 0, WARN: 1, UNKNOWN: 2}

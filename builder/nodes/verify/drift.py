@@ -6,12 +6,10 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING
 
-from builder.core.documents import NodeReport
-
 from ..report import Node
 from .against import applies
 from .result import Change, NodeDrift
-from .rules import MUST_MATCH, SHOULD_MATCH, TORCHRUN_ENV, Rule, env_names, env_rule
+from .rules import MUST_MATCH, SHOULD_MATCH, TORCHRUN_ENV, env_names, env_rule
 
 if TYPE_CHECKING:
     from ..reference import Reference
@@ -47,14 +45,6 @@ def split_history(nodes: list[Node]) -> tuple[list[Node], dict[str, list[Node]]]
     return keep, histories
 
 
-def _rules(reports: list[NodeReport], ref: Reference) -> list[Rule]:
-    """The rules of a node's drift: every must/should-match field and every variable set in
-    any of its reports or the reference, those that apply to the node's scope."""
-    names = env_names([*reports, ref.report], TORCHRUN_ENV)
-    rules = [*MUST_MATCH, *SHOULD_MATCH, *(env_rule(v) for v in names)]
-    return [rule for rule in rules if applies(rule, ref.report, reports[-1])]
-
-
 def _since(values: list[str | None], times: list[str | None]) -> str | None:
     """When the last value of ``values`` was first seen in its unbroken run at the end."""
     i = len(values) - 1
@@ -69,7 +59,9 @@ def node_drift(name: str, history: list[Node], ref: Reference) -> NodeDrift:
     times = [r.probed_at for r in reports]
     since_ref: list[Change] = []
     since_prev: list[Change] = []
-    for rule in _rules(reports, ref):
+    # every must/should-match field and every variable set in any of its reports or the reference, in its scope
+    every = [*MUST_MATCH, *SHOULD_MATCH, *(env_rule(v) for v in env_names([*reports, ref.report], TORCHRUN_ENV))]
+    for rule in [r for r in every if applies(r, ref.report, reports[-1])]:
         values = [rule.value(r) for r in reports]
         want = rule.value(ref.report)
         if values[-1] != want and not (rule.skip_absent and (want is None or values[-1] is None)):

@@ -36,21 +36,6 @@ SRC_CUDART = "one CUDA runtime per process: a wheel's libcudart next to a system
 Scope = Literal["host", "image"]
 
 
-def _driver_branch(r: NodeReport) -> str | None:
-    return r.driver.split(".")[0] if r.driver else None
-
-
-def _gpu_models(r: NodeReport) -> str | None:
-    names = sorted({g.name for g in r.gpus})
-    return ", ".join(names) if names else None
-
-
-def _os(r: NodeReport) -> str | None:
-    if not r.os.id:
-        return None
-    return f"{r.os.id} {r.os.version_id or ''}".strip()
-
-
 def _torch(field: str) -> Callable[[NodeReport], str | None]:
     return lambda r: getattr(r.torch, field) if r.torch else None
 
@@ -100,12 +85,13 @@ MUST_MATCH = (
 )
 
 SHOULD_MATCH = (
-    Rule("driver.branch", WARN, _driver_branch, SRC_CONFIGCHECK, scope="host"),
+    Rule("driver.branch", WARN, lambda r: r.driver.split(".")[0] if r.driver else None, SRC_CONFIGCHECK, scope="host"),
     Rule("kernel", WARN, lambda r: r.kernel, SRC_CONFIGCHECK, scope="host"),
-    Rule("os", WARN, _os, SRC_CONFIGCHECK),
+    Rule("os", WARN, lambda r: f"{r.os.id} {r.os.version_id or ''}".strip() if r.os.id else None, SRC_CONFIGCHECK),
     Rule("glibc", WARN, lambda r: r.glibc, SRC_CONFIGCHECK),
     Rule("torch.nccl_compiled", WARN, _torch("nccl_compiled"), "pytorch#116977"),
-    Rule("gpu.models", WARN, _gpu_models, SRC_CONFIGCHECK, scope="host"),
+    Rule("gpu.models", WARN, lambda r: ", ".join(sorted({g.name for g in r.gpus})) or None, SRC_CONFIGCHECK,
+         scope="host"),
     Rule("image.id", WARN, lambda r: r.image.id if r.image else None,
          "the engine's image ID (the digest is unknown for local images); against a reference another "
          "image is one that was never certified", skip_absent=True, against_level=FAIL),
