@@ -181,10 +181,10 @@ def build_document(recipe: str, r: BuildResult) -> Build:
                  base_image_id=r.base_image_id, reused=r.reused, probe_cached=r.probe_cached, notes=tuple(r.notes))
 
 
-def rebuild_document(recipe: str, r: BuildResult, tag: str | None, c: Any, source: Any) -> Rebuild:
+def rebuild_document(recipe: str, image_id: str, tag: str | None, c: Any, source: Any) -> Rebuild:
     """``c``: the :class:`builder.image.rebuild.Comparison` of the rebuilt image, or None."""
     if c is None:
-        return Rebuild(recipe=recipe, image_id=r.image_id, tag=tag, comparison=None)
+        return Rebuild(recipe=recipe, image_id=image_id, tag=tag, comparison=None)
     from builder.image import fshash
 
     def side(entry: str | None, file: tuple[int, str] | None) -> TreeEntry | None:
@@ -193,7 +193,7 @@ def rebuild_document(recipe: str, r: BuildResult, tag: str | None, c: Any, sourc
     trees = [Tree(sha256=t.sha256, entries=t.entries, excluded=t.excluded_by) for t in c.trees]
     diffs = tuple(FileDifference(path=d.path, image=side(d.a, d.file_a), rebuilt=side(d.b, d.file_b))
                   for d in c.differences)
-    return Rebuild(recipe=recipe, image_id=r.image_id, tag=tag, comparison=Comparison(
+    return Rebuild(recipe=recipe, image_id=image_id, tag=tag, comparison=Comparison(
         image=c.image, source=source, equal=c.equal, method=fshash.METHOD, exclusions=fshash.EXCLUDED,
         image_tree=trees[0], rebuilt_tree=trees[1], differing=c.differing, differences=diffs, layers=c.layers,
         layers_equal=c.layers_equal))

@@ -137,6 +137,8 @@ def _rebuild(r: argparse.ArgumentParser) -> None:
                    "image (else the current build of its lock): exit 0 equal, 2 not, 3 cannot check")
     r.add_argument("--against", metavar="IMAGE", type=t.image_ref, help="compare with this image instead")
     r.add_argument("--keep", action="store_true", help="keep the rebuilt image after --compare (default: removed)")
+    r.add_argument("--rebuilt", metavar="IMAGE", type=t.image_ref, help="compare this image (an earlier rebuild) "
+                   "instead of building")
     add_site_options(r)
 
 

@@ -135,20 +135,25 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     run = engine.new_run_id()
     options = build.BuildOptions(recipe=args.recipe, images_dir=Path(args.images_dir), site=site_options(args),
                                  base_mode=args.base_mode, tag=f"{build.IMAGE_REPO_PREFIX}{args.recipe}:rebuild-{run}")
-    result, comparison, keep = None, None, args.keep or not args.compare
+    made, comparison, keep = None, None, args.keep or not args.compare
     try:
-        try:
-            result = rebuild.rebuild(options, client, image or "none", make_console=console, warn=warn)
-        except build.LockMismatch as e:
-            result = e.result
-            raise
-        put(f"rebuilt {result.tag} ({result.image_id[:19]}) without cache; probe matches the lock")
+        if args.rebuilt:  # an earlier rebuild, compared again
+            rebuilt, tag, keep = client.image(args.rebuilt).id, args.rebuilt, True
+        else:
+            try:
+                made = rebuild.rebuild(options, client, image or "none", make_console=console, warn=warn)
+            except build.LockMismatch as e:
+                made = e.result
+                raise
+            rebuilt, tag = made.image_id, made.tag
+            put(f"rebuilt {tag} ({rebuilt[:19]}) without cache; probe matches the lock")
         if args.compare:
-            comparison = rebuild.compare(client, image, result.image_id, engine.run_labels(run))
+            comparison = rebuild.compare(client, image, rebuilt, engine.run_labels(run))
             _print_comparison(comparison, source)
     finally:
-        if result is not None and not keep:
-            client.untag(result.tag, prune=True)
-    put(f"kept {result.tag}" if keep else f"removed {result.tag}")
-    emit(rebuild_document(args.recipe, result, result.tag if keep else None, comparison, source))
+        if made is not None and not keep:
+            client.untag(made.tag, prune=True)
+    if made is not None:
+        put(f"kept {tag}" if keep else f"removed {tag}")
+    emit(rebuild_document(args.recipe, rebuilt, tag if keep else None, comparison, source))
     return ExitCode.OK if comparison is None or comparison.equal else ExitCode.CHECK_FAILED
