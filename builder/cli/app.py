@@ -23,7 +23,8 @@ from builder.core.inputs import escape, one_line
 #: function). The module is imported when its command runs, not before.
 COMMANDS: dict[str, tuple[str, str]] = {"check": ("recipe", "cmd_check"), "audit": ("recipe", "cmd_audit"),
                                         "render": ("recipe", "cmd_render"), "lock": ("recipe", "cmd_lock"),
-                                        "build": ("image", "cmd_build"), "base bootstrap": ("image", "cmd_base"),
+                                        "build": ("image", "cmd_build"), "rebuild": ("image", "cmd_rebuild"),
+                                        "base bootstrap": ("image", "cmd_base"),
                                         "certify": ("certify", "cmd_certify"), "make": ("certify", "cmd_make"),
                                         "report": ("certify", "cmd_report"),
                                         "k8s render": ("certify", "cmd_k8s_render"),

@@ -86,6 +86,8 @@ def check_args(args: argparse.Namespace) -> None:
         from builder.publish import naming
 
         naming.parse_target(args.target, args.registry, args.namespace)
+    if args.command == "rebuild" and not args.compare and (args.against or args.keep or args.rebuilt):
+        raise UsageError("envbuild rebuild: --against, --keep and --rebuilt go with --compare")
     if args.command == "k8s" and getattr(args, "run_id", None):
         from builder.launchers.k8s import check_run_id
 

@@ -58,6 +58,57 @@ class Build(Model, frozen=True, tag_field="schema", tag="envbuild.build/1"):
     notes: tuple[str, ...]
 
 
+class TreeEntry(Model, frozen=True):
+    """One side of a differing path: its hashed entry (``<kind> <mode> <uid>:<gid> <sha256 | -> target | ->``), the
+    size in bytes and sha256 of a regular file."""
+
+    entry: str
+    size: int | None
+    sha256: str | None
+
+
+class FileDifference(Model, frozen=True):
+    """``image``/``rebuilt``: None where the path is absent."""
+
+    path: str
+    image: TreeEntry | None
+    rebuilt: TreeEntry | None
+
+
+class Tree(Model, frozen=True):
+    """An image's installed files: the tree hash, its entries and, per excluded pattern, the entries left out."""
+
+    sha256: str
+    entries: int
+    excluded: dict[str, int]
+
+
+class Comparison(Model, frozen=True):
+    """The rebuilt image against ``image`` (``source``: --against, the newest certified one, the current build of the
+    lock); ``differing``: paths that differ, the first listed; ``layers_equal``: layer diffIDs equal, of ``layers``."""
+
+    image: str
+    source: Literal["given", "certified", "current"]
+    equal: bool
+    method: str
+    exclusions: tuple[str, ...]
+    image_tree: Tree
+    rebuilt_tree: Tree
+    differing: int
+    differences: tuple[FileDifference, ...]
+    layers: int
+    layers_equal: int
+
+
+class Rebuild(Model, frozen=True, tag_field="schema", tag="envbuild.rebuild/1"):
+    """``tag``: None once the rebuilt image is removed (compared, no --keep)."""
+
+    recipe: str
+    image_id: str
+    tag: str | None
+    comparison: Comparison | None
+
+
 class Certify(Model, frozen=True, tag_field="schema", tag="envbuild.certify/1"):
     """The run's certificate and the files beside it (``report``/``bisection``: None when not written)."""
 
@@ -132,6 +183,24 @@ def build_document(recipe: str, r: BuildResult) -> Build:
                  base_image_id=r.base_image_id, reused=r.reused, probe_cached=r.probe_cached, notes=tuple(r.notes))
 
 
+def rebuild_document(recipe: str, image_id: str, tag: str | None, c: Any, source: Any) -> Rebuild:
+    """``c``: the :class:`builder.image.rebuild.Comparison` of the rebuilt image, or None."""
+    if c is None:
+        return Rebuild(recipe=recipe, image_id=image_id, tag=tag, comparison=None)
+    from builder.image import fshash
+
+    def side(entry: str | None, file: tuple[int, str] | None) -> TreeEntry | None:
+        return None if entry is None else TreeEntry(entry=entry, size=file and file[0], sha256=file and file[1])
+
+    trees = [Tree(sha256=t.sha256, entries=t.entries, excluded=t.excluded_by) for t in c.trees]
+    diffs = tuple(FileDifference(path=d.path, image=side(d.a, d.file_a), rebuilt=side(d.b, d.file_b))
+                  for d in c.differences)
+    return Rebuild(recipe=recipe, image_id=image_id, tag=tag, comparison=Comparison(
+        image=c.image, source=source, equal=c.equal, method=fshash.METHOD, exclusions=fshash.EXCLUDED,
+        image_tree=trees[0], rebuilt_tree=trees[1], differing=c.differing, differences=diffs, layers=c.layers,
+        layers_equal=c.layers_equal))
+
+
 def schemas() -> dict[str, tuple[type[Any], str, str]]:
     """``{file stem: (model, $id, title)}`` of these documents and the gate's (``schemas/``)."""
     from builder.nodes.gate import GateResult
@@ -139,6 +208,7 @@ def schemas() -> dict[str, tuple[type[Any], str, str]]:
     from builder.publish.push import Push
 
     models = {"error": Error, "check": Check, "render": Render, "build": Build, "certify": Certify, "make": Make,
-              "report": Report, "doctor": Doctor, "gate": GateResult, "push": Push, "pull": Pull}
+              "report": Report, "doctor": Doctor, "gate": GateResult, "push": Push, "pull": Pull,
+              "rebuild": Rebuild}
     return {stem: (m, f"https://envbuild.dev/schemas/{stem}.schema.json", f"envbuild.{stem}/1: the --json document")
             for stem, m in models.items()}

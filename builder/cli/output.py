@@ -35,7 +35,8 @@ mode: list = ["auto", False, False]
 #: that has one gets the flag (:mod:`builder.cli.parser`). An error is ``error.schema.json``'s document.
 JSON_SCHEMAS = {"check": "check", "audit": "audit", "render": "render", "lock": "resolved", "build": "build",
                 "certify": "certify", "make": "make", "report": "report", "verify": "verify-result",
-                "doctor": "doctor", "gate": "gate", "push": "push", "pull": "pull"}
+                "doctor": "doctor", "gate": "gate", "push": "push", "pull": "pull",
+                "rebuild": "rebuild"}
 
 
 def set_mode(progress: str, verbose: bool, json: bool = False) -> None:

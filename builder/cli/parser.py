@@ -131,6 +131,17 @@ def _build(b: argparse.ArgumentParser) -> None:
     add_site_options(b)
 
 
+def _rebuild(r: argparse.ArgumentParser) -> None:
+    r.add_argument("recipe", type=t.registry_component("a recipe name (lower-case letters, digits, ._-)"))
+    r.add_argument("--compare", action="store_true", help="compare the installed files with the recipe's certified "
+                   "image (else the current build of its lock): exit 0 equal, 2 not, 3 cannot check")
+    r.add_argument("--against", metavar="IMAGE", type=t.image_ref, help="compare with this image instead")
+    r.add_argument("--keep", action="store_true", help="keep the rebuilt image after --compare (default: removed)")
+    r.add_argument("--rebuilt", metavar="IMAGE", type=t.image_ref, help="compare this image (an earlier rebuild) "
+                   "instead of building")
+    add_site_options(r)
+
+
 def _base(ba: argparse.ArgumentParser) -> None:
     bsub = ba.add_subparsers(dest="base_command", required=True, parser_class=_Parser)
     bb = bsub.add_parser("bootstrap", help="debootstrap a Debian base image under its own name")
@@ -497,6 +508,7 @@ COMMANDS: tuple[tuple[str, str, Fill], ...] = (
     ("audit", "audit Dockerfiles and Apptainer/Singularity definitions with the recipe rules (offline)", _audit),
     ("render", "render Dockerfile, Singularity.def and lock under images/RECIPE/", _render),
     ("build", "build the image with the Docker engine and check it against the lock", _build),
+    ("rebuild", "build the image again without cache; --compare: are its installed files the same", _rebuild),
     ("certify", "certify an image on N container nodes", _certify),
     ("make", "check, render, build and certify (default recipe: cpu-torch2)", _make),
     ("report", "draw the HTML report of a certificate again (verdict, stack, ranks, plots)", _report),

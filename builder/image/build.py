@@ -186,6 +186,7 @@ class BuildOptions:
     workdir: Path | None = None
     agent_dir: Path = payload.AGENT_DIR
     probe_cache: Path | None = None
+    tag: str | None = None  # instead of the inputs hash's (:func:`image_tag`); only with ``rebuild``
 
     @property
     def folder(self) -> Path:
@@ -322,7 +323,7 @@ def _locate(options: BuildOptions, client: Engine, rendered: tuple[bytes, bytes,
                                       pull_timeout_s=options.pull_timeout_s or bootstrap.PULL_TIMEOUT_S,
                                       warn=warn, on_line=progress.on_line)
     tag, digest = image_tag(options.recipe, lock_bytes, df_bytes, base[1])
-    return base, tag, digest, None if options.rebuild else client.image_id(tag)
+    return base, options.tag or tag, digest, None if options.rebuild else client.image_id(tag)
 
 
 def _checked(options: BuildOptions, client: Engine, lock: Lock, made: tuple[tuple[str, str, str], str, str, str],

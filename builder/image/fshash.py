@@ -28,6 +28,9 @@ EXCLUDED: tuple[str, ...] = ("*.pyc", "*/__pycache__/", "__pycache__/", "var/lib
                              "var/log/", "tmp/", "var/tmp/", "root/.cache/", ".dockerenv", "etc/hostname", "etc/hosts",
                              "etc/resolv.conf")
 
+#: Most entries read from one tree (a CUDA image holds about 100,000); a larger export is refused (exit 3).
+MAX_ENTRIES = 2_000_000
+
 _TYPES = {tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file", tarfile.CONTTYPE: "file", tarfile.DIRTYPE: "dir",
           tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink", tarfile.CHRTYPE: "chardev",
           tarfile.BLKTYPE: "blockdev", tarfile.FIFOTYPE: "fifo"}
@@ -35,12 +38,15 @@ _TYPES = {tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file", tarfile.CONTTYPE: "
 
 @dataclass
 class FsHash:
-    """Result of :func:`hash_tar`; ``lines`` (for :func:`differences`) is not in :meth:`to_json`."""
+    """Result of :func:`hash_tar`; ``lines``, ``files`` (path -> (size in bytes, sha256) of each regular file) and
+    ``excluded_by`` (pattern -> entries it left out) are for :func:`differences`, not in :meth:`to_json`."""
 
     sha256: str
     entries: int
     excluded: int
     lines: dict[str, str] = field(default_factory=dict, repr=False)
+    files: dict[str, tuple[int, str]] = field(default_factory=dict, repr=False)
+    excluded_by: dict[str, int] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict:
         """``{"method", "sha256", "entries", "excluded", "exclusions"}`` (plain JSON data)."""
@@ -54,8 +60,8 @@ def _norm(name: str) -> str:
     return name.lstrip("/").rstrip("/")
 
 
-def is_excluded(path: str, is_dir: bool = False, patterns: Iterable[str] = EXCLUDED) -> bool:
-    """Whether ``path`` (relative to ``/``) is excluded; a pattern ending in ``/`` covers the folder."""
+def is_excluded(path: str, is_dir: bool = False, patterns: Iterable[str] = EXCLUDED) -> str | None:
+    """The pattern excluding ``path`` (relative to ``/``), or None; a pattern ending in ``/`` covers the folder."""
     path = _norm(path)
     parts = path.split("/")
     for pat in patterns:
@@ -64,10 +70,10 @@ def is_excluded(path: str, is_dir: bool = False, patterns: Iterable[str] = EXCLU
             # the folder itself or any prefix of the path
             for i in range(1, len(parts) + 1):
                 if fnmatch.fnmatchcase("/".join(parts[:i]), stem):
-                    return True
+                    return pat
         elif fnmatch.fnmatchcase(path, pat):
-            return True
-    return False
+            return pat
+    return None
 
 
 def entry_line(kind: str, path: str, mode: int, uid: int, gid: int, what: str) -> str:
@@ -81,18 +87,21 @@ def hash_tar(fileobj: IO[bytes], patterns: Iterable[str] = EXCLUDED) -> FsHash:
     Raises EnvbuildError (exit 3): not a readable tar."""
     patterns = tuple(patterns)
     lines: dict[str, str] = {}
-    contents: dict[str, str] = {}
+    files: dict[str, tuple[int, str]] = {}
     pending_links: list[tuple[str, tarfile.TarInfo]] = []
-    excluded = 0
+    excluded: dict[str, int] = {}
     try:
         with tarfile.open(fileobj=fileobj, mode="r|") as tar:
             for member in tar:
                 path = _norm(member.name)
                 if not path:
                     continue
-                if is_excluded(path, member.isdir(), patterns):
-                    excluded += 1
+                pattern = is_excluded(path, member.isdir(), patterns)
+                if pattern:
+                    excluded[pattern] = excluded.get(pattern, 0) + 1
                     continue
+                if len(lines) + len(pending_links) >= MAX_ENTRIES:
+                    raise Unreachable(f"more than {MAX_ENTRIES} entries in the filesystem", field="export")
                 kind = _TYPES.get(member.type, f"type-{member.type!r}")
                 if kind == "file":
                     h = hashlib.sha256()
@@ -100,9 +109,8 @@ def hash_tar(fileobj: IO[bytes], patterns: Iterable[str] = EXCLUDED) -> FsHash:
                     if f is not None:
                         for chunk in iter(functools.partial(f.read, 1 << 20), b""):
                             h.update(chunk)
-                    digest = "sha256:" + h.hexdigest()
-                    contents[path] = digest
-                    what = digest
+                    what = "sha256:" + h.hexdigest()
+                    files[path] = (member.size, what)
                 elif kind == "hardlink":
                     pending_links.append((path, member))
                     continue
@@ -118,12 +126,15 @@ def hash_tar(fileobj: IO[bytes], patterns: Iterable[str] = EXCLUDED) -> FsHash:
     for path, member in pending_links:
         target = _norm(member.linkname)
         # a hard link is the same file as its target: hash it as a file with that content
-        what = contents.get(target, "link:" + target)
+        if target in files:
+            files[path] = files[target]
+        what = files[target][1] if target in files else "link:" + target
         lines[path] = entry_line("file", path, member.mode, member.uid, member.gid, what)
     h = hashlib.sha256()
     for path in sorted(lines):
         h.update(lines[path].encode("utf-8", "surrogateescape") + b"\n")
-    return FsHash(sha256=h.hexdigest(), entries=len(lines), excluded=excluded, lines=lines)
+    return FsHash(sha256=h.hexdigest(), entries=len(lines), excluded=sum(excluded.values()), lines=lines, files=files,
+                  excluded_by=excluded)
 
 
 class _ChunkReader:
@@ -154,20 +165,31 @@ def image_fshash(client: Engine, image: str, *, labels: Mapping[str, str] | None
         return hash_tar(typing.cast(IO[bytes], _ChunkReader(chunks)), patterns)
 
 
-def differences(a: FsHash, b: FsHash, limit: int = 20) -> list[str]:
-    """Paths whose entries differ between two hashes (at most ``limit``), each as
-    ``"path: <line in a> != <line in b>"`` or ``"path: only in a|b"``."""
-    out = []
+@dataclass(frozen=True)
+class Difference:
+    """A path whose entry differs between trees ``a`` and ``b``: its hashed entry in each without the path (None:
+    absent), and ``(size in bytes, sha256)`` where it is a regular file."""
+
+    path: str
+    a: str | None
+    b: str | None
+    file_a: tuple[int, str] | None
+    file_b: tuple[int, str] | None
+
+    def __str__(self) -> str:
+        return f"{self.path}: " + ("only in b" if self.a is None else "only in a" if self.b is None
+                                   else f"{self.a} != {self.b}")
+
+
+def differences(a: FsHash, b: FsHash, limit: int = 20) -> list[Difference]:
+    """The paths whose entries differ between two hashes, sorted, at most ``limit``."""
+    out: list[Difference] = []
     for path in sorted(set(a.lines) | set(b.lines)):
         la, lb = a.lines.get(path), b.lines.get(path)
         if la == lb:
             continue
-        if la is None:
-            out.append(f"{path}: only in b")
-        elif lb is None:
-            out.append(f"{path}: only in a")
-        else:
-            out.append(f"{path}: {la} != {lb}")
         if len(out) >= limit:
             break
+        out.append(Difference(path, la and la[: -len(path) - 1], lb and lb[: -len(path) - 1], a.files.get(path),
+                              b.files.get(path)))
     return out

@@ -23,6 +23,9 @@ WHEELS_DIR = "/run/envbuild/wheels"
 SINGULARITY_CA = "/run/envbuild/pip_ca.crt"
 #: Where the build writes the hash-pinned requirements (removed in the same RUN).
 REQUIREMENTS_TMP = "/tmp/envbuild-requirements.txt"
+#: ``SOURCE_DATE_EPOCH`` of every build: 1980-01-01T00:00:00Z, the earliest time a zip (a wheel) can hold. The lock
+#: has no date of its own, and a constant keeps the rendered files (and the image tag) a function of the lock alone.
+SOURCE_DATE_EPOCH = 315532800
 
 
 class _UnsafeValue(Exception):
@@ -143,7 +146,8 @@ class Context:
     def pip_locked(self) -> list[str]:
         """One shell word per resolved wheel: ``'name==version --hash=sha256:...'``."""
         wheels = self.resolved.pip if self.resolved else ()
-        return [shlex.quote(f"{p.name}=={p.version} " + " ".join(f"--hash={h}" for h in p.hashes)) for p in wheels]
+        return [shlex.quote(f"{p.name}=={p.version} " + " ".join(f"--hash={h}" for h in p.hashes))
+                for p in sorted(wheels, key=lambda w: w.name)]
 
     def values(self) -> dict[str, Any]:
         spec, apt = self.spec, self.spec.recipe.packages.apt
@@ -152,8 +156,8 @@ class Context:
             "recipe_file": Path(spec.path).name,
             "base_image": self.base_image,
             "env": image_env(spec),
-            "build_apt": _apt_pinned(["python3", "python3-venv", *apt], self.apt_pins),
-            "runtime_apt": _apt_pinned(["python3", *apt], self.apt_pins),
+            "build_apt": _apt_pinned(sorted({"python3", "python3-venv", *apt}), self.apt_pins),
+            "runtime_apt": _apt_pinned(sorted({"python3", *apt}), self.apt_pins),
             "venv": VENV,
             "wheels_dir": WHEELS_DIR,
             "ca_path": SINGULARITY_CA,
@@ -163,7 +167,8 @@ class Context:
             "lean": lean_commands(spec),
             "index_args": [*(["PIP_EXTRA_INDEX_URL"] if spec.torch_index_url else []),
                            *(["PIP_NO_INDEX"] if self.pip_locked else [])],
-            "pip_requirements": [shlex.quote(req) for req in spec.pip_requirements()],
+            "pip_requirements": [shlex.quote(req) for req in sorted(spec.pip_requirements(), key=str.lower)],
+            "source_date_epoch": SOURCE_DATE_EPOCH,
             "pip_locked": self.pip_locked,
             "requirements_tmp": REQUIREMENTS_TMP,
             "torch_local": spec.torch_local,

@@ -238,9 +238,9 @@ def test_json_report_follows_the_committed_schema(monkeypatch):
 
 @pytest.mark.parametrize("driver, code, line", [
     ("570.124.06", 0, None),
-    ("535.54.03", 1, "warning: images/cuda12-torch2/Dockerfile: line 25: 'torch==2.8.0+cu128' (--driver 535.54.03): driver "
+    ("535.54.03", 1, "warning: images/cuda12-torch2/Dockerfile: line 30: 'torch==2.8.0+cu128' (--driver 535.54.03): driver "
      "535.54.03 is below 570.26 (CUDA 12.8 GA): runs only under minor-version compatibility (no PTX JIT, some APIs fail) [NV-MVC (V)]"),
-    ("470.82.01", 2, "error: images/cuda12-torch2/Dockerfile: line 25: 'torch==2.8.0+cu128' (--driver 470.82.01): driver "
+    ("470.82.01", 2, "error: images/cuda12-torch2/Dockerfile: line 30: 'torch==2.8.0+cu128' (--driver 470.82.01): driver "
      "470.82.01 is below 525.60.13, the oldest that runs CUDA 12.8 (cu128) even with minor-version compatibility; full "
      "support needs >= 570.26 [NV-MVC (V)]"),
 ])

@@ -88,6 +88,6 @@ def _command_keys(parser: argparse.ArgumentParser, prefix: str = "") -> set[str]
 def test_every_command_of_the_parser_runs_a_command_function():
     keys = _command_keys(build_parser())
     assert keys == set(app.COMMANDS)
-    assert len(keys) == 19  # gate, k8s gate, config and completion among them
+    assert len(keys) == 20  # rebuild, gate, k8s gate, config and completion among them
     for key, (module, function) in app.COMMANDS.items():
         assert callable(getattr(importlib.import_module(f"builder.cli.commands.{module}"), function)), key

@@ -81,8 +81,8 @@ def test_a_dockerfile_without_the_build_argument_gets_no_plan(lock, tmp_path):
     folder = wheel_folder(tmp_path, TORCH_WHEEL)
     older = DOCKERFILE.replace(b"ARG PIP_EXTRA_INDEX_URL=", b"ARG OTHER=")
     assert indexes.plan(lock, older, folder, "amd64") == indexes.IndexPlan()
-    assert indexes.declared_args(DOCKERFILE) == {"BASE_IMAGE", "PIP_EXTRA_INDEX_URL"}
-    assert indexes.declared_args(LOCKED_DOCKERFILE) == {"BASE_IMAGE", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX"}
+    assert indexes.declared_args(DOCKERFILE) == {"BASE_IMAGE", "PIP_EXTRA_INDEX_URL", "SOURCE_DATE_EPOCH"}
+    assert indexes.declared_args(LOCKED_DOCKERFILE) == {"BASE_IMAGE", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX", "SOURCE_DATE_EPOCH"}
 
 
 def test_every_hash_pinned_wheel_in_the_folder_asks_no_index(lock, tmp_path):

@@ -190,7 +190,7 @@ def test_fshash_exclusions():
     b = fshash.hash_tar(tar([("var/log/l", b"bb", 2), ("etc/x", b"1", 99), ("m.pyc", b"q", 5)]))
     c = fshash.hash_tar(tar([("etc/x", b"2", 1)]))
     assert a.sha256 == b.sha256 and a.entries == 1 and a.excluded == 2
-    assert a.sha256 != c.sha256 and fshash.differences(a, c)[0].startswith("etc/x: file 0644")
+    assert a.sha256 != c.sha256 and str(fshash.differences(a, c)[0]).startswith("etc/x: file 0644")
 
 
 # --------------------------------------------------------------------------- issue 8: apt names as argv

@@ -85,7 +85,7 @@ def test_both_formats_describe_the_same_environment(recipes_dir, name):
     # the same environment variables, exported in %environment and in %post
     sing_env = [e.replace('"', "") for e in sing.environ]
     assert docker_env == sing_env
-    post_exports = [line[len("export "):].replace('"', "") for line in sing.install if line.startswith("export ") and "DEBIAN" not in line and "PIP_CERT" not in line]
+    post_exports = [line[len("export "):].replace('"', "") for line in sing.install if line.startswith("export ") and "DEBIAN" not in line and "PIP_CERT" not in line and "SOURCE_DATE_EPOCH" not in line]
     assert post_exports == sing_env
     # the same labels
     sing_labels = dict(item.split(" ", 1) for item in sing.labels)
@@ -238,10 +238,10 @@ def test_header_names_the_recipe_file(tmp_path):
 def test_docker_build_stage_installs_the_recipe_apt_packages():
     text = (ROOT / "tests/golden/golden-extras/Dockerfile").read_text()
     build, final = text.split("\nFROM ")[1:]
-    assert " && apt-get install -y --no-install-recommends python3 python3-venv libgomp1 curl=8.5.0-2ubuntu10.6 \\\n" in build
-    assert "apt-get install -y --no-install-recommends python3 libgomp1 curl=8.5.0-2ubuntu10.6 \\\n" in final
+    assert " && apt-get install -y --no-install-recommends curl=8.5.0-2ubuntu10.6 libgomp1 python3 python3-venv \\\n" in build
+    assert "apt-get install -y --no-install-recommends curl=8.5.0-2ubuntu10.6 libgomp1 python3 \\\n" in final
     sing = (ROOT / "tests/golden/golden-extras/Singularity.def").read_text()
-    assert "    apt-get install -y --no-install-recommends python3 python3-venv libgomp1 curl=8.5.0-2ubuntu10.6\n" in sing
+    assert "    apt-get install -y --no-install-recommends curl=8.5.0-2ubuntu10.6 libgomp1 python3 python3-venv\n" in sing
 
 
 CPU_INDEXED = merge(CPU, {"index": {"torch_url": "https://download.pytorch.org/whl/cpu"}})
@@ -323,7 +323,8 @@ def test_lean_by_default_in_both_formats():
         assert f"\n && {cmd} \\\n" in build
         assert f"\n    {cmd}\n" in sing
     drop = f'/opt/venv/bin/python3 -c "{context.DROP_TOOLS}"'
-    assert build.endswith(f"\n && {drop}\n") and f"\n    {drop}\n" in sing
+    clamp = '\n && find /opt/venv -exec touch --no-dereference --date="@${SOURCE_DATE_EPOCH}" {} +\n'
+    assert build.endswith(f"\n && {drop} \\{clamp}") and f"\n    {drop}\n" in sing
     # the final stage's apt leaves no package cache (the bootstrapped base has no docker-clean)
     assert " && apt-get clean \\\n && rm -rf /var/lib/apt/lists/*\n" in final
     assert "    apt-get clean\n    rm -rf /var/lib/apt/lists/*\n" in sing
@@ -371,6 +372,6 @@ def test_drop_tools_keeps_what_an_installed_package_requires(tmp_path):
 def test_locked_recipe_declares_the_no_index_build_argument():
     docker = (ROOT / "tests/golden/golden-locked/Dockerfile").read_text()
     assert "\nARG PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu\n" in docker
-    assert "\nARG PIP_NO_INDEX=\nRUN --mount=type=secret,id=pip_ca " in docker
+    assert "\nARG PIP_NO_INDEX=\n" in docker and "\nARG SOURCE_DATE_EPOCH=315532800\nRUN --mount=type=secret,id=pip_ca " in docker
     plain = (ROOT / "images/cpu-torch2/Dockerfile").read_text()
     assert "PIP_NO_INDEX" not in plain

@@ -14,7 +14,7 @@ PUBLISHED = ["attestation.schema.json", "audit.schema.json", "build.schema.json"
              "certify-settings.schema.json", "certify.schema.json", "check.schema.json", "doctor.schema.json",
              "error.schema.json", "gate.schema.json", "lock.schema.json", "log-event.schema.json",
              "make.schema.json", "node-report.schema.json", "pull.schema.json", "push.schema.json",
-             "rank-result.schema.json", "recipe.schema.json", "render.schema.json", "report.schema.json",
+             "rank-result.schema.json", "rebuild.schema.json", "recipe.schema.json", "render.schema.json", "report.schema.json",
              "resolved.schema.json", "verify-result.schema.json"]
 
 
