@@ -186,8 +186,7 @@ def connect(opts: dict[str, str]) -> int:
     for t in threads:
         t.join(timeout_s + 5)
     for t in targets:
-        results.setdefault(t["id"], {"status": "timeout", "detail": "probe thread did not end",
-                                     "seconds": None})
+        results.setdefault(t["id"], {"status": "timeout", "detail": "probe thread did not end", "seconds": None})
     _emit({"results": results})
     return 0
 

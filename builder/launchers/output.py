@@ -38,8 +38,7 @@ def result_problem(doc: object, rank: int, what: str = "result file", *, run_id:
         return (f"{what} of rank {rank} is from run {show(doc.get('run_id'), 60)}, not this run "
                 f"{run_id}: refused (stale or planted)")
     if world_size is not None and doc.get("world_size") != world_size:
-        return (f"{what} of rank {rank} is for world size {show(doc.get('world_size'), 40)}, not "
-                f"{world_size}: refused")
+        return (f"{what} of rank {rank} is for world size {show(doc.get('world_size'), 40)}, not {world_size}: refused")
     return None
 
 
@@ -159,8 +158,7 @@ class NodeOutput:
         if rank not in self.spec.ranks_of_node(self.node):
             why = f"result of rank {rank} printed by node {self.node}, which does not host it"
         else:
-            result, why = check_result(doc, rank, "result", run_id=self.spec.run_id,
-                                       world_size=self.spec.world_size)
+            result, why = check_result(doc, rank, "result", run_id=self.spec.run_id, world_size=self.spec.world_size)
         with self._mu:
             if result is None:
                 self.problems[rank] = why or "refused"
@@ -227,8 +225,7 @@ def log_events(spec: LaunchSpec, node: int, lines: Iterable[tuple[str, str]]) ->
     return out
 
 
-def problems_by_rank(outputs: list[NodeOutput], results: dict[int, RankResult],
-                     world_size: int) -> dict[int, str]:
+def problems_by_rank(outputs: list[NodeOutput], results: dict[int, RankResult], world_size: int) -> dict[int, str]:
     """Every node's problems by rank; one without a rank goes to the first rank with neither a
     result nor a problem, and problems of ranks with a result are dropped."""
     problems: dict[int, str] = {}

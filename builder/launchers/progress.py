@@ -52,8 +52,7 @@ def _socket_of(value: object) -> dict[str, str | None]:
 class ProgressTracker:
     """The last phase and heartbeat of every rank of this run, and when they arrived (thread-safe)."""
 
-    def __init__(self, world_size: int, run_id: str | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, world_size: int, run_id: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.world_size = world_size
         self.run_id = run_id
         self.clock = clock

@@ -28,8 +28,7 @@ def lock_label(ref: Reference) -> str:
     if value is None:
         return "unknown"
     if _LOCK_HASH_RE.fullmatch(value) is None:
-        raise Unreachable("is not a lock hash (sha256: and 64 hex)", file=ref.name, field="lock_hash",
-                          value=value)
+        raise Unreachable("is not a lock hash (sha256: and 64 hex)", file=ref.name, field="lock_hash", value=value)
     return value[7:19]
 
 

@@ -42,8 +42,7 @@ def validate(doc: Any, source: str | None = None) -> NodeReport:
     """``doc`` (parsed JSON) as a :class:`NodeReport`; ``source`` is shown first in errors.
     Raises InvalidReport (exit 3): one line naming source, field and value, or an unknown ``schema``."""
     if not isinstance(doc, dict):
-        raise InvalidReport("is not a JSON object (a node report)", file=source,
-                            value=type(doc).__name__)
+        raise InvalidReport("is not a JSON object (a node report)", file=source, value=type(doc).__name__)
     schema = doc.get("schema")
     if schema not in SUPPORTED_SCHEMAS:
         raise InvalidReport(f"is not a node-report schema this envbuild reads ({', '.join(SUPPORTED_SCHEMAS)})",
@@ -64,8 +63,7 @@ def parse(text: str | bytes, source: str | None = None) -> NodeReport:
     the careful way for the words). Raises InvalidReport (exit 3), naming the file."""
     size = len(text) if isinstance(text, (bytes, bytearray)) else len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_REPORT_BYTES:
-        raise InvalidReport(f"is {size} bytes, over the {MAX_REPORT_BYTES}-byte limit of a node report",
-                            file=source)
+        raise InvalidReport(f"is {size} bytes, over the {MAX_REPORT_BYTES}-byte limit of a node report", file=source)
     try:
         report = msgspec.json.decode(text, type=NodeReport)
     except (msgspec.ValidationError, msgspec.DecodeError):

@@ -63,8 +63,7 @@ def check_options(profiles, sizes, iters, warmup, dtypes, backend):
         coll.typesize(d)
     if len(set(dtypes)) != len(dtypes):
         raise ValueError("dtype given twice in {}".format(_show(",".join(dtypes))))
-    if not 1 <= len(sizes) <= MAX_SIZES or not all(
-            type(s) is int and 1 <= s <= MAX_SIZE_BYTES for s in sizes):
+    if not 1 <= len(sizes) <= MAX_SIZES or not all(type(s) is int and 1 <= s <= MAX_SIZE_BYTES for s in sizes):
         raise ValueError(f"sizes must be 1 to {MAX_SIZES:d} integers in 1..{MAX_SIZE_BYTES:d} bytes, "
                          f"got {_show(str(list(sizes)))}")
     if type(iters) is not int or type(warmup) is not int or iters < 1 or warmup < 0:

@@ -107,8 +107,7 @@ def _publish(args: argparse.Namespace, result: Any) -> None:
     samples += metrics.check_samples(host, [(c.name, c.status) for c in result.checks])
     for c in result.checks:
         samples += metrics.health_samples(c.data.get("findings", []))
-    evs = [event("finding", f"{c.name}: {c.status}: {c.message}", level_of(c.status), node=host)
-           for c in result.checks]
+    evs = [event("finding", f"{c.name}: {c.status}: {c.message}", level_of(c.status), node=host) for c in result.checks]
     evs.append(event("run-end", f"doctor: exit {int(result.exit_code)}", level_of(
         ["pass", "warn", "fail"][min(int(result.exit_code), 2)]), node=host))
     publish(args, samples, evs)
