@@ -1,6 +1,5 @@
-"""The in-node half of ``envbuild doctor``, printing JSON lines. Stdlib only (torch imported
-lazily), Python >= 3.8. Every mode has a deadline, so a blocked port or a vanished peer never
-makes it hang."""
+"""The in-node half of ``envbuild doctor``, printing JSON lines. Stdlib only (torch imported lazily), Python >= 3.8.
+Every mode has a deadline, so a blocked port or a vanished peer never makes it hang."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def _args(argv: list[str]) -> dict[str, str]:
 
 
 def sample_ports(lo: int, hi: int, k: int) -> list[int]:
-    """K ports spread evenly over [lo, hi], ends included: (32768, 60999, 3) gives
-    [32768, 46883, 60999]."""
+    """K ports spread evenly over [lo, hi], ends included: (32768, 60999, 3) gives [32768, 46883, 60999]."""
     if k <= 0 or hi < lo:
         return []
     if k == 1:

@@ -129,10 +129,9 @@ class NcclFound(Model, frozen=True):
 
 
 class NetPlugin(Model, frozen=True):
-    """The NCCL network plugin NCCL would load (:mod:`builder.agent.probe.libs`): what
-    ``NCCL_NET_PLUGIN`` asked for, the file found (``path`` None: none, NCCL uses its own
-    transports), its content hash, the name its ``ncclNetPlugin_vN`` struct gives, the API
-    version N and the version in its file name."""
+    """The NCCL network plugin NCCL would load (:mod:`builder.agent.probe.libs`): what ``NCCL_NET_PLUGIN`` asked for,
+    the file found (``path`` None: none, NCCL uses its own transports), its content hash, the name its
+    ``ncclNetPlugin_vN`` struct gives, the API version N and the version in its file name."""
 
     requested: EnvValue | None
     path: Text | None
@@ -321,11 +320,10 @@ MAX_WRONG_RANKS = 64
 
 
 class CollectiveRow(Model, frozen=True):
-    """One size of one collective and dtype in nccl-tests' columns (``bench.collectives``):
-    ``size_bytes`` of one rank, GB/s = 1e9 B/s. The run's figures, reduced in the job:
-    ``time_us`` the slowest rank's mean (the bandwidths' time), its min and median over ranks,
-    ``slowest_rank``, ``wrong`` the total; then this rank's own mean and wrong count (``own_*``:
-    a rank reports only its own, so a run's results grow with N, not N^2). In a certificate,
+    """One size of one collective and dtype in nccl-tests' columns (``bench.collectives``): ``size_bytes`` of one rank,
+    GB/s = 1e9 B/s. The run's figures, reduced in the job: ``time_us`` the slowest rank's mean (the bandwidths' time),
+    its min and median over ranks, ``slowest_rank``, ``wrong`` the total; then this rank's own mean and wrong count
+    (``own_*``: a rank reports only its own, so a run's results grow with N, not N^2). In a certificate,
     ``wrong_ranks``: the first ranks whose own count was not 0, of ``wrong_rank_count`` (host-filled); certificates
     written before rank-result/3 carry ``rank_time_us`` and ``wrong_by_rank`` instead.
     """

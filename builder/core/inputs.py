@@ -197,9 +197,8 @@ def read_text(path: str | os.PathLike[str], limit: int, what: str = "file") -> s
 
 # ------------------------------------------------------------------------------ YAML
 def _check_node_graph(root: Any) -> None:
-    """Expanded node count and key kinds over the composed YAML graph, each node visited once;
-    raises ``yaml.composer.ComposerError`` over :data:`MAX_YAML_NODES`, for a recursive alias or
-    a complex key."""
+    """Expanded node count and key kinds over the composed YAML graph, each node visited once; raises
+    ``yaml.composer.ComposerError`` over :data:`MAX_YAML_NODES`, for a recursive alias or a complex key."""
     import yaml
     from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 

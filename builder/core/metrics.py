@@ -1,6 +1,5 @@
-"""Prometheus text exposition (format 0.0.4) for node_exporter's textfile collector: one gauge
-per sample, ``envbuild_`` names, written atomically (the collector reads only ``*.prom``; the
-temporary file ends ``.tmp``)."""
+"""Prometheus text exposition (format 0.0.4) for node_exporter's textfile collector: one gauge per sample, ``envbuild_``
+names, written atomically (the collector reads only ``*.prom``; the temporary file ends ``.tmp``)."""
 
 from __future__ import annotations
 

@@ -279,9 +279,8 @@ _COUNTED = {str: "is {n} characters long", list: "has {n} items", tuple: "has {n
 
 
 def _refusal(path: str, data: Any, model: Any, extra: dict[str, Any]) -> Violation:
-    """The violation of a value msgspec refuses, in words: the ``message``; else "is not
-    <description>"; else the length over ``max_length`` (no value shown), the JSON type or
-    the literals expected; else msgspec's own text."""
+    """The violation of a value msgspec refuses, in words: the ``message``; else "is not <description>"; else the length
+    over ``max_length`` (no value shown), the JSON type or the literals expected; else msgspec's own text."""
     if extra.get("message"):
         return path, data, extra["message"]
     metas = _metas(model)

@@ -118,8 +118,7 @@ def _label_change(key: str, value: str) -> str:
 
 
 def _can_bootstrap(ref: str, stands_for: str) -> str:
-    """The debootstrap executable; raises EnvbuildError (exit 2) when it is missing or
-    this process is not root."""
+    """The debootstrap executable; raises EnvbuildError (exit 2) when it is missing or this process is not root."""
     debootstrap = shutil.which("debootstrap")
     if debootstrap is None:
         raise EnvbuildError(f"debootstrap is not installed, needed to bootstrap {ref} standing in for "

@@ -1,6 +1,5 @@
-"""What a node prints, read the same way by every launcher. Results come as one
-``@@envbuild-result`` line on stdout, so nothing on the host need be writable by the nodes; one is
-accepted only when it is of this run."""
+"""What a node prints, read the same way by every launcher. Results come as one ``@@envbuild-result`` line on stdout, so
+nothing on the host need be writable by the nodes; one is accepted only when it is of this run."""
 
 from __future__ import annotations
 
@@ -210,9 +209,8 @@ _LEVEL_RES = (("error", re.compile(r"\b(?:error|traceback|exception|fatal)\b|^[E
 
 
 def log_events(spec: LaunchSpec, node: int, lines: Iterable[tuple[str, str]]) -> list[Event]:
-    """Node ``node``'s ``(ts, line)`` as ``log`` events of ``node-<node>`` (the certificate's name):
-    the rank from torchrun's ``[rankN]:`` prefix (or the node's only rank), the level from its words;
-    blank lines dropped."""
+    """Node ``node``'s ``(ts, line)`` as ``log`` events of ``node-<node>`` (the certificate's name): the rank from
+    torchrun's ``[rankN]:`` prefix (or the node's only rank), the level from its words; blank lines dropped."""
     ranks = list(spec.ranks_of_node(node))
     out = []
     for ts, text in lines:

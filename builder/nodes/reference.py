@@ -136,8 +136,7 @@ class Reference:
 
 
 def parse_time(text: str | None) -> datetime.datetime | None:
-    """``2025-06-01T12:00:00Z`` (or with fractions, or ``+00:00``) as an aware UTC time; None
-    when it is not one."""
+    """``2025-06-01T12:00:00Z`` (or with fractions, or ``+00:00``) as an aware UTC time; None when it is not one."""
     if not text or len(text) > 64:
         return None
     try:
@@ -209,9 +208,8 @@ def sniff(path: str) -> str | None:
 
 
 def load_reference(ref: str, client: Any = None, gpus: bool = False) -> Reference:
-    """``--against REF``: a certificate or node report file (told apart by its ``schema``),
-    else an image on this engine.
-    Raises EnvbuildError (exit 3)."""
+    """``--against REF``: a certificate or node report file (told apart by its ``schema``), else an image on this
+    engine. Raises EnvbuildError (exit 3)."""
     if os.path.exists(ref) or ref.endswith(".json") or ref.startswith(("/", "./", "../")):  # no image ref starts so
         schema = sniff(ref)
         if schema in CERT_SCHEMAS:

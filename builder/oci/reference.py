@@ -117,8 +117,7 @@ class ImageRef:
         return self.path.removeprefix("library/") if self.path.count("/") == 1 else self.path
 
     def same_repository(self, other: ImageRef) -> bool:
-        """Whether both name the same repository once normalised (``debian`` and
-        ``docker.io/library/debian`` do)."""
+        """Whether both name the same repository once normalised (``debian`` and ``docker.io/library/debian`` do)."""
         return (self.domain, self.repository) == (other.domain, other.repository)
 
     def with_host(self, host: str) -> ImageRef:

@@ -1,9 +1,8 @@
 """Shared parts of the training checks: tolerance, result shape, torch helpers. Each check trains with one strategy and,
 on every rank, the same model in one process on the same global batch; it passes when every step's loss and every final
-parameter agree within ``|a - b| <= ATOL + RTOL * |b|`` (``torch.allclose``'s rule). The distributed sums run in
-another order, a few float32 roundings (eps 1.19e-7) apart: measured up to 1.5e-8 (torch 2.13/gloo, 2-3 CPU ranks), so
-RTOL 1e-5 leaves 100x for other BLAS and reduction orders, while every injected fault moves some parameter by more than
-1e-4."""
+parameter agree within ``|a - b| <= ATOL + RTOL * |b|`` (``torch.allclose``'s rule). The distributed sums run in another
+order, a few float32 roundings (eps 1.19e-7) apart: measured up to 1.5e-8 (torch 2.13/gloo, 2-3 CPU ranks), so RTOL 1e-5
+leaves 100x for other BLAS and reduction orders, while every injected fault moves some parameter by more than 1e-4."""
 
 from __future__ import annotations
 

@@ -134,10 +134,9 @@ def _bisect(p: Any, judged: list[Any], launcher: Any, cert_path: Path) -> str:
 
 
 def _verdict_code(cert: Certificate, cert_path: Path) -> tuple[int, str | None]:
-    """``report: PATH`` when the run drew the certificate's HTML report (names are unique per
-    run: a report of that name is this run's; else the run printed one warning line why not);
-    the exit code of the verdict, its warning lines counted (:func:`builder.cli.output.exit_code`),
-    and the report's path (None: not drawn)."""
+    """``report: PATH`` when the run drew the certificate's HTML report (names are unique per run: a report of that name
+    is this run's; else the run printed one warning line why not); the exit code of the verdict, its warning lines
+    counted (:func:`builder.cli.output.exit_code`), and the report's path (None: not drawn)."""
     from builder.certify.report import report_path
 
     html = report_path(cert_path)

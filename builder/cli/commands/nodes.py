@@ -1,5 +1,4 @@
-"""``envbuild probe``, ``verify`` and ``doctor``: node reports, their comparison and the
-preflight checks."""
+"""``envbuild probe``, ``verify`` and ``doctor``: node reports, their comparison and the preflight checks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``envbuild push`` and ``envbuild pull``: certified images and their certificates in a
-registry, by digest."""
+"""``envbuild push`` and ``envbuild pull``: certified images and their certificates in a registry, by digest."""
 
 from __future__ import annotations
 

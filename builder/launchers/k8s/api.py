@@ -141,8 +141,7 @@ def _list(value: Any) -> list[Any]:
 
 
 def pod_state(obj: Mapping[str, Any], deleted: bool = False) -> PodState:
-    """A :class:`PodState` from a Pod object of the API (a dict); malformed fields read as
-    absent."""
+    """A :class:`PodState` from a Pod object of the API (a dict); malformed fields read as absent."""
     meta, spec, status = _dict(obj.get("metadata")), _dict(obj.get("spec")), _dict(obj.get("status"))
     idx = _dict(meta.get("annotations")).get(INDEX_ANNOTATION)
     state = PodState(name=str(meta.get("name") or ""),
@@ -227,9 +226,8 @@ def _read(response: Any, limit: int) -> bytes:
 
 @functools.cache
 def _discoverer() -> type:
-    """The ``kubernetes`` lazy discoverer, without its cache file (by default a predictable
-    file in the temporary folder that any local user could plant): discovery is a few
-    requests per run."""
+    """The ``kubernetes`` lazy discoverer, without its cache file (by default a predictable file in the temporary folder
+    that any local user could plant): discovery is a few requests per run."""
     from kubernetes.dynamic.discovery import LazyDiscoverer
 
     class MemoryDiscoverer(LazyDiscoverer):
@@ -266,8 +264,7 @@ class KubeApi:
             body=dict(obj), namespace=self.namespace, serialize=False), 1 << 20))
 
     def delete(self, obj: Mapping[str, Any]) -> None:
-        """Delete a rendered object (a Job with its pods, in the background); a missing one
-        is fine."""
+        """Delete a rendered object (a Job with its pods, in the background); a missing one is fine."""
         kind, name = obj["kind"], obj["metadata"]["name"]
         extra = {"propagation_policy": "Background"} if kind in _BACKGROUND_DELETE else {}
         _call(f"delete {kind} {name}", lambda: _read(self._resource(obj["apiVersion"], kind).delete(

@@ -1,7 +1,6 @@
-"""The node gate's objects (``envbuild k8s gate``): a DaemonSet labels a passing node certified
-and taints a failing one NoSchedule (untainted once it passes again), so Jobs can select
-certified nodes; each pod serves its gauges for Prometheus. Its ConfigMap is named by the hash of
-code and spec, so that a new certificate rolls the pods."""
+"""The node gate's objects (``envbuild k8s gate``): a DaemonSet labels a passing node certified and taints a failing one
+NoSchedule (untainted once it passes again), so Jobs can select certified nodes; each pod serves its gauges for
+Prometheus. Its ConfigMap is named by the hash of code and spec, so that a new certificate rolls the pods."""
 
 from __future__ import annotations
 

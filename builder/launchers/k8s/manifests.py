@@ -1,6 +1,5 @@
-"""The manifest files of a run, each read back and compared with its object. Strings are plain
-only where every YAML 1.1 reader reads back the same string (Kubernetes reads ``on``, ``y``,
-``1e3`` as other types), else double-quoted."""
+"""The manifest files of a run, each read back and compared with its object. Strings are plain only where every YAML 1.1
+reader reads back the same string (Kubernetes reads ``on``, ``y``, ``1e3`` as other types), else double-quoted."""
 
 from __future__ import annotations
 
@@ -88,8 +87,7 @@ _YAML11_SPECIAL = re.compile(r"y|n|yes|no|on|off|true|false|null|nan|inf", re.I)
 
 
 class _Dumper(yaml.SafeDumper):
-    """``yaml.SafeDumper`` with envbuild's string styles and
-    :class:`~.objects.FileMode` in octal."""
+    """``yaml.SafeDumper`` with envbuild's string styles and :class:`~.objects.FileMode` in octal."""
 
 
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
@@ -125,9 +123,8 @@ def dump(obj: Mapping[str, Any], comments: Sequence[str] = ()) -> str:
 
 def render_manifests(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, code: Mapping[str, str] | None = None,
                      environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Render the manifests of ``spec``.
-    Raises EnvbuildError: (exit 2) a tag-only image, code that does not fit a ConfigMap; (exit 64) values out of
-    range, invalid labels, run id or env names."""
+    """Render the manifests of ``spec``. Raises EnvbuildError: (exit 2) a tag-only image, code that does not fit a
+    ConfigMap; (exit 64) values out of range, invalid labels, run id or env names."""
     ctx = objects.render_context(spec, options, code, environ)
     out = {}
     for name in MODES["kubeflow" if options.kubeflow else "job"]:

@@ -358,8 +358,7 @@ def _container(ctx: RenderContext) -> dict[str, Any]:
 
 
 def job(ctx: RenderContext) -> dict[str, Any]:
-    """The Indexed Job ``envbuild-<run>``: pod i is node rank i; ``backoffLimit: 0`` (a failed node
-    fails the run)."""
+    """The Indexed Job ``envbuild-<run>``: pod i is node rank i; ``backoffLimit: 0`` (a failed node fails the run)."""
     spec = ctx.spec
     pod_spec: dict[str, Any] = {"subdomain": ctx.name, "restartPolicy": "Never",
                                 "terminationGracePeriodSeconds": GRACE_PERIOD_S, "enableServiceLinks": False,

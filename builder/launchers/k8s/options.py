@@ -70,9 +70,8 @@ def manifest_labels(spec: LaunchSpec, environ: Mapping[str, str] | None = None) 
 
 
 def require_digest(text: str, allow_tag: bool = False, candidates: Sequence[str] = ()) -> str:
-    """Check that ``text`` names its image by digest; returns ``text`` unchanged.
-    Raises EnvbuildError: (exit 2) a reference without digest and ``allow_tag`` false; (exit 64) not an image
-    reference."""
+    """Check that ``text`` names its image by digest; returns ``text`` unchanged. Raises EnvbuildError: (exit 2) a
+    reference without digest and ``allow_tag`` false; (exit 64) not an image reference."""
     ref = reference.parse(text, field="image")
     if ref.by_digest or allow_tag:
         return text
@@ -211,9 +210,8 @@ def _quantity_text(kind: str, value: Fraction) -> str:
 
 def resources(kind: str, placement: Placement, ranks: int = 1, shm_limit: str | None = None,
               extended: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """The container's ``resources``; extended ones (GPUs, RDMA) request = limit (Kubernetes "Schedule GPUs").
-    Raises UsageError (exit 64): a bad key or quantity, a request above its limit, a memory limit
-    below ``shm_limit``."""
+    """The container's ``resources``; extended ones (GPUs, RDMA) request = limit (Kubernetes "Schedule GPUs"). Raises
+    UsageError (exit 64): a bad key or quantity, a request above its limit, a memory limit below ``shm_limit``."""
     out: dict[str, dict[str, str]] = {}
     for part in ("requests", "limits"):
         given = dict(getattr(placement, part))

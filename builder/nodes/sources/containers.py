@@ -22,8 +22,7 @@ _LABEL_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,255}")
 
 
 def check_container(text: str) -> str:
-    """``text`` if it is a container name or ID (Docker's ``[a-zA-Z0-9][a-zA-Z0-9_.-]+``);
-    else exit 64."""
+    """``text`` if it is a container name or ID (Docker's ``[a-zA-Z0-9][a-zA-Z0-9_.-]+``); else exit 64."""
     if not isinstance(text, str) or _CONTAINER_RE.fullmatch(text) is None:
         raise UsageError("is not a container name or ID (letters, digits, _ . -)", field="--container", value=text)
     return text
