@@ -26,8 +26,7 @@ LOG_KEEP_BYTES = 4 << 20
 
 def result_problem(doc: object, rank: int, what: str = "result file", *, run_id: str | None = None,
                    world_size: int | None = None) -> str | None:
-    """Why ``doc`` is not a result of ``rank`` of this run (None when it is): one escaped line.
-    A foreign ``run_id`` is a stale or planted result; None ``run_id``/``world_size`` skip those checks."""
+    """Why ``doc`` is not a result of ``rank`` of this run (None if it is); a foreign ``run_id``: stale or planted."""
     if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         return f"{what} is not {RESULT_SCHEMA} (got {show(got, 60)})"
@@ -123,8 +122,7 @@ class LineBuffer:
 
 
 class NodeOutput:
-    """The lines of one node sorted as they come (thread-safe); a result from a node that does not
-    host its rank is refused."""
+    """One node's lines sorted as they come (thread-safe); a result of a rank it does not host is refused."""
 
     def __init__(self, node: int, spec: LaunchSpec, tracker: ProgressTracker) -> None:
         self.node = node
@@ -224,8 +222,7 @@ def log_events(spec: LaunchSpec, node: int, lines: Iterable[tuple[str, str]]) ->
 
 
 def problems_by_rank(outputs: list[NodeOutput], results: dict[int, RankResult], world_size: int) -> dict[int, str]:
-    """Every node's problems by rank; one without a rank goes to the first rank with neither a
-    result nor a problem, and problems of ranks with a result are dropped."""
+    """Problems by rank: one without a rank goes to the first rank with neither result nor problem; results win."""
     problems: dict[int, str] = {}
     loose: list[str] = []
     for out in outputs:

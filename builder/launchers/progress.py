@@ -122,9 +122,8 @@ class ProgressTracker:
 
 
 def progress_from_logs(logs: Iterable[str], world_size: int, run_id: str | None = None) -> ProgressTracker:
-    """A tracker fed from whole logs read after the fact (Kubernetes pod logs), each line at its own
-    ``t``; a snapshot at ``tracker.latest`` tells how long each rank was silent before the end.
-    """
+    """A tracker fed from logs read later (pod logs), each line at its ``t``; a snapshot at ``tracker.latest`` gives
+    silences."""
     tracker = ProgressTracker(world_size, run_id)
     for text in logs:
         for line in (text or "").splitlines():

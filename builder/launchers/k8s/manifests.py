@@ -109,8 +109,8 @@ _Dumper.add_representer(objects.FileMode, _represent_mode)
 
 
 def dump(obj: Mapping[str, Any], comments: Sequence[str] = ()) -> str:
-    """``obj`` as YAML after ``# `` comment lines.
-    Raises EnvbuildError (exit 2): a comment holds a line break, or the text does not read back as ``obj``."""
+    """``obj`` as YAML after ``# `` comments; EnvbuildError (exit 2): a comment line break, text not read back as
+    ``obj``."""
     if any("\n" in c or "\r" in c for c in comments):
         raise EnvbuildError("a manifest comment holds a line break", field="comment", value=list(comments))
     body = yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True,
@@ -123,8 +123,8 @@ def dump(obj: Mapping[str, Any], comments: Sequence[str] = ()) -> str:
 
 def render_manifests(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, code: Mapping[str, str] | None = None,
                      environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Render the manifests of ``spec``. Raises EnvbuildError: (exit 2) a tag-only image, code that does not fit a
-    ConfigMap; (exit 64) values out of range, invalid labels, run id or env names."""
+    """EnvbuildError: (exit 2) a tag-only image, code over a ConfigMap; (exit 64) bad values, labels, run id, env
+    names."""
     ctx = objects.render_context(spec, options, code, environ)
     out = {}
     for name in MODES["kubeflow" if options.kubeflow else "job"]:
@@ -135,8 +135,8 @@ def render_manifests(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, co
 
 
 def render_gate_manifests(spec: gate.GateSpec) -> dict[str, str]:
-    """Render the node gate's manifests (:mod:`.gate`): ``{file name: YAML text}`` in apply
-    order (:data:`MODES` ``gate``). Raises as :func:`.gate.gate_context`."""
+    """The gate's ``{file name: YAML text}`` in apply order (:data:`MODES` ``gate``); raises as
+    :func:`.gate.gate_context`."""
     ctx = gate.gate_context(spec)
     out = {}
     for name in MODES["gate"]:
@@ -149,8 +149,7 @@ def render_gate_manifests(spec: gate.GateSpec) -> dict[str, str]:
 
 
 def write_manifests(files: Mapping[str, str], out_dir: str | os.PathLike[str]) -> list[Path]:
-    """Write ``files`` into ``out_dir`` (``-``: stdout), removing earlier manifests not in this set,
-    so that ``kubectl apply -f DIR`` applies exactly this. Raises EnvbuildError (exit 3)."""
+    """Write ``files`` into ``out_dir`` (``-``: stdout), removing older manifests (``kubectl apply -f DIR``); exit 3."""
     if str(out_dir) == "-":
         sys.stdout.write("".join(f"---\n{text}" for text in files.values()))
         sys.stdout.flush()
