@@ -87,8 +87,7 @@ def changed_files(folder: Path, files: Mapping[str, bytes]) -> list[str]:
 
 
 def write_set(folder: str | os.PathLike[str], files: Mapping[str, bytes]) -> list[str]:
-    """Write ``files`` into ``folder`` as one set: all temporary files before any rename, so on error the old set stays;
-    Unreachable."""
+    """Write ``files`` into ``folder`` as one set: all temp files before any rename, so on error the old set stays."""
     out = Path(folder)
     with _folder(out) as dfd:
         for name in files:
