@@ -224,8 +224,7 @@ def _torch() -> Any:
 
 
 def compute(opts: dict[str, str]) -> int:
-    """Time this node's compute alone: R repeats (after a warm-up) of N MLP steps on one thread,
-    no communication; a pure-Python loop without torch."""
+    """Time this node's compute alone: R repeats (after a warm-up) of N MLP steps, one thread, pure Python."""
     backend = opts.get("backend", "gloo")
     iters = int(opts.get("iters", "100"))
     repeats = int(opts.get("repeats", "5"))

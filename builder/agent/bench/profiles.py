@@ -102,9 +102,8 @@ def _training_runner(profile: str) -> Callable[..., dict[str, Any]]:
 def run_profiles(profiles, sizes: list[int], iters: int, warmup: int, dtypes: list[str] | None, seed: int, device: str,
                  backend: str, *, ddp: tuple[int, int, int] = (3, 4, 32), faults=None, scaling: bool = True,
                  features: bool = True, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The collectives (each once), training, scaling and feature checks of ``profiles`` on the default
-    process group; the same on every rank but its wall times (s) and numpy problem. ``ddp``: (steps,
-    images per rank, image side). ValueError on bad options or faults, before any collective, on every rank."""
+    """The collectives (each once), training, scaling and feature checks of ``profiles``, the same on every rank but
+    wall times (s) and numpy problem; ``ddp``: (steps, images per rank, side). ValueError before any collective."""
     import torch.distributed as dist
 
     t_start = time.perf_counter()

@@ -25,8 +25,8 @@ SHARDS = 4
 
 
 def shard_weights(world: int, shards: int = SHARDS) -> list[float]:
-    """The weight of each distinct slice in the mean over ``world`` ranks (its ranks / world):
-    ``shard_weights(6)`` -> ``[2/6, 2/6, 1/6, 1/6]``."""
+    """Each distinct slice's weight in the mean over ``world`` ranks: ``shard_weights(6)`` -> ``[2/6, 2/6, 1/6,
+    1/6]``."""
     k = min(world, shards)
     return [len(range(q, world, k)) / world for q in range(k)]
 
@@ -65,8 +65,7 @@ def _finite(x):
 
 
 def guarded(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run a check; ``{"unsupported": reason}`` when it says something is not supported (any other
-    error propagates), with ``check_wall_s``."""
+    """Run a check, with ``check_wall_s``; ``{"unsupported": reason}`` when it says so (other errors propagate)."""
     t0 = time.perf_counter()
     try:
         out = check()

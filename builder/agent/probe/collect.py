@@ -50,8 +50,7 @@ def _nccl(errors: list[str]) -> dict[str, Any]:
 
 
 def collect(scope: str | None = None) -> dict[str, Any]:
-    """The ``envbuild.probe/1`` dict; never raises. torch is imported first so that its own NCCL is
-    mapped before ``/proc/self/maps`` is read."""
+    """The ``envbuild.probe/1`` dict, never raising; torch imported first: its NCCL mapped before reading maps."""
     errors: list[str] = []
     out: dict[str, Any] = {"schema": SCHEMA, "scope": scope if scope in SCOPES else None,
                            "probed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
