@@ -119,6 +119,8 @@ class NcclLoaded(Model, frozen=True):
 
 
 class NcclFound(Model, frozen=True):
+    """One libnccl file on disk."""
+
     path: Text
     realpath: Text | None
     version: VersionXYZ | None
@@ -127,8 +129,10 @@ class NcclFound(Model, frozen=True):
 
 
 class NetPlugin(Model, frozen=True):
-    """The network plugin NCCL would load (:mod:`builder.agent.probe.libs`): ``NCCL_NET_PLUGIN``, the file (None: NCCL's
-    own transports), its hash, its ``ncclNetPlugin_vN`` name, N and its file name's version."""
+    """The NCCL network plugin NCCL would load (:mod:`builder.agent.probe.libs`): what
+    ``NCCL_NET_PLUGIN`` asked for, the file found (``path`` None: none, NCCL uses its own
+    transports), its content hash, the name its ``ncclNetPlugin_vN`` struct gives, the API
+    version N and the version in its file name."""
 
     requested: EnvValue | None
     path: Text | None
@@ -149,6 +153,8 @@ class Nccl(Model, frozen=True):
 
 
 class Gpu(Model, frozen=True):
+    """One GPU as NVML lists it."""
+
     index: Index
     name: Text
     uuid: GpuUuid
@@ -174,12 +180,16 @@ class Image(Model, frozen=True):
 
 
 class Address(Model, frozen=True):
+    """One address of an interface."""
+
     family: Family
     address: IpAddress
     prefixlen: PrefixLen | None
 
 
 class Interface(Model, frozen=True):
+    """One network interface."""
+
     name: IfName
     index: Index | None
     up: bool | None
@@ -229,8 +239,8 @@ class CudaRuntime(Model, frozen=True):
 
 
 class NodeReport(Model, frozen=True):
-    """A node report; ``scope``: where the probe ran, ``host`` (``probe --host``, ssh, srun, ``gate``), ``image``, or
-    null."""
+    """A node report; ``scope`` says where the probe ran: ``host`` (``envbuild probe --host``,
+    ssh, srun, ``gate``), ``image`` (in a container), null when its caller did not say."""
 
     schema: Literal["envbuild.probe/1"]
     hostname: Hostname | None
@@ -272,8 +282,8 @@ def _is_address(text: str) -> bool:
 
 
 def report_problem(report: NodeReport) -> Violation | None:
-    """What a pattern cannot say: an address :mod:`ipaddress` does not read (scope: a name or number), ports low >
-    high."""
+    """What a pattern cannot say: the first address :mod:`ipaddress` does not read (a scope
+    after ``%`` is an interface name or a number), or a port range with low > high."""
     net = report.network
     if net is None:
         return None
@@ -311,11 +321,14 @@ MAX_WRONG_RANKS = 64
 
 
 class CollectiveRow(Model, frozen=True):
-    """One size of one collective and dtype in nccl-tests' columns (``bench.collectives``), ``size_bytes`` per rank,
-    GB/s = 1e9 B/s. Reduced in the job: ``time_us`` the slowest rank's mean (the bandwidths' time), its min and median,
-    ``slowest_rank``, ``wrong`` the total; ``own_*`` this rank's (results grow with N, not N^2). In a certificate,
-    ``wrong_ranks``: the first ranks with own wrongs, of ``wrong_rank_count``; before rank-result/3: ``rank_time_us``,
-    ``wrong_by_rank``."""
+    """One size of one collective and dtype in nccl-tests' columns (``bench.collectives``):
+    ``size_bytes`` of one rank, GB/s = 1e9 B/s. The run's figures, reduced in the job:
+    ``time_us`` the slowest rank's mean (the bandwidths' time), its min and median over ranks,
+    ``slowest_rank``, ``wrong`` the total; then this rank's own mean and wrong count (``own_*``:
+    a rank reports only its own, so a run's results grow with N, not N^2). In a certificate,
+    ``wrong_ranks``: the first ranks whose own count was not 0, of ``wrong_rank_count`` (host-filled); certificates
+    written before rank-result/3 carry ``rank_time_us`` and ``wrong_by_rank`` instead.
+    """
 
     size_bytes: Annotated[int, Meta(ge=0, le=2**40)]
     count: Count
@@ -348,8 +361,9 @@ Floats = Annotated[list[float | None], Meta(max_length=10_000)]
 
 
 class TrainingCheck(Model, frozen=True):
-    """One profile's training check against its single-process reference (``bench.training``), or ``{"unsupported":
-    why}``."""
+    """One profile's training check against its single-process reference (``bench.training``),
+    or ``{"unsupported": reason}``.
+    """
 
     unsupported: Line | None = None
     needs_numpy: bool = False
@@ -383,8 +397,9 @@ class TrainingCheck(Model, frozen=True):
 
 
 class Scaling(Model, frozen=True):
-    """The DDP step at world size 1 and N (``bench.scaling``), images/s; ``efficiency`` = tput_n / (N x tput_1) or
-    None."""
+    """The DDP step at world size 1 and N (``bench.scaling``): throughputs in images/s,
+    ``efficiency`` = throughput_n / (N x throughput_1) (None: not measurable).
+    """
 
     model: Line
     batch_per_rank: Count

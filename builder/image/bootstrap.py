@@ -90,8 +90,7 @@ def _mounts_below(root: Path) -> list[str]:
 
 
 def _remove_rootfs(root: Path) -> None:
-    """Unmount what debootstrap left below ``root``, then delete it; refuses while something is
-    mounted there (a tree with the host's /proc or /sys in it would reach the host)."""
+    """Unmount what debootstrap left in ``root``, then delete it; refused while mounted (the host's /proc)."""
     for point in _mounts_below(root):
         process.run(["umount", "-l", point], 60)
     left = _mounts_below(root)
@@ -132,8 +131,7 @@ def _can_bootstrap(ref: str, stands_for: str) -> str:
 
 def _debootstrap(debootstrap: str, suite: str, root: Path, mirror: str, stands_for: str,
                  on_line: OnLine | None) -> None:
-    """Raises Unreachable (exit 3): the mirror cannot be reached; EnvbuildError (exit 2): another
-    failure, its last lines in the message."""
+    """Unreachable (exit 3): mirror unreachable; EnvbuildError (exit 2): another failure, its last lines."""
     rc, tail = _run_logged([debootstrap, "--variant=minbase", suite, str(root), mirror], on_line)
     if rc != 0:
         # one line (errors always are): debootstrap's last lines after " | output: "
@@ -150,8 +148,7 @@ def _debootstrap(debootstrap: str, suite: str, root: Path, mirror: str, stands_f
 
 
 def _empty_caches(root: Path) -> None:
-    """Empty ``/var/lib/apt/lists`` and ``/etc/resolv.conf`` of the rootfs (the engine
-    provides its own resolv.conf at run time)."""
+    """Empty the rootfs' ``/var/lib/apt/lists`` and ``/etc/resolv.conf`` (the engine gives its own at run)."""
     lists = root / "var/lib/apt/lists"
     if lists.is_dir():
         for entry in lists.iterdir():
@@ -166,9 +163,8 @@ def _empty_caches(root: Path) -> None:
 
 def bootstrap_debian(client: Engine, suite: str = "bookworm", mirror: str = DEFAULT_MIRROR,
                      stands_for: str | None = None, *, on_line: OnLine | None = None, rebuild: bool = False) -> str:
-    """Make (or reuse) ``envbuild/bootstrap-debian:<suite>``; a temporary tag renamed on success, so
-    a failure leaves no image. Needs root.
-    Raises EnvbuildError (exit 2): no debootstrap, not root, it failed; Unreachable (exit 3): mirror."""
+    """Make or reuse ``envbuild/bootstrap-debian:<suite>`` (a temporary tag renamed on success); needs root.
+    EnvbuildError (exit 2): no debootstrap, not root, it failed; Unreachable (exit 3): mirror."""
     ref = bootstrap_ref(suite)
     stands_for = stands_for or f"debian:{suite}-slim"
     if not rebuild and client.image_id(ref):
@@ -260,9 +256,8 @@ def _auto_base(client: Engine, official_ref: str, mode: str, pull_timeout_s: flo
 def resolve_base(client: Engine, official_ref: str, mode: str = "auto", *, override: str | None = None,
                  pull_timeout_s: float = PULL_TIMEOUT_S, mirror: str = DEFAULT_MIRROR, warn: Warn | None = None,
                  on_line: OnLine | None = None) -> tuple[str, str, str]:
-    """``(ref used, image ID, how)``; ``override`` (``--base``) is never bootstrapped.
-    Raises Unreachable (exit 3): a registry is needed and unreachable, no bootstrap applies;
-    EnvbuildError (exit 2): ``bootstrap`` of a non-Debian base or with ``override``; bootstrap failed."""
+    """``(ref used, image ID, how)``; ``override`` (``--base``) is never bootstrapped. Unreachable (exit 3): registry
+    needed; EnvbuildError (exit 2): ``bootstrap`` of a non-Debian base or with ``override``, or failed."""
     if mode not in MODES:
         override, mode = override or mode, "auto"
     if override:

@@ -18,8 +18,7 @@ def registry_opts(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    """``envbuild push RECIPE --registry HOST[:PORT]``: publish the certified image and its
-    certificate (an in-toto attestation referring to the image); 2 refused, 3 unreachable."""
+    """``envbuild push RECIPE --registry HOST[:PORT]``: image and attestation; 2 refused, 3 unreachable."""
     from builder.image import engine
     from builder.publish import attest, push
 
