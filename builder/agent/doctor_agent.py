@@ -59,8 +59,7 @@ def _bind(port: int) -> socket.socket:
 
 
 def listen(opts: dict[str, str]) -> int:
-    """Bind the given ports and K sampled from the ephemeral range (NCCL and gloo pick there), and
-    answer hellos until the deadline or ``expect-total`` connections (no port stays taken)."""
+    """Bind the ports and K from the ephemeral range (NCCL, gloo); answer hellos to deadline or ``expect-total``."""
     deadline = time.time() + float(opts.get("deadline-s", "30"))
     expect = int(opts.get("expect-total", "0"))
     ports = [int(p) for p in opts.get("ports", "").split(",") if p]
@@ -135,8 +134,7 @@ def listen(opts: dict[str, str]) -> int:
 
 
 def probe_port(host: str, port: int, name: str, timeout_s: float) -> dict[str, Any]:
-    """Connect within timeout_s, say hello, wait for the answer: status ``ok``, ``open``
-    (another program holds the port), ``refused`` (RST), ``timeout`` (DROP), ``unreachable``, ``error``."""
+    """Connect, hello, answer: ``ok``, ``open`` (other program), ``refused`` (RST), ``timeout`` (DROP), ``error``..."""
     t0 = time.time()
 
     def result(status: str, detail: str) -> dict[str, Any]:

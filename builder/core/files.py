@@ -22,8 +22,7 @@ _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXE
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes, mode: int = 0o644, *, parents: bool = True) -> Path:
-    """Write ``data`` to the regular file ``path``, replaced atomically; the path. Unreachable (exit 3) naming the
-    path."""
+    """Write ``data`` to the regular file ``path``, replaced atomically; the path. Unreachable (exit 3)."""
     target = Path(path)
     with _folder(target.parent, parents) as dfd:
         _check_target(dfd, target)
@@ -109,8 +108,7 @@ def write_set(folder: str | os.PathLike[str], files: Mapping[str, bytes]) -> lis
 
 
 def make_folder(folder: str | os.PathLike[str]) -> Path:
-    """Make ``folder`` and its missing parents; the path. Unreachable (exit 3) naming a symlink or non-folder on the
-    way."""
+    """Make ``folder`` and missing parents; the path. Unreachable (exit 3): a symlink or non-folder on the way."""
     with _folder(Path(folder)):
         return Path(folder)
 
@@ -196,8 +194,7 @@ def _remove(dfd: int, name: str) -> None:
 
 
 def _write_temp(dfd: int, target: Path, data: bytes, mode: int) -> str:
-    """``data`` in a new fsync'd temporary file beside ``target``; its name. Unreachable naming ``target``, nothing
-    left."""
+    """``data`` in a new fsync'd temp file beside ``target``; its name. Unreachable naming ``target``, none left."""
     for _ in range(10):
         tmp = f".{target.name[:200]}.{secrets.token_hex(6)}.tmp"
         try:
@@ -226,8 +223,7 @@ def _write_temp(dfd: int, target: Path, data: bytes, mode: int) -> str:
 def template_environment(filters: Mapping[str, Callable[..., Any]] | None = None,
                          finalize: Callable[[object], object] | None = None,
                          package: str = "builder.render") -> jinja2.Environment:
-    """jinja2 for ``package``'s ``templates/``: a missing value is an error (not ``""``); ``finalize`` checks each
-    value."""
+    """jinja2 for ``package``'s ``templates/``: a missing value is an error (not ``""``); ``finalize`` checks all."""
     import jinja2
 
     env = jinja2.Environment(finalize=finalize, loader=jinja2.PackageLoader(package, "templates"),

@@ -90,8 +90,7 @@ def escape(text: object, limit: int | None = 300) -> str:
 
 
 def one_line(text: object, limit: int | None = 300) -> str:
-    """``text`` (a program's message, a node's string) as one terminal-safe line, whitespace collapsed, cut. Never
-    raises."""
+    """``text`` (a program's message, a node's string) as one terminal-safe line, cut. Never raises."""
     s = text if isinstance(text, str) else str(text)
     if limit is not None and len(s) > 4 * limit:
         s = s[: 4 * limit]
@@ -184,8 +183,7 @@ def _kind_of(mode: int) -> str:
 
 
 def read_text(path: str | os.PathLike[str], limit: int, what: str = "file") -> str:
-    """:func:`read_regular` as UTF-8: Unreachable (exit 3) as it; EnvbuildError (exit 2) when the bytes are not
-    UTF-8."""
+    """:func:`read_regular` as UTF-8: Unreachable (exit 3) as it; EnvbuildError (exit 2): not UTF-8."""
     data = read_regular(path, limit, what)
     try:
         return data.decode("utf-8")
@@ -337,8 +335,7 @@ def _finite_float(text: str) -> float:
 
 def load_json(data: bytes | str, file: str, exit_code: ExitCode = ExitCode.CHECK_FAILED,
               max_depth: int = MAX_DEPTH) -> Any:
-    """JSON, bounded: no NaN/Infinity, huge integers, deep nesting, lone surrogates; EnvbuildError (``exit_code``)
-    naming ``file``."""
+    """Bounded JSON: no NaN/Infinity, huge integers, deep nesting, lone surrogates; EnvbuildError (``exit_code``)."""
     import json
 
     try:

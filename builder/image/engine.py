@@ -266,8 +266,7 @@ class Engine:
 
     def pull(self, ref: str, timeout_s: float | None = PULL_TIMEOUT_S, *, tag: str | None = None,
              auth: Mapping[str, str] | None = None) -> str:
-        """Pull ``ref`` (``tag``: a tag or a ``sha256:`` digest); its image ID. Raises PullFailed
-        (exit 3): the engine's error, or past ``timeout_s`` seconds (it may go on in the background)."""
+        """Pull ``ref`` (``tag``: tag or digest); its image ID. PullFailed (exit 3): failed or past ``timeout_s``."""
         outcome: dict[str, Any] = {}
 
         def _pull() -> None:

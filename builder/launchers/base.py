@@ -60,8 +60,7 @@ class LaunchSpec(Ranks):
 
 @dataclass
 class LaunchResult:
-    """What a launch produced; a failing or hung rank is part of it, not an exception (``notes`` never change the
-    exit)."""
+    """What a launch produced; a failing or hung rank is part of it, not an exception; ``notes`` never set exit."""
 
     rank_results: dict[int, RankResult]
     node_logs: dict[int, str]

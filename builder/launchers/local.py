@@ -60,8 +60,7 @@ REAPER_SLACK_S = 5.0
 
 
 def start_reaper(run_id: str, after_s: float) -> subprocess.Popen[bytes]:
-    """Start :mod:`builder.launchers.reaper` in its own session (it outlives a SIGKILL of envbuild), with no pipe of
-    ours."""
+    """Start :mod:`.reaper` in its own session (it outlives a SIGKILL of envbuild), no pipe of ours."""
     return subprocess.Popen([sys.executable, "-m", "builder.launchers.reaper", run_id, f"{after_s:g}"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, close_fds=True)
@@ -180,8 +179,7 @@ class NodeWatch:
 
 
 def check_capacity(nodes: int, nproc_per_node: int, info: Mapping[str, Any]) -> None:
-    """Refuse more local nodes than the engine (``docker info``) runs, before starting; EnvbuildError (exit 3) says
-    why."""
+    """Refuse more local nodes than the engine (``docker info``) runs, before starting; exit 3 says why."""
     ncpu, memory = max(1, int(info.get("NCPU") or 1)), int(info.get("MemTotal") or 0)
     ranks = min(ncpu * RANKS_PER_CPU, memory // RANK_MEMORY_BYTES) if memory else ncpu * RANKS_PER_CPU
     limit = max(1, ranks // max(1, nproc_per_node))
@@ -260,8 +258,7 @@ class LocalDockerLauncher:
                                     stalled_phase(ending["progress"], starts, spec.world_size), ending["timed_out"])
 
     def _watch_oom(self, run_id: str) -> tuple[Any, set[int]]:
-        """The run's ``oom`` events from before it starts: ``(event stream, set of nodes named, filled as they
-        come)``."""
+        """The run's ``oom`` events from before it starts: ``(stream, set of nodes named, filled as they come)``."""
         seen: set[int] = set()
         try:
             stream = self.client.events({"type": "container", "event": "oom", "label": f"{engine.RUN_LABEL}={run_id}"})

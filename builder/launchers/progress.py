@@ -122,8 +122,7 @@ class ProgressTracker:
 
 
 def progress_from_logs(logs: Iterable[str], world_size: int, run_id: str | None = None) -> ProgressTracker:
-    """A tracker fed from logs read later (pod logs), each line at its ``t``; a snapshot at ``tracker.latest`` gives
-    silences."""
+    """A tracker fed from logs read later (pod logs), each line at its ``t``; snapshot at ``latest``."""
     tracker = ProgressTracker(world_size, run_id)
     for text in logs:
         for line in (text or "").splitlines():

@@ -101,5 +101,4 @@ class Node:
 
     @property
     def ok(self) -> bool:
-        """True when the node has a valid report."""
         return self.report is not None and self.error is None

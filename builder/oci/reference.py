@@ -104,8 +104,7 @@ class ImageRef:
 
     @property
     def repository(self) -> str:
-        """The API's repository: Docker Hub's official images are ``library/<path>`` (``debian``:
-        ``library/debian``)."""
+        """The API's repository: Docker Hub's official images are ``library/<path>``, else ``path``."""
         return f"library/{self.path}" if self.is_docker_hub and "/" not in self.path else self.path
 
     @property
@@ -151,8 +150,7 @@ _MESSAGES: dict[str, str] = {"tag": "tag is not a valid tag", "digest": "digest 
 
 
 def try_parse(text: object) -> ImageRef | None:
-    """:func:`parse`, or None where it refuses ``text`` (references read, not given: ``RepoDigests``, a rendered
-    file)."""
+    """:func:`parse`, or None where it refuses ``text`` (read references: ``RepoDigests``, rendered files)."""
     try:
         return parse(text)
     except ReferenceError:

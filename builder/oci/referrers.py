@@ -66,7 +66,6 @@ def artifact_manifest(subject: Descriptor, config: Descriptor, layer: Descriptor
 
 def attach(reg: RegistryClient, repository: str, subject: Descriptor, blob: bytes, media_type: str, *,
            artifact_type: str, annotations: Mapping[str, str] | None = None) -> tuple[Descriptor, bytes, str]:
-    """Publish ``blob`` as an OCI artifact referring to ``subject``."""
     cfg = reg.push_blob(repository, EMPTY_BLOB, MT_EMPTY)
     layer = reg.push_blob(repository, blob, media_type)
     ann = dict(sorted((annotations or {}).items()))
@@ -85,8 +84,7 @@ def attach(reg: RegistryClient, repository: str, subject: Descriptor, blob: byte
 
 
 def _fallback_entries(reg: RegistryClient, repository: str, tag: str) -> list[Any]:
-    """The fallback index ``tag``'s entries, ``[]`` if absent; dead manifests dropped (the registry refuses an index
-    naming them)."""
+    """Fallback index ``tag``'s entries, ``[]`` if absent; dead manifests dropped (the registry refuses them)."""
     got = reg.get_manifest(repository, tag)
     if not got:
         return []

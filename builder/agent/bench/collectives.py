@@ -151,7 +151,6 @@ HEADER = "# {!s:<14} {!s:>12} {!s:>12} {!s:>8} {!s:>11} {!s:>12} {!s:>12} {!s:>8
 
 
 def format_row(name: str, row: dict[str, Any]) -> str:
-    """nccl-tests-like line for one row."""
     return "  {!s:<14} {:12d} {:12d} {!s:>8} {:11.2f} {:12.3f} {:12.3f} {:8d}".format(
         name, row["size_bytes"], row["count"], row["type"], row["time_us"],
         row["algbw_gbps"], row["busbw_gbps"], row["wrong"])

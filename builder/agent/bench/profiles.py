@@ -162,7 +162,6 @@ def _run_rest(out, names, seed, device, faults, scaling, features, log, ddp) -> 
 
 
 def training_line(profile: str, res: dict[str, Any]) -> str:
-    """One summary line of a training result."""
     if "unsupported" in res:
         return "# training {}: unsupported: {}".format(profile, res["unsupported"])
     return "# training {}: reference match {}, max param diff {:.3g}, {:.1f} samples/s".format(

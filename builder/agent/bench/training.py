@@ -25,8 +25,7 @@ SHARDS = 4
 
 
 def shard_weights(world: int, shards: int = SHARDS) -> list[float]:
-    """Each distinct slice's weight in the mean over ``world`` ranks: ``shard_weights(6)`` -> ``[2/6, 2/6, 1/6,
-    1/6]``."""
+    """Each distinct slice's weight in the mean over ``world`` ranks: ``shard_weights(6)``: 2/6, 2/6, 1/6, 1/6."""
     k = min(world, shards)
     return [len(range(q, world, k)) / world for q in range(k)]
 

@@ -36,8 +36,7 @@ def _overrides(args: argparse.Namespace) -> Overrides:
 
 
 def _launcher(args: argparse.Namespace, client: Engine, recipe_name: str) -> Launcher | None:
-    """The ``--launcher``: None for local; Slurm's run folder in ``--slurm-dir`` (default
-    ``images/<recipe>/certificates/``), k8s's manifests there."""
+    """The ``--launcher`` (None: local); Slurm's run folder and k8s manifests in ``--slurm-dir`` or certificates/."""
     check_launcher_args(args)
     kind = getattr(args, "launcher", None) or "local"
     if kind == "local":

@@ -27,8 +27,7 @@ def site_options(args: argparse.Namespace, *, deferred: bool = False) -> SiteOpt
 
 
 def build_spec(args: argparse.Namespace, spec: Spec | str) -> BuildResult:
-    """Build the image of ``spec`` (or recipe name) from its rendered files, or reuse it, and print its tag; the engine
-    is connected only when :func:`builder.image.reuse.find` cannot answer."""
+    """Build (or reuse) the image of ``spec`` or a recipe name and print its tag; the engine only if reuse.find must."""
     from builder.image import build
 
     name = spec if isinstance(spec, str) else spec.name

@@ -43,8 +43,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    """``envbuild pull RECIPE|REF --registry HOST``: pull the certified image by digest after
-    checking its certificate and this node; 2 refused, 3 unreachable."""
+    """``envbuild pull RECIPE|REF --registry HOST``: by digest once checked; 2 refused, 3 unreachable."""
     from builder.image import engine
     from builder.publish import attest, pull
 

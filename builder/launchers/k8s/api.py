@@ -28,8 +28,7 @@ SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 def find_kubeconfig(environ: Mapping[str, str] | None = None, home: str | None = None,
                     manifests: str | None = None) -> str:
-    """Credentials as kubectl finds them: ``$KUBECONFIG``, ``~/.kube/config``, else :data:`IN_CLUSTER` in a pod;
-    Unreachable (exit 3)."""
+    """As kubectl finds it: ``$KUBECONFIG``, ``~/.kube/config``, else :data:`IN_CLUSTER`; Unreachable (3)."""
     environ = os.environ if environ is None else environ
     listed = [p for p in (environ.get("KUBECONFIG") or "").split(os.pathsep) if p]
     for p in listed:
@@ -49,8 +48,7 @@ def find_kubeconfig(environ: Mapping[str, str] | None = None, home: str | None =
 
 
 def api_client(kubeconfig: str, context: str | None = None) -> tuple[Any, str | None]:
-    """``(ApiClient, context namespace or None)``; Unreachable (exit 3): no ``kubernetes`` package, a bad
-    configuration."""
+    """``(ApiClient, context namespace or None)``; Unreachable (3): no ``kubernetes``, a bad configuration."""
     try:
         from kubernetes import client, config
     except ImportError:
@@ -91,8 +89,7 @@ class PodState:
 
 @dataclass
 class JobState:
-    """Conditions whose status is ``True``: ``{type: reason}`` (``{"Failed": "DeadlineExceeded"}``); ``deleted``: Job
-    gone."""
+    """Conditions whose status is ``True``: ``{type: reason}`` (``{"Failed": "DeadlineExceeded"}``); ``deleted``."""
 
     name: str
     conditions: dict[str, str] = field(default_factory=dict)
@@ -224,8 +221,7 @@ def _read(response: Any, limit: int) -> bytes:
 
 @functools.cache
 def _discoverer() -> type:
-    """The lazy discoverer without its cache file (a predictable temp file any local user could plant): a few
-    requests."""
+    """The discoverer without its cache file (a predictable temp file a local user could plant)."""
     from kubernetes.dynamic.discovery import LazyDiscoverer
 
     class MemoryDiscoverer(LazyDiscoverer):
@@ -296,8 +292,7 @@ class KubeApi:
         return (data or b"").decode("utf-8", "replace")
 
     def watch(self, job: str, tick_s: float) -> Generator[list[Update], None, None]:
-        """The Job's and pods' updates, at least every ``tick_s`` s (maybe empty); closing stops the watches;
-        EnvbuildError."""
+        """The Job's and pods' updates, at least every ``tick_s`` s; closing stops the watches; EnvbuildError."""
         events: queue.Queue[Update | EnvbuildError] = queue.Queue()
         watchers = [
             _Watcher(f"watch Job {job}", _call(f"watch Job {job}", lambda: self._resource("batch/v1", "Job")),

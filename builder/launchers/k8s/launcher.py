@@ -83,8 +83,7 @@ class Outcome:
 
 def assemble_result(spec: LaunchSpec, outcome: Outcome, *, started_at: str, finished_at: str,
                     cleanup_errors: list[str] | None = None, tracker: ProgressTracker | None = None) -> LaunchResult:
-    """The :class:`LaunchResult`; ``killed_after_s`` 0 for a failed run's other nodes (``backoffLimit: 0``: no
-    grace)."""
+    """The :class:`LaunchResult`; ``killed_after_s`` 0 for a failed run's other nodes (no grace)."""
     from ..output import check_result, log_events, parse_torchrun_failures, plain_lines
 
     exit_codes: dict[int, int | None] = {n: None for n in range(spec.nodes)}
@@ -157,8 +156,7 @@ class _Seen:
 
 
 class K8sLauncher:
-    """An Indexed Job watched ``timeout_s + slack_s`` s, logs read as pods go (the controller deletes them); ALWAYS
-    cleans up."""
+    """An Indexed Job watched ``timeout_s + slack_s`` s, logs read as pods go; ALWAYS deletes what it made."""
 
     def __init__(self, options: K8sOptions = DEFAULT_OPTIONS, *, api: ClusterApi | None = None,
                  kubeconfig: str | None = None, context: str | None = None, manifests_dir: str | None = None,
@@ -278,8 +276,7 @@ class K8sLauncher:
         return seen.outcome
 
     def _observe(self, spec: LaunchSpec, seen: _Seen, done: bool, now: float) -> None:
-        """Record exit codes, read logs when due, fail a pod stuck on an image (:data:`FATAL_WAITING`,
-        ``pull_grace_s``)."""
+        """Record exit codes, read logs when due, fail a pod stuck on an image (:data:`FATAL_WAITING`)."""
         out = seen.outcome
         for p in sorted(seen.pods.values(), key=lambda p: p.name):
             if p.node is None:

@@ -109,8 +109,7 @@ _Dumper.add_representer(objects.FileMode, _represent_mode)
 
 
 def dump(obj: Mapping[str, Any], comments: Sequence[str] = ()) -> str:
-    """``obj`` as YAML after ``# `` comments; EnvbuildError (exit 2): a comment line break, text not read back as
-    ``obj``."""
+    """``obj`` as YAML after ``# `` comments; EnvbuildError (2): a comment line break, not read back."""
     if any("\n" in c or "\r" in c for c in comments):
         raise EnvbuildError("a manifest comment holds a line break", field="comment", value=list(comments))
     body = yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True,
@@ -123,8 +122,7 @@ def dump(obj: Mapping[str, Any], comments: Sequence[str] = ()) -> str:
 
 def render_manifests(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, code: Mapping[str, str] | None = None,
                      environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """EnvbuildError: (exit 2) a tag-only image, code over a ConfigMap; (exit 64) bad values, labels, run id, env
-    names."""
+    """EnvbuildError: (2) a tag-only image, code over a ConfigMap; (64) bad values, labels, run id, env."""
     ctx = objects.render_context(spec, options, code, environ)
     out = {}
     for name in MODES["kubeflow" if options.kubeflow else "job"]:
@@ -135,8 +133,7 @@ def render_manifests(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, co
 
 
 def render_gate_manifests(spec: gate.GateSpec) -> dict[str, str]:
-    """The gate's ``{file name: YAML text}`` in apply order (:data:`MODES` ``gate``); raises as
-    :func:`.gate.gate_context`."""
+    """The gate's ``{file name: YAML text}`` in apply order; raises as :func:`.gate.gate_context`."""
     ctx = gate.gate_context(spec)
     out = {}
     for name in MODES["gate"]:

@@ -51,8 +51,7 @@ def in_image_code() -> dict[str, str]:
 
 
 def code_key(path: str) -> str:
-    """ConfigMap key of an in-image file (``bench/node.py`` -> ``bench.node.py``); EnvbuildError (exit 2): bad
-    characters."""
+    """ConfigMap key of an in-image file (``bench/node.py``: ``bench.node.py``); EnvbuildError (exit 2)."""
     key = path.replace("/", ".")
     if not _CM_KEY_RE.fullmatch(key) or len(key) > 253:
         raise EnvbuildError("cannot be a ConfigMap key", field="file", value=path)
@@ -162,8 +161,7 @@ def code_volume(configmap: str, items: list[dict[str, str]]) -> dict[str, Any]:
 
 
 def pod_env(spec: LaunchSpec, socket_ifname: str | None = None) -> list[dict[str, Any]]:
-    """The ``env``: the launcher's, then ``spec.env``; ``NCCL_DEBUG=INFO`` (transports in the logs); UsageError (exit
-    64)."""
+    """``env``: the launcher's, then ``spec.env``; ``NCCL_DEBUG=INFO`` (transports logged); UsageError (64)."""
     ifname = socket_ifname if socket_ifname is not None else spec.socket_ifname
     env: list[dict[str, Any]] = [
         *base_env(),
@@ -328,8 +326,7 @@ def configmap(ctx: RenderContext) -> dict[str, Any]:
 
 
 def service(ctx: RenderContext) -> dict[str, Any]:
-    """The headless Service ``envbuild-<run>``: with the pods' ``subdomain`` set to it, pod i is
-    ``<job>-<i>.<service>``."""
+    """The headless Service ``envbuild-<run>``; pods with it as ``subdomain`` are ``<job>-<i>.<service>``."""
     return {
         "apiVersion": "v1", "kind": "Service",
         "metadata": _metadata(ctx, ctx.name, None),
@@ -382,8 +379,7 @@ def job(ctx: RenderContext) -> dict[str, Any]:
 
 
 def trainjob(ctx: RenderContext) -> dict[str, Any]:
-    """A Kubeflow Trainer v2.1 TrainJob ``envbuild-<run>`` on the options' runtime, which sets the ``PET_*``
-    topology."""
+    """A Kubeflow Trainer v2.1 TrainJob ``envbuild-<run>`` on the options' runtime (it sets ``PET_*``)."""
     trainer: dict[str, Any] = {"image": ctx.image, "command": list(COMMAND), "args": list(ctx.args),
                                "env": list(ctx.env), "numNodes": ctx.spec.nodes,
                                "numProcPerNode": ctx.spec.nproc_per_node}

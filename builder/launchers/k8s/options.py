@@ -61,8 +61,7 @@ def check_labels(labels: Mapping[str, str], what: str = "label") -> dict[str, st
 
 
 def manifest_labels(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Labels of every object (envbuild's win over ``spec.labels``, ``$ENVBUILD_EXTRA_LABELS``); EnvbuildError (64,
-    2)."""
+    """Labels of every object (envbuild's win over ``spec.labels``, ``$ENVBUILD_EXTRA_LABELS``); exit 64, 2."""
     from ..base import labels_for
 
     return check_labels({**labels_for(spec, environ), "app.kubernetes.io/name": "envbuild",
@@ -70,8 +69,7 @@ def manifest_labels(spec: LaunchSpec, environ: Mapping[str, str] | None = None) 
 
 
 def require_digest(text: str, allow_tag: bool = False, candidates: Sequence[str] = ()) -> str:
-    """``text`` if it names its image by digest; EnvbuildError: (2) no digest, not ``allow_tag``; (64) not a
-    reference."""
+    """``text`` if it pins a digest; EnvbuildError: (2) no digest, not ``allow_tag``; (64) not a reference."""
     ref = reference.parse(text, field="image")
     if ref.by_digest or allow_tag:
         return text
@@ -285,8 +283,7 @@ def place(pod_spec: dict[str, Any], placement: Placement, tolerations: list[dict
 
 
 def check_rdma(resource: str | None, network: str | None) -> tuple[str, int] | None:
-    """``(resource, count)`` of ``--rdma NAME=N`` (``rdma/rdma_shared_device_a=1``, ``nvidia.com/hostdev=1``); exit
-    64."""
+    """``(resource, count)`` of ``--rdma NAME=N`` (``rdma/rdma_shared_device_a=1``); UsageError (64)."""
     if resource is None:
         if network is not None:
             raise UsageError("goes with --rdma", field="--rdma-network", value=network)
