@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from builder.core.errors import EnvbuildError, Unreachable
 from builder.core.files import write_atomic
 
 from .engine import PULL_TIMEOUT_S, PullFailed
+from .progress import stderr_warn
 
 if TYPE_CHECKING:
     from builder.image.engine import Engine, OnLine
@@ -47,10 +47,6 @@ DEBIAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BOOTSTRAP_ERROR_LINES = 3
 
 Warn = Callable[[str], None]
-
-
-def _default_warn(message: str) -> None:
-    print(f"envbuild: warning: {message}", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------- naming
@@ -222,14 +218,6 @@ def _explicit_base(client: Engine, override: str, mode: str, pull_timeout_s: flo
     return override, image_id, "explicit"
 
 
-def _bootstrapped(client: Engine, official_ref: str, mirror: str, on_line: OnLine | None) -> tuple[str, str, str]:
-    suite = debian_suite(official_ref)
-    if suite is None:
-        raise EnvbuildError("only a debian:<suite> base can be bootstrapped", field="base", value=official_ref)
-    ref = bootstrap_debian(client, suite, mirror, official_ref, on_line=on_line)
-    return ref, str(client.image_id(ref)), "bootstrapped"
-
-
 def _auto_base(client: Engine, official_ref: str, mode: str, pull_timeout_s: float, mirror: str,
                warn: Warn, on_line: OnLine | None) -> tuple[str, str, str]:
     """``local`` and ``auto``: the local image, else (``auto``) pulled, else bootstrapped."""
@@ -263,7 +251,11 @@ def resolve_base(client: Engine, official_ref: str, mode: str = "auto", *, overr
     if override:
         return _explicit_base(client, override, mode, pull_timeout_s)
     if mode == "bootstrap":
-        return _bootstrapped(client, official_ref, mirror, on_line)
+        suite = debian_suite(official_ref)
+        if suite is None:
+            raise EnvbuildError("only a debian:<suite> base can be bootstrapped", field="base", value=official_ref)
+        ref = bootstrap_debian(client, suite, mirror, official_ref, on_line=on_line)
+        return ref, str(client.image_id(ref)), "bootstrapped"
     if mode == "pull":
         return official_ref, client.pull(official_ref, pull_timeout_s), "pulled"
-    return _auto_base(client, official_ref, mode, pull_timeout_s, mirror, warn or _default_warn, on_line)
+    return _auto_base(client, official_ref, mode, pull_timeout_s, mirror, warn or stderr_warn, on_line)

@@ -166,19 +166,13 @@ def from_certificate(path: str) -> Reference:
                      requirement=req, made_at=run.finished_at, run=run)
 
 
-def report_requirement(r: NodeReport, source: str) -> CudaRequirement:
-    """The requirement a report shows: its torch CUDA and the ``NVIDIA_REQUIRE_CUDA`` it saw."""
-    return CudaRequirement(torch_cuda=r.torch.cuda if r.torch else None, torch=r.torch.version if r.torch else None,
-                           require=r.env.get("NVIDIA_REQUIRE_CUDA"), source=source,
-                           disabled=is_true(r.env.get("NVIDIA_DISABLE_REQUIRE")))
-
-
 def from_report(path: str) -> Reference:
-    """The reference of a node report file. Raises InvalidReport (exit 3)."""
+    """A node report file's reference: its torch CUDA, the ``NVIDIA_REQUIRE_CUDA`` it saw; InvalidReport (exit 3)."""
     r = nodereport.load_file(path)
-    return Reference(kind="report", name=path, report=r,
-                     requirement=report_requirement(r, f"NVIDIA_REQUIRE_CUDA in the report {path}"),
-                     made_at=r.probed_at)
+    req = CudaRequirement(torch_cuda=r.torch.cuda if r.torch else None, torch=r.torch.version if r.torch else None,
+                          require=r.env.get("NVIDIA_REQUIRE_CUDA"), source=f"NVIDIA_REQUIRE_CUDA in the report {path}",
+                          disabled=is_true(r.env.get("NVIDIA_DISABLE_REQUIRE")))
+    return Reference(kind="report", name=path, report=r, requirement=req, made_at=r.probed_at)
 
 
 def from_image(image: str, client: Any = None, gpus: bool = False) -> Reference:
@@ -198,16 +192,11 @@ def from_image(image: str, client: Any = None, gpus: bool = False) -> Reference:
     return Reference(kind="image", name=image, report=r, requirement=req, made_at=r.probed_at)
 
 
-def sniff(path: str) -> str | None:
-    """The ``schema`` of the JSON document at ``path`` (bounded read), or None."""
-    doc = inputs.read_json(path, MAX_CERTIFICATE_BYTES, "certificate or node report", exit_code=ExitCode.UNREACHABLE)
-    return doc.get("schema") if isinstance(doc, dict) and isinstance(doc.get("schema"), str) else None
-
-
 def load_reference(ref: str, client: Any = None, gpus: bool = False) -> Reference:
     """``--against REF``: a certificate or node report (by ``schema``), else an image here; EnvbuildError (exit 3)."""
     if os.path.exists(ref) or ref.endswith(".json") or ref.startswith(("/", "./", "../")):  # no image ref starts so
-        schema = sniff(ref)
+        doc = inputs.read_json(ref, MAX_CERTIFICATE_BYTES, "certificate or node report", exit_code=ExitCode.UNREACHABLE)
+        schema = doc.get("schema") if isinstance(doc, dict) and isinstance(doc.get("schema"), str) else None
         if schema in CERT_SCHEMAS:
             return from_certificate(ref)
         if schema in nodereport.SUPPORTED_SCHEMAS:
