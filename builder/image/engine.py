@@ -397,9 +397,8 @@ class Engine:
 
     def run_once(self, image: str, command: Sequence[str] | None, *, timeout_s: float, what: str = "container",
                  limit: int = MAX_ANSWER_BYTES, **options: Any) -> Ran:
-        """Create, start, wait for and remove a container (also on failure). A command that cannot
-        start is :data:`NOT_STARTED` with the engine's reason as stderr, as ``docker run`` reports it.
-        Raises NoSuchImage (exit 3); Unreachable (exit 3): past ``timeout_s`` (seconds), the engine failed."""
+        """Create, start, wait for, remove a container (also on failure); one that cannot start is :data:`NOT_STARTED`,
+        the engine's reason as stderr (as ``docker run``). NoSuchImage, Unreachable (exit 3): past ``timeout_s``."""
         c = self.create_container(image, command, **options)
         try:
             try:

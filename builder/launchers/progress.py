@@ -105,9 +105,7 @@ class ProgressTracker:
             return {r: dict(v) for r, v in sorted((self._first_t if stamped else self._first_at).items())}
 
     def snapshot(self, at: float | None = None) -> dict[int, dict]:
-        """Per rank that printed a phase: its last phase, process state, and the seconds since its
-        last line (``silent_s``) and since it entered the phase (``in_phase_s``).
-        """
+        """Per rank that printed a phase: phase, process state, ``silent_s`` (since its last line), ``in_phase_s``."""
         now = self.clock() if at is None else at
         with self._mu:
             out = {}
@@ -182,12 +180,9 @@ def _why(r: int, p: dict | None, sets: tuple[set[int], set[int], set[int]], othe
 
 
 def name_hangs(progress: Mapping[int, dict], stuck: Sequence[int], limit_s: float) -> dict[int, tuple[str, bool]]:
-    """``{rank: (failure line, hung?)}`` for the ranks ``stuck`` at the deadline.
-
-    A rank is hung when its heartbeat stopped (silent over ``SILENT_AFTER_S``), it is stopped by
-    a signal, or it is alive outside any collective; the others wait, blocked, in a collective.
-    With none hung so, the ranks furthest behind are, unless all are in the same phase.
-    """
+    """``{rank: (failure line, hung?)}`` of the ranks ``stuck`` at the deadline. Hung: its heartbeat stopped (silent
+    over ``SILENT_AFTER_S``), stopped by a signal, or alive outside any collective (the others wait in one); with none
+    so, the ranks furthest behind, unless all share a phase."""
     head = {r: f"rank {r} did not finish within {limit_s:g} s (timeout)" for r in stuck}
     if not progress:
         return {r: (head[r], False) for r in stuck}

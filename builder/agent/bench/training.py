@@ -149,9 +149,8 @@ def compare_params(torch, got: list, want: list):
 
 
 def run_mse(torch, dist, device: str, model, reference, data, sl=slice(None), weights=None):
-    """SGD on ``model`` over the ``sl`` rows of ``data`` and on ``reference`` over all of it (MSE;
-    ``weights``: the loss is the weighted sum of the equal slices' losses, :func:`shard_weights`):
-    (mean losses over ranks, reference losses, all close, max diff, slowest wall s)."""
+    """SGD (MSE) on ``model`` over rows ``sl`` of ``data`` and ``reference`` over all (``weights``:
+    :func:`shard_weights`): (mean losses over ranks, reference losses, all close, max diff, slowest wall s)."""
     import torch.nn.functional as F
 
     def ref_loss(out, y):
