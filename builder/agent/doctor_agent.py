@@ -1,6 +1,5 @@
-"""The in-node half of ``envbuild doctor``, printing JSON lines. Stdlib only (torch imported
-lazily), Python >= 3.8. Every mode has a deadline, so a blocked port or a vanished peer never
-makes it hang."""
+"""The in-node half of ``envbuild doctor``, printing JSON lines. Stdlib only (torch imported lazily), Python >= 3.8.
+Every mode has a deadline, so a blocked port or a vanished peer never makes it hang."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def _args(argv: list[str]) -> dict[str, str]:
 
 
 def sample_ports(lo: int, hi: int, k: int) -> list[int]:
-    """K ports spread evenly over [lo, hi], ends included: (32768, 60999, 3) gives
-    [32768, 46883, 60999]."""
+    """K ports spread evenly over [lo, hi], ends included: (32768, 60999, 3) gives [32768, 46883, 60999]."""
     if k <= 0 or hi < lo:
         return []
     if k == 1:
@@ -61,8 +59,7 @@ def _bind(port: int) -> socket.socket:
 
 
 def listen(opts: dict[str, str]) -> int:
-    """Bind the given ports and K sampled from the ephemeral range (NCCL and gloo pick there), and
-    answer hellos until the deadline or ``expect-total`` connections (no port stays taken)."""
+    """Bind the ports and K from the ephemeral range (NCCL, gloo); answer hellos to deadline or ``expect-total``."""
     deadline = time.time() + float(opts.get("deadline-s", "30"))
     expect = int(opts.get("expect-total", "0"))
     ports = [int(p) for p in opts.get("ports", "").split(",") if p]
@@ -137,8 +134,7 @@ def listen(opts: dict[str, str]) -> int:
 
 
 def probe_port(host: str, port: int, name: str, timeout_s: float) -> dict[str, Any]:
-    """Connect within timeout_s, say hello, wait for the answer: status ``ok``, ``open``
-    (another program holds the port), ``refused`` (RST), ``timeout`` (DROP), ``unreachable``, ``error``."""
+    """Connect, hello, answer: ``ok``, ``open`` (other program), ``refused`` (RST), ``timeout`` (DROP), ``error``..."""
     t0 = time.time()
 
     def result(status: str, detail: str) -> dict[str, Any]:
@@ -186,8 +182,7 @@ def connect(opts: dict[str, str]) -> int:
     for t in threads:
         t.join(timeout_s + 5)
     for t in targets:
-        results.setdefault(t["id"], {"status": "timeout", "detail": "probe thread did not end",
-                                     "seconds": None})
+        results.setdefault(t["id"], {"status": "timeout", "detail": "probe thread did not end", "seconds": None})
     _emit({"results": results})
     return 0
 
@@ -227,8 +222,7 @@ def _torch() -> Any:
 
 
 def compute(opts: dict[str, str]) -> int:
-    """Time this node's compute alone: R repeats (after a warm-up) of N MLP steps on one thread,
-    no communication; a pure-Python loop without torch."""
+    """Time this node's compute alone: R repeats (after a warm-up) of N MLP steps, one thread, pure Python."""
     backend = opts.get("backend", "gloo")
     iters = int(opts.get("iters", "100"))
     repeats = int(opts.get("repeats", "5"))

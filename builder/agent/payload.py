@@ -1,6 +1,5 @@
-"""The one payload mechanism for envbuild's in-image and in-node code: ``builder/agent/``, handed
-to the ranks at run time so the image is never changed. :func:`digest` names it, so a
-certificate can say which agent code ran."""
+"""The one payload mechanism for envbuild's in-image and in-node code: ``builder/agent/``, handed to the ranks at run
+time so the image is never changed. :func:`digest` names it, so a certificate can say which agent code ran."""
 
 from __future__ import annotations
 

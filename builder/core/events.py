@@ -93,8 +93,7 @@ class Sinks:
 
 
 def append_log(path: str, data: bytes) -> None:
-    """Append, then cut the log to its retention (:mod:`.retention`), under a lock of its folder (a run
-    appending meanwhile never writes to the file replaced). Raises Unreachable (exit 3)."""
+    """Append, then cut to retention (:mod:`.retention`) under a folder lock (no append lost); Unreachable (3)."""
     fd = -1
     try:
         fd = os.open(make_folder(os.path.dirname(path) or "."), os.O_RDONLY | os.O_DIRECTORY)

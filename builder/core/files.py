@@ -22,8 +22,7 @@ _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXE
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes, mode: int = 0o644, *, parents: bool = True) -> Path:
-    """Write ``data`` to the regular file ``path``, replaced atomically; the path.
-    Raises :class:`Unreachable` (exit 3) naming the path."""
+    """Write ``data`` to the regular file ``path``, replaced atomically; the path. Unreachable (exit 3)."""
     target = Path(path)
     with _folder(target.parent, parents) as dfd:
         _check_target(dfd, target)
@@ -38,8 +37,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, mode: int = 0o644, *
 
 
 def append(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Append ``data`` to the regular file ``path`` (a log; made 0644 when missing). Raises
-    :class:`Unreachable` (exit 3) naming the path."""
+    """Append ``data`` to the regular file ``path`` (a log; made 0644 when missing). Unreachable (exit 3) naming it."""
     target = Path(path)
     with _folder(target.parent, True) as dfd:
         _check_target(dfd, target)
@@ -55,9 +53,8 @@ def append(path: str | os.PathLike[str], data: bytes) -> Path:
 
 
 def write_new(folder: str | os.PathLike[str], names: Iterable[str], data: bytes, mode: int = 0o644) -> Path:
-    """Write ``data`` under the first of ``names`` in ``folder`` that is free (a hard link of
-    the temporary file: an existing file is never replaced). Returns its path. Raises
-    :class:`Unreachable` (exit 3): a taken name that is not a regular file, every name taken."""
+    """Write ``data`` under the first free name of ``names`` in ``folder`` (a hard link: nothing is replaced); its path.
+    Unreachable (exit 3): a taken name not a regular file, every name taken."""
     out, names = Path(folder), list(names)
     with _folder(out) as dfd:
         tmp = _write_temp(dfd, out / (names[0] if names else "new"), data, mode)  # errors name the file wanted
@@ -89,8 +86,7 @@ def changed_files(folder: Path, files: Mapping[str, bytes]) -> list[str]:
 
 
 def write_set(folder: str | os.PathLike[str], files: Mapping[str, bytes]) -> list[str]:
-    """Write ``files`` into ``folder`` as one set: all written to temporary files before any rename (a
-    rename needs no space), so on any error the old set stays. Returns the names written; raises Unreachable."""
+    """Write ``files`` into ``folder`` as one set: all temp files before any rename, so on error the old set stays."""
     out = Path(folder)
     with _folder(out) as dfd:
         for name in files:
@@ -112,17 +108,15 @@ def write_set(folder: str | os.PathLike[str], files: Mapping[str, bytes]) -> lis
 
 
 def make_folder(folder: str | os.PathLike[str]) -> Path:
-    """Make ``folder`` and its missing parents; the path. Raises :class:`Unreachable` (exit 3) naming a
-    symlink or non-folder on the way."""
+    """Make ``folder`` and missing parents; the path. Unreachable (exit 3): a symlink or non-folder on the way."""
     with _folder(Path(folder)):
         return Path(folder)
 
 
 @contextlib.contextmanager
 def _folder(folder: Path, make: bool = True) -> Iterator[int]:
-    """A descriptor of ``folder``: its existing ancestors opened as the system resolves them (a
-    site's ``/home -> /gpfs/home`` is fine), then ``folder`` itself and every folder made on the
-    way entered one at a time with ``O_NOFOLLOW`` (made, mode 0777 less the umask, when ``make``)."""
+    """A descriptor of ``folder``: existing ancestors opened as the system resolves them (``/home -> /gpfs/home`` is
+    fine), then ``folder`` and each folder made entered with ``O_NOFOLLOW`` (made 0777 less umask when ``make``)."""
     head, tail = folder.parent, [folder.name] if folder.name else []
     while head != head.parent and not head.exists():
         head, tail = head.parent, [head.name, *tail]
@@ -200,8 +194,7 @@ def _remove(dfd: int, name: str) -> None:
 
 
 def _write_temp(dfd: int, target: Path, data: bytes, mode: int) -> str:
-    """``data`` in a new temporary file beside ``target`` (fsync'd, ``mode``); its name in the
-    folder. Raises :class:`Unreachable` naming ``target``; nothing is left behind."""
+    """``data`` in a new fsync'd temp file beside ``target``; its name. Unreachable naming ``target``, none left."""
     for _ in range(10):
         tmp = f".{target.name[:200]}.{secrets.token_hex(6)}.tmp"
         try:
@@ -230,8 +223,7 @@ def _write_temp(dfd: int, target: Path, data: bytes, mode: int) -> str:
 def template_environment(filters: Mapping[str, Callable[..., Any]] | None = None,
                          finalize: Callable[[object], object] | None = None,
                          package: str = "builder.render") -> jinja2.Environment:
-    """jinja2 for ``package``'s ``templates/``: a missing value is an error (never an empty string);
-    ``finalize`` checks every substituted value."""
+    """jinja2 for ``package``'s ``templates/``: a missing value is an error (not ``""``); ``finalize`` checks all."""
     import jinja2
 
     env = jinja2.Environment(finalize=finalize, loader=jinja2.PackageLoader(package, "templates"),

@@ -58,9 +58,8 @@ _CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
 def is_control(ch: str) -> bool:
-    """True for characters that must not reach a file line or a terminal raw: C0/C1
-    controls and DEL (Cc), format characters such as bidi overrides (Cf), surrogates (Cs),
-    private-use and unassigned code points, line and paragraph separators (Zl, Zp)."""
+    """True for characters that must not reach a file line or terminal raw: Cc (C0/C1, DEL), Cf (bidi overrides), Cs,
+    private-use, unassigned, Zl, Zp."""
     if " " <= ch <= "~":
         return False
     return unicodedata.category(ch) in _CONTROL_CATEGORIES
@@ -79,9 +78,8 @@ def _escape_char(ch: str) -> str:
 
 
 def escape(text: object, limit: int | None = 300) -> str:
-    """``text`` with every control character (newlines and tabs too) escaped as
-    ``\\xNN``/``\\uNNNN``, cut to ``limit`` characters: for names that must stay exact
-    (file paths, field paths, hostnames). Never raises."""
+    """``text`` with every control character (newlines, tabs too) escaped as ``\\xNN``/``\\uNNNN``, cut to ``limit``:
+    for names that must stay exact (paths, field paths, hostnames). Never raises."""
     s = text if isinstance(text, str) else str(text)
     if limit is not None and len(s) > limit:
         s = s[:limit]
@@ -92,8 +90,7 @@ def escape(text: object, limit: int | None = 300) -> str:
 
 
 def one_line(text: object, limit: int | None = 300) -> str:
-    """``text`` (another program's message, a node-reported string) as one terminal-safe line:
-    whitespace runs collapsed, other control characters escaped, cut to ``limit``. Never raises."""
+    """``text`` (a program's message, a node's string) as one terminal-safe line, cut. Never raises."""
     s = text if isinstance(text, str) else str(text)
     if limit is not None and len(s) > 4 * limit:
         s = s[: 4 * limit]
@@ -186,8 +183,7 @@ def _kind_of(mode: int) -> str:
 
 
 def read_text(path: str | os.PathLike[str], limit: int, what: str = "file") -> str:
-    """:func:`read_regular`, decoded as UTF-8. Raises :class:`Unreachable` (exit 3) as
-    :func:`read_regular`; :class:`EnvbuildError` (exit 2) when the bytes are not UTF-8."""
+    """:func:`read_regular` as UTF-8: Unreachable (exit 3) as it; EnvbuildError (exit 2): not UTF-8."""
     data = read_regular(path, limit, what)
     try:
         return data.decode("utf-8")
@@ -197,9 +193,8 @@ def read_text(path: str | os.PathLike[str], limit: int, what: str = "file") -> s
 
 # ------------------------------------------------------------------------------ YAML
 def _check_node_graph(root: Any) -> None:
-    """Expanded node count and key kinds over the composed YAML graph, each node visited once;
-    raises ``yaml.composer.ComposerError`` over :data:`MAX_YAML_NODES`, for a recursive alias or
-    a complex key."""
+    """Node count and key kinds of a composed YAML graph, each node once; ``ComposerError`` past :data:`MAX_YAML_NODES`,
+    for a recursive alias or a complex key."""
     import yaml
     from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
@@ -340,8 +335,7 @@ def _finite_float(text: str) -> float:
 
 def load_json(data: bytes | str, file: str, exit_code: ExitCode = ExitCode.CHECK_FAILED,
               max_depth: int = MAX_DEPTH) -> Any:
-    """JSON, bounded: no NaN/Infinity, huge integers, deep nesting or lone surrogates. Raises
-    EnvbuildError with ``exit_code``, naming ``file`` and where."""
+    """Bounded JSON: no NaN/Infinity, huge integers, deep nesting, lone surrogates; EnvbuildError (``exit_code``)."""
     import json
 
     try:
@@ -375,8 +369,7 @@ def _json_path(chain: tuple | None) -> str:
 
 
 def _json_problem(doc: Any, max_depth: int, strings: bool = True) -> str | None:
-    """The first problem of parsed ``doc``: nesting deeper than ``max_depth``, or (with
-    ``strings``) a lone surrogate in a string or key; None when there is none."""
+    """The first problem of ``doc``: nesting over ``max_depth``, or (``strings``) a lone surrogate; None when none."""
     # Paths are kept as (parent, key) chains and written out only for the problem found:
     # building every path eagerly cost most of the time of reading 10,000 node reports.
     stack: list[tuple[Any, int, tuple | None]] = [(doc, 1, None)]

@@ -1,6 +1,5 @@
-"""Prometheus text exposition (format 0.0.4) for node_exporter's textfile collector: one gauge
-per sample, ``envbuild_`` names, written atomically (the collector reads only ``*.prom``; the
-temporary file ends ``.tmp``)."""
+"""Prometheus text exposition (format 0.0.4) for node_exporter's textfile collector: one gauge per sample, ``envbuild_``
+names, written atomically (the collector reads only ``*.prom``; the temporary file ends ``.tmp``)."""
 
 from __future__ import annotations
 
@@ -71,8 +70,7 @@ def age_s(stamp: str | None, now: float) -> float:
 
 def check_samples(node: str, checks: Iterable[tuple[str, str]], **labels: str) -> list[Sample]:
     """``envbuild_check_status`` of each ``(check, status)``."""
-    return [("envbuild_check_status", {"node": node, "check": c, **labels}, STATUS_VALUE.get(s, 3))
-            for c, s in checks]
+    return [("envbuild_check_status", {"node": node, "check": c, **labels}, STATUS_VALUE.get(s, 3)) for c, s in checks]
 
 
 def health_samples(findings: Iterable[Mapping[str, str]]) -> list[Sample]:

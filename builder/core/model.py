@@ -39,8 +39,7 @@ NO_VALUE: Any = object()
 
 def convert(data: Any, model: type[T], *, file: str | None = None, prefix: str = "",
             exit_code: ExitCode = ExitCode.CHECK_FAILED, control: Control | None = None) -> T:
-    """``data`` as an instance of ``model`` (a :class:`Model` subclass or any type msgspec
-    converts), strictly (no str->int coercion, bool is not int)."""
+    """``data`` as ``model`` (a :class:`Model` or any type msgspec converts), strictly: no str->int, bool is not int."""
     found: list[Violation] = []
     if control is not None or has_checks(typing.cast(Any, model)):
         found = list(violations(data, model, prefix, control=control))
@@ -279,9 +278,8 @@ _COUNTED = {str: "is {n} characters long", list: "has {n} items", tuple: "has {n
 
 
 def _refusal(path: str, data: Any, model: Any, extra: dict[str, Any]) -> Violation:
-    """The violation of a value msgspec refuses, in words: the ``message``; else "is not
-    <description>"; else the length over ``max_length`` (no value shown), the JSON type or
-    the literals expected; else msgspec's own text."""
+    """The violation of a value msgspec refuses, in words: the ``message``; else "is not <description>"; else the length
+    over ``max_length`` (no value shown), the JSON type or the literals expected; else msgspec's own text."""
     if extra.get("message"):
         return path, data, extra["message"]
     metas = _metas(model)
@@ -311,8 +309,7 @@ def _leaf_message(data: Any, model: Any) -> str:
 
 # ----------------------------------------------------------------------- partial documents
 def partial(data: Any, model: type[T], invalid: Collection[str], prefix: str = "") -> T:
-    """``model`` from ``data`` without the fields at the paths in ``invalid``: those take their default
-    or None. For rules that run on the fields that validated; not a validated document."""
+    """``model`` from ``data`` without the fields at ``invalid`` (their default or None): for rules on valid fields."""
     built: T = _partial(data, model, frozenset(invalid), prefix)
     return built
 
@@ -357,8 +354,7 @@ _NAMED_GROUP = re.compile(r"\(\?P<[A-Za-z_][A-Za-z0-9_]*>")
 
 
 def ecma_pattern(pattern: str) -> str:
-    """A Python whole-value pattern (``\\A...\\Z``) in the form both ECMA-262 and Python read
-    alike: ``^...$``, named groups ``(?P<n>...)`` as plain groups ``(?:...)``."""
+    """A whole-value pattern (``\\A...\\Z``) as ECMA-262 and Python read alike: ``^...$``, groups as ``(?:...)``."""
     m = _ANCHORS.match(pattern)
     text = f"^{m.group(1)}$" if m else pattern
     return _NAMED_GROUP.sub("(?:", text)

@@ -18,8 +18,7 @@ def shown(argv: Sequence[str]) -> str:
 
 def run(argv: Sequence[str], timeout_s: float, *, env: Mapping[str, str] | None = None,
         capture: bool = True) -> subprocess.CompletedProcess[str]:
-    """A non-zero exit status is the caller's to judge. Raises Unreachable (exit 3): the program
-    cannot be started, or gave no answer within ``timeout_s`` seconds."""
+    """Non-zero exit is the caller's to judge; Unreachable (exit 3): cannot start, no answer in ``timeout_s``."""
     try:
         return subprocess.run(list(argv), capture_output=capture, text=True, timeout=timeout_s, check=False,
                               env=None if env is None else dict(env), stdin=subprocess.DEVNULL)

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from builder.core.errors import EnvbuildError, Unreachable
 from builder.core.files import write_atomic
 
 from .engine import PULL_TIMEOUT_S, PullFailed
+from .progress import stderr_warn
 
 if TYPE_CHECKING:
     from builder.image.engine import Engine, OnLine
@@ -47,10 +47,6 @@ DEBIAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BOOTSTRAP_ERROR_LINES = 3
 
 Warn = Callable[[str], None]
-
-
-def _default_warn(message: str) -> None:
-    print(f"envbuild: warning: {message}", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------- naming
@@ -90,8 +86,7 @@ def _mounts_below(root: Path) -> list[str]:
 
 
 def _remove_rootfs(root: Path) -> None:
-    """Unmount what debootstrap left below ``root``, then delete it; refuses while something is
-    mounted there (a tree with the host's /proc or /sys in it would reach the host)."""
+    """Unmount what debootstrap left in ``root``, then delete it; refused while mounted (the host's /proc)."""
     for point in _mounts_below(root):
         process.run(["umount", "-l", point], 60)
     left = _mounts_below(root)
@@ -118,8 +113,7 @@ def _label_change(key: str, value: str) -> str:
 
 
 def _can_bootstrap(ref: str, stands_for: str) -> str:
-    """The debootstrap executable; raises EnvbuildError (exit 2) when it is missing or
-    this process is not root."""
+    """The debootstrap executable; raises EnvbuildError (exit 2) when it is missing or this process is not root."""
     debootstrap = shutil.which("debootstrap")
     if debootstrap is None:
         raise EnvbuildError(f"debootstrap is not installed, needed to bootstrap {ref} standing in for "
@@ -133,8 +127,7 @@ def _can_bootstrap(ref: str, stands_for: str) -> str:
 
 def _debootstrap(debootstrap: str, suite: str, root: Path, mirror: str, stands_for: str,
                  on_line: OnLine | None) -> None:
-    """Raises Unreachable (exit 3): the mirror cannot be reached; EnvbuildError (exit 2): another
-    failure, its last lines in the message."""
+    """Unreachable (exit 3): mirror unreachable; EnvbuildError (exit 2): another failure, its last lines."""
     rc, tail = _run_logged([debootstrap, "--variant=minbase", suite, str(root), mirror], on_line)
     if rc != 0:
         # one line (errors always are): debootstrap's last lines after " | output: "
@@ -151,8 +144,7 @@ def _debootstrap(debootstrap: str, suite: str, root: Path, mirror: str, stands_f
 
 
 def _empty_caches(root: Path) -> None:
-    """Empty ``/var/lib/apt/lists`` and ``/etc/resolv.conf`` of the rootfs (the engine
-    provides its own resolv.conf at run time)."""
+    """Empty the rootfs' ``/var/lib/apt/lists`` and ``/etc/resolv.conf`` (the engine gives its own at run)."""
     lists = root / "var/lib/apt/lists"
     if lists.is_dir():
         for entry in lists.iterdir():
@@ -167,9 +159,8 @@ def _empty_caches(root: Path) -> None:
 
 def bootstrap_debian(client: Engine, suite: str = "bookworm", mirror: str = DEFAULT_MIRROR,
                      stands_for: str | None = None, *, on_line: OnLine | None = None, rebuild: bool = False) -> str:
-    """Make (or reuse) ``envbuild/bootstrap-debian:<suite>``; a temporary tag renamed on success, so
-    a failure leaves no image. Needs root.
-    Raises EnvbuildError (exit 2): no debootstrap, not root, it failed; Unreachable (exit 3): mirror."""
+    """Make or reuse ``envbuild/bootstrap-debian:<suite>`` (a temporary tag renamed on success); needs root.
+    EnvbuildError (exit 2): no debootstrap, not root, it failed; Unreachable (exit 3): mirror."""
     ref = bootstrap_ref(suite)
     stands_for = stands_for or f"debian:{suite}-slim"
     if not rebuild and client.image_id(ref):
@@ -227,14 +218,6 @@ def _explicit_base(client: Engine, override: str, mode: str, pull_timeout_s: flo
     return override, image_id, "explicit"
 
 
-def _bootstrapped(client: Engine, official_ref: str, mirror: str, on_line: OnLine | None) -> tuple[str, str, str]:
-    suite = debian_suite(official_ref)
-    if suite is None:
-        raise EnvbuildError("only a debian:<suite> base can be bootstrapped", field="base", value=official_ref)
-    ref = bootstrap_debian(client, suite, mirror, official_ref, on_line=on_line)
-    return ref, str(client.image_id(ref)), "bootstrapped"
-
-
 def _auto_base(client: Engine, official_ref: str, mode: str, pull_timeout_s: float, mirror: str,
                warn: Warn, on_line: OnLine | None) -> tuple[str, str, str]:
     """``local`` and ``auto``: the local image, else (``auto``) pulled, else bootstrapped."""
@@ -261,15 +244,18 @@ def _auto_base(client: Engine, official_ref: str, mode: str, pull_timeout_s: flo
 def resolve_base(client: Engine, official_ref: str, mode: str = "auto", *, override: str | None = None,
                  pull_timeout_s: float = PULL_TIMEOUT_S, mirror: str = DEFAULT_MIRROR, warn: Warn | None = None,
                  on_line: OnLine | None = None) -> tuple[str, str, str]:
-    """``(ref used, image ID, how)``; ``override`` (``--base``) is never bootstrapped.
-    Raises Unreachable (exit 3): a registry is needed and unreachable, no bootstrap applies;
-    EnvbuildError (exit 2): ``bootstrap`` of a non-Debian base or with ``override``; bootstrap failed."""
+    """``(ref used, image ID, how)``; ``override`` (``--base``) is never bootstrapped. Unreachable (exit 3): registry
+    needed; EnvbuildError (exit 2): ``bootstrap`` of a non-Debian base or with ``override``, or failed."""
     if mode not in MODES:
         override, mode = override or mode, "auto"
     if override:
         return _explicit_base(client, override, mode, pull_timeout_s)
     if mode == "bootstrap":
-        return _bootstrapped(client, official_ref, mirror, on_line)
+        suite = debian_suite(official_ref)
+        if suite is None:
+            raise EnvbuildError("only a debian:<suite> base can be bootstrapped", field="base", value=official_ref)
+        ref = bootstrap_debian(client, suite, mirror, official_ref, on_line=on_line)
+        return ref, str(client.image_id(ref)), "bootstrapped"
     if mode == "pull":
         return official_ref, client.pull(official_ref, pull_timeout_s), "pulled"
-    return _auto_base(client, official_ref, mode, pull_timeout_s, mirror, warn or _default_warn, on_line)
+    return _auto_base(client, official_ref, mode, pull_timeout_s, mirror, warn or stderr_warn, on_line)

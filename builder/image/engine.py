@@ -157,8 +157,7 @@ class Exec:
 
 
 class Engine:
-    """The Docker engine of ``DOCKER_HOST`` (from ``env``, default ``os.environ``); the SDK client
-    (:attr:`sdk`, for this module and the tests' fixtures) connects on first use."""
+    """The Docker engine of ``DOCKER_HOST`` (``env``, default ``os.environ``); :attr:`sdk` connects on first use."""
 
     def __init__(self, timeout_s: float = 60, env: Mapping[str, str] | None = None,
                  client: docker.DockerClient | None = None) -> None:
@@ -239,8 +238,7 @@ class Engine:
             self.sdk.api.tag(image, repo, tag, force=True)
 
     def untag(self, ref: str, *, prune: bool = False) -> bool:
-        """Remove the name ``ref`` (with ``prune``, the image too once it was its last name);
-        whether it went (a name already gone, or an image in use, stays quietly)."""
+        """Remove name ``ref`` (``prune``: the image too if last); whether it went (gone or in use: kept quietly)."""
         try:
             with _call(f"remove image {ref}", ref):
                 self.sdk.api.remove_image(ref, noprune=not prune)
@@ -268,8 +266,7 @@ class Engine:
 
     def pull(self, ref: str, timeout_s: float | None = PULL_TIMEOUT_S, *, tag: str | None = None,
              auth: Mapping[str, str] | None = None) -> str:
-        """Pull ``ref`` (``tag``: a tag or a ``sha256:`` digest); its image ID. Raises PullFailed
-        (exit 3): the engine's error, or past ``timeout_s`` seconds (it may go on in the background)."""
+        """Pull ``ref`` (``tag``: tag or digest); its image ID. PullFailed (exit 3): failed or past ``timeout_s``."""
         outcome: dict[str, Any] = {}
 
         def _pull() -> None:
@@ -297,10 +294,9 @@ class Engine:
               on_line: OnLine | None = None, *, dockerfile: str | os.PathLike | None = None,
               cli: BuildkitCLI | None = None, origin: str | None = None, timeout_s: float | None = None,
               keep_lines: int = 30) -> str:
-        """Build with BuildKit (``--progress=plain`` lines to ``on_line``) under a temporary tag renamed
-        on success, so a failed build leaves no ``tag``; the image ID. ``origin``: the file errors name.
-        Raises BuildFailed/EnvbuildError (exit 2): a step failed, a secret file is missing, no
-        BuildKit client; Unreachable (exit 3): past ``timeout_s`` (seconds), no engine."""
+        """Build with BuildKit (``--progress=plain`` lines to ``on_line``) under a temporary tag renamed on success; the
+        image ID (``origin``: the file errors name). BuildFailed/EnvbuildError (exit 2): a step failed, a secret
+        missing, no BuildKit; Unreachable (exit 3): past ``timeout_s``, no engine."""
         from builder.oci import reference
 
         context = Path(context_dir)
@@ -335,8 +331,7 @@ class Engine:
 
     def create_container(self, image: str, command: Sequence[str] | None = None, *,
                          gpus: Sequence[str] | bool = (), aliases: Sequence[str] = (), **options: Any) -> Container:
-        """Create (not start) a container; ``options`` as the SDK's ``containers.create``, ``gpus``
-        (GPU indices, or True for all) as ``--gpus``, ``aliases`` on ``options["network"]``."""
+        """Create (not start) a container: ``options`` as the SDK's, ``gpus`` (indices, True: all), ``aliases``."""
         import docker.types
 
         if gpus:
@@ -386,8 +381,7 @@ class Engine:
             return Container.of(self.sdk.api.inspect_container(name))
 
     def containers(self, labels: Sequence[str] = (), *, running: bool = False, inspect: bool = True) -> list[Container]:
-        """Containers with every label of ``labels`` (``key`` or ``key=value``), only running ones with
-        ``running``; their inspect documents unless not ``inspect`` (one call for all)."""
+        """Containers with every label (``key[=value]``), only running ones with ``running``; ``inspect``: inspected."""
         filters: dict[str, Any] = {"label": list(labels)} if labels else {}
         if running:
             filters["status"] = "running"
@@ -403,9 +397,8 @@ class Engine:
 
     def run_once(self, image: str, command: Sequence[str] | None, *, timeout_s: float, what: str = "container",
                  limit: int = MAX_ANSWER_BYTES, **options: Any) -> Ran:
-        """Create, start, wait for and remove a container (also on failure). A command that cannot
-        start is :data:`NOT_STARTED` with the engine's reason as stderr, as ``docker run`` reports it.
-        Raises NoSuchImage (exit 3); Unreachable (exit 3): past ``timeout_s`` (seconds), the engine failed."""
+        """Create, start, wait for, remove a container (also on failure); one that cannot start is :data:`NOT_STARTED`,
+        the engine's reason as stderr (as ``docker run``). NoSuchImage, Unreachable (exit 3): past ``timeout_s``."""
         c = self.create_container(image, command, **options)
         try:
             try:
@@ -426,8 +419,7 @@ class Engine:
 
     @contextlib.contextmanager
     def export(self, image: str, labels: Mapping[str, str]) -> Iterator[Iterator[bytes]]:
-        """The filesystem of ``image`` as tar chunks, from a created, never started container (removed
-        afterwards). Raises NoSuchImage, Unreachable (exit 3)."""
+        """``image``'s filesystem as tar chunks, from a never started container; NoSuchImage, Unreachable (3)."""
         c = self.create_container(image, ["/envbuild-export-never-started"], labels={LABEL: "1", **labels},
                                   network_disabled=True)
         try:
@@ -437,8 +429,7 @@ class Engine:
             self.remove_container(c.id)
 
     def exec(self, container_id: str, argv: Sequence[str], env: Mapping[str, str]) -> Exec:
-        """Start ``argv`` in a running container; its socket reads without a timeout (a quiet process
-        keeps it). Raises Unreachable (exit 3)."""
+        """Start ``argv`` in a running container; no read timeout (a quiet process keeps it); Unreachable."""
         api = self.sdk.api
         with _call("docker exec"):
             exec_id = api.exec_create(container_id, list(argv), stdin=True, stdout=True, stderr=True,
@@ -449,8 +440,7 @@ class Engine:
         return Exec(self, exec_id, sock)
 
     def attach_output(self, container_id: str) -> Any:
-        """``(stdout, stderr)`` byte frames of a container until it stops: attach BEFORE starting it so
-        an early exit loses nothing. No read timeout (a quiet container keeps its stream)."""
+        """``(stdout, stderr)`` frames until the container stops (attach BEFORE start); no read timeout."""
         api = self.sdk.api
         with _call("attach"):
             stream = api.attach(container_id, stdout=True, stderr=True, stream=True, logs=True, demux=True)
@@ -471,8 +461,7 @@ class Engine:
             self.sdk.api.remove_network(network_id)
 
     def remove_by_label(self, label_filter: str | list[str]) -> dict[str, int]:
-        """The counts of containers (forced), networks and images removed that match ``label_filter``.
-        Raises EnvbuildError (exit 2): an image is used by an unlabelled container."""
+        """Counts of containers (forced), networks, images removed by ``label_filter``; exit 2: an image in use."""
         labels = [label_filter] if isinstance(label_filter, str) else list(label_filter)
         counts = {"containers": 0, "networks": 0, "images": 0}
         for c in self.containers(labels, inspect=False):
@@ -508,8 +497,7 @@ class Engine:
         return counts
 
     def stale_networks(self, now: float | None = None, label_filter: str | list[str] | None = None) -> list[dict]:
-        """Networks of runs that ended without removing them: ``envbuild=1``, a passed
-        :data:`DEADLINE_LABEL` (``now``: seconds since the epoch) and no container; sorted by name."""
+        """Networks of ended runs: ``envbuild=1``, past :data:`DEADLINE_LABEL` (``now``: epoch s), no container."""
         import time
 
         now = time.time() if now is None else now
@@ -546,8 +534,7 @@ class Engine:
 
 
 def docker_login(host: str) -> Credentials:
-    """The credentials for ``host`` in the Docker config the docker CLI reads (read at call time); an
-    empty username when it has none. Raises Unreachable (exit 3): the config cannot be read."""
+    """Credentials for ``host`` in the docker CLI's config (username empty: none); Unreachable (3): unreadable."""
     import docker.auth
     import docker.utils.config
 

@@ -29,8 +29,7 @@ _LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
 
 @dataclass(frozen=True)
 class WheelPin:
-    """One pinned wheel: canonical ``name``, exact ``version`` (``2.13.0+cpu``) and, when
-    resolved, its allowed ``sha256:<hex>`` hashes (empty: any file of that version)."""
+    """A pinned wheel: canonical ``name``, exact ``version`` (``2.13.0+cpu``), allowed ``sha256:<hex>`` (empty: any)."""
 
     name: str
     version: str
@@ -39,8 +38,7 @@ class WheelPin:
 
 @dataclass(frozen=True)
 class IndexPlan:
-    """What :func:`plan` decided; ``note``: one line naming the index not asked (and the wheel that
-    makes it unneeded) or the one pip asks and why."""
+    """What :func:`plan` decided; ``note``: the index not asked (and the wheel why) or the one asked, why."""
 
     build_args: dict[str, str] = field(default_factory=dict)
     note: str | None = None
@@ -54,8 +52,7 @@ def declared_args(dockerfile: bytes) -> frozenset[str]:
 
 
 def image_tags(python: str, glibc: str | None, arch: str) -> frozenset[Any]:
-    """The ``packaging.tags.Tag`` values CPython ``python`` (``3.11``) on Linux with ``glibc`` (None: no
-    manylinux) and ``arch`` installs. Raises ValueError: not ``major.minor``."""
+    """Tags CPython ``python`` (``3.11``) installs on Linux, ``glibc`` (None: no manylinux), ``arch``."""
     from packaging import tags
 
     major, minor = (int(p) for p in python.split(".")[:2])
@@ -82,8 +79,7 @@ def _sha256(path: Path) -> str:
 
 
 def folder_wheels(folder: Path) -> list[tuple[Path, str, Any, frozenset[Any]]]:
-    """``(path, name, Version, tags)`` of the ``*.whl`` in ``folder`` whose names parse (``%2B`` read
-    as ``+``: a saved download URL), at most :data:`MAX_WHEELS`."""
+    """``(path, name, Version, tags)`` of ``folder``'s ``*.whl`` (``%2B`` as ``+``), at most :data:`MAX_WHEELS`."""
     from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
     out: list[tuple[Path, Any, Any, frozenset[Any]]] = []
@@ -102,8 +98,7 @@ def folder_wheels(folder: Path) -> list[tuple[Path, str, Any, frozenset[Any]]]:
 
 def find_wheel(wheels: Sequence[tuple[Path, str, Any, frozenset[Any]]], pin: WheelPin,
                accepted: frozenset[Any]) -> Path | None:
-    """The first of ``wheels`` (:func:`folder_wheels`) that is ``pin``'s package at exactly its
-    version, with a tag in ``accepted`` and, when ``pin.hashes``, one of those sha256 hashes."""
+    """The first of ``wheels`` that is ``pin`` at its version, a tag in ``accepted``, one of its hashes."""
     from packaging.utils import canonicalize_name
     from packaging.version import InvalidVersion, Version
 
@@ -122,8 +117,7 @@ def find_wheel(wheels: Sequence[tuple[Path, str, Any, frozenset[Any]]], pin: Whe
 
 
 def _pins(lock: Lock) -> tuple[WheelPin, list[WheelPin]]:
-    """(the torch pin, the resolved wheel pins or []) of a lock; a resolved lock's torch pin
-    carries its hashes (pip's ``--require-hashes`` refuses any other file)."""
+    """(the torch pin, resolved wheel pins or []) of a lock; a resolved torch pin has hashes (``--require-hashes``)."""
     resolved = lock.resolved if isinstance(lock.resolved, LockResolved) else None
     pinned = [WheelPin(w.name, w.version, tuple(w.hashes)) for w in (resolved.pip if resolved else ())]
     torch = next((p for p in pinned if p.name == "torch" and p.version == lock.torch.local),
@@ -132,8 +126,7 @@ def _pins(lock: Lock) -> tuple[WheelPin, list[WheelPin]]:
 
 
 def plan(lock: Lock, dockerfile: bytes, wheel_dir: Path | None, arch: str) -> IndexPlan:
-    """The indexes the build of ``dockerfile`` asks: none when the folder holds every hash-pinned
-    wheel, not the torch index when it holds the torch wheel; else as rendered."""
+    """The indexes the build asks: none if the folder holds every hash-pinned wheel, not torch's if it holds torch's."""
     declared = declared_args(dockerfile)
     torch_url = lock.index.torch_url
     if EXTRA_INDEX_ARG not in declared or not torch_url:

@@ -69,8 +69,7 @@ def load(cache_dir: Path, image_id: str, agent_dir: str | os.PathLike[str]) -> d
 
 
 def store(cache_dir: Path, image_id: str, agent_dir: str | os.PathLike[str], probe: Mapping[str, Any]) -> Path | None:
-    """Keep ``probe``, the document of a probe of ``image_id``, replacing the entry atomically; its
-    path, or None when it cannot be written (a read-only home: the next caller probes again)."""
+    """Keep ``probe`` of ``image_id`` atomically; its path, or None if unwritable (next caller probes)."""
     path = _entry_path(cache_dir, image_id)
     if path is None:
         return None

@@ -56,9 +56,8 @@ def _probe_json(out: str) -> Any:
 def run_probe(client: Engine, image: str, agent_dir: str | os.PathLike = payload.AGENT_DIR, *,
               module: str = PROBE_MODULE, labels: Mapping[str, str] | None = None, timeout_s: float = 300,
               gpus: bool = False) -> dict:
-    """The JSON object the probe printed in a throwaway container of ``image`` without network.
-    Raises EnvbuildError (exit 2): no such module; Unreachable (exit 3): no such image, the probe
-    failed, printed no JSON object or ran past ``timeout_s`` (seconds)."""
+    """The JSON object the probe printed in a throwaway container of ``image`` without network. EnvbuildError (exit 2):
+    no such module; Unreachable (exit 3): no image, the probe failed, no JSON object, past ``timeout_s``."""
     folder = Path(agent_dir).resolve()
     if not ((folder / f"{module}.py").is_file() or (folder / module / "__main__.py").is_file()):
         raise EnvbuildError(f"no module {module} there", field="probe", value=str(agent_dir))
@@ -71,8 +70,7 @@ def run_probe(client: Engine, image: str, agent_dir: str | os.PathLike = payload
 def probe_cached(client: Engine, image: str, agent_dir: str | os.PathLike = payload.AGENT_DIR, *,
                  gpus: bool = False, cache_dir: Path | None = None, labels: Mapping[str, str] | None = None,
                  timeout_s: float = 300) -> tuple[dict, bool]:
-    """``(the probe document of image, whether it came from the cache)``: a probe without GPUs runs
-    once per image ID (:mod:`builder.image.probecache`); raises as :func:`run_probe`."""
+    """``(probe document, whether cached)``: GPU-less probes run once per image ID; raises as run_probe."""
     image_id = None if gpus else client.image_id(image)
     cache = cache_dir or probecache.default_dir()
     if image_id:
@@ -98,9 +96,8 @@ def _text(value: Any) -> str | None:
 
 
 def compare_probe_to_lock(probe: NodeReport, lock: Lock) -> list[str]:
-    """Every difference between a probe and a lock, one line each
-    (``"torch.version: lock '2.13.0+cpu', image '2.99.0+cpu'"``). Python and CUDA compare as
-    major.minor; NCCL (the libnccl mapped after importing torch) only where the lock has CUDA and NCCL."""
+    """Every difference of a probe and a lock, a line each (``"torch.version: lock '2.13.0+cpu', image '2.99.0+cpu'"``);
+    Python and CUDA as major.minor; NCCL (mapped after torch) only where the lock has CUDA and NCCL."""
     torch, loaded = probe.torch, probe.nccl.loaded
     pairs = [("torch.version", lock.torch.local, torch.version if torch else None, _text),
              ("python.version", lock.python, probe.python.version, _major_minor),

@@ -16,8 +16,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Found:
-    """An image of unchanged inputs (:func:`find`); ``base`` as :func:`builder.image.bootstrap.resolve_base`
-    returns it; ``warning``: a bootstrapped stand-in is reused without asking the registry."""
+    """An image of unchanged inputs; ``base`` as :func:`~.bootstrap.resolve_base`; ``warning``: a stand-in."""
 
     tag: str
     digest: str
@@ -52,8 +51,7 @@ def _local_base(api: Engine, options: BuildOptions, official: str) -> tuple[str,
 
 def find(options: BuildOptions, dockerfile: bytes, lock_bytes: bytes, official: str,
          api: Engine | None = None) -> Found | None:
-    """The image built before from these rendered files on this base (``official``: the
-    Dockerfile's ``ARG BASE_IMAGE``), or None: none, or the base is not local."""
+    """The image built before from these files on this base (``official``: ``ARG BASE_IMAGE``), or None."""
     from .build import image_tag
 
     api = api or Engine()

@@ -21,8 +21,7 @@ _SECTIONS = (":env:", "install", "global")
 
 @dataclass(frozen=True)
 class SiteOptions:
-    """How builds on this site reach package indexes. ``pending``: pip's configuration is still to be
-    read (:meth:`complete`): only a build that runs needs it, a no-change build does not."""
+    """How builds reach package indexes; ``pending``: pip's configuration to read (:meth:`complete`)."""
 
     ca_bundle: Path | None = None
     wheel_dir: Path | None = None
@@ -34,9 +33,8 @@ class SiteOptions:
     def detect(cls, *, ca_cert: str | os.PathLike | None = None, wheels: str | os.PathLike | None = None,
                base: str | None = None, no_detect: bool = False, env: Mapping[str, str] | None = None,
                python: str | None = None, deferred: bool = False) -> SiteOptions:
-        """Site options from explicit values, else from pip's configuration (``deferred``: later, it
-        takes ~0.7 s). Detected values count only when local and present; others get a note.
-        Raises EnvbuildError (exit 2): an explicit ``--ca-cert``/``--wheels`` is missing or of the wrong kind."""
+        """Site options given, else from pip's configuration (``deferred``: later, ~0.7 s), local and present only, else
+        a note. EnvbuildError (exit 2): a given ``--ca-cert``/``--wheels`` missing or of the wrong kind."""
         env = dict(os.environ if env is None else env)
         notes: list[str] = []
 
@@ -67,8 +65,7 @@ class SiteOptions:
                    base_override=base, notes=tuple(notes))
 
     def complete(self, *, env: Mapping[str, str] | None = None, python: str | None = None) -> SiteOptions:
-        """These options with pip's configuration read where they are ``pending`` (see
-        :meth:`detect`); themselves otherwise."""
+        """These options with pip's configuration read where ``pending`` (:meth:`detect`); themselves otherwise."""
         if not self.pending:
             return self
         return SiteOptions.detect(ca_cert=self.ca_bundle, wheels=self.wheel_dir, base=self.base_override,

@@ -60,8 +60,7 @@ class LaunchSpec(Ranks):
 
 @dataclass
 class LaunchResult:
-    """What a launch produced; a failing or hung rank is part of it, not an exception.
-    ``notes`` never change the verdict's exit code."""
+    """What a launch produced; a failing or hung rank is part of it, not an exception; ``notes`` never set exit."""
 
     rank_results: dict[int, RankResult]
     node_logs: dict[int, str]
@@ -89,8 +88,7 @@ class LaunchResult:
 
 @runtime_checkable
 class Launcher(Protocol):
-    """Starts the ranks of ``spec``; removes everything it made before returning or raising.
-    Raises EnvbuildError only when it cannot launch at all (no image, no engine: exit 3)."""
+    """Starts the ranks of ``spec``, removing all it made; EnvbuildError only when it cannot launch (exit 3)."""
 
     def run(self, spec: LaunchSpec, on_progress: OnProgress | None = None) -> LaunchResult:
         ...
@@ -138,9 +136,8 @@ def agent_dir() -> Path:
 
 def torchrun_argv(spec: LaunchSpec, node: Any, *, master_addr: Any = "node-0", master_port: Any = None,
                   out: Any = RESULTS_MOUNT, topology: bool = True, to_stdout: bool = True) -> list[Any]:
-    """Node ``node``'s torchrun command; ``node``, the master and ``out`` may be shell words filled in later.
-    Without ``topology`` the environment gives it (a Kubeflow runtime's ``PET_*``); without ``to_stdout``
-    the results stay in their files (a pod prints them)."""
+    """Node ``node``'s torchrun command (``node``, master, ``out``: maybe shell words); no ``topology``: the environment
+    gives it (Kubeflow ``PET_*``); no ``to_stdout``: results stay in files."""
     return [
         "python3", "-m", "torch.distributed.run",
         *(("--nnodes", str(spec.nodes),
@@ -191,9 +188,8 @@ def check_socket_ifname(value: str | None, field_: str = "socket_ifname") -> str
 
 
 def socket_env(ifname: str | None) -> dict[str, str]:
-    """The environment ``--socket-ifname IFNAME`` sets on every node ({} for None).
-    ``GLOO_SOCKET_IFNAME`` takes exact names only: it gets the names without ``=``, or ``""`` for
-    an ``^`` exclusion, which PyTorch treats as unset (``torch/csrc/distributed/c10d/init.cpp``)."""
+    """The environment of ``--socket-ifname IFNAME`` ({} for None); ``GLOO_SOCKET_IFNAME`` takes exact names: those
+    without ``=``, or ``""`` (unset for PyTorch, c10d/init.cpp) for an ``^`` exclusion."""
     if ifname is None:
         return {}
     gloo = "" if ifname.startswith("^") else ifname.lstrip("=")

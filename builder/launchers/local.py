@@ -60,8 +60,7 @@ REAPER_SLACK_S = 5.0
 
 
 def start_reaper(run_id: str, after_s: float) -> subprocess.Popen[bytes]:
-    """Start :mod:`builder.launchers.reaper` for ``run_id`` in a session of its own (it
-    outlives a SIGKILL of envbuild), holding no pipe of ours."""
+    """Start :mod:`.reaper` in its own session (it outlives a SIGKILL of envbuild), no pipe of ours."""
     return subprocess.Popen([sys.executable, "-m", "builder.launchers.reaper", run_id, f"{after_s:g}"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, close_fds=True)
@@ -159,8 +158,7 @@ class NodeWatch:
 
     # -- exit
     def watch_exit(self, client: engine.Engine) -> None:
-        """Start waiting (in a thread) for the engine to remove the container; keeps its
-        exit status (call before start: ``--rm`` containers vanish when they end)."""
+        """Wait (in a thread) for the engine to remove the container, keeping its status (before start: ``--rm``)."""
         def wait() -> None:
             try:
                 self.exit_code = client.wait(self.id, condition="removed")
@@ -181,8 +179,7 @@ class NodeWatch:
 
 
 def check_capacity(nodes: int, nproc_per_node: int, info: Mapping[str, Any]) -> None:
-    """Refuse more local nodes than the engine of ``info`` (``docker info``) can run, before anything starts.
-    Raises EnvbuildError: (exit 3: this engine cannot check it) naming the limit and the way out."""
+    """Refuse more local nodes than the engine (``docker info``) runs, before starting; exit 3 says why."""
     ncpu, memory = max(1, int(info.get("NCPU") or 1)), int(info.get("MemTotal") or 0)
     ranks = min(ncpu * RANKS_PER_CPU, memory // RANK_MEMORY_BYTES) if memory else ncpu * RANKS_PER_CPU
     limit = max(1, ranks // max(1, nproc_per_node))
@@ -195,8 +192,6 @@ def check_capacity(nodes: int, nproc_per_node: int, info: Mapping[str, Any]) -> 
 
 
 class LocalDockerLauncher:
-    """Runs each simulated node as a container on the local Docker engine."""
-
     def __init__(self, client: engine.Engine, *, grace_s: float = DEFAULT_GRACE_S, poll_s: float = POLL_S,
                  user: str = RUN_USER, memory: str | None = None, machines: list[int] | None = None,
                  node_options: Mapping[int, Mapping[str, Any]] | None = None) -> None:
@@ -219,8 +214,7 @@ class LocalDockerLauncher:
     # -- the launch
 
     def run(self, spec: LaunchSpec, on_progress: OnProgress | None = None) -> LaunchResult:
-        """Launch ``spec`` and return what the ranks produced.
-        Raises EnvbuildError: (exit 3) no such image, too many nodes, the engine failed; also exit 2."""
+        """EnvbuildError: (exit 3) no such image, too many nodes, the engine failed; also exit 2."""
         say = on_progress or (lambda msg: None)
         labels = labels_for(spec)
         code_dir = agent_dir()
@@ -264,8 +258,7 @@ class LocalDockerLauncher:
                                     stalled_phase(ending["progress"], starts, spec.world_size), ending["timed_out"])
 
     def _watch_oom(self, run_id: str) -> tuple[Any, set[int]]:
-        """Follow the engine's ``oom`` events of the run's containers from before they exist:
-        ``(the event stream, the set of nodes it names, filled as they come)``."""
+        """The run's ``oom`` events from before it starts: ``(stream, set of nodes named, filled as they come)``."""
         seen: set[int] = set()
         try:
             stream = self.client.events({"type": "container", "event": "oom", "label": f"{engine.RUN_LABEL}={run_id}"})

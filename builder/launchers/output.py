@@ -1,6 +1,5 @@
-"""What a node prints, read the same way by every launcher. Results come as one
-``@@envbuild-result`` line on stdout, so nothing on the host need be writable by the nodes; one is
-accepted only when it is of this run."""
+"""What a node prints, read the same way by every launcher. Results come as one ``@@envbuild-result`` line on stdout, so
+nothing on the host need be writable by the nodes; one is accepted only when it is of this run."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ LOG_KEEP_BYTES = 4 << 20
 
 def result_problem(doc: object, rank: int, what: str = "result file", *, run_id: str | None = None,
                    world_size: int | None = None) -> str | None:
-    """Why ``doc`` is not a result of ``rank`` of this run (None when it is): one escaped line.
-    A foreign ``run_id`` is a stale or planted result; None ``run_id``/``world_size`` skip those checks."""
+    """Why ``doc`` is not a result of ``rank`` of this run (None if it is); a foreign ``run_id``: stale or planted."""
     if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         return f"{what} is not {RESULT_SCHEMA} (got {show(got, 60)})"
@@ -38,8 +36,7 @@ def result_problem(doc: object, rank: int, what: str = "result file", *, run_id:
         return (f"{what} of rank {rank} is from run {show(doc.get('run_id'), 60)}, not this run "
                 f"{run_id}: refused (stale or planted)")
     if world_size is not None and doc.get("world_size") != world_size:
-        return (f"{what} of rank {rank} is for world size {show(doc.get('world_size'), 40)}, not "
-                f"{world_size}: refused")
+        return (f"{what} of rank {rank} is for world size {show(doc.get('world_size'), 40)}, not {world_size}: refused")
     return None
 
 
@@ -125,8 +122,7 @@ class LineBuffer:
 
 
 class NodeOutput:
-    """The lines of one node sorted as they come (thread-safe); a result from a node that does not
-    host its rank is refused."""
+    """One node's lines sorted as they come (thread-safe); a result of a rank it does not host is refused."""
 
     def __init__(self, node: int, spec: LaunchSpec, tracker: ProgressTracker) -> None:
         self.node = node
@@ -159,8 +155,7 @@ class NodeOutput:
         if rank not in self.spec.ranks_of_node(self.node):
             why = f"result of rank {rank} printed by node {self.node}, which does not host it"
         else:
-            result, why = check_result(doc, rank, "result", run_id=self.spec.run_id,
-                                       world_size=self.spec.world_size)
+            result, why = check_result(doc, rank, "result", run_id=self.spec.run_id, world_size=self.spec.world_size)
         with self._mu:
             if result is None:
                 self.problems[rank] = why or "refused"
@@ -212,9 +207,8 @@ _LEVEL_RES = (("error", re.compile(r"\b(?:error|traceback|exception|fatal)\b|^[E
 
 
 def log_events(spec: LaunchSpec, node: int, lines: Iterable[tuple[str, str]]) -> list[Event]:
-    """Node ``node``'s ``(ts, line)`` as ``log`` events of ``node-<node>`` (the certificate's name):
-    the rank from torchrun's ``[rankN]:`` prefix (or the node's only rank), the level from its words;
-    blank lines dropped."""
+    """Node ``node``'s ``(ts, line)`` as ``log`` events of ``node-<node>`` (the certificate's name): the rank from
+    torchrun's ``[rankN]:`` prefix (or the node's only rank), the level from its words; blank lines dropped."""
     ranks = list(spec.ranks_of_node(node))
     out = []
     for ts, text in lines:
@@ -227,10 +221,8 @@ def log_events(spec: LaunchSpec, node: int, lines: Iterable[tuple[str, str]]) ->
     return out
 
 
-def problems_by_rank(outputs: list[NodeOutput], results: dict[int, RankResult],
-                     world_size: int) -> dict[int, str]:
-    """Every node's problems by rank; one without a rank goes to the first rank with neither a
-    result nor a problem, and problems of ranks with a result are dropped."""
+def problems_by_rank(outputs: list[NodeOutput], results: dict[int, RankResult], world_size: int) -> dict[int, str]:
+    """Problems by rank: one without a rank goes to the first rank with neither result nor problem; results win."""
     problems: dict[int, str] = {}
     loose: list[str] = []
     for out in outputs:

@@ -59,8 +59,7 @@ def stalled_phase(progress: Mapping[int, dict], starts: Mapping[int, Mapping[str
 def phase_times(marks: Mapping[str, float], starts: Mapping[int, Mapping[str, float]], world_size: int,
                 stalled: tuple[str, float] | None = None, timed_out: bool = False,
                 first: str = "containers up") -> list[tuple[str, float]]:
-    """``[(span, seconds)]`` from host ``marks`` and ``{rank: {phase: host s}}``, the span up to
-    ``started`` named ``first``; [] when unmarked."""
+    """``[(span, seconds)]`` of host ``marks`` and ``{rank: {phase: host s}}`` (to ``started``: ``first``)."""
     launch, ended = marks.get("launch"), marks.get("ended")
     if launch is None or ended is None:
         return []

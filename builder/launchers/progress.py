@@ -52,8 +52,7 @@ def _socket_of(value: object) -> dict[str, str | None]:
 class ProgressTracker:
     """The last phase and heartbeat of every rank of this run, and when they arrived (thread-safe)."""
 
-    def __init__(self, world_size: int, run_id: str | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, world_size: int, run_id: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.world_size = world_size
         self.run_id = run_id
         self.clock = clock
@@ -106,9 +105,7 @@ class ProgressTracker:
             return {r: dict(v) for r, v in sorted((self._first_t if stamped else self._first_at).items())}
 
     def snapshot(self, at: float | None = None) -> dict[int, dict]:
-        """Per rank that printed a phase: its last phase, process state, and the seconds since its
-        last line (``silent_s``) and since it entered the phase (``in_phase_s``).
-        """
+        """Per rank that printed a phase: phase, process state, ``silent_s`` (since its last line), ``in_phase_s``."""
         now = self.clock() if at is None else at
         with self._mu:
             out = {}
@@ -123,9 +120,7 @@ class ProgressTracker:
 
 
 def progress_from_logs(logs: Iterable[str], world_size: int, run_id: str | None = None) -> ProgressTracker:
-    """A tracker fed from whole logs read after the fact (Kubernetes pod logs), each line at its own
-    ``t``; a snapshot at ``tracker.latest`` tells how long each rank was silent before the end.
-    """
+    """A tracker fed from logs read later (pod logs), each line at its ``t``; snapshot at ``latest``."""
     tracker = ProgressTracker(world_size, run_id)
     for text in logs:
         for line in (text or "").splitlines():
@@ -185,12 +180,9 @@ def _why(r: int, p: dict | None, sets: tuple[set[int], set[int], set[int]], othe
 
 
 def name_hangs(progress: Mapping[int, dict], stuck: Sequence[int], limit_s: float) -> dict[int, tuple[str, bool]]:
-    """``{rank: (failure line, hung?)}`` for the ranks ``stuck`` at the deadline.
-
-    A rank is hung when its heartbeat stopped (silent over ``SILENT_AFTER_S``), it is stopped by
-    a signal, or it is alive outside any collective; the others wait, blocked, in a collective.
-    With none hung so, the ranks furthest behind are, unless all are in the same phase.
-    """
+    """``{rank: (failure line, hung?)}`` of the ranks ``stuck`` at the deadline. Hung: its heartbeat stopped (silent
+    over ``SILENT_AFTER_S``), stopped by a signal, or alive outside any collective (the others wait in one); with none
+    so, the ranks furthest behind, unless all share a phase."""
     head = {r: f"rank {r} did not finish within {limit_s:g} s (timeout)" for r in stuck}
     if not progress:
         return {r: (head[r], False) for r in stuck}

@@ -24,14 +24,12 @@ _LOCK_HASH_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def lock_label(ref: Reference) -> str:
-    """The value of the node label ``envbuild.dev/certified``: the lock hash's 12 hex, or ``unknown``.
-    Raises EnvbuildError: (exit 3, an invalid certificate) a lock hash that is not ``sha256:`` and 64 lowercase hex."""
+    """Label ``envbuild.dev/certified``: the lock hash's 12 hex or ``unknown``; Unreachable (3): bad hash."""
     value = ref.run.lock_hash if ref.run else None
     if value is None:
         return "unknown"
     if _LOCK_HASH_RE.fullmatch(value) is None:
-        raise Unreachable("is not a lock hash (sha256: and 64 hex)", file=ref.name, field="lock_hash",
-                          value=value)
+        raise Unreachable("is not a lock hash (sha256: and 64 hex)", file=ref.name, field="lock_hash", value=value)
     return value[7:19]
 
 

@@ -67,9 +67,8 @@ def _requirement(cert: Certificate, probes: dict[int, NodeReport]) -> tuple[str 
 
 
 def read_certificate(path: str | os.PathLike[str]) -> CertifiedRun:
-    """Read the certificate at ``path`` (the one model) as a reference: its rank probes.
-    Raises Unreachable (exit 3): unreadable, over 16 MiB, not a valid certificate; InvalidReport (exit 3):
-    a rank probe that is not a valid node report, or none."""
+    """The certificate at ``path`` (the one model) as a reference: its rank probes. Unreachable (exit 3): unreadable,
+    over 16 MiB, invalid; InvalidReport (exit 3): a rank probe invalid, or none."""
     p = str(path)
     doc = inputs.read_json(p, MAX_CERTIFICATE_BYTES, "certificate", exit_code=ExitCode.UNREACHABLE)
     if not isinstance(doc, dict) or doc.get("schema") not in CERT_SCHEMAS:
@@ -148,8 +147,7 @@ def age_s(made_at: str | None, now: datetime.datetime | None = None) -> float | 
 
 
 def from_certificate(path: str) -> Reference:
-    """The reference of a certificate: its lowest rank's probe, with the certified image's
-    reference, ID and (first) digest. Raises as :func:`read_certificate`."""
+    """A certificate's reference: its lowest rank's probe, with the image's ref, ID, first digest."""
     run = read_certificate(path)
     probe = run.probes[min(run.probes)]
     image = Image(ref=run.image_ref or (probe.image.ref if probe.image else None),
@@ -162,7 +160,7 @@ def from_certificate(path: str) -> Reference:
 
 
 def from_report(path: str) -> Reference:
-    """The reference of a node report file. Raises InvalidReport (exit 3)."""
+    """A node report file's reference: its torch CUDA, the ``NVIDIA_REQUIRE_CUDA`` it saw; InvalidReport (exit 3)."""
     r = nodereport.load_file(path)
     req = CudaRequirement(torch_cuda=r.torch.cuda if r.torch else None, torch=r.torch.version if r.torch else None,
                           require=r.env.get("NVIDIA_REQUIRE_CUDA"), source=f"NVIDIA_REQUIRE_CUDA in the report {path}",
@@ -171,8 +169,7 @@ def from_report(path: str) -> Reference:
 
 
 def from_image(image: str, client: Any = None, gpus: bool = False) -> Reference:
-    """The reference of an image on this engine: the probe run in it (no network).
-    Raises EnvbuildError: (exit 3) no such image, no engine, the probe failed or printed an invalid report."""
+    """An image's reference: the probe run in it; EnvbuildError (exit 3): no image or engine, probe failed."""
     from builder.image import engine
     from builder.image.probecheck import probe_cached
 
@@ -189,12 +186,9 @@ def from_image(image: str, client: Any = None, gpus: bool = False) -> Reference:
 
 
 def load_reference(ref: str, client: Any = None, gpus: bool = False) -> Reference:
-    """``--against REF``: a certificate or node report file (told apart by its ``schema``),
-    else an image on this engine.
-    Raises EnvbuildError (exit 3)."""
+    """``--against REF``: a certificate or node report (by ``schema``), else an image here; EnvbuildError (exit 3)."""
     if os.path.exists(ref) or ref.endswith(".json") or ref.startswith(("/", "./", "../")):  # no image ref starts so
-        doc = inputs.read_json(ref, MAX_CERTIFICATE_BYTES, "certificate or node report",
-                               exit_code=ExitCode.UNREACHABLE)
+        doc = inputs.read_json(ref, MAX_CERTIFICATE_BYTES, "certificate or node report", exit_code=ExitCode.UNREACHABLE)
         schema = doc.get("schema") if isinstance(doc, dict) and isinstance(doc.get("schema"), str) else None
         if schema in CERT_SCHEMAS:
             return from_certificate(ref)

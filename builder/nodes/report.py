@@ -39,11 +39,9 @@ class InvalidReport(EnvbuildError):
 
 
 def validate(doc: Any, source: str | None = None) -> NodeReport:
-    """``doc`` (parsed JSON) as a :class:`NodeReport`; ``source`` is shown first in errors.
-    Raises InvalidReport (exit 3): one line naming source, field and value, or an unknown ``schema``."""
+    """``doc`` as a :class:`NodeReport`, ``source`` first in errors; InvalidReport (exit 3), one line."""
     if not isinstance(doc, dict):
-        raise InvalidReport("is not a JSON object (a node report)", file=source,
-                            value=type(doc).__name__)
+        raise InvalidReport("is not a JSON object (a node report)", file=source, value=type(doc).__name__)
     schema = doc.get("schema")
     if schema not in SUPPORTED_SCHEMAS:
         raise InvalidReport(f"is not a node-report schema this envbuild reads ({', '.join(SUPPORTED_SCHEMAS)})",
@@ -60,12 +58,10 @@ def validate(doc: Any, source: str | None = None) -> NodeReport:
 
 
 def parse(text: str | bytes, source: str | None = None) -> NodeReport:
-    """Parse JSON ``text`` into a :class:`NodeReport` (msgspec's decoder; a refused text is read again
-    the careful way for the words). Raises InvalidReport (exit 3), naming the file."""
+    """``text`` as a :class:`NodeReport` (msgspec; a refused text read again for the words); InvalidReport (exit 3)."""
     size = len(text) if isinstance(text, (bytes, bytearray)) else len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_REPORT_BYTES:
-        raise InvalidReport(f"is {size} bytes, over the {MAX_REPORT_BYTES}-byte limit of a node report",
-                            file=source)
+        raise InvalidReport(f"is {size} bytes, over the {MAX_REPORT_BYTES}-byte limit of a node report", file=source)
     try:
         report = msgspec.json.decode(text, type=NodeReport)
     except (msgspec.ValidationError, msgspec.DecodeError):
@@ -81,8 +77,7 @@ def parse(text: str | bytes, source: str | None = None) -> NodeReport:
 
 
 def load_file(path: str | Path) -> NodeReport:
-    """Read and validate the report in ``path`` (a FIFO, device or directory is refused without
-    blocking). Raises InvalidReport (exit 3), naming the file."""
+    """Read and validate the report in ``path`` (FIFO, device, folder refused at once); InvalidReport (3)."""
     try:
         data = inputs.read_regular(path, MAX_REPORT_BYTES, "node report")
     except EnvbuildError as e:
@@ -106,5 +101,4 @@ class Node:
 
     @property
     def ok(self) -> bool:
-        """True when the node has a valid report."""
         return self.report is not None and self.error is None

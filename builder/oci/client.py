@@ -42,8 +42,7 @@ MAX_BLOB_BYTES = 64 << 20
 
 @dataclass(frozen=True)
 class Credentials:
-    """Registry credentials of the user's Docker config ``source`` (kept in memory only; an empty
-    ``username``: it has none for the registry), read by :func:`builder.image.engine.docker_login`."""
+    """Credentials of the Docker config ``source``, in memory only (``username`` empty: none for the registry)."""
 
     username: str
     password: str = field(repr=False)
@@ -157,8 +156,7 @@ class RegistryClient:
 
     def request(self, method: str, url: str, *, data: Any = None, headers: dict[str, str] | None = None,
                 json: Any = None, stream: bool = False, params: dict[str, str] | None = None) -> requests.Response:
-        """One HTTP request with authentication (as ``WWW-Authenticate`` asks), one retry after a 401.
-        Raises Unreachable (exit 3): no connection, timeout, TLS, or credentials refused or missing."""
+        """One request, authenticated as ``WWW-Authenticate`` asks, one retry after a 401; Unreachable (3)."""
         hdrs = dict(headers or {})
         hdrs.update(self._auth_header)
         kw: dict[str, Any] = dict(data=data, json=json, stream=stream, params=params, verify=self.verify,
@@ -187,8 +185,7 @@ class RegistryClient:
                           f"for it; run `docker login {self.host}`")
 
     def _authenticate(self, resp: requests.Response) -> None:
-        """Answer the 401's challenge with oras' auth backend for its scheme (basic, or a bearer token,
-        anonymous without credentials); keeps the header for the next requests."""
+        """Answer a 401 with oras' auth backend (basic, bearer, anonymous without credentials); header kept."""
         challenge = resp.headers.get("WWW-Authenticate", "")
         scheme = challenge.strip().partition(" ")[0].lower()
         creds = self.credentials
@@ -214,8 +211,7 @@ class RegistryClient:
         return f"{self.scheme}://{self.host}/v2/{repository}/{kind}/{ref}"
 
     def fail(self, r: requests.Response, what: str) -> EnvbuildError:
-        """The one-line error of an unexpected answer: exit 3 for server errors and refused
-        access, else 2; the registry's own error codes and messages appended."""
+        """The one-line error of an answer: exit 3 for server errors, refused access, else 2; registry errors added."""
         detail = ""
         try:
             errs = r.json().get("errors") or []
@@ -251,7 +247,6 @@ class RegistryClient:
         raise last
 
     def ensure(self) -> None:
-        """:meth:`ping` once."""
         if not self._pinged:
             self.ping()
 
@@ -272,8 +267,7 @@ class RegistryClient:
                           int(length) if length.isdigit() else 0)
 
     def get_manifest(self, repository: str, ref: str) -> tuple[bytes, Descriptor] | None:
-        """``(manifest bytes, descriptor)`` of ``ref``, or None when absent (404). Raises EnvbuildError
-        (exit 2): over 4 MiB, or the bytes do not hash to the digest asked for."""
+        """``(manifest bytes, descriptor)`` of ``ref``, None on 404; EnvbuildError (2): over 4 MiB, wrong digest."""
         self.ensure()
         r = self.request("GET", self.url(repository, "manifests", ref), headers={"Accept": MANIFEST_ACCEPT},
                          stream=True)
@@ -314,8 +308,7 @@ class RegistryClient:
         return desc
 
     def get_blob(self, repository: str, desc: Descriptor, limit: int = MAX_BLOB_BYTES) -> bytes:
-        """Fetch a blob (oras) and check its sha256 and size. Raises EnvbuildError (exit 2): missing,
-        over ``limit`` bytes, or altered in the registry."""
+        """Fetch a blob (oras), check sha256 and size; EnvbuildError (2): missing, over ``limit``, or altered."""
         self.ensure()
         if desc.size > limit:
             raise EnvbuildError(f"blob of {desc.size} bytes is larger than {limit}", field="blob", value=desc.digest)

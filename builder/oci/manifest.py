@@ -35,8 +35,6 @@ class _Oci(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
 
 
 class Descriptor(_Oci, frozen=True):
-    """An OCI content descriptor."""
-
     media_type: _Text
     digest: Sha256
     size: Annotated[int, Meta(ge=0, le=1 << 62)]
@@ -78,7 +76,6 @@ def canonical_json(doc: Any) -> bytes:
 
 
 def sha256_digest(data: bytes) -> str:
-    """``"sha256:<hex>"`` of ``data``."""
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 

@@ -53,8 +53,7 @@ Reason = Literal["size", "name", "long", "tag", "digest", "host"]
 
 
 class ReferenceError(UsageError):
-    """Not an image reference (exit 64); ``reason`` names the part: ``size``, ``name``, ``long``,
-    ``tag``, ``digest`` or ``host``."""
+    """Not an image reference (exit 64); ``reason``: ``size``, ``name``, ``long``, ``tag``, ``digest`` or ``host``."""
 
     def __init__(self, message: str, reason: Reason, *, field: str, value: object) -> None:
         super().__init__(message, field=field, value=value)
@@ -105,8 +104,7 @@ class ImageRef:
 
     @property
     def repository(self) -> str:
-        """The repository in the registry API: Docker Hub's official images are
-        ``library/<path>`` (``debian`` -> ``library/debian``), else ``path``."""
+        """The API's repository: Docker Hub's official images are ``library/<path>``, else ``path``."""
         return f"library/{self.path}" if self.is_docker_hub and "/" not in self.path else self.path
 
     @property
@@ -117,8 +115,7 @@ class ImageRef:
         return self.path.removeprefix("library/") if self.path.count("/") == 1 else self.path
 
     def same_repository(self, other: ImageRef) -> bool:
-        """Whether both name the same repository once normalised (``debian`` and
-        ``docker.io/library/debian`` do)."""
+        """Whether both name the same repository once normalised (``debian`` and ``docker.io/library/debian`` do)."""
         return (self.domain, self.repository) == (other.domain, other.repository)
 
     def with_host(self, host: str) -> ImageRef:
@@ -153,8 +150,7 @@ _MESSAGES: dict[str, str] = {"tag": "tag is not a valid tag", "digest": "digest 
 
 
 def try_parse(text: object) -> ImageRef | None:
-    """:func:`parse`, or None where it refuses ``text`` (for references found in data that
-    is read, not given: an engine's ``RepoDigests``, a rendered file)."""
+    """:func:`parse`, or None where it refuses ``text`` (read references: ``RepoDigests``, rendered files)."""
     try:
         return parse(text)
     except ReferenceError:
@@ -162,7 +158,6 @@ def try_parse(text: object) -> ImageRef | None:
 
 
 def is_valid(text: object) -> bool:
-    """Whether :func:`parse` accepts ``text``."""
     return try_parse(text) is not None
 
 
@@ -183,8 +178,7 @@ def _split(text: str) -> ImageRef:
 
 
 def _diagnose(text: str) -> Reason:
-    """Which part of ``text`` (refused by :data:`REFERENCE`) is wrong, looked at in the order
-    digest, tag, path, registry."""
+    """Which part of ``text`` (refused by :data:`REFERENCE`) is wrong, in the order digest, tag, path, registry."""
     rest, at, digest = text.partition("@")
     if at and not DIGEST.fullmatch(digest):
         return "digest"

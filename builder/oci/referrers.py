@@ -50,8 +50,7 @@ def referrers(reg: RegistryClient, repository: str, digest: str) -> tuple[list[D
 
 def artifact_manifest(subject: Descriptor, config: Descriptor, layer: Descriptor, artifact_type: str,
                       annotations: Mapping[str, str]) -> bytes:
-    """The canonical bytes of an artifact manifest: ``layer`` refers to ``subject``; the
-    layer carries the in-toto predicate annotation when ``annotations`` has one."""
+    """The canonical bytes of an artifact manifest: ``layer`` refers to ``subject``, with ``annotations``' predicate."""
     ann = dict(sorted(annotations.items()))
     layer_json = layer.to_json()
     if ann.get(ANN_PREDICATE):
@@ -67,7 +66,6 @@ def artifact_manifest(subject: Descriptor, config: Descriptor, layer: Descriptor
 
 def attach(reg: RegistryClient, repository: str, subject: Descriptor, blob: bytes, media_type: str, *,
            artifact_type: str, annotations: Mapping[str, str] | None = None) -> tuple[Descriptor, bytes, str]:
-    """Publish ``blob`` as an OCI artifact referring to ``subject``."""
     cfg = reg.push_blob(repository, EMPTY_BLOB, MT_EMPTY)
     layer = reg.push_blob(repository, blob, media_type)
     ann = dict(sorted((annotations or {}).items()))
@@ -86,8 +84,7 @@ def attach(reg: RegistryClient, repository: str, subject: Descriptor, blob: byte
 
 
 def _fallback_entries(reg: RegistryClient, repository: str, tag: str) -> list[Any]:
-    """The entries of the fallback index ``tag`` as they are, ``[]`` when absent. Entries whose
-    manifest is gone are dropped: the registry refuses an index naming them, blocking later pushes."""
+    """Fallback index ``tag``'s entries, ``[]`` if absent; dead manifests dropped (the registry refuses them)."""
     got = reg.get_manifest(repository, tag)
     if not got:
         return []

@@ -95,8 +95,7 @@ def lock(spec: Spec, images_dir: str | os.PathLike[str], site: SiteOptions, clie
          base: bool = True, pip: bool = True, apt: bool = True, base_mode: str = "auto",
          labels: Mapping[str, str] | None = None, say: Callable[[str], None] | None = None,
          pip_resolver: PipResolverFn | None = None, registry: RegistryFactory | None = None) -> LockResult:
-    """A part not resolved keeps the earlier file's pins for the same lock; without ``registry`` only
-    the engine is asked for the base digest. Raises EnvbuildError (exit 2)."""
+    """An unresolved part keeps the earlier pins of this lock; no ``registry``: the engine gives the base digest."""
     say = say or (lambda _m: None)
     parts, unresolved = _previous(spec, images_dir), []
     if base:

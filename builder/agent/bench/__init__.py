@@ -1,9 +1,8 @@
 """envbuild's in-image benchmark: the profiles' checks, one JSON result per rank.
 
-Runs inside the image under torchrun with only the stdlib and torch, mounted read-only at
-``/opt/envbuild/bench``; writes only under ``--out`` and ``/tmp`` (read-only root, any UID).
-Exit: 0 result written (the host judges it), 3 the test-only ``exit`` fault, 64 usage,
-1 other failure (no result file). Options: ``python3 -m bench --help``.
+Runs inside the image under torchrun with only the stdlib and torch, mounted read-only at ``/opt/envbuild/bench``;
+writes only under ``--out`` and ``/tmp`` (read-only root, any UID). Exit: 0 result written (the host judges it), 3 the
+test-only ``exit`` fault, 64 usage, 1 other failure (no result file). Options: ``python3 -m bench --help``.
 """
 
 RESULT_SCHEMA = "envbuild.rank-result/3"

@@ -40,8 +40,7 @@ def _check_name(name: str) -> None:
 
 
 def count_and_size(name: str, size_bytes: int, dtype: str, nranks: int) -> tuple[int, int]:
-    """(count, size_bytes) for a requested size, rounded down as nccl-tests does; count 0 means no row. E.g.
-    ``("all_gather", 1001, "float32", 4)`` -> ``(62, 992)``. ValueError on bad arguments."""
+    """``(count, size_bytes)`` rounded down as nccl-tests does (0: no row; all_gather 1001 B float32 x4: (62, 992))."""
     _check_name(name)
     ts = typesize(dtype)
     if size_bytes < 1 or nranks < 1:
@@ -71,8 +70,7 @@ def algbw_gbps(size_bytes: int, time_us: float) -> float:
 
 
 def modulus(dtype: str, nranks: int, reducing: bool) -> int:
-    """The pattern modulus: for a reduction ``nranks x (m - 1)`` must be exact in ``dtype``. E.g. bfloat16: 129 on 2
-    ranks, 2 on 256. Unsupported beyond that; ValueError on bad arguments."""
+    """The pattern modulus: ``nranks x (m - 1)`` exact in ``dtype`` (bfloat16: 129 on 2 ranks, 2 on 256); ValueError."""
     typesize(dtype)
     if nranks < 1:
         raise ValueError(f"nranks must be >= 1, got {nranks!r}")
@@ -126,9 +124,8 @@ def expected_value(name: str, index: int, rank: int, nranks: int, count: int, m:
 
 
 def rank_stats(times: list[float], wrongs: list[int]) -> list[float]:
-    """``[min, median, max us, slowest rank, total wrong]`` of one row over the ranks (index = rank), what rank 0
-    reduces. nccl-tests reduces the time the same way (``-a``: min, mean or max over ranks) and sums the wrong
-    elements; the median of an even count is the mean of the middle two; the slowest rank is the lowest of equals."""
+    """``[min, median, max us, slowest rank, total wrong]`` of a row over ranks (index = rank), reduced as nccl-tests
+    ``-a`` does, wrongs summed; an even count's median is the middle two's mean; the slowest is the lowest of equals."""
     order = sorted(times)
     n = len(order)
     median = order[n // 2] if n % 2 else (order[n // 2 - 1] + order[n // 2]) / 2
@@ -138,8 +135,7 @@ def rank_stats(times: list[float], wrongs: list[int]) -> list[float]:
 
 def summarize(name: str, count: int, size_bytes: int, dtype: str, api: str, stats: list[float],
               own_time_us: float, own_wrong: int, nranks: int) -> dict[str, Any]:
-    """One row: the run's figures (``stats`` of :func:`rank_stats`; ``time_us`` the slowest
-    rank's, as nccl-tests' bandwidth) and this rank's own mean time and wrong count."""
+    """One row: the run's figures (:func:`rank_stats`; ``time_us`` the slowest rank's) and this rank's own."""
     lo, median, t, slowest, wrong = stats
     alg = algbw_gbps(size_bytes, t)
     return {"size_bytes": size_bytes, "count": count, "type": dtype, "redop": "sum" if name in REDUCING else "none",
@@ -155,7 +151,6 @@ HEADER = "# {!s:<14} {!s:>12} {!s:>12} {!s:>8} {!s:>11} {!s:>12} {!s:>12} {!s:>8
 
 
 def format_row(name: str, row: dict[str, Any]) -> str:
-    """nccl-tests-like line for one row."""
     return "  {!s:<14} {:12d} {:12d} {!s:>8} {:11.2f} {:12.3f} {:12.3f} {:8d}".format(
         name, row["size_bytes"], row["count"], row["type"], row["time_us"],
         row["algbw_gbps"], row["busbw_gbps"], row["wrong"])
@@ -273,10 +268,9 @@ def _check_once(torch, dist, name, sizes_counts, dtype, device, chosen):
 
 def run_collective(name: str, sizes: list[int], dtype: str, iters: int, warmup: int,
                    device: str, corrupt: bool = False, log: Callable | None = None):
-    """Sweep ``name`` over ``sizes`` (bytes): rows (the run's figures, this rank's own), or ``{"unsupported": reason}``.
-    Per size: ``warmup`` runs, a barrier, ``iters`` timed runs, then one exact-compared run on pattern inputs; the
-    figures are reduced once at the end, outside any timed loop. ``corrupt`` is the TEST-ONLY fault that spoils this
-    rank's last element."""
+    """Sweep ``name`` over ``sizes`` (bytes): rows (the run's figures, this rank's own) or ``{"unsupported": reason}``.
+    Per size: ``warmup`` runs, a barrier, ``iters`` timed runs, one exact-compared run on patterns; figures reduced once
+    at the end. ``corrupt``: the TEST-ONLY fault spoiling this rank's last element."""
     import torch
     import torch.distributed as dist
 
@@ -310,8 +304,7 @@ def run_collective(name: str, sizes: list[int], dtype: str, iters: int, warmup: 
 
 
 def _reduce_stats(torch, dist, mine: list[tuple[float, int]], device: str) -> list[list[float]]:
-    """Per row :func:`rank_stats` over every rank: rank 0 gathers each rank's (time, wrong)
-    pairs (O(N) on rank 0 alone), reduces them and broadcasts the summary (O(rows))."""
+    """Per row :func:`rank_stats`: rank 0 gathers (time, wrong) pairs (O(N) there), reduces, broadcasts (O(rows))."""
     n, k = dist.get_world_size(), len(mine)
     flat = torch.tensor([t for t, _ in mine] + [float(w) for _, w in mine], dtype=torch.float64, device=device)
     gathered = [torch.zeros_like(flat) for _ in range(n)] if dist.get_rank() == 0 else None
@@ -328,10 +321,9 @@ def _reduce_stats(torch, dist, mine: list[tuple[float, int]], device: str) -> li
 
 
 def _time_and_check(torch, dist, name, api, count, dtype, iters, warmup, device, cuda, corrupt) -> tuple[float, int]:
-    """(this rank's mean microseconds per run, its wrong elements) at one count. Timed first, as a plain loop is (zeroed
-    buffers, warmup, barrier, ``iters`` runs); the exact-compared run comes after: its pattern fill and compare
-    allocate and touch several buffers of the size, which before the timed loop cost up to a quarter of the bandwidth.
-    """
+    """(this rank's mean us per run, its wrong elements) at one count: timed as a plain loop (zeroed buffers, warmup,
+    barrier, ``iters`` runs), then the exact-compared run, whose fill and compare touch several buffers (before the
+    timed loop: up to 1/4 of the bandwidth lost)."""
     rank, n = dist.get_rank(), dist.get_world_size()
     m = modulus(dtype, n, name in REDUCING)
     send, recv = _buffers(torch, name, count, n, getattr(torch, dtype), device)

@@ -67,8 +67,7 @@ def _agree(torch, dist, device, problem):
 
 
 def run_features(device: str) -> dict[str, Any]:
-    """Check numpy on every rank, then each of ``FEATURES``: ``"ok"`` or ``{"unsupported": ...}``, the same on
-    every rank but ``numpy.problem``; an error that is no "not supported" propagates."""
+    """numpy on every rank, then each of ``FEATURES``: ``"ok"`` or ``{"unsupported": ...}``; other errors propagate."""
     import torch
     import torch.distributed as dist
 

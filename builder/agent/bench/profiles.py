@@ -63,8 +63,7 @@ def check_options(profiles, sizes, iters, warmup, dtypes, backend):
         coll.typesize(d)
     if len(set(dtypes)) != len(dtypes):
         raise ValueError("dtype given twice in {}".format(_show(",".join(dtypes))))
-    if not 1 <= len(sizes) <= MAX_SIZES or not all(
-            type(s) is int and 1 <= s <= MAX_SIZE_BYTES for s in sizes):
+    if not 1 <= len(sizes) <= MAX_SIZES or not all(type(s) is int and 1 <= s <= MAX_SIZE_BYTES for s in sizes):
         raise ValueError(f"sizes must be 1 to {MAX_SIZES:d} integers in 1..{MAX_SIZE_BYTES:d} bytes, "
                          f"got {_show(str(list(sizes)))}")
     if type(iters) is not int or type(warmup) is not int or iters < 1 or warmup < 0:
@@ -103,9 +102,8 @@ def _training_runner(profile: str) -> Callable[..., dict[str, Any]]:
 def run_profiles(profiles, sizes: list[int], iters: int, warmup: int, dtypes: list[str] | None, seed: int, device: str,
                  backend: str, *, ddp: tuple[int, int, int] = (3, 4, 32), faults=None, scaling: bool = True,
                  features: bool = True, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The collectives (each once), training, scaling and feature checks of ``profiles`` on the default
-    process group; the same on every rank but its wall times (s) and numpy problem. ``ddp``: (steps,
-    images per rank, image side). ValueError on bad options or faults, before any collective, on every rank."""
+    """The collectives (each once), training, scaling and feature checks of ``profiles``, the same on every rank but
+    wall times (s) and numpy problem; ``ddp``: (steps, images per rank, side). ValueError before any collective."""
     import torch.distributed as dist
 
     t_start = time.perf_counter()
@@ -164,7 +162,6 @@ def _run_rest(out, names, seed, device, faults, scaling, features, log, ddp) -> 
 
 
 def training_line(profile: str, res: dict[str, Any]) -> str:
-    """One summary line of a training result."""
     if "unsupported" in res:
         return "# training {}: unsupported: {}".format(profile, res["unsupported"])
     return "# training {}: reference match {}, max param diff {:.3g}, {:.1f} samples/s".format(

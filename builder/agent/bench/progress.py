@@ -71,8 +71,7 @@ class Writer:
 
 
 def stat_fields(pid, proc="/proc"):
-    """The fields of ``/proc/PID/stat`` after ``(comm)`` (which may hold spaces and parentheses):
-    state, ppid...; [] when unreadable."""
+    """Fields of ``/proc/PID/stat`` after ``(comm)`` (it may hold spaces, parentheses): state, ppid...; [] if unread."""
     try:
         with open(os.path.join(proc, str(pid), "stat"), "rb") as f:
             return f.read(4096).decode("ascii", "replace").rpartition(")")[2].split()

@@ -1,9 +1,8 @@
 """Shared parts of the training checks: tolerance, result shape, torch helpers. Each check trains with one strategy and,
 on every rank, the same model in one process on the same global batch; it passes when every step's loss and every final
-parameter agree within ``|a - b| <= ATOL + RTOL * |b|`` (``torch.allclose``'s rule). The distributed sums run in
-another order, a few float32 roundings (eps 1.19e-7) apart: measured up to 1.5e-8 (torch 2.13/gloo, 2-3 CPU ranks), so
-RTOL 1e-5 leaves 100x for other BLAS and reduction orders, while every injected fault moves some parameter by more than
-1e-4."""
+parameter agree within ``|a - b| <= ATOL + RTOL * |b|`` (``torch.allclose``'s rule). The distributed sums run in another
+order, a few float32 roundings (eps 1.19e-7) apart: measured up to 1.5e-8 (torch 2.13/gloo, 2-3 CPU ranks), so RTOL 1e-5
+leaves 100x for other BLAS and reduction orders, while every injected fault moves some parameter by more than 1e-4."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ SHARDS = 4
 
 
 def shard_weights(world: int, shards: int = SHARDS) -> list[float]:
-    """The weight of each distinct slice in the mean over ``world`` ranks (its ranks / world):
-    ``shard_weights(6)`` -> ``[2/6, 2/6, 1/6, 1/6]``."""
+    """Each distinct slice's weight in the mean over ``world`` ranks: ``shard_weights(6)``: 2/6, 2/6, 1/6, 1/6."""
     k = min(world, shards)
     return [len(range(q, world, k)) / world for q in range(k)]
 
@@ -66,8 +64,7 @@ def _finite(x):
 
 
 def guarded(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run a check; ``{"unsupported": reason}`` when it says something is not supported (any other
-    error propagates), with ``check_wall_s``."""
+    """Run a check, with ``check_wall_s``; ``{"unsupported": reason}`` when it says so (other errors propagate)."""
     t0 = time.perf_counter()
     try:
         out = check()
@@ -152,9 +149,8 @@ def compare_params(torch, got: list, want: list):
 
 
 def run_mse(torch, dist, device: str, model, reference, data, sl=slice(None), weights=None):
-    """SGD on ``model`` over the ``sl`` rows of ``data`` and on ``reference`` over all of it (MSE;
-    ``weights``: the loss is the weighted sum of the equal slices' losses, :func:`shard_weights`):
-    (mean losses over ranks, reference losses, all close, max diff, slowest wall s)."""
+    """SGD (MSE) on ``model`` over rows ``sl`` of ``data`` and ``reference`` over all (``weights``:
+    :func:`shard_weights`): (mean losses over ranks, reference losses, all close, max diff, slowest wall s)."""
     import torch.nn.functional as F
 
     def ref_loss(out, y):

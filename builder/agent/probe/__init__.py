@@ -1,6 +1,5 @@
-"""Describe the software and GPUs of this machine or image as one JSON document.
-Stdlib only (Python >= 3.8): it runs in any image and on bare hosts. Never raises for a missing
-component: problems go into ``errors``."""
+"""Describe the software and GPUs of this machine or image as one JSON document. Stdlib only (Python >= 3.8): it runs in
+any image and on bare hosts. Never raises for a missing component: problems go into ``errors``."""
 
 from __future__ import annotations
 

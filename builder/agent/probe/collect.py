@@ -31,11 +31,6 @@ def shm_info() -> dict[str, Any]:
     return {"path": path, "size_bytes": st.f_frsize * st.f_blocks, "free_bytes": st.f_frsize * st.f_bavail}
 
 
-def env_vars() -> dict[str, str]:
-    """The variables that steer NCCL, gloo, torch and the image's CUDA requirement, by name."""
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
-
-
 def _nccl(errors: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"loaded": None, "found": [], "pip_packages": {}, "net_plugin": None}
     parts: tuple[tuple[str, Callable[[list[str]], Any]], ...] = (
@@ -50,8 +45,7 @@ def _nccl(errors: list[str]) -> dict[str, Any]:
 
 
 def collect(scope: str | None = None) -> dict[str, Any]:
-    """The ``envbuild.probe/1`` dict; never raises. torch is imported first so that its own NCCL is
-    mapped before ``/proc/self/maps`` is read."""
+    """The ``envbuild.probe/1`` dict, never raising; torch imported first: its NCCL mapped before reading maps."""
     errors: list[str] = []
     out: dict[str, Any] = {"schema": SCHEMA, "scope": scope if scope in SCOPES else None,
                            "probed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -71,7 +65,7 @@ def collect(scope: str | None = None) -> dict[str, Any]:
     except Exception as e:
         out["gpus"], out["driver"] = [], None
         errors.append(f"nvml: {type(e).__name__}: {e}")
-    out["env"] = env_vars()
+    out["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
     later: tuple[tuple[str, Callable[[list[str]], Any]], ...] = (
         ("cuda_runtime", libs.cuda_runtime), ("container", container.container_info),
         ("image", lambda errs: container.image_info()),

@@ -29,8 +29,7 @@ _NCCL_VERSION_SNIPPET = (
 
 
 def nccl_version_from_code(code: int) -> str:
-    """``"X.Y.Z"`` of an NCCL version code (``nccl.h`` ``NCCL_VERSION``: 22703 is 2.27.3, 2804 is
-    2.8.4); ValueError unless a positive int."""
+    """``"X.Y.Z"`` of an NCCL version code (22703 is 2.27.3, 2804 is 2.8.4); ValueError unless an int > 0."""
     if isinstance(code, bool) or not isinstance(code, int) or code <= 0:
         raise ValueError(f"not an NCCL version code: {code!r}")
     if code >= 10000:

@@ -8,8 +8,7 @@ from .nccl import nccl_version_from_code
 
 
 def torch_info(errors: list[str]) -> dict[str, Any] | None:
-    """torch's facts, None when it is not importable; never raises. ``nccl_compiled`` is the header
-    torch was built against, not the NCCL loaded (pytorch#116977)."""
+    """torch's facts (None: not importable), never raising; ``nccl_compiled``: its build header (pytorch#116977)."""
     try:
         import torch  # noqa: F401  (lazy: probe runs without torch too)
     except ImportError:

@@ -36,9 +36,7 @@ def _overrides(args: argparse.Namespace) -> Overrides:
 
 
 def _launcher(args: argparse.Namespace, client: Engine, recipe_name: str) -> Launcher | None:
-    """The launcher of ``--launcher``: None for local; Slurm's run folder goes under ``--slurm-dir``
-    (default ``images/<recipe>/certificates/``); k8s with its default options, its manifests
-    under ``images/<recipe>/certificates/``."""
+    """The ``--launcher`` (None: local); Slurm's run folder and k8s manifests in ``--slurm-dir`` or certificates/."""
     check_launcher_args(args)
     kind = getattr(args, "launcher", None) or "local"
     if kind == "local":
@@ -55,8 +53,7 @@ def _launcher(args: argparse.Namespace, client: Engine, recipe_name: str) -> Lau
 
 
 def _certify(args: argparse.Namespace, image: str) -> tuple[int, Certify]:
-    """Certify ``image`` as the options say; print the verdict (also when the certificate
-    cannot be written: then exit 3 after it, naming the file); the exit code and ``--json``'s document."""
+    """Certify ``image`` and print the verdict (also when the certificate is unwritten: then exit 3); the exit code."""
     from builder.certify import run
     from builder.certify.source import EngineImage
     from builder.image import engine
@@ -134,10 +131,8 @@ def _bisect(p: Any, judged: list[Any], launcher: Any, cert_path: Path) -> str:
 
 
 def _verdict_code(cert: Certificate, cert_path: Path) -> tuple[int, str | None]:
-    """``report: PATH`` when the run drew the certificate's HTML report (names are unique per
-    run: a report of that name is this run's; else the run printed one warning line why not);
-    the exit code of the verdict, its warning lines counted (:func:`builder.cli.output.exit_code`),
-    and the report's path (None: not drawn)."""
+    """``report: PATH`` when the run drew the HTML report (that unique name is this run's; else a warning says why); the
+    verdict's exit code, warnings counted (:func:`builder.cli.output.exit_code`), the report path or None."""
     from builder.certify.report import report_path
 
     html = report_path(cert_path)
@@ -176,8 +171,7 @@ def cmd_make(args: argparse.Namespace) -> int:
 
 
 def _k8s_source(args: argparse.Namespace) -> tuple[str, Lock, dict[str, str], str | None, dict[str, str]]:
-    """``(image ref, lock, labels, image id, image env)`` of a recipe name (its lock; the image from
-    ``--image``) or of an image on this engine (its labels and ``Env``)."""
+    """``(image ref, lock, labels, image id, env)`` of a recipe (its lock, ``--image``) or of a local image."""
     import re
 
     from builder.certify.source import recipe_lock
@@ -234,8 +228,7 @@ def placement(args: argparse.Namespace) -> Placement:
 
 
 def cmd_k8s_render(args: argparse.Namespace) -> int:
-    """``envbuild k8s render IMAGE_OR_RECIPE --out DIR [--apply]``: write the Kubernetes
-    manifests of a certification run; with ``--apply`` run them and write the certificate."""
+    """``envbuild k8s render IMAGE_OR_RECIPE --out DIR [--apply]``: write the manifests; ``--apply`` runs them too."""
     import dataclasses
 
     from builder.certify import run
@@ -267,8 +260,7 @@ def cmd_k8s_render(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """``envbuild report CERT.json [--out FILE]``: draw the HTML report of a certificate again
-    (default: next to it, the same name with ``.html``), as certify draws it."""
+    """``envbuild report CERT.json [--out FILE]``: redraw a certificate's HTML report (default: beside it)."""
     from builder.certify import report
     from builder.core.certificate import load_certificate
     from builder.core.inputs import MAX_REPORT_BYTES, escape, read_json

@@ -41,8 +41,7 @@ def _gate_options(args: argparse.Namespace) -> Any:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    """``envbuild gate --against CERT [--image IMAGE] [--drain]``: one line per failure and
-    warning, then a summary line (``--json``: the ``envbuild.gate/1`` document instead)."""
+    """``envbuild gate --against CERT [--image IMAGE] [--drain]``: a line per failure and warning, then a summary."""
     from builder.nodes.gate import drain_on_error, gate
 
     opts = _gate_options(args)

@@ -18,9 +18,8 @@ if TYPE_CHECKING:
 
 
 def site_options(args: argparse.Namespace, *, deferred: bool = False) -> SiteOptions:
-    """The site options (``--ca-cert``, ``--wheels``, ``--base``; pip's configuration unless
-    ``--no-site-detect``) of build, lock and make. ``deferred``: pip's configuration is read only
-    when a build runs (:meth:`~builder.image.site.SiteOptions.complete`; a no-change build does not)."""
+    """The site options (``--ca-cert``, ``--wheels``, ``--base``, pip's configuration unless ``--no-site-detect``) of
+    build, lock, make; ``deferred``: pip's configuration read only when a build runs (a no-change build does not)."""
     from builder.image.site import SiteOptions
 
     return SiteOptions.detect(ca_cert=args.ca_cert, wheels=args.wheels, base=args.base, no_detect=args.no_site_detect,
@@ -28,9 +27,7 @@ def site_options(args: argparse.Namespace, *, deferred: bool = False) -> SiteOpt
 
 
 def build_spec(args: argparse.Namespace, spec: Spec | str) -> BuildResult:
-    """Build the image of ``spec`` (or of the recipe of that name) from its rendered files (or
-    reuse it) and print its tag. The engine is connected (docker SDK) only when the no-change
-    decision (:func:`builder.image.reuse.find`) cannot answer."""
+    """Build (or reuse) the image of ``spec`` or a recipe name and print its tag; the engine only if reuse.find must."""
     from builder.image import build
 
     name = spec if isinstance(spec, str) else spec.name

@@ -1,5 +1,4 @@
-"""``envbuild probe``, ``verify`` and ``doctor``: node reports, their comparison and the
-preflight checks."""
+"""``envbuild probe``, ``verify`` and ``doctor``: node reports, their comparison and the preflight checks."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def node_sources(args: argparse.Namespace, allow_empty: bool = False) -> Sources:
-    """The node sources of ``verify``/``doctor``, every value checked (exit 64) before
-    anything is contacted (:meth:`builder.nodes.sources.Sources.check`)."""
+    """The node sources of ``verify``/``doctor``, every value checked (exit 64) before anything is contacted."""
     from builder.nodes.sources import Sources
 
     # --image on a shared engine: only the containers envbuild started, unless the user chose
@@ -47,8 +45,7 @@ def node_sources(args: argparse.Namespace, allow_empty: bool = False) -> Sources
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """``envbuild verify``: gather node reports and compare them, with each other or with
-    ``--against REF``; 0 match, 1 warnings, 2 differ, 3 not checked."""
+    """``envbuild verify``: compare node reports (or with ``--against REF``); 0 same, 1 warn, 2 differ, 3 unchecked."""
     from builder.nodes import sources, verify
 
     src = node_sources(args)
@@ -107,8 +104,7 @@ def _publish(args: argparse.Namespace, result: Any) -> None:
     samples += metrics.check_samples(host, [(c.name, c.status) for c in result.checks])
     for c in result.checks:
         samples += metrics.health_samples(c.data.get("findings", []))
-    evs = [event("finding", f"{c.name}: {c.status}: {c.message}", level_of(c.status), node=host)
-           for c in result.checks]
+    evs = [event("finding", f"{c.name}: {c.status}: {c.message}", level_of(c.status), node=host) for c in result.checks]
     evs.append(event("run-end", f"doctor: exit {int(result.exit_code)}", level_of(
         ["pass", "warn", "fail"][min(int(result.exit_code), 2)]), node=host))
     publish(args, samples, evs)

@@ -1,5 +1,4 @@
-"""``envbuild push`` and ``envbuild pull``: certified images and their certificates in a
-registry, by digest."""
+"""``envbuild push`` and ``envbuild pull``: certified images and their certificates in a registry, by digest."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ def registry_opts(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    """``envbuild push RECIPE --registry HOST[:PORT]``: publish the certified image and its
-    certificate (an in-toto attestation referring to the image); 2 refused, 3 unreachable."""
+    """``envbuild push RECIPE --registry HOST[:PORT]``: image and attestation; 2 refused, 3 unreachable."""
     from builder.image import engine
     from builder.publish import attest, push
 
@@ -45,8 +43,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    """``envbuild pull RECIPE|REF --registry HOST``: pull the certified image by digest after
-    checking its certificate and this node; 2 refused, 3 unreachable."""
+    """``envbuild pull RECIPE|REF --registry HOST``: by digest once checked; 2 refused, 3 unreachable."""
     from builder.image import engine
     from builder.publish import attest, pull
 

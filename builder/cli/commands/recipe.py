@@ -18,16 +18,14 @@ if TYPE_CHECKING:
 
 
 def load_spec(name: str, recipes_dir: str) -> Spec:
-    """Schema errors and rule findings of recipe ``name`` in one Spec. Raises Unreachable (exit 3):
-    unreadable; EnvbuildError (exit 2): malformed YAML."""
+    """Schema errors and findings of recipe ``name`` in one Spec; Unreachable (3), EnvbuildError (2): bad YAML."""
     from builder.recipe import load, rules
 
     return rules.check(load.parse(load.find(name, recipes_dir)))
 
 
 def print_findings(spec: Spec) -> None:
-    """Every schema error, then every finding of ``spec``, one escaped line each on stderr
-    (schema errors capped as :class:`~builder.core.errors.ManyErrors` caps them)."""
+    """Every schema error (capped as :class:`~builder.core.errors.ManyErrors`), then each finding, a line each."""
     from builder.core.errors import ManyErrors
 
     if spec.schema_errors:
@@ -96,8 +94,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def render_spec(args: argparse.Namespace, spec: Spec) -> dict[str, str]:
-    """Write the rendered files of ``spec`` under ``--images-dir`` (``check_only``: print the
-    unified diff of the stale ones on stdout); the state of each file, by path."""
+    """Write ``spec``'s rendered files (``check_only``: the diff of stale ones on stdout); each file's state."""
     import difflib
 
     from builder.core.inputs import escape
@@ -128,8 +125,7 @@ def render_spec(args: argparse.Namespace, spec: Spec) -> dict[str, str]:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    """``envbuild render RECIPE [--check]``: write (or check for drift) the rendered files; 2 when stale.
-    A recipe with errors is reported (schema errors and rule errors together) and not rendered."""
+    """``envbuild render RECIPE [--check]``: write or check the rendered files (2: stale); not for bad recipes."""
     from builder.recipe import load, rules
 
     if args.all == (args.recipe is not None):
@@ -149,8 +145,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    """``envbuild lock RECIPE``: resolve the base digest, pip hashes and apt versions into
-    ``images/RECIPE/envbuild.resolved.json`` and render again; 1 when something stayed open."""
+    """``envbuild lock RECIPE``: pin base digest, pip hashes, apt versions, render again; 1 if some stay open."""
     from builder.cli.commands.image import site_options
     from builder.image import engine
     from builder.oci.client import RegistryClient

@@ -28,8 +28,7 @@ SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 def find_kubeconfig(environ: Mapping[str, str] | None = None, home: str | None = None,
                     manifests: str | None = None) -> str:
-    """The cluster's credentials, found as kubectl does: ``$KUBECONFIG``, else ``~/.kube/config``,
-    else :data:`IN_CLUSTER` in a pod. Raises Unreachable (exit 3) when none."""
+    """As kubectl finds it: ``$KUBECONFIG``, ``~/.kube/config``, else :data:`IN_CLUSTER`; Unreachable (3)."""
     environ = os.environ if environ is None else environ
     listed = [p for p in (environ.get("KUBECONFIG") or "").split(os.pathsep) if p]
     for p in listed:
@@ -49,8 +48,7 @@ def find_kubeconfig(environ: Mapping[str, str] | None = None, home: str | None =
 
 
 def api_client(kubeconfig: str, context: str | None = None) -> tuple[Any, str | None]:
-    """``(ApiClient, the context's namespace or None)`` of a kubeconfig or :data:`IN_CLUSTER`.
-    Raises Unreachable: (exit 3) the ``kubernetes`` package is missing or the configuration cannot be loaded."""
+    """``(ApiClient, context namespace or None)``; Unreachable (3): no ``kubernetes``, a bad configuration."""
     try:
         from kubernetes import client, config
     except ImportError:
@@ -79,8 +77,6 @@ _INDEX_RE = re.compile(r"[0-9]{1,9}")
 
 @dataclass
 class PodState:
-    """What the launcher needs to know about one pod (plain data)."""
-
     name: str
     node: int | None
     phase: str
@@ -93,8 +89,7 @@ class PodState:
 
 @dataclass
 class JobState:
-    """The Job's conditions whose status is ``True``: ``{type: reason}`` (e.g.
-    ``{"Failed": "DeadlineExceeded"}``); ``deleted``: the Job is gone."""
+    """Conditions whose status is ``True``: ``{type: reason}`` (``{"Failed": "DeadlineExceeded"}``); ``deleted``."""
 
     name: str
     conditions: dict[str, str] = field(default_factory=dict)
@@ -141,8 +136,7 @@ def _list(value: Any) -> list[Any]:
 
 
 def pod_state(obj: Mapping[str, Any], deleted: bool = False) -> PodState:
-    """A :class:`PodState` from a Pod object of the API (a dict); malformed fields read as
-    absent."""
+    """A :class:`PodState` from a Pod object of the API (a dict); malformed fields read as absent."""
     meta, spec, status = _dict(obj.get("metadata")), _dict(obj.get("spec")), _dict(obj.get("status"))
     idx = _dict(meta.get("annotations")).get(INDEX_ANNOTATION)
     state = PodState(name=str(meta.get("name") or ""),
@@ -227,9 +221,7 @@ def _read(response: Any, limit: int) -> bytes:
 
 @functools.cache
 def _discoverer() -> type:
-    """The ``kubernetes`` lazy discoverer, without its cache file (by default a predictable
-    file in the temporary folder that any local user could plant): discovery is a few
-    requests per run."""
+    """The discoverer without its cache file (a predictable temp file a local user could plant)."""
     from kubernetes.dynamic.discovery import LazyDiscoverer
 
     class MemoryDiscoverer(LazyDiscoverer):
@@ -240,8 +232,7 @@ def _discoverer() -> type:
 
 
 class KubeApi:
-    """Nothing is contacted before the first call.
-    Raises Unreachable (exit 3): no ``kubernetes`` package, or the configuration cannot be loaded."""
+    """Contacts nothing before the first call; Unreachable (exit 3): no ``kubernetes`` package, a bad configuration."""
 
     def __init__(self, kubeconfig: str, context: str | None = None, namespace: str | None = None) -> None:
         self._client, context_namespace = api_client(kubeconfig, context)
@@ -260,14 +251,12 @@ class KubeApi:
         return self._dynamic.resources.get(prefix=prefix, api_version=api_version, kind=kind)
 
     def create(self, obj: Mapping[str, Any]) -> None:
-        """Create one rendered object in the namespace."""
         kind, name = obj["kind"], obj["metadata"]["name"]
         _call(f"create {kind} {name}", lambda: _read(self._resource(obj["apiVersion"], kind).create(
             body=dict(obj), namespace=self.namespace, serialize=False), 1 << 20))
 
     def delete(self, obj: Mapping[str, Any]) -> None:
-        """Delete a rendered object (a Job with its pods, in the background); a missing one
-        is fine."""
+        """Delete a rendered object (a Job with its pods, in the background); a missing one is fine."""
         kind, name = obj["kind"], obj["metadata"]["name"]
         extra = {"propagation_policy": "Background"} if kind in _BACKGROUND_DELETE else {}
         _call(f"delete {kind} {name}", lambda: _read(self._resource(obj["apiVersion"], kind).delete(
@@ -289,8 +278,7 @@ class KubeApi:
                       key=lambda p: p.name)
 
     def log(self, pod: str) -> str:
-        """The pod's log, at most :data:`LOG_MAX_BYTES`; ``""`` when there is none (API 404 or 400).
-        Raises EnvbuildError (exit 3): the API cannot be reached."""
+        """The pod's log, at most :data:`LOG_MAX_BYTES`; ``""`` when none (404, 400); EnvbuildError (exit 3): no API."""
         what = f"read log of pod {pod}"
         try:
             data = _call(what, lambda: _read(self._resource("v1", "Pod").log.get(
@@ -304,8 +292,7 @@ class KubeApi:
         return (data or b"").decode("utf-8", "replace")
 
     def watch(self, job: str, tick_s: float) -> Generator[list[Update], None, None]:
-        """Watch the Job and its pods: yields the updates, at least every ``tick_s`` seconds (maybe
-        empty). Closing the generator stops the watches. Raises EnvbuildError: a watch failed."""
+        """The Job's and pods' updates, at least every ``tick_s`` s; closing stops the watches; EnvbuildError."""
         events: queue.Queue[Update | EnvbuildError] = queue.Queue()
         watchers = [
             _Watcher(f"watch Job {job}", _call(f"watch Job {job}", lambda: self._resource("batch/v1", "Job")),
@@ -340,9 +327,8 @@ def _drain(events: queue.Queue[T], wait_s: float, limit: int = 1000) -> list[T]:
 
 
 class _Watcher(threading.Thread):
-    """Streams one resource's events into ``events``, resuming each ended watch (from scratch after
-    410 Gone); a failure is put as an :class:`EnvbuildError`. A daemon thread: a watch still
-    connecting when stopped ends by :data:`WATCH_TIMEOUT_S` seconds."""
+    """Streams one resource's events into ``events``, resuming ended watches (from scratch after 410 Gone), a failure
+    put as an EnvbuildError; a daemon: one connecting when stopped ends in :data:`WATCH_TIMEOUT_S`."""
 
     def __init__(self, what: str, resource: Any, namespace: str, events: queue.Queue[Any],
                  convert: Callable[..., JobState | PodState], **selectors: str) -> None:

@@ -1,7 +1,6 @@
-"""The node gate's objects (``envbuild k8s gate``): a DaemonSet labels a passing node certified
-and taints a failing one NoSchedule (untainted once it passes again), so Jobs can select
-certified nodes; each pod serves its gauges for Prometheus. Its ConfigMap is named by the hash of
-code and spec, so that a new certificate rolls the pods."""
+"""The node gate's objects (``envbuild k8s gate``): a DaemonSet labels a passing node certified and taints a failing one
+NoSchedule (untainted once it passes again), so Jobs can select certified nodes; each pod serves its gauges for
+Prometheus. Its ConfigMap is named by the hash of code and spec, so that a new certificate rolls the pods."""
 
 from __future__ import annotations
 
@@ -37,8 +36,6 @@ NAMESPACE = "envbuild-system"
 
 @dataclass(frozen=True)
 class GateSpec:
-    """What the gate's objects are built from."""
-
     image: str
     spec: Mapping[str, Any]
     label_value: str
@@ -62,8 +59,7 @@ class GateContext:
 
 
 def gate_context(gate: GateSpec) -> GateContext:
-    """Check ``gate`` into a :class:`GateContext`.
-    Raises EnvbuildError: (exit 2) a tag-only image; (exit 64) a bad namespace, interval, placement or label."""
+    """EnvbuildError: (exit 2) a tag-only image; (exit 64) a bad namespace, interval, placement or label."""
     image = require_digest(gate.image, gate.allow_tag)
     check_namespace(gate.namespace)
     if not 10 <= gate.interval_s <= 86400:
@@ -87,7 +83,6 @@ def _meta(ctx: GateContext, name: str, namespaced: bool = True) -> dict[str, Any
 
 
 def service_account(ctx: GateContext) -> dict[str, Any]:
-    """The ServiceAccount the gate pods run as."""
     return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(ctx, NAME)}
 
 
@@ -108,7 +103,6 @@ def cluster_role(ctx: GateContext) -> dict[str, Any]:
 
 
 def cluster_role_binding(ctx: GateContext) -> dict[str, Any]:
-    """The ClusterRole bound to the ServiceAccount."""
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
             "metadata": _meta(ctx, NAME, namespaced=False),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
@@ -139,8 +133,7 @@ def _container(ctx: GateContext) -> dict[str, Any]:
 
 
 def _pod_spec(pod_spec: dict[str, Any], placement: Placement) -> dict[str, Any]:
-    """``pod_spec`` placed: :data:`~.options.GATE_TOLERATIONS` unless tolerations are given
-    (then its own taint first, so that a node it tainted is checked again)."""
+    """``pod_spec`` placed: :data:`~.options.GATE_TOLERATIONS` unless given (then its own taint first: rechecks it)."""
     own = ([{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}] if placement.tolerations
            else [place.toleration(t) for t in place.GATE_TOLERATIONS])
     place.place(pod_spec, placement, tolerations=own)

@@ -1,5 +1,4 @@
-"""``--apply``: run a certification's Indexed Job on a cluster and collect its results from
-the pod logs (each pod prints its rank files between marker lines, so they outlive it)."""
+"""``--apply``: run a certification's Indexed Job; results from pod logs (rank files printed between marker lines)."""
 
 from __future__ import annotations
 
@@ -84,8 +83,7 @@ class Outcome:
 
 def assemble_result(spec: LaunchSpec, outcome: Outcome, *, started_at: str, finished_at: str,
                     cleanup_errors: list[str] | None = None, tracker: ProgressTracker | None = None) -> LaunchResult:
-    """The :class:`LaunchResult` of a run; ``killed_after_s`` 0 for a failed run's other nodes
-    (``backoffLimit: 0`` gives them no grace)."""
+    """The :class:`LaunchResult`; ``killed_after_s`` 0 for a failed run's other nodes (no grace)."""
     from ..output import check_result, log_events, parse_torchrun_failures, plain_lines
 
     exit_codes: dict[int, int | None] = {n: None for n in range(spec.nodes)}
@@ -138,8 +136,6 @@ FATAL_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "Create
 
 @dataclass
 class _Seen:
-    """What the launcher knows of a running Job."""
-
     job: JobState
     pods: dict[str, PodState] = field(default_factory=dict)
     last_log: dict[str, float] = field(default_factory=dict)
@@ -160,8 +156,7 @@ class _Seen:
 
 
 class K8sLauncher:
-    """Runs the ranks as an Indexed Job watched at most ``timeout_s + slack_s`` seconds, reading pod
-    logs as they go (the Job controller deletes the pods it stops); ALWAYS deletes what it created."""
+    """An Indexed Job watched ``timeout_s + slack_s`` s, logs read as pods go; ALWAYS deletes what it made."""
 
     def __init__(self, options: K8sOptions = DEFAULT_OPTIONS, *, api: ClusterApi | None = None,
                  kubeconfig: str | None = None, context: str | None = None, manifests_dir: str | None = None,
@@ -192,9 +187,8 @@ class K8sLauncher:
         return self._api
 
     def run(self, spec: LaunchSpec, on_progress: OnProgress | None = None) -> LaunchResult:
-        """Launch ``spec`` on the cluster and return what the ranks produced.
-        Raises EnvbuildError: (exit 2) a tag-only image, the API refused an object; (exit 3) no kubeconfig, cluster
-        unreachable, an image that cannot be pulled. KeyboardInterrupt: passed on, after the cleanup."""
+        """EnvbuildError: (exit 2) a tag-only image, an object refused; (exit 3) no kubeconfig, cluster unreachable, an
+        image that cannot be pulled. KeyboardInterrupt passes, after the cleanup."""
         from builder.core.clock import utc_stamp
 
         from ..base import deferred_signals
@@ -282,8 +276,7 @@ class K8sLauncher:
         return seen.outcome
 
     def _observe(self, spec: LaunchSpec, seen: _Seen, done: bool, now: float) -> None:
-        """Record the pods' exit codes, read their logs when due, fail on a pod stuck on an
-        image (:data:`FATAL_WAITING` for ``pull_grace_s``)."""
+        """Record exit codes, read logs when due, fail a pod stuck on an image (:data:`FATAL_WAITING`)."""
         out = seen.outcome
         for p in sorted(seen.pods.values(), key=lambda p: p.name):
             if p.node is None:

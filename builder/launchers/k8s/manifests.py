@@ -1,6 +1,5 @@
-"""The manifest files of a run, each read back and compared with its object. Strings are plain
-only where every YAML 1.1 reader reads back the same string (Kubernetes reads ``on``, ``y``,
-``1e3`` as other types), else double-quoted."""
+"""The manifest files of a run, each read back and compared with its object. Strings are plain only where every YAML 1.1
+reader reads back the same string (Kubernetes reads ``on``, ``y``, ``1e3`` as other types), else double-quoted."""
 
 from __future__ import annotations
 
@@ -88,8 +87,7 @@ _YAML11_SPECIAL = re.compile(r"y|n|yes|no|on|off|true|false|null|nan|inf", re.I)
 
 
 class _Dumper(yaml.SafeDumper):
-    """``yaml.SafeDumper`` with envbuild's string styles and
-    :class:`~.objects.FileMode` in octal."""
+    """``yaml.SafeDumper`` with envbuild's string styles and :class:`~.objects.FileMode` in octal."""
 
 
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
@@ -111,8 +109,7 @@ _Dumper.add_representer(objects.FileMode, _represent_mode)
 
 
 def dump(obj: Mapping[str, Any], comments: Sequence[str] = ()) -> str:
-    """``obj`` as YAML after ``# `` comment lines.
-    Raises EnvbuildError (exit 2): a comment holds a line break, or the text does not read back as ``obj``."""
+    """``obj`` as YAML after ``# `` comments; EnvbuildError (2): a comment line break, not read back."""
     if any("\n" in c or "\r" in c for c in comments):
         raise EnvbuildError("a manifest comment holds a line break", field="comment", value=list(comments))
     body = yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True,
@@ -125,9 +122,7 @@ def dump(obj: Mapping[str, Any], comments: Sequence[str] = ()) -> str:
 
 def render_manifests(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, code: Mapping[str, str] | None = None,
                      environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Render the manifests of ``spec``.
-    Raises EnvbuildError: (exit 2) a tag-only image, code that does not fit a ConfigMap; (exit 64) values out of
-    range, invalid labels, run id or env names."""
+    """EnvbuildError: (2) a tag-only image, code over a ConfigMap; (64) bad values, labels, run id, env."""
     ctx = objects.render_context(spec, options, code, environ)
     out = {}
     for name in MODES["kubeflow" if options.kubeflow else "job"]:
@@ -138,8 +133,7 @@ def render_manifests(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, co
 
 
 def render_gate_manifests(spec: gate.GateSpec) -> dict[str, str]:
-    """Render the node gate's manifests (:mod:`.gate`): ``{file name: YAML text}`` in apply
-    order (:data:`MODES` ``gate``). Raises as :func:`.gate.gate_context`."""
+    """The gate's ``{file name: YAML text}`` in apply order; raises as :func:`.gate.gate_context`."""
     ctx = gate.gate_context(spec)
     out = {}
     for name in MODES["gate"]:
@@ -152,8 +146,7 @@ def render_gate_manifests(spec: gate.GateSpec) -> dict[str, str]:
 
 
 def write_manifests(files: Mapping[str, str], out_dir: str | os.PathLike[str]) -> list[Path]:
-    """Write ``files`` into ``out_dir`` (``-``: stdout), removing earlier manifests not in this set,
-    so that ``kubectl apply -f DIR`` applies exactly this. Raises EnvbuildError (exit 3)."""
+    """Write ``files`` into ``out_dir`` (``-``: stdout), removing older manifests (``kubectl apply -f DIR``); exit 3."""
     if str(out_dir) == "-":
         sys.stdout.write("".join(f"---\n{text}" for text in files.values()))
         sys.stdout.flush()

@@ -51,8 +51,7 @@ def in_image_code() -> dict[str, str]:
 
 
 def code_key(path: str) -> str:
-    """ConfigMap key of an in-image file (``bench/node.py`` -> ``bench.node.py``).
-    Raises EnvbuildError (exit 2): the path has characters a key may not hold."""
+    """ConfigMap key of an in-image file (``bench/node.py``: ``bench.node.py``); EnvbuildError (exit 2)."""
     key = path.replace("/", ".")
     if not _CM_KEY_RE.fullmatch(key) or len(key) > 253:
         raise EnvbuildError("cannot be a ConfigMap key", field="file", value=path)
@@ -69,8 +68,7 @@ class CodeData:
 
 
 def code_data(code: Mapping[str, str] | None = None) -> CodeData:
-    """The :class:`CodeData` of ``code`` (default :func:`in_image_code`).
-    Raises EnvbuildError (exit 2): an entry point missing, two paths with one key, over :data:`CONFIGMAP_MAX_BYTES`."""
+    """EnvbuildError (exit 2): an entry point missing, two paths with one key, over :data:`CONFIGMAP_MAX_BYTES`."""
     files = dict(in_image_code() if code is None else code)
     if any(p not in files for p in REQUIRED):
         raise EnvbuildError("in-image code lacks probe/__main__.py or bench/__main__.py", field="code",
@@ -163,8 +161,7 @@ def code_volume(configmap: str, items: list[dict[str, str]]) -> dict[str, Any]:
 
 
 def pod_env(spec: LaunchSpec, socket_ifname: str | None = None) -> list[dict[str, Any]]:
-    """The container's ``env``: the launcher's settings, then ``spec.env``; ``NCCL_DEBUG=INFO`` so
-    that the transports can be read from the logs. Raises UsageError (exit 64): a bad name."""
+    """``env``: the launcher's, then ``spec.env``; ``NCCL_DEBUG=INFO`` (transports logged); UsageError (64)."""
     ifname = socket_ifname if socket_ifname is not None else spec.socket_ifname
     env: list[dict[str, Any]] = [
         *base_env(),
@@ -239,8 +236,6 @@ GRACE_PERIOD_S = 10
 
 @dataclass(frozen=True)
 class RenderContext:
-    """What every object of a run is built from, checked by :func:`render_context`."""
-
     spec: LaunchSpec
     options: K8sOptions
     image: str
@@ -280,8 +275,7 @@ def _check_spec(spec: LaunchSpec) -> None:
 
 def render_context(spec: LaunchSpec, options: K8sOptions = DEFAULT_OPTIONS, code: Mapping[str, str] | None = None,
                    environ: Mapping[str, str] | None = None) -> RenderContext:
-    """Check ``spec`` and ``options`` into a :class:`RenderContext`. Arguments and errors
-    as :func:`~.manifests.render_manifests`."""
+    """``spec`` and ``options`` checked; arguments and errors as :func:`~.manifests.render_manifests`."""
     image = require_digest(spec.image, options.allow_tag)
     _check_spec(spec)
     check_options(options)
@@ -332,8 +326,7 @@ def configmap(ctx: RenderContext) -> dict[str, Any]:
 
 
 def service(ctx: RenderContext) -> dict[str, Any]:
-    """The headless Service ``envbuild-<run>`` selecting the Job's pods: with the pods'
-    ``subdomain`` set to it, pod i resolves as ``<job>-<i>.<service>``."""
+    """The headless Service ``envbuild-<run>``; pods with it as ``subdomain`` are ``<job>-<i>.<service>``."""
     return {
         "apiVersion": "v1", "kind": "Service",
         "metadata": _metadata(ctx, ctx.name, None),
@@ -347,7 +340,6 @@ def service(ctx: RenderContext) -> dict[str, Any]:
 
 
 def _container(ctx: RenderContext) -> dict[str, Any]:
-    """The one container of each Job pod."""
     c: dict[str, Any] = {"name": CONTAINER_NAME, "image": ctx.image, "imagePullPolicy": "IfNotPresent",
                          "command": list(COMMAND), "args": list(ctx.args), "env": list(ctx.env),
                          "ports": [{"name": PORT_NAME, "containerPort": ctx.spec.port, "protocol": "TCP"}]}
@@ -358,8 +350,7 @@ def _container(ctx: RenderContext) -> dict[str, Any]:
 
 
 def job(ctx: RenderContext) -> dict[str, Any]:
-    """The Indexed Job ``envbuild-<run>``: pod i is node rank i; ``backoffLimit: 0`` (a failed node
-    fails the run)."""
+    """The Indexed Job ``envbuild-<run>``: pod i is node rank i; ``backoffLimit: 0`` (a failed node fails the run)."""
     spec = ctx.spec
     pod_spec: dict[str, Any] = {"subdomain": ctx.name, "restartPolicy": "Never",
                                 "terminationGracePeriodSeconds": GRACE_PERIOD_S, "enableServiceLinks": False,
@@ -388,8 +379,7 @@ def job(ctx: RenderContext) -> dict[str, Any]:
 
 
 def trainjob(ctx: RenderContext) -> dict[str, Any]:
-    """The Kubeflow Trainer v2 TrainJob ``envbuild-<run>`` (Trainer v2.1 field names) on the
-    ``ClusterTrainingRuntime`` of the options; the runtime sets the ``PET_*`` topology."""
+    """A Kubeflow Trainer v2.1 TrainJob ``envbuild-<run>`` on the options' runtime (it sets ``PET_*``)."""
     trainer: dict[str, Any] = {"image": ctx.image, "command": list(COMMAND), "args": list(ctx.args),
                                "env": list(ctx.env), "numNodes": ctx.spec.nodes,
                                "numProcPerNode": ctx.spec.nproc_per_node}

@@ -61,8 +61,7 @@ def check_labels(labels: Mapping[str, str], what: str = "label") -> dict[str, st
 
 
 def manifest_labels(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Labels of every object; envbuild's own win over ``spec.labels`` and ``$ENVBUILD_EXTRA_LABELS``.
-    Raises EnvbuildError: (exit 64) an invalid label; (exit 2) a malformed ``$ENVBUILD_EXTRA_LABELS``."""
+    """Labels of every object (envbuild's win over ``spec.labels``, ``$ENVBUILD_EXTRA_LABELS``); exit 64, 2."""
     from ..base import labels_for
 
     return check_labels({**labels_for(spec, environ), "app.kubernetes.io/name": "envbuild",
@@ -70,9 +69,7 @@ def manifest_labels(spec: LaunchSpec, environ: Mapping[str, str] | None = None) 
 
 
 def require_digest(text: str, allow_tag: bool = False, candidates: Sequence[str] = ()) -> str:
-    """Check that ``text`` names its image by digest; returns ``text`` unchanged.
-    Raises EnvbuildError: (exit 2) a reference without digest and ``allow_tag`` false; (exit 64) not an image
-    reference."""
+    """``text`` if it pins a digest; EnvbuildError: (2) no digest, not ``allow_tag``; (64) not a reference."""
     ref = reference.parse(text, field="image")
     if ref.by_digest or allow_tag:
         return text
@@ -110,8 +107,7 @@ class Placement:
 
 @dataclass(frozen=True)
 class K8sOptions:
-    """How to render (and apply) the manifests (``rdma``: ``--rdma NAME=N``; ``rdma_network``:
-    ``host`` or secondary networks; ``namespace``: of the objects, else the context's)."""
+    """How to render and apply (``rdma``: ``--rdma NAME=N``; ``rdma_network``: ``host`` or secondary; ``namespace``)."""
 
     kubeflow: bool = False
     runtime: str = DEFAULT_RUNTIME
@@ -131,8 +127,7 @@ DEFAULT_OPTIONS = K8sOptions()
 
 
 def check_options(options: K8sOptions) -> None:
-    """The options that need no spec, checked before anything is contacted.
-    Raises EnvbuildError (exit 64): naming the bad option."""
+    """The options that need no spec, checked before anything is contacted; EnvbuildError (exit 64)."""
     if options.spread not in SPREADS:
         raise UsageError("is not preferred, required or none", field="spread", value=options.spread)
     if not isinstance(options.ttl_s, int) or options.ttl_s < 0:
@@ -211,9 +206,8 @@ def _quantity_text(kind: str, value: Fraction) -> str:
 
 def resources(kind: str, placement: Placement, ranks: int = 1, shm_limit: str | None = None,
               extended: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """The container's ``resources``; extended ones (GPUs, RDMA) request = limit (Kubernetes "Schedule GPUs").
-    Raises UsageError (exit 64): a bad key or quantity, a request above its limit, a memory limit
-    below ``shm_limit``."""
+    """The container's ``resources``; extended ones (GPUs, RDMA) request = limit (Kubernetes "Schedule GPUs"). Raises
+    UsageError (exit 64): a bad key or quantity, a request above its limit, a memory limit below ``shm_limit``."""
     out: dict[str, dict[str, str]] = {}
     for part in ("requests", "limits"):
         given = dict(getattr(placement, part))
@@ -256,8 +250,7 @@ def toleration(text: str) -> dict[str, str]:
 
 
 def node_affinity(items: tuple[str, ...]) -> dict[str, Any] | None:
-    """``KEY=V1,V2`` (In) and ``KEY`` (Exists) items as one required node selector term (all
-    must hold). Raises UsageError (exit 64)."""
+    """``KEY=V1,V2`` (In) and ``KEY`` (Exists) items as one required node selector term; UsageError (exit 64)."""
     exprs = []
     for text in items:
         m = _AFFINITY_RE.fullmatch(text) if isinstance(text, str) else None
@@ -273,8 +266,7 @@ def node_affinity(items: tuple[str, ...]) -> dict[str, Any] | None:
 
 def place(pod_spec: dict[str, Any], placement: Placement, tolerations: list[dict[str, str]] | None = None,
           affinity: dict[str, Any] | None = None) -> None:
-    """Add the placement's fields to ``pod_spec`` (``tolerations``: those to put first;
-    ``affinity``: the pod (anti-)affinity to merge). Raises UsageError (exit 64)."""
+    """Add the placement to ``pod_spec`` (``tolerations`` first; ``affinity`` merged); UsageError (exit 64)."""
     if placement.priority_class is not None:
         if not (DNS_SUBDOMAIN_RE.fullmatch(placement.priority_class) and len(placement.priority_class) <= 253):
             raise UsageError("is not a PriorityClass name", field="--priority-class", value=placement.priority_class)
@@ -291,8 +283,7 @@ def place(pod_spec: dict[str, Any], placement: Placement, tolerations: list[dict
 
 
 def check_rdma(resource: str | None, network: str | None) -> tuple[str, int] | None:
-    """``(resource name, count)`` of ``--rdma NAME=N`` (an extended resource such as
-    ``rdma/rdma_shared_device_a=1`` or ``nvidia.com/hostdev=1``). Raises UsageError (exit 64)."""
+    """``(resource, count)`` of ``--rdma NAME=N`` (``rdma/rdma_shared_device_a=1``); UsageError (64)."""
     if resource is None:
         if network is not None:
             raise UsageError("goes with --rdma", field="--rdma-network", value=network)

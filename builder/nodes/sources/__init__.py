@@ -66,9 +66,8 @@ class Sources:
 
 
 def gather(src: Sources) -> list[Node]:
-    """Nodes of every source, names made unique (files as :func:`~.files.report_paths` names them).
-    Raises EnvbuildError (exit 64) before anything is contacted; Unreachable (exit 3): no engine, no
-    such image, not ``nodes`` running containers."""
+    """Nodes of every source, names made unique. EnvbuildError (exit 64) before contact; Unreachable (exit 3): no
+    engine, no such image, not ``nodes`` running containers."""
     src.check()
     nodes: list[Node] = list(from_files(report_paths(src.files))) if src.files else []
     if src.uses_containers:

@@ -52,8 +52,7 @@ def check_path(text: str, field: str) -> str:
 
 
 def check_python(text: str) -> str:
-    """``text`` if it is an interpreter name or path (``python3``, ``/opt/venv/bin/python``:
-    letters, digits, ``_ . + -``, not starting with ``-``); else exit 64."""
+    """``text`` if an interpreter name or path (letters, digits, ``_ . + - /``, no leading ``-``); else 64."""
     if not isinstance(text, str) or _PYTHON_RE.fullmatch(text) is None:
         raise UsageError("is not an interpreter name or path (letters, digits, _ . + - and /)",
                          field="--python", value=text)
@@ -76,8 +75,7 @@ def unique_names(nodes: list[Node], rename: Callable[[Node], str]) -> list[Node]
 
 
 def exit_status(rc: int | None) -> str:
-    """``"exited with status 1"``, ``"was killed by SIGKILL"`` (a negative status),
-    ``"ended with an unknown status"``."""
+    """``"exited with status 1"``, ``"was killed by SIGKILL"`` (negative), ``"ended with an unknown status"``."""
     if rc is None:
         return "ended with an unknown status"
     if rc < 0:
@@ -166,8 +164,7 @@ class Running:
         return line
 
     def wait(self, timeout_s: float) -> Completed:
-        """Wait for the end; returns what it printed. Raises Unreachable: (exit 3) still running after ``timeout_s`` (it
-        is killed first). InvalidReport: (exit 3) it printed more than ``max_stdout`` bytes."""
+        """What it printed; Unreachable (3): past ``timeout_s`` (killed); InvalidReport (3): over ``max_stdout``."""
         if not self._done.wait(max(0.0, timeout_s)):
             self.kill()
             raise Unreachable(f"no answer within {timeout_s:g} s", field=self.where)
@@ -182,8 +179,7 @@ class Running:
 
 
 class ProcessRunning(Running):
-    """A local process (``ssh``, ``srun``) with ``stdin`` (the payload archive) on its
-    stdin; its output read in binary chunks (bounded: see :class:`Running`)."""
+    """A local process (``ssh``, ``srun``) given ``stdin`` (the payload archive); its output read in bounded chunks."""
 
     def __init__(self, argv: Sequence[str], stdin: bytes, where: str, max_stdout: int = MAX_REPORT_BYTES) -> None:
         super().__init__(where, max_stdout)
@@ -252,16 +248,14 @@ class Target:
 
 
 def report_from_output(out: Completed, source: str) -> NodeReport:
-    """The node report a probe printed, validated. Raises Unreachable: (exit 3) the probe exited non-zero (its last
-    stderr line is named). InvalidReport: (exit 3) it printed no valid report."""
+    """The report a probe printed, validated; Unreachable (3): a non-zero exit (last stderr line); InvalidReport (3)."""
     if out.rc not in (0, None) or (out.rc is None and not out.stdout.strip()):
         raise Unreachable(f"probe {exit_status(out.rc)}: {last_line(out.stderr or out.stdout)}", file=source)
     return nodereport.parse(out.stdout, source)
 
 
 def probe_nodes(nodes: list[Node], timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Node]:
-    """Run the probe on every node with a target, all at once; fills ``report`` or
-    ``error`` of each (in place) and returns ``nodes``."""
+    """Probe every node with a target at once, filling each ``report`` or ``error`` in place; returns ``nodes``."""
     def one(node: Node) -> None:
         if node.target is None or node.report is not None or node.error is not None:
             return

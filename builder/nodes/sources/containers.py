@@ -29,8 +29,7 @@ def check_container(text: str) -> str:
 
 
 def check_label(text: str) -> str:
-    """``text`` if it is ``KEY`` or ``KEY=VALUE`` (key: letters, digits, ``. _ / -``; value:
-    at most 4096 characters, no control character); else exit 64."""
+    """``text`` if ``KEY[=VALUE]`` (key: letters, digits, ``. _ / -``; value: 4096 printable); else 64."""
     key, sep, value = text.partition("=") if isinstance(text, str) else ("", "", "")
     if _LABEL_KEY_RE.fullmatch(key) is None or len(value) > 4096 or has_control(value):
         raise UsageError("is not a label KEY[=VALUE] (key: letters, digits, . _ / -; no control characters)",
@@ -116,8 +115,7 @@ def _shared_network(containers: Sequence[Container]) -> str | None:
 
 def find_containers(client: Engine, images: Sequence[str] = (), names: Sequence[str] = (),
                     labels: Sequence[str] = ()) -> list[Container]:
-    """Running containers chosen by image, name or label, sorted by name, no duplicates.
-    Raises Unreachable: (exit 3) no such image; a named container is not running."""
+    """Running containers by image, name or label, sorted, once each; Unreachable (3): no image, not running."""
     chosen: dict[str, Container] = {}
     for ref in images:
         image_id = client.image(ref).id
@@ -153,8 +151,7 @@ def _probe_env(client: Engine, container: Container, engine_version: str | None)
 
 
 def container_nodes(client: Engine, containers: Sequence[Container], python: str = DEFAULT_PYTHON) -> list[Node]:
-    """Nodes (without reports yet) for running containers: name, address on the network
-    they share, and a :class:`ContainerTarget` with the probe's ``ENVBUILD_*`` variables."""
+    """Nodes (no reports yet) for running containers: name, address on their network, a :class:`ContainerTarget`."""
     try:
         engine_version = client.version().get("Version")
     except Exception:
@@ -168,8 +165,7 @@ def container_nodes(client: Engine, containers: Sequence[Container], python: str
 def from_containers(client: Engine, images: Sequence[str] = (), names: Sequence[str] = (),
                     labels: Sequence[str] = (), expect: int | None = None,
                     timeout_s: float = DEFAULT_TIMEOUT_S, python: str = DEFAULT_PYTHON) -> list[Node]:
-    """Probe running containers (see :func:`find_containers`); one node per container, named by the container. Raises
-    Unreachable: (exit 3) no running container matches, or not ``expect`` of them (the message lists those found)."""
+    """Probe running containers, a node each; Unreachable (3): none match, or not ``expect`` (those listed)."""
     containers = find_containers(client, images, names, labels)
     what = ", ".join([*(f"image {i}" for i in images), *(f"container {n}" for n in names),
                       *(f"label {lab}" for lab in labels)])

@@ -56,10 +56,9 @@ def _listed(data: bytes, where: str) -> Iterator[str]:
 
 
 def report_paths(items: Iterable[str], stdin: BinaryIO | None = None) -> list[str]:
-    """The report files ``items`` name: a file, a directory (its ``*.json`` files, at most :data:`MAX_DIR_DEPTH` levels
-    down; one without any is named as a file), ``@FILE`` (one path a line) or ``-`` (that list on stdin, read once).
-    Raises Unreachable (exit 3) for a list or directory that cannot be read, too deep, or more than
-    :data:`MAX_REPORT_FILES` files; a listed file that cannot be read is its node's error, as a named one."""
+    """The report files ``items`` name: a file, a directory (its ``*.json``, at most :data:`MAX_DIR_DEPTH` down; one
+    without any is a file), ``@FILE`` (a path a line) or ``-`` (that list on stdin). Unreachable (exit 3): a list or
+    directory unreadable, too deep, over :data:`MAX_REPORT_FILES`; an unreadable listed file is its node's error."""
     out: list[str] = []
     for item in items:
         if item == "-" or item.startswith("@"):
@@ -104,8 +103,7 @@ def _shared(doc: NodeReport, seen: dict[bytes, Any]) -> NodeReport:
 
 
 def from_files(paths: Iterable[str | Path]) -> list[Node]:
-    """One node per report file, named by the report's hostname (else the file name); unreadable
-    or invalid files come back with ``error`` set."""
+    """A node per report file, named by its hostname (else file name); unreadable or invalid: ``error``."""
     nodes = []
     seen: dict[bytes, Any] = {}
     for p in paths:

@@ -55,8 +55,7 @@ def check_partition(text: str) -> str:
 
 
 def check_srun_arg(text: str) -> str:
-    """``text`` if it is ``--name[=value]`` with a name of :data:`SRUN_OPTIONS` and a
-    printable value without blanks; else exit 64."""
+    """``text`` if ``--name[=value]`` with a name of :data:`SRUN_OPTIONS`, a printable value without blanks; else 64."""
     m = _SRUN_ARG_RE.fullmatch(text) if isinstance(text, str) else None
     if m is None:
         raise UsageError("is not an srun option --name[=value] (long form, printable, no blanks)",
@@ -69,8 +68,7 @@ def check_srun_arg(text: str) -> str:
 
 
 def split_labelled(text: str) -> dict[int, str]:
-    """``srun --label`` output (``"0: line"``, ``" 1: line"``) as ``{task: text}``; lines
-    without a task prefix (or a task number over :data:`MAX_TASKS`) are dropped."""
+    """``srun --label`` output (``"0: line"``) as ``{task: text}``; other lines, tasks past MAX_TASKS dropped."""
     out: dict[int, list[str]] = {}
     for line in text.splitlines():
         m = _LABEL_RE.fullmatch(line)
@@ -80,8 +78,7 @@ def split_labelled(text: str) -> dict[int, str]:
 
 
 def failed_tasks(stderr: str) -> dict[int, str]:
-    """``{task: node}`` from srun's ``srun: error: NODE: tasks 0-2,5: ...`` lines; ranges
-    are bounded (tasks below :data:`MAX_TASKS`, at most that many in all)."""
+    """``{task: node}`` of ``srun: error: NODE: tasks 0-2,5: ...`` lines, bounded by :data:`MAX_TASKS` in all."""
     failed: dict[int, str] = {}
     for m in _SRUN_ERR_RE.finditer(stderr):
         for part in m.group(2).split(","):
@@ -114,8 +111,7 @@ class SlurmTarget(Target):
         self.machine = node
 
     def start(self, module: str, args: Sequence[str] = ()) -> Running:
-        """``srun --nodes=1 --ntasks=1 --nodelist=NODE python3 -c BOOTSTRAP MODULE ARGS``
-        with the payload archive on stdin."""
+        """``srun --nodes=1 --ntasks=1 --nodelist=NODE python3 -c BOOTSTRAP MODULE ARGS``, payload on stdin."""
         argv = [*self.srun_argv, "--nodes=1", "--ntasks=1", f"--nodelist={self.node}",
                 *payload.command(self.python, module, args)]
         return ProcessRunning(argv, payload_archive(), self.where)
@@ -142,8 +138,7 @@ def _task_node(task: int, tasks: dict[int, str], failed: dict[int, str], stderr:
 
 def from_slurm(nodes: int | None = None, partition: str | None = None, extra: Sequence[str] = (),
                timeout_s: float = DEFAULT_TIMEOUT_S, python: str = DEFAULT_PYTHON) -> list[Node]:
-    """Probe every node in one Slurm job step, one task per node, named by its hostname; output bounded by
-    :data:`MAX_SRUN_OUTPUT_BYTES`. Raises Unreachable, InvalidReport (exit 3)."""
+    """Probe every node in one job step, a task per node, named by hostname; Unreachable, InvalidReport."""
     base = srun_argv(nodes, partition, extra)
     argv = [*base, "--ntasks-per-node=1", "--label", "--input=all",
             *payload.command(check_python(python), PROBE_MODULE, ["--host"])]

@@ -50,8 +50,7 @@ _SSH_OPTION_RE = re.compile(r"(?P<key>[A-Za-z][A-Za-z0-9]{1,40})=(?P<value>[!-~]
 
 
 def check_host(spec: str) -> str:
-    """``spec`` if it is ``[user@]host[:port]`` (a host name, IPv4 or ``[IPv6]``, port
-    1..65535), whole; else a usage error (exit 64) naming ``--hosts``."""
+    """``spec`` if ``[user@]host[:port]`` (name, IPv4, ``[IPv6]``; port 1..65535); else exit 64 (``--hosts``)."""
     m = _HOST_RE.fullmatch(spec) if isinstance(spec, str) else None
     if m is None:
         raise UsageError("is not a host ([user@]host[:port]: letters, digits, _ . -, not starting with -)",
@@ -62,8 +61,7 @@ def check_host(spec: str) -> str:
 
 
 def check_ssh_option(opt: str) -> str:
-    """``opt`` if it is ``Key=Value`` with a key of :data:`SSH_OPTION_KEYS` and a value
-    of printable ASCII without blanks (``ProxyJump`` values are hosts); else exit 64."""
+    """``opt`` if ``Key=Value`` of :data:`SSH_OPTION_KEYS`, printable ASCII without blanks; else exit 64."""
     m = _SSH_OPTION_RE.fullmatch(opt) if isinstance(opt, str) else None
     if m is None:
         raise UsageError("is not an ssh option Key=Value (printable, no blanks)", field="--ssh-option", value=opt)
@@ -80,8 +78,7 @@ def check_ssh_option(opt: str) -> str:
 
 
 def split_host(spec: str) -> tuple[str, int | None]:
-    """``"user@host:2222"`` -> ``("user@host", 2222)``; ``"[fe80::1]:22"`` -> ``("fe80::1", 22)``.
-    Raises UsageError (exit 64) for anything but ``[user@]host[:port]``."""
+    """``"user@host:2222"`` -> ``("user@host", 2222)``, ``"[fe80::1]:22"`` -> ``("fe80::1", 22)``; else 64."""
     m = _HOST_RE.fullmatch(check_host(spec))
     assert m is not None  # check_host matched it
     host = m.group("host")
@@ -94,8 +91,7 @@ def split_host(spec: str) -> tuple[str, int | None]:
 
 def ssh_argv(host: str, port: int | None = None, config: str | None = None,
              options: Sequence[str] = (), connect_timeout_s: int = DEFAULT_CONNECT_TIMEOUT_S) -> list[str]:
-    """``ssh`` arguments up to the host, with ``--`` before it so that no host is read as an
-    option (a second defence after :func:`check_host`). Raises UsageError (exit 64)."""
+    """``ssh`` arguments up to the host, ``--`` before it (a second defence after check_host); exit 64."""
     if host.startswith("-"):
         raise UsageError("is not a host (it starts with -)", field="--hosts", value=host)
     argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(connect_timeout_s)}"]
@@ -109,8 +105,7 @@ def ssh_argv(host: str, port: int | None = None, config: str | None = None,
 
 
 def ssh_hostname(argv: Sequence[str]) -> str | None:
-    """The address ssh would connect to for ``argv`` (from :func:`ssh_argv`), as
-    ``ssh -G`` resolves it through the ssh configuration (``HostName``); None if unknown."""
+    """The address ssh connects to for ``argv``, as ``ssh -G`` resolves it (``HostName``); None if unknown."""
     try:
         proc = process.run([argv[0], "-G", *argv[1:]], 10)
     except Unreachable:
@@ -131,16 +126,14 @@ class SshTarget(Target):
         self.machine = split_host(host)[0].rpartition("@")[2]
 
     def start(self, module: str, args: Sequence[str] = ()) -> Running:
-        """``ssh ... HOST python3 -c BOOTSTRAP MODULE ARGS`` (each word shell-quoted for
-        the remote shell) with the payload archive on stdin."""
+        """``ssh ... HOST python3 -c BOOTSTRAP MODULE ARGS`` (words shell-quoted for the remote), payload on stdin."""
         remote = " ".join(shlex.quote(a) for a in payload.command(self.python, module, args))
         return ProcessRunning([*self.ssh_argv, remote], payload_archive(), self.where)
 
 
 def ssh_nodes(hosts: Sequence[str], config: str | None = None, options: Sequence[str] = (),
               connect_timeout_s: int = DEFAULT_CONNECT_TIMEOUT_S, python: str = DEFAULT_PYTHON) -> list[Node]:
-    """Nodes (without reports yet) for ssh hosts, named as given, with an :class:`SshTarget`;
-    ``address`` is the host name ssh resolves (``ssh -G``), which peers connect to."""
+    """Nodes (no reports yet) for ssh hosts, named as given, :class:`SshTarget`; ``address``: ``ssh -G``'s."""
     nodes = []
     for spec in hosts:
         host, port = split_host(spec)
@@ -175,8 +168,7 @@ def _probe_one(node: Node, timeout_s: float) -> None:
 def from_ssh(hosts: Sequence[str], config: str | None = None, options: Sequence[str] = (),
              timeout_s: float = DEFAULT_TIMEOUT_S, connect_timeout_s: int = DEFAULT_CONNECT_TIMEOUT_S,
              python: str = DEFAULT_PYTHON) -> list[Node]:
-    """Probe hosts over ssh, all at once, each within ``timeout_s`` seconds; an unreachable or
-    silent host gets ``error`` (exit 3) with ssh's last stderr line."""
+    """Probe hosts over ssh at once, each within ``timeout_s``; a silent one: ``error`` (exit 3), ssh's line."""
     nodes = ssh_nodes(hosts, config, options, connect_timeout_s, python)
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(nodes)))) as pool:
         list(pool.map(lambda n: _probe_one(n, timeout_s), nodes))
