@@ -22,6 +22,7 @@ _NGC_TAG = re.compile(r"(?P<release>[0-9]{2}\.[0-9]{2})-py3(?:-[a-z0-9]+)?")
 _PT_TAG = re.compile(r"(?P<torch>[0-9]+\.[0-9]+(?:\.[0-9]+)?)-cuda(?P<cuda>[0-9]+\.[0-9]+)-cudnn(?P<cudnn>[0-9.]+)-"
                      r"(?P<flavour>runtime|devel)")
 _PY_TAG = re.compile(r"(?P<py>3\.[0-9]{1,2})(?:\.[0-9]{1,3})?(?:-(?P<rest>[a-z0-9.-]+))?")
+_PY_WORD = re.compile(r"(?:\A|[-_])py(?:thon)?3\.?([0-9]{1,2})(?=\Z|[-_])")
 _OS_WORD = re.compile(r"(?P<word>[a-z]+|[0-9]+(?:\.[0-9]+)?)(?:[.-].*)?")
 MOVING = frozenset({"latest", "stable", "testing", "unstable", "sid", "rolling", "devel", "oldstable"})
 
@@ -87,8 +88,10 @@ def read(ref: str | None, bootstrap: str = "docker", header: dict[str, str] | No
         return BaseInfo(ref, "other", why=f"{ref!r} is not an image reference (name[:tag][@sha256:digest])")
     repo, tag = split
     reader = _READERS.get(repo)
-    if reader is None:
-        return BaseInfo(ref, "other", repo, tag, why=f"envbuild cannot read CUDA, OS or Python from the name {repo}")
+    py = f"3.{m[1]}" if (m := _PY_WORD.search(tag or "")) else None
+    if reader is None:  # a tag word py3.10/py310/python3.10 names the Python even of an image envbuild has no facts on
+        said = f"CUDA or OS from the name {repo} (its tag names Python {py})" if py else f"CUDA, OS or Python from the name {repo}"
+        return BaseInfo(ref, "other", repo, tag, python=py, why=f"envbuild cannot read {said}")
     return reader(ref, repo, tag)
 
 

@@ -120,6 +120,6 @@ def summary(result: model.FileAudit) -> str:
         what = f"torch {t.version}+{t.variant}" if t.version and t.variant else f"torch {t.version}" if t.version \
             else t.requirement
         torch = f"{what} ({t.installer})"
-    facts = [st.os or "OS unknown", f"python {st.python or '?'}", f"cuda {st.cuda or 'none'}"]
-    line = f"{result.file}: {said}: {torch} on {st.base.image or '?'} ({', '.join(facts)})"
+    facts = [st.os or "OS unknown", f"python {st.python}" if st.python else "Python unknown", f"cuda {st.cuda or 'none'}"]
+    line = f"{result.file}: {said}: {torch} on {st.base.image or 'a base image it cannot name'} ({', '.join(facts)})"
     return inputs.one_line(line, 600)
