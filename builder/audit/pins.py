@@ -77,7 +77,7 @@ def _pip_torch(pip: PipInstall, item: Item, req: Requirement) -> TorchPin:
     specs = list(req.specifier)
     pin = TorchPin(item, pip.tool, spec=str(req.specifier), pip=pip)
     if len(specs) == 1 and specs[0].operator == "==" and specs[0].version.endswith(".*"):  # a series: pip's newest
-        pin.version = max((v for v in facts().torch if specs[0].contains(v)), key=Version, default=specs[0].version[:-2])
+        pin.version = max([v for v in facts().torch if specs[0].contains(v)] or [specs[0].version[:-2]], key=Version)
         pin.series = specs[0].version
     elif len(specs) == 1 and specs[0].operator in ("==", "==="):
         try:

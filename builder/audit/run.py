@@ -64,7 +64,8 @@ def stack_model(p: Pins, spec: Spec | None = None) -> model.Stack:
     env = [model.EnvVar(name=e.name[:300], value=model.cut(e.value), line=e.line) for e in st.env]
     return model.Stack(base=base, os=" ".join(p.os) if p.os else None, python=p.python.value if p.python else None,
                        python_from=p.python_from, cuda=b.cuda, torch=torch,
-                       nccl=p.nccl[1] if p.nccl else spec.nccl if spec and t and t.release and t.installer != "base" else None,
+                       nccl=p.nccl[1] if p.nccl else spec.nccl if spec and t and t.release and t.installer != "base"
+                       else None,
                        cudnn=p.cudnn[1] if p.cudnn else None, packages=tuple(packages), env=tuple(env))
 
 
@@ -116,11 +117,10 @@ def summary(result: model.FileAudit) -> str:
     if st is None:
         return f"{inputs.escape(result.file, 200)}: {said}"
     t = st.torch
-    torch = "no torch"
-    if t is not None:
-        what = f"torch {t.version}+{t.variant}" if t.version and t.variant else f"torch {t.version}" if t.version \
-            else t.requirement
-        torch = f"{what} ({t.installer})"
-    facts = [st.os or "OS unknown", f"python {st.python}" if st.python else "Python unknown", f"cuda {st.cuda or 'none'}"]
+    what = "" if t is None else f"torch {t.version}+{t.variant}" if t.version and t.variant else \
+        f"torch {t.version}" if t.version else t.requirement
+    torch = f"{what} ({t.installer})" if t is not None else "no torch"
+    facts = [st.os or "OS unknown", f"python {st.python}" if st.python else "Python unknown",
+             f"cuda {st.cuda or 'none'}"]
     line = f"{result.file}: {said}: {torch} on {st.base.image or 'a base image it cannot name'} ({', '.join(facts)})"
     return inputs.one_line(line, 600)

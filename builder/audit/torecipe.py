@@ -75,8 +75,7 @@ def _fit(data: dict, where: dict[str, tuple[str, int]], comments: list[tuple[int
     apt = [x for i, x in enumerate(data.get("packages", {}).get("apt", [])) if f"packages.apt[{i}]" not in drop]
     pip = [x for i, x in enumerate(data.get("packages", {}).get("pip", [])) if f"packages.pip[{i}]" not in drop]
     env = {k: v for k, v in data.get("env", {}).items() if f"env.{k}" not in drop}
-    data.pop("packages", None)
-    data.pop("env", None)
+    data = {k: v for k, v in data.items() if k not in ("packages", "env")}
     if apt or pip:
         data["packages"] = {k: v for k, v in (("apt", apt), ("pip", pip)) if v}
     if env:
@@ -123,7 +122,8 @@ def recipe_text(p: Pins, out: str, driver: str | None) -> tuple[str, dict]:
     python = facts().os[os_[0]][os_[1]].python
     if p.python and p.python.value != python:
         raise EnvbuildError(f"cannot write a recipe: {inputs.escape(p.stack.file, 200)} runs Python {p.python.value} "
-                            f"(from {_FROM.get(p.python_from or '', 'the install')}) and a recipe on {' '.join(os_)} gets its system Python {python}", file=out)
+                            f"(from {_FROM.get(p.python_from or '', 'the install')}) and a recipe on {' '.join(os_)} "
+                            f"gets its system Python {python}", file=out)
     comments: list[tuple[int, str]] = []
     base = _base(p, comments)
     apt, pip = _packages(p, comments)
