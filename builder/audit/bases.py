@@ -22,6 +22,7 @@ _NGC_TAG = re.compile(r"(?P<release>[0-9]{2}\.[0-9]{2})-py3(?:-[a-z0-9]+)?")
 _PT_TAG = re.compile(r"(?P<torch>[0-9]+\.[0-9]+(?:\.[0-9]+)?)-cuda(?P<cuda>[0-9]+\.[0-9]+)-cudnn(?P<cudnn>[0-9.]+)-"
                      r"(?P<flavour>runtime|devel)")
 _PY_TAG = re.compile(r"(?P<py>3\.[0-9]{1,2})(?:\.[0-9]{1,3})?(?:-(?P<rest>[a-z0-9.-]+))?")
+_PY_WORD = re.compile(r"(?:\A|[-_])py(?:thon)?3\.?([0-9]{1,2})(?=\Z|[-_])")
 _OS_WORD = re.compile(r"(?P<word>[a-z]+|[0-9]+(?:\.[0-9]+)?)(?:[.-].*)?")
 MOVING = frozenset({"latest", "stable", "testing", "unstable", "sid", "rolling", "devel", "oldstable"})
 
@@ -60,14 +61,6 @@ def os_release(os_id: str, word: str) -> str | None:
     return None
 
 
-def _split(ref: str) -> tuple[str, str | None] | None:
-    """``(repository without docker.io/library/, tag)`` of a valid image reference."""
-    parsed = reference.try_parse(ref)
-    if parsed is None:
-        return None
-    return parsed.familiar, parsed.tag
-
-
 def read(ref: str | None, bootstrap: str = "docker", header: dict[str, str] | None = None) -> BaseInfo:
     """What the base ``ref`` says (a path for ``localimage``), for a Dockerfile or a definition."""
     header = header or {}
@@ -82,13 +75,16 @@ def read(ref: str | None, bootstrap: str = "docker", header: dict[str, str] | No
         return BaseInfo(None, "other", why="the base image cannot be expanded")
     if bootstrap == "library":
         ref = re.sub(r"\A(?:library://)?(?:library/default/|library/)?", "", ref)
-    split = _split(ref)
-    if split is None:
+    parsed = reference.try_parse(ref)
+    if parsed is None:
         return BaseInfo(ref, "other", why=f"{ref!r} is not an image reference (name[:tag][@sha256:digest])")
-    repo, tag = split
+    repo, tag = parsed.familiar, parsed.tag  # the repository without docker.io/library/
     reader = _READERS.get(repo)
-    if reader is None:
-        return BaseInfo(ref, "other", repo, tag, why=f"envbuild cannot read CUDA, OS or Python from the name {repo}")
+    py = f"3.{m[1]}" if (m := _PY_WORD.search(tag or "")) else None
+    if reader is None:  # a tag word py3.10/py310/python3.10 names the Python even of an image envbuild has no facts on
+        said = "CUDA or OS" if py else "CUDA, OS or Python"
+        return BaseInfo(ref, "other", repo, tag, python=py, why=f"envbuild cannot read {said} from the name {repo}"
+                        + (f" (its tag names Python {py})" if py else ""))
     return reader(ref, repo, tag)
 
 

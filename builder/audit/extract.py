@@ -67,8 +67,7 @@ def _via(uses: tuple[Var, ...], line: int) -> str | None:
     for var in uses:
         if var.line == line and var.kind == "shell":
             continue
-        where = f"line {var.line}" if var.line else var.kind
-        text = f"{var.name}: {var.kind} at {where}" if var.line else f"{var.name}: {var.kind}"
+        text = f"{var.name}: {var.kind} at line {var.line}" if var.line else f"{var.name}: {var.kind}"
         if text not in parts:
             parts.append(text)
     return ", ".join(parts[:3]) or None
@@ -396,9 +395,8 @@ def _housekeeping(cmd: Command) -> bool:
     if name in HOUSEKEEPING or name in _CONDA:
         return True
     args = [w.text for w in cmd.words[k:]]
-    if _PYTHON.fullmatch(name) and args[:2] == ["-m", "venv"]:
-        return True
-    return bool((_PIP.fullmatch(name) or name == "uv") and args[:1] in (["install"], ["cache"], ["config"]))
+    return bool(_PYTHON.fullmatch(name) and args[:2] == ["-m", "venv"]
+                or (_PIP.fullmatch(name) or name == "uv") and args[:1] in (["install"], ["cache"], ["config"]))
 
 
 # ----------------------------------------------------------------------- the stack

@@ -140,6 +140,4 @@ def read_lines(path: str) -> list[str]:
 
 def platform_var(name: str) -> Var | None:
     """A predefined platform argument (:data:`PLATFORM_ARGS`) as a :class:`Var`."""
-    if name in PLATFORM_ARGS:
-        return Var(PLATFORM_ARGS[name], None, "platform", None, name)
-    return None
+    return Var(PLATFORM_ARGS[name], None, "platform", None, name) if name in PLATFORM_ARGS else None

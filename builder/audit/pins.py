@@ -39,6 +39,7 @@ class TorchPin:
     pip: PipInstall | None = None
     conda: CondaInstall | None = None
     channel: str | None = None
+    series: str | None = None
 
     @property
     def release(self) -> str | None:
@@ -75,7 +76,10 @@ def variant_cuda(variant: str | None) -> str | None:
 def _pip_torch(pip: PipInstall, item: Item, req: Requirement) -> TorchPin:
     specs = list(req.specifier)
     pin = TorchPin(item, pip.tool, spec=str(req.specifier), pip=pip)
-    if len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version:
+    if len(specs) == 1 and specs[0].operator == "==" and specs[0].version.endswith(".*"):  # a series: pip's newest
+        pin.version = max([v for v in facts().torch if specs[0].contains(v)] or [specs[0].version[:-2]], key=Version)
+        pin.series = specs[0].version
+    elif len(specs) == 1 and specs[0].operator in ("==", "==="):
         try:
             v = Version(specs[0].version)
             pin.version, pin.local = v.public, v.local

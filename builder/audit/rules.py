@@ -94,6 +94,9 @@ def _torch(p: Pins, out: Out) -> None:
         out.add(WARNING, "variant-unknown", t.item,
                 f"cannot tell which build of torch {t.version} this installs "
                 f"({t.variant_from or 'no index names a variant'}); the rules on its CUDA are skipped", "PT-IDX (V)")
+    if t.series and t.version != t.series[:-2]:
+        out.add(NOTE, "torch-series", t.item, f"torch=={t.series} is judged as {t.version}, the newest release of the "
+                f"series in envbuild's facts: {tool} installs the newest one", "compat.md §5.1 (V)")
 
 
 def _pypi_wins(p: Pins, out: Out) -> None:

@@ -47,8 +47,8 @@ def _verdict(findings: list[model.Finding]) -> tuple[model.Verdict, int]:
     return "clean", int(ExitCode.OK)
 
 
-def stack_model(p: Pins) -> model.Stack:
-    """The :class:`~.model.Stack` of ``p`` (what ``--json`` shows)."""
+def stack_model(p: Pins, spec: Spec | None = None) -> model.Stack:
+    """The :class:`~.model.Stack` of ``p`` (what ``--json`` shows); NCCL pinned, else the torch wheel's (``spec``)."""
     st, b, t = p.stack, p.stack.base, p.torch
     base = model.Base(image=model.cut(b.image), line=st.base_item.line, kind=b.kind, cuda=b.cuda, flavour=b.flavour,
                       os_id=b.os_id, os_version=b.os_version, python=b.python, torch=b.torch)
@@ -63,7 +63,9 @@ def stack_model(p: Pins) -> model.Stack:
                  for c in st.conda for it, *_rest in c.specs]
     env = [model.EnvVar(name=e.name[:300], value=model.cut(e.value), line=e.line) for e in st.env]
     return model.Stack(base=base, os=" ".join(p.os) if p.os else None, python=p.python.value if p.python else None,
-                       python_from=p.python_from, cuda=b.cuda, torch=torch, nccl=p.nccl[1] if p.nccl else None,
+                       python_from=p.python_from, cuda=b.cuda, torch=torch,
+                       nccl=p.nccl[1] if p.nccl else spec.nccl if spec and t and t.release and t.installer != "base"
+                       else None,
                        cudnn=p.cudnn[1] if p.cudnn else None, packages=tuple(packages), env=tuple(env))
 
 
@@ -93,7 +95,7 @@ def audit_file(path: str, *, driver: str | None = None, build_args: dict[str, st
     found.sort(key=lambda f: (f.line or 0, _LEVELS[f.level]))
     verdict, code = _verdict(found)
     result = model.FileAudit(file=path, kind=kind, verdict=verdict, exit_code=code, findings=tuple(found),
-                             stack=stack_model(p))
+                             stack=stack_model(p, spec))
     return Audited(result, p, spec)
 
 
@@ -115,11 +117,10 @@ def summary(result: model.FileAudit) -> str:
     if st is None:
         return f"{inputs.escape(result.file, 200)}: {said}"
     t = st.torch
-    torch = "no torch"
-    if t is not None:
-        what = f"torch {t.version}+{t.variant}" if t.version and t.variant else f"torch {t.version}" if t.version \
-            else t.requirement
-        torch = f"{what} ({t.installer})"
-    facts = [st.os or "OS unknown", f"python {st.python or '?'}", f"cuda {st.cuda or 'none'}"]
-    line = f"{result.file}: {said}: {torch} on {st.base.image or '?'} ({', '.join(facts)})"
+    what = "" if t is None else f"torch {t.version}+{t.variant}" if t.version and t.variant else \
+        f"torch {t.version}" if t.version else t.requirement
+    torch = f"{what} ({t.installer})" if t is not None else "no torch"
+    facts = [st.os or "OS unknown", f"python {st.python}" if st.python else "Python unknown",
+             f"cuda {st.cuda or 'none'}"]
+    line = f"{result.file}: {said}: {torch} on {st.base.image or 'a base image it cannot name'} ({', '.join(facts)})"
     return inputs.one_line(line, 600)

@@ -23,6 +23,7 @@ from .run import Audited
 
 #: pip packages envbuild's venv brings itself.
 ENVBUILD_PIP = frozenset({"pip", "setuptools", "wheel"})
+_FROM = {"interpreter": "the pip interpreter", "conda": "conda", "base": "the base image"}
 #: Most comment lines of things not carried over; the rest are counted.
 MAX_COMMENTS = 200
 
@@ -42,8 +43,8 @@ def _base(p: Pins, comments: list[tuple[int, str]]) -> str:
         return f"{b.repo}:{tag}"
     if b.kind == "python":
         codename = {"11": "bullseye", "12": "bookworm", "13": "trixie"}.get(b.os_version or "", "bookworm")
-        comments.append(_c(item.line, b.image or "", f"the python image's own Python {b.python} is not carried over: "
-                           f"envbuild installs the system Python of debian {b.os_version} in a venv"))
+        comments.append(_c(item.line, b.image or "", f"the python image becomes debian {codename}-slim: envbuild "
+                           f"installs its system Python {b.python} in a venv"))
         return f"debian:{codename}-slim"
     return b.image or ""
 
@@ -74,8 +75,7 @@ def _fit(data: dict, where: dict[str, tuple[str, int]], comments: list[tuple[int
     apt = [x for i, x in enumerate(data.get("packages", {}).get("apt", [])) if f"packages.apt[{i}]" not in drop]
     pip = [x for i, x in enumerate(data.get("packages", {}).get("pip", [])) if f"packages.pip[{i}]" not in drop]
     env = {k: v for k, v in data.get("env", {}).items() if f"env.{k}" not in drop}
-    data.pop("packages", None)
-    data.pop("env", None)
+    data = {k: v for k, v in data.items() if k not in ("packages", "env")}
     if apt or pip:
         data["packages"] = {k: v for k, v in (("apt", apt), ("pip", pip)) if v}
     if env:
@@ -93,10 +93,6 @@ def _leftovers(p: Pins, comments: list[tuple[int, str]]) -> None:
                            "the recipe reads torch from the variant's PyTorch index (derived)"))
     comments += [_c(pin[0].line, pin[0].value, f"the {key} torch pins is resolved by envbuild from the facts")
                  for key, pin in (("NCCL", p.nccl), ("cuDNN", p.cudnn)) if pin]
-    system = facts().os[p.os[0]][p.os[1]].python if p.os else None
-    if p.python_from not in ("system", None) and p.python and p.python.value != system:
-        comments.append(_c(p.python.line, f"Python {p.python.value} ({p.python_from})",
-                           f"envbuild installs the OS release's system Python ({system}) in a venv"))
     root = p.stack.stages[-1]
     comments += [_c(st.line, st.base.word.text or st.base.word.raw,
                     "the base of a build stage: envbuild builds every stage on the recipe's base")
@@ -123,11 +119,15 @@ def recipe_text(p: Pins, out: str, driver: str | None) -> tuple[str, dict]:
     if missing or t is None or os_ is None:  # (t and os_ are set when nothing is missing: for mypy)
         raise EnvbuildError(f"cannot write a recipe: {inputs.escape(p.stack.file, 200)} does not say "
                             f"{' and '.join(missing)}", file=out)
+    python = facts().os[os_[0]][os_[1]].python
+    if p.python and p.python.value != python:
+        raise EnvbuildError(f"cannot write a recipe: {inputs.escape(p.stack.file, 200)} runs Python {p.python.value} "
+                            f"(from {_FROM.get(p.python_from or '', 'the install')}) and a recipe on {' '.join(os_)} "
+                            f"gets its system Python {python}", file=out)
     comments: list[tuple[int, str]] = []
     base = _base(p, comments)
     apt, pip = _packages(p, comments)
     _leftovers(p, comments)
-    python = facts().os[os_[0]][os_[1]].python
     vcuda = variant_cuda(t.variant)
     data: dict = {"description": f"from {inputs.escape(Path(p.stack.file).name, 60)} by envbuild audit",
                   "base": {"image": base}, "os": {"id": os_[0], "version": os_[1]}, "python": python,

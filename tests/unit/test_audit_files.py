@@ -426,6 +426,24 @@ CASES = [
     ("two-files.ok.def", 0, [
         "note: tests/audit/two-files.ok.def: line 13: 'torch==2.5.1+cu124' (context/requirements-cu124.txt: line 2): cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
     ]),
+    ("series.Dockerfile", 2, [
+        "error: tests/audit/series.Dockerfile: line 4: 'torch==2.4.*': torch 2.4.1+cu121 (from --index-url https://download.pytorch.org/whl/cu121) is built for CUDA 12.1 but the base image nvidia/cuda:12.4.1-base-ubuntu22.04 has CUDA 12.4.1: two CUDA runtimes in one image, and extensions built with the base's nvcc get a CUDA mismatch; use torch +cu124 or a CUDA 12.1 base [compat.md §5.5, NV-IMG (V)]",
+        "note: tests/audit/series.Dockerfile: line 4: 'torch==2.4.*': cu121 needs driver >= 530.30.02 (CUDA 12.1 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+        "note: tests/audit/series.Dockerfile: line 4: 'torch==2.4.*': torch==2.4.* is judged as 2.4.1, the newest release of the series in envbuild's facts: pip installs the newest one [compat.md §5.1 (V)]",
+    ]),
+    ("series.ok.Dockerfile", 0, [
+        "note: tests/audit/series.ok.Dockerfile: line 4: 'torch==2.4.*': cu124 needs driver >= 550.54.14 (CUDA 12.4 GA); >= 525.60.13 runs under minor-version compatibility (no PTX JIT) [NV-RN, NV-MVC (V)]",
+        "note: tests/audit/series.ok.Dockerfile: line 4: 'torch==2.4.*': torch==2.4.* is judged as 2.4.1, the newest release of the series in envbuild's facts: pip installs the newest one [compat.md §5.1 (V)]",
+    ]),
+    ("python-tag.Dockerfile", 1, [
+        "warning: tests/audit/python-tag.Dockerfile: line 2: 'mycompany/train-base:2020-py3.9': torch 1.4.0 has wheels for Python 3.5 to 3.8, not 3.9 [S1 (U)]",
+        "warning: tests/audit/python-tag.Dockerfile: line 2: 'mycompany/train-base:2020-py3.9': base image: envbuild cannot read CUDA or OS from the name mycompany/train-base (its tag names Python 3.9); the rules on what it does not say are skipped [audit]",
+        "note: tests/audit/python-tag.Dockerfile: line 3: 'torch==1.4.0': cu101 needs driver >= 418.39 (CUDA 10.1 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
+    ]),
+    ("python-tag.ok.Dockerfile", 1, [
+        "warning: tests/audit/python-tag.ok.Dockerfile: line 2: 'mycompany/train-base:2020-py38': base image: envbuild cannot read CUDA or OS from the name mycompany/train-base (its tag names Python 3.8); the rules on what it does not say are skipped [audit]",
+        "note: tests/audit/python-tag.ok.Dockerfile: line 3: 'torch==1.4.0': cu101 needs driver >= 418.39 (CUDA 10.1 GA) (no lower floor under minor-version compatibility) [NV-RN, NV-MVC (U)]",
+    ]),
 ]
 
 
@@ -467,7 +485,18 @@ def test_audit_gives_the_expected_verdict_and_lines(name, code, lines, monkeypat
     monkeypatch.chdir(ROOT)
     got, out, err = _audit(f"{DIR}/{name}", *ARGS.get(name, []))
     assert (got, err.splitlines()) == (code, lines)
-    if code < 3 or "nothing could be judged" in err:  # the summary line on stdout names the file and the count
+    if code < 3 or "nothing could be judged" in err:
+        assert "?" not in out.split(" on ", 1)[-1]  # what the summary does not know it says in words  # the summary line on stdout names the file and the count
         assert out.startswith(f"{DIR}/{name}: ")
     else:
         assert out == ""
+
+
+def test_the_summary_names_the_python_of_the_tag_and_says_in_words_when_none_is_known(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert _audit(f"{DIR}/python-tag.ok.Dockerfile")[1] == (
+        f"{DIR}/python-tag.ok.Dockerfile: 1 warning: torch 1.4.0+cu101 (pip) on mycompany/train-base:2020-py38 "
+        "(OS unknown, python 3.8, cuda none)\n")
+    assert _audit(f"{DIR}/unjudged.ok.Dockerfile")[1] == (
+        f"{DIR}/unjudged.ok.Dockerfile: 1 warning: torch 1.4.0+cu101 (pip) on mycompany/train-base:2020 "
+        "(OS unknown, Python unknown, cuda none)\n")

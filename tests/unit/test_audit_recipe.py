@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,6 @@ ROUND_TRIP = [
     ("tests/audit/runtime-flavour.Dockerfile", "torch 2.8.0+cu128", "nvidia/cuda:12.8.1-base-ubuntu24.04"),
     ("tests/audit/multistage.ok.Dockerfile", "torch 2.4.1+cu124", "nvidia/cuda:12.4.1-base-ubuntu22.04"),
     ("tests/audit/conda.ok.Dockerfile", "torch 2.1.0+cu118", "nvidia/cuda:11.8.0-base-ubuntu22.04"),
-    ("tests/audit/python-image.ok.Dockerfile", "torch 2.5.1+cpu", "debian:bookworm-slim"),
     ("tests/audit/arguments.ok.def", "torch 2.1.2+cu121", "nvidia/cuda:12.1.1-base-ubuntu22.04"),
     ("tests/audit/debootstrap.ok.def", "torch 2.6.0+cpu", "ubuntu:jammy"),
     ("images/cuda12-torch2/Dockerfile", "torch 2.8.0+cu128", "nvidia/cuda:12.8.1-base-ubuntu24.04"),
@@ -151,8 +151,8 @@ env:
      "a torch release and the torch build (its variant)"),
     ("tests/audit/old-release.ok.Dockerfile", 2, "error: OUT: cannot write a recipe: recipes start at torch 2.0.0 and "
      "tests/audit/old-release.ok.Dockerfile installs torch 1.6.0 (audit judges it)"),
-    ("tests/audit/glibc.ok.Dockerfile", 2, "error: OUT: not written: the recipe would fail envbuild check: python, "
-     "torch.version: torch 2.7.0 has wheels for Python 3.9 to 3.13, not 3.8"),
+    ("tests/audit/glibc.ok.Dockerfile", 2, "error: OUT: cannot write a recipe: tests/audit/glibc.ok.Dockerfile runs "
+     "Python 3.10 (from conda) and a recipe on ubuntu 20.04 gets its system Python 3.8"),
 ])
 def test_nothing_is_written_when_the_recipe_cannot_be_right(tmp_path, monkeypatch, file, code, line):
     monkeypatch.chdir(ROOT)
@@ -171,3 +171,38 @@ def test_an_unwritable_place_is_3_and_leaves_nothing(tmp_path, monkeypatch):
     assert code == 3
     assert err.splitlines()[-1] == f"error: {tmp_path / 'no'}: no such folder"
     assert list(tmp_path.iterdir()) == []
+
+
+def _stack(file: str) -> tuple:
+    """What the round trip keeps: OS, Python, CUDA (X.Y), torch release and build, NCCL."""
+    st = json.loads(_run("audit", "--json", file)[1])["files"][0]["stack"]
+    t = st["torch"] or {}
+    return st["os"], st["python"], ".".join((st["cuda"] or "").split(".")[:2]), t.get("version"), t.get("variant"), \
+        st["nccl"]
+
+
+def test_every_audit_file_that_gives_a_recipe_round_trips_to_the_same_stack(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    done = []
+    for file in sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests/audit").iterdir() if p.is_file()):
+        out = tmp_path / f"rt{len(done)}.yaml"
+        _run("audit", file, "--to-recipe", str(out))
+        if not out.exists():
+            continue
+        assert _run("check", str(out))[0] == 0, file
+        assert _run("--images-dir", str(tmp_path / "images"), "render", str(out))[0] == 0, file
+        rendered = [_stack(str(tmp_path / "images" / out.stem / name)) for name in ("Dockerfile", "Singularity.def")]
+        assert rendered == [_stack(file)] * 2, file
+        done.append(file)
+    assert len(done) == 41  # every clean or warned file with torch >= 2.0 on an OS a recipe holds
+
+
+def test_no_recipe_for_a_python_the_recipe_os_does_not_have(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "py.yaml"
+    code, _out, err = _run("audit", "tests/audit/python-image.ok.Dockerfile", "--to-recipe", str(out))
+    assert (code, err.splitlines()[-1]) == (2, f"error: {out}: cannot write a recipe: tests/audit/python-image.ok."
+                                            "Dockerfile runs Python 3.12 (from the base image) and a recipe on debian "
+                                            "12 gets its system Python 3.11")
+    assert not out.exists()
+    assert _run("audit", "tests/audit/python-os.ok.Dockerfile", "--to-recipe", str(out))[0] == 0  # the system Python
