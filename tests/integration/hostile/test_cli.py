@@ -277,7 +277,7 @@ def test_malformed_values_are_shown_escaped(outcomes):
                                            "repository path",
         "certify--nodes:nan": "envbuild certify: argument --nodes: 'nan' is not an integer in 1..1024",
         "usage:1": r"envbuild: argument command: invalid choice: 'frob\x1b[31mnicate' (choose from 'check', "
-                   "'audit', 'render', 'build', 'certify', 'make', 'report', 'probe', 'verify', 'doctor', 'gate', "
+                   "'audit', 'render', 'build', 'rebuild', 'certify', 'make', 'report', 'probe', 'verify', 'doctor', 'gate', "
                    "'push', 'pull', 'lock', 'k8s', 'base', 'config', 'completion')",
         "usage:8": r"envbuild: unrecognized arguments: --no-such=\x1b]0;t\x07",
     }
