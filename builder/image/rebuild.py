@@ -44,10 +44,10 @@ def compare(client: Engine, image: str, rebuilt: str, labels: Mapping[str, str] 
     ids = client.image(image).id, client.image(rebuilt).id
     trees = fshash.image_fshash(client, ids[0], labels=labels), fshash.image_fshash(client, ids[1], labels=labels)
     a, b = trees
-    differing = sum(1 for p in set(a.lines) | set(b.lines) if a.lines.get(p) != b.lines.get(p))
+    differing = fshash.differences(a, b, len(a.lines) + len(b.lines))  # one pass: every differing path
     layers = [(client.image(i).doc.get("RootFS") or {}).get("Layers") or [] for i in ids]
-    return Comparison(image=ids[0], rebuilt=ids[1], trees=trees, differing=differing,
-                      differences=fshash.differences(a, b, MAX_LISTED), layers=len(layers[1]),
+    return Comparison(image=ids[0], rebuilt=ids[1], trees=trees, differing=len(differing),
+                      differences=differing[:MAX_LISTED], layers=len(layers[1]),
                       layers_equal=sum(1 for x, y in zip(*layers, strict=False) if x == y))
 
 
